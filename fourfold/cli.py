@@ -1,0 +1,85 @@
+"""The one command-line entry point: ``fourfold <stage> [--config FILE] [key=value ...]``.
+
+Every stage takes a YAML config and dotted overrides (``ppo.kl_coef=0.02``); see
+``fourfold.config`` for the convention. Errors fourfold raises on purpose (bad config, bad data,
+a model that cannot be loaded) print one line and exit with status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from typing import Callable, Sequence
+
+from fourfold.errors import FourfoldError
+
+# stage -> (config class, function(config) -> summary dict, help). Imported lazily so that
+# `fourfold --help` stays fast and a stage's heavy imports load only when it runs.
+STAGES: dict[str, tuple[str, str, str]] = {
+    "sft": ("fourfold.config:SFTConfig", "fourfold.trainers.sft:train", "supervised fine-tuning on prompt/completion pairs"),
+    "reward": ("fourfold.config:RewardConfig", "fourfold.trainers.reward:train", "reward model from preference pairs (Bradley-Terry)"),
+    "ppo": ("fourfold.config:PPOConfig", "fourfold.trainers.ppo:train", "PPO with policy, reference, reward model and critic"),
+    "reinforce": ("fourfold.config:ReinforceConfig", "fourfold.trainers.reinforce:train", "naive REINFORCE baseline"),
+    "gym": ("fourfold.config:GymConfig", "fourfold.trainers.gym:train", "PPO / REINFORCE on a Gymnasium environment"),
+    "demo": ("fourfold.config:DemoConfig", "fourfold.demo:run", "the embedded default: SFT -> RM -> PPO on the review task"),
+    "experiments": ("fourfold.config:ExperimentsConfig", "fourfold.experiments:run", "the seed's claims as experiments"),
+}
+
+
+def _resolve(spec: str) -> Callable:
+    module, _, name = spec.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="fourfold", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="stage", metavar="STAGE")
+    for name, (_, _, help_text) in STAGES.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        p.add_argument("--config", "-c", help="YAML config file")
+        p.add_argument("--output-dir", help="shorthand for run.output_dir=DIR")
+        p.add_argument("--seed", type=int, help="shorthand for run.seed=N")
+        p.add_argument("--resume", action="store_true", help="shorthand for run.resume=true")
+        if name in ("demo", "experiments"):
+            p.add_argument("--quick", action="store_true", help="a short budget for tests and a first look")
+            p.add_argument("--fresh", action="store_true", help="ignore cached stage outputs and rerun all")
+        p.add_argument("overrides", nargs="*", metavar="key=value", help="dotted overrides, e.g. ppo.kl_coef=0.02")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not args.stage:
+        parser.print_help()
+        return 2
+    config_spec, fn_spec, _ = STAGES[args.stage]
+    overrides = list(args.overrides)
+    if args.output_dir:
+        overrides.append(f"run.output_dir={args.output_dir}")
+    if args.seed is not None:
+        overrides.append(f"run.seed={args.seed}")
+    if args.resume:
+        overrides.append("run.resume=true")
+    if getattr(args, "quick", False):
+        overrides.insert(0, "quick=true")
+    if getattr(args, "fresh", False):
+        overrides.append("fresh=true")
+    try:
+        from fourfold.config import load_config
+
+        config_cls = _resolve(config_spec)
+        cfg = load_config(config_cls, args.config, overrides)
+        _resolve(fn_spec)(cfg)
+    except FourfoldError as e:
+        print(f"fourfold {args.stage}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"fourfold {args.stage}: interrupted", file=sys.stderr)
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
