@@ -1,0 +1,54 @@
+"""fourfold.core: the pure math of RLHF (torch and the standard library only; no I/O, no state).
+
+Conventions: per-token tensors are ``[B, T]``, per-sequence ``[B]``; ``mask`` is float or bool with
+1 (True) = valid, 0 = padding / after EOS. Functions also accept other shapes where that makes sense
+(e.g. losses on flattened ``[N]`` environment steps).
+"""
+
+from fourfold.core.advantages import discounted_returns, explained_variance, gae, mean_baseline
+from fourfold.core.kl import KL_KINDS, AdaptiveKLController, FixedKLController, kl_estimate, token_rewards
+from fourfold.core.logprobs import entropy_from_logits, logprobs_from_logits
+from fourfold.core.losses import bradley_terry_loss, ppo_policy_loss, reinforce_loss, sft_loss, value_loss
+from fourfold.core.masks import (
+    as_bool_mask,
+    first_valid_index,
+    last_valid_index,
+    mask_from_lengths,
+    mask_until_eos,
+    masked_count,
+    masked_mean,
+    masked_sum,
+    masked_var,
+    masked_whiten,
+)
+from fourfold.core.types import Rollout
+
+__all__ = [
+    "Rollout",
+    "as_bool_mask",
+    "masked_sum",
+    "masked_count",
+    "masked_mean",
+    "masked_var",
+    "masked_whiten",
+    "last_valid_index",
+    "first_valid_index",
+    "mask_from_lengths",
+    "mask_until_eos",
+    "logprobs_from_logits",
+    "entropy_from_logits",
+    "KL_KINDS",
+    "kl_estimate",
+    "token_rewards",
+    "FixedKLController",
+    "AdaptiveKLController",
+    "gae",
+    "discounted_returns",
+    "mean_baseline",
+    "explained_variance",
+    "ppo_policy_loss",
+    "value_loss",
+    "reinforce_loss",
+    "bradley_terry_loss",
+    "sft_loss",
+]
