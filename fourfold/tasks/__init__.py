@@ -1,1 +1,56 @@
-"""fourfold.tasks."""
+"""fourfold.tasks: synthetic worlds with a known true quality, and their tokenizer.
+
+- :class:`Task`: the protocol a task implements (see :mod:`fourfold.tasks.base`).
+- :class:`ReviewTask` / :class:`ReviewTaskConfig`: the embedded product-review world.
+- :func:`get_task`: build a registered task by name; :func:`register_task` adds your own.
+- :func:`build_word_tokenizer`: a word-level ``transformers`` tokenizer over a task's words.
+
+Nothing here imports torch; the tokenizer builder imports ``transformers`` only when called.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+from fourfold.errors import ConfigError
+from fourfold.tasks.base import Task
+from fourfold.tasks.review import ReviewTask, ReviewTaskConfig, has_repetition, is_well_formed
+from fourfold.tasks.tokenizer import build_word_tokenizer
+
+_REGISTRY: dict[str, Callable[..., Task]] = {"review": ReviewTask}
+
+
+def register_task(name: str, factory: Callable[..., Task]) -> None:
+    """Make ``get_task(name, **kwargs)`` call ``factory(**kwargs)``. Re-registering replaces."""
+    _REGISTRY[name] = factory
+
+
+def available_tasks() -> list[str]:
+    return sorted(_REGISTRY)
+
+
+def get_task(name: str, **kwargs) -> Task:
+    """Build the task registered as ``name``; ``kwargs`` go to its factory.
+
+    For ``"review"`` they are :class:`ReviewTaskConfig` fields (or ``config=ReviewTaskConfig(...)``).
+    """
+    try:
+        factory = _REGISTRY[name]
+    except KeyError:
+        raise ConfigError(f"unknown task {name!r}; available: {', '.join(available_tasks())}") from None
+    try:
+        return factory(**kwargs)
+    except TypeError as e:
+        raise ConfigError(f"task {name!r}: {e}") from None
+
+
+__all__ = [
+    "Task",
+    "ReviewTask",
+    "ReviewTaskConfig",
+    "get_task",
+    "register_task",
+    "available_tasks",
+    "build_word_tokenizer",
+    "is_well_formed",
+    "has_repetition",
+]

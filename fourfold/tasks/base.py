@@ -1,0 +1,88 @@
+"""The ``Task`` protocol: everything the RLHF pipeline needs to know about a task's world.
+
+A task is a small, self-contained world in which the *true* quality of a response is known. The
+pipeline uses it in four places:
+
+1. **SFT**: :meth:`Task.sft_examples` gives demonstrations (prompt, completion) to imitate.
+2. **Preference labelling**: :meth:`Task.label_pairs` plays the human labelers who compare two
+   responses to the same prompt. Their labels train the reward model. Labelers may be noisy and
+   biased (that is the point: the reward model learns their flaws).
+3. **Rollouts**: :meth:`Task.sample_prompts` gives the prompts that the policy answers during PPO.
+4. **Evaluation**: :meth:`Task.gold_reward` is the hidden "true" quality, which no model ever
+   trains on; comparing it with the reward model's score shows whether RLHF worked or whether the
+   policy learned to exploit the reward model (reward hacking). :meth:`Task.response_metrics`
+   summarises a batch of responses for logging.
+
+Conventions shared by every method:
+
+- Texts are plain strings of words separated by single spaces. A *response* is the text that
+  follows the prompt (the completion), *without* any end-of-sequence token. The full text of an
+  example is ``prompt + " " + response``.
+- Every method that draws randomness takes a :class:`random.Random` and uses only that, so results
+  are deterministic given the generator's state. No global random state is touched.
+- Batched methods take parallel lists (``prompts[i]`` goes with ``responses[i]``) and return one
+  value per item.
+
+To add your own task, write a class with these attributes and methods (no base class needed: the
+protocol is structural) and register it with :func:`fourfold.tasks.register_task`.
+"""
+from __future__ import annotations
+
+import random
+from typing import Iterable, Protocol, runtime_checkable
+
+
+@runtime_checkable
+class Task(Protocol):
+    """A synthetic world with a known true quality function. See the module docstring."""
+
+    #: Short registry name, e.g. ``"review"``.
+    name: str
+
+    def sample_prompts(self, n: int, rng: random.Random) -> list[str]:
+        """Return ``n`` prompts drawn from the task's prompt distribution."""
+        ...
+
+    def sft_examples(self, n: int, rng: random.Random) -> list[dict]:
+        """Return ``n`` demonstrations ``{"prompt": str, "completion": str}``.
+
+        ``completion`` is the response text without the end-of-sequence token; the SFT code appends
+        the tokenizer's eos token itself.
+        """
+        ...
+
+    def gold_reward(self, prompts: list[str], responses: list[str]) -> list[float]:
+        """The hidden true quality of each response to its prompt (higher is better).
+
+        Never used for training; only for evaluation and for simulating labelers.
+        """
+        ...
+
+    def label_pairs(
+        self,
+        prompts: list[str],
+        responses_a: list[str],
+        responses_b: list[str],
+        rng: random.Random,
+    ) -> list[int]:
+        """Simulated labelers' choices: ``0`` where ``responses_a[i]`` is preferred, else ``1``."""
+        ...
+
+    def response_metrics(self, prompts: list[str], responses: list[str]) -> dict[str, float]:
+        """Summary statistics of a batch of responses, for logging.
+
+        Must contain at least:
+
+        - ``"length"``: mean number of words (whitespace-separated tokens) per response;
+        - ``"well_formed"``: share of responses that are well formed for the task;
+        - ``"repetition"``: share of responses containing an immediate repetition of a word or
+          phrase (``"great great"``, ``"it is good . it is good ."``);
+        - ``"gold"``: mean gold reward.
+
+        An empty batch returns ``0.0`` for every key.
+        """
+        ...
+
+    def tokenizer_corpus(self) -> Iterable[str]:
+        """Every word the task can produce (prompts and responses), for building the vocabulary."""
+        ...
