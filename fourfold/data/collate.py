@@ -1,0 +1,518 @@
+"""Tokenisation and collation: records -> token ids -> padded ``torch.long`` tensors.
+
+Choices, documented once:
+
+* **Prompt and reply are tokenised separately and their ids concatenated** (``add_special_tokens=False``
+  for both). The prompt/completion boundary is then exact, so ``loss_mask`` covers the completion's
+  tokens and nothing else, and an SFT prompt tokenises exactly as the same prompt does for PPO,
+  where the policy generates its reply token by token after the prompt's ids. The price: ids may
+  differ from tokenising the joined string at the seam (e.g. a BPE merge across it); that is the
+  form the model also sees at generation time.
+* **BOS**: with ``add_bos=True`` and a tokenizer that has ``bos_token_id``, BOS is put at the start of
+  the *prompt* (never in the middle), unless the prompt's ids already start with it (a chat template
+  that writes its own BOS text). BOS counts as a prompt token (``loss_mask`` 0).
+* **EOS** is appended to every completion/response (``eos=True``) and is trained on (``loss_mask`` 1),
+  so the policy learns to stop and a reward model scores at the EOS, the last non-pad token.
+* **Padding**: prompts for generation are left-padded (:func:`left_pad`); SFT and preference
+  sequences are right-padded. Masks are built from lengths, never by comparing ids with ``pad_id``
+  (pad and EOS are often the same id). Mask polarity as everywhere in fourfold: 1 = valid. All
+  tensors are ``torch.long``.
+* **Too long**: a prompt over ``max_prompt_len`` tokens is a :class:`~fourfold.errors.DataError`
+  naming file and line, or, with ``truncate=True``, loses tokens from the left (BOS is kept). An SFT
+  or preference sequence over ``max_len`` loses reply tokens from the right when ``truncate=True``
+  (the default; the example's ``truncated`` flag is set, and EOS may be cut) and is an error
+  otherwise; a prompt that leaves no room for a reply is always an error.
+
+``encode_*`` tokenise once (slow part) and return small per-example objects, which keep the record's
+``index`` and ``line``; ``collate_*`` pad a batch of them (fast part) - use them to tokenise a
+dataset once and collate per batch. ``tokenize_*`` do both for a list of records. The ``encode_*``
+functions take ``on_error="skip"``: bad rows are then left out and their one-line messages appended
+to ``skipped`` (by default the ``.skipped`` of the ``LoadResult`` passed as records).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import torch
+
+from fourfold.data.formats import PreferenceRecord, PromptRecord, SFTRecord
+from fourfold.data.io import check_on_error, one_line
+from fourfold.errors import DataError
+
+__all__ = [
+    "PromptExample",
+    "SFTExample",
+    "PreferenceExample",
+    "encode_prompts",
+    "tokenize_prompts",
+    "left_pad",
+    "right_pad",
+    "encode_sft",
+    "collate_sft",
+    "tokenize_sft",
+    "encode_preferences",
+    "collate_preferences",
+    "tokenize_preferences",
+    "EpochSampler",
+]
+
+
+@dataclasses.dataclass(frozen=True)
+class PromptExample:
+    input_ids: list[int]
+    """Prompt ids (BOS first when added), at most ``max_prompt_len`` long."""
+    index: int
+    """Position of the prompt in the list given to :func:`encode_prompts`."""
+    line: int
+    truncated: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class SFTExample:
+    input_ids: list[int]
+    """Prompt ids followed by completion ids (+ EOS)."""
+    num_prompt_tokens: int
+    index: int
+    line: int
+    truncated: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class PreferenceExample:
+    chosen_ids: list[int]
+    """Prompt ids followed by the chosen response's ids (+ EOS)."""
+    rejected_ids: list[int]
+    num_prompt_tokens: int
+    index: int
+    line: int
+    truncated: bool = False
+
+
+# ----------------------------------------------------------------------------------- helpers
+
+
+class _Sink:
+    """Raise or collect per-row problems, as ``on_error`` says."""
+
+    def __init__(self, on_error: str, skipped: list[str] | None, records: Any):
+        check_on_error(on_error)
+        self.on_error = on_error
+        if skipped is None:
+            skipped = getattr(records, "skipped", None)
+            if not isinstance(skipped, list):
+                skipped = []
+        self.skipped = skipped
+
+    def bad(self, where: str, problem: str) -> None:
+        msg = f"{where}: {problem}"
+        if self.on_error == "raise":
+            raise DataError(msg)
+        self.skipped.append(msg)
+
+
+def _where(rec: Any, i: int, default_source: str | None = None, line: int | None = None) -> str:
+    source = getattr(rec, "source", "") or default_source or "<records>"
+    ln = getattr(rec, "line", None) if line is None else line
+    return f"{source}:{ln if ln is not None else i + 1}"
+
+
+def _special(tokenizer: Any, name: str) -> int | None:
+    value = getattr(tokenizer, name, None)
+    return int(value) if value is not None else None
+
+
+def _need(tokenizer: Any, name: str, why: str) -> int:
+    value = _special(tokenizer, name)
+    if value is None:
+        raise ValueError(f"the tokenizer has no {name.replace('_id', '')} ({why})")
+    return value
+
+
+def _encode(tokenizer: Any, texts: Sequence[str], wheres: Sequence[str], what: str) -> list[list[int] | str]:
+    """Ids per text without special tokens; a problem string where the tokenizer itself failed."""
+    if not texts:
+        return []
+    try:
+        out = tokenizer(list(texts), add_special_tokens=False)["input_ids"]
+        return [list(map(int, ids)) for ids in out]
+    except Exception:  # find the text it choked on, and say which line that was
+        pass
+    result: list[list[int] | str] = []
+    for text, where in zip(texts, wheres):
+        try:
+            result.append(list(map(int, tokenizer(text, add_special_tokens=False)["input_ids"])))
+        except Exception as e:
+            result.append(f"tokenizer failed on the {what}: {type(e).__name__}: {one_line(e, 120)}")
+    return result
+
+
+def _with_bos(ids: list[int], bos: int | None) -> list[int]:
+    if bos is None or (ids and ids[0] == bos):
+        return ids
+    return [bos] + ids
+
+
+def _prompt_problem(n: int, max_prompt_len: int) -> str:
+    return f"prompt has {n} tokens, more than data.max_prompt_len={max_prompt_len}"
+
+
+def _pad(seqs: Sequence[Sequence[int]], pad_id: int, left: bool, length: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    if len(seqs) == 0:
+        raise ValueError("cannot pad an empty batch")
+    L = max(len(s) for s in seqs) if length is None else length
+    ids = torch.full((len(seqs), L), int(pad_id), dtype=torch.long)  # (B, L)
+    mask = torch.zeros((len(seqs), L), dtype=torch.long)  # (B, L)
+    for b, s in enumerate(seqs):
+        n = len(s)
+        if n == 0:
+            continue
+        row = torch.as_tensor(list(s), dtype=torch.long)
+        if left:
+            ids[b, L - n :] = row
+            mask[b, L - n :] = 1
+        else:
+            ids[b, :n] = row
+            mask[b, :n] = 1
+    return ids, mask
+
+
+def left_pad(seqs: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Left-pad prompts for generation: ``(input_ids [B, L], attention_mask [B, L])``, both long,
+    ``L`` the longest prompt; the mask is 1 on real tokens."""
+    return _pad(seqs, pad_id, left=True)
+
+
+def right_pad(seqs: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-pad sequences: ``(input_ids [B, L], attention_mask [B, L])``, both long."""
+    return _pad(seqs, pad_id, left=False)
+
+
+# ------------------------------------------------------------------------------------ prompts
+
+
+def encode_prompts(
+    prompts: Sequence[str | PromptRecord],
+    tokenizer: Any,
+    max_prompt_len: int,
+    *,
+    lines: Sequence[int] | None = None,
+    source: str | None = None,
+    truncate: bool = False,
+    add_bos: bool = True,
+    on_error: str = "raise",
+    skipped: list[str] | None = None,
+) -> list[PromptExample]:
+    """Tokenise prompts (strings or :class:`PromptRecord`), checking ``max_prompt_len``.
+
+    Messages name ``source:line`` (from the record, else from ``source`` and ``lines``, else the
+    1-based position). Too long: DataError, or with ``truncate=True`` the leftmost tokens are
+    dropped (BOS kept). A prompt with no tokens at all is an error.
+    """
+    if max_prompt_len < 1:
+        raise ValueError(f"max_prompt_len must be >= 1, got {max_prompt_len}")
+    sink = _Sink(on_error, skipped, prompts)
+    bos = _special(tokenizer, "bos_token_id") if add_bos else None
+    texts = [p.prompt if isinstance(p, PromptRecord) else p for p in prompts]
+    line_of = [
+        getattr(p, "line", None) if isinstance(p, PromptRecord) else (lines[i] if lines is not None else i + 1)
+        for i, p in enumerate(prompts)
+    ]
+    wheres = [_where(p, i, source, line_of[i]) for i, p in enumerate(prompts)]
+    out = []
+    for i, ids in enumerate(_encode(tokenizer, texts, wheres, "prompt")):
+        if isinstance(ids, str):
+            sink.bad(wheres[i], ids)
+            continue
+        ids = _with_bos(ids, bos)
+        truncated = False
+        if len(ids) > max_prompt_len:
+            if not truncate:
+                sink.bad(wheres[i], _prompt_problem(len(ids), max_prompt_len))
+                continue
+            keep_bos = bos is not None and ids[0] == bos
+            ids = ([bos] + ids[len(ids) - max_prompt_len + 1 :]) if keep_bos else ids[len(ids) - max_prompt_len :]
+            truncated = True
+        if not ids:
+            sink.bad(wheres[i], "prompt is empty after tokenisation (0 tokens)")
+            continue
+        out.append(PromptExample(input_ids=ids, index=i, line=line_of[i], truncated=truncated))
+    return out
+
+
+def tokenize_prompts(
+    prompts: Sequence[str | PromptRecord],
+    tokenizer: Any,
+    max_prompt_len: int,
+    *,
+    lines: Sequence[int] | None = None,
+    source: str | None = None,
+    truncate: bool = False,
+    add_bos: bool = True,
+) -> list[list[int]]:
+    """Prompt ids, one list per prompt, in order; raises
+    ``DataError("{source}:{line}: prompt has {n} tokens, more than data.max_prompt_len=...")``
+    unless ``truncate=True``. Pad a batch with :func:`left_pad`."""
+    examples = encode_prompts(
+        prompts, tokenizer, max_prompt_len, lines=lines, source=source, truncate=truncate, add_bos=add_bos
+    )
+    return [e.input_ids for e in examples]
+
+
+# ---------------------------------------------------------------------------- prompt + reply(s)
+
+
+def _fit(
+    prompt: list[int], reply: list[int], max_len: int, truncate: bool, what: str
+) -> tuple[list[int] | None, bool, str | None]:
+    """``(reply ids cut to fit, truncated, problem)`` for prompt + reply within ``max_len``."""
+    total = len(prompt) + len(reply)
+    if total <= max_len:
+        return reply, False, None
+    if len(prompt) >= max_len:
+        return None, False, f"prompt has {len(prompt)} tokens, leaving no room for the {what} within max_len={max_len}"
+    if not truncate:
+        return None, False, f"prompt + {what} have {total} tokens, more than max_len={max_len}"
+    return reply[: max_len - len(prompt)], True, None
+
+
+def encode_sft(
+    records: Sequence[SFTRecord],
+    tokenizer: Any,
+    max_len: int,
+    *,
+    eos: bool = True,
+    add_bos: bool = True,
+    truncate: bool = True,
+    max_prompt_len: int | None = None,
+    on_error: str = "raise",
+    skipped: list[str] | None = None,
+) -> list[SFTExample]:
+    """Tokenise SFT records: prompt ids (BOS first) + completion ids (+ EOS), at most ``max_len``."""
+    if max_len < 2:
+        raise ValueError(f"max_len must be >= 2, got {max_len}")
+    sink = _Sink(on_error, skipped, records)
+    bos = _special(tokenizer, "bos_token_id") if add_bos else None
+    eos_id = _need(tokenizer, "eos_token_id", "eos=True appends it to completions") if eos else None
+    wheres = [_where(r, i) for i, r in enumerate(records)]
+    prompts = _encode(tokenizer, [r.prompt for r in records], wheres, "prompt")
+    completions = _encode(tokenizer, [r.completion for r in records], wheres, "completion")
+    out = []
+    for i, (rec, p, c) in enumerate(zip(records, prompts, completions)):
+        problem = p if isinstance(p, str) else c if isinstance(c, str) else None
+        if problem is None:
+            p = _with_bos(p, bos)
+            c = c + [eos_id] if eos_id is not None else c
+            if max_prompt_len is not None and len(p) > max_prompt_len:
+                problem = _prompt_problem(len(p), max_prompt_len)
+            elif not c:
+                problem = "completion is empty after tokenisation (0 tokens)"
+        if problem is None:
+            c, truncated, problem = _fit(p, c, max_len, truncate, "completion")
+        if problem is not None:
+            sink.bad(wheres[i], problem)
+            continue
+        out.append(SFTExample(input_ids=p + c, num_prompt_tokens=len(p), index=i, line=rec.line, truncated=truncated))
+    return out
+
+
+def collate_sft(examples: Sequence[SFTExample], pad_id: int) -> dict[str, torch.Tensor]:
+    """Right-padded batch: ``input_ids``, ``attention_mask``, ``loss_mask`` ``[N, L]`` (long; loss_mask
+    is 1 on completion tokens incl. EOS, 0 on prompt and padding) and ``truncated`` ``[N]`` (bool)."""
+    input_ids, attention_mask = right_pad([e.input_ids for e in examples], pad_id)  # (N, L)
+    loss_mask = attention_mask.clone()  # (N, L)
+    for b, e in enumerate(examples):
+        loss_mask[b, : e.num_prompt_tokens] = 0
+    truncated = torch.tensor([e.truncated for e in examples], dtype=torch.bool)  # (N,)
+    return {"input_ids": input_ids, "attention_mask": attention_mask, "loss_mask": loss_mask, "truncated": truncated}
+
+
+def tokenize_sft(
+    records: Sequence[SFTRecord],
+    tokenizer: Any,
+    max_len: int,
+    eos: bool = True,
+    *,
+    add_bos: bool = True,
+    truncate: bool = True,
+    max_prompt_len: int | None = None,
+) -> dict[str, torch.Tensor]:
+    """:func:`encode_sft` then :func:`collate_sft` with the tokenizer's pad id (bad rows raise)."""
+    pad_id = _need(tokenizer, "pad_token_id", "needed to pad")
+    examples = encode_sft(
+        records, tokenizer, max_len, eos=eos, add_bos=add_bos, truncate=truncate, max_prompt_len=max_prompt_len
+    )
+    return collate_sft(examples, pad_id)
+
+
+def encode_preferences(
+    records: Sequence[PreferenceRecord],
+    tokenizer: Any,
+    max_len: int,
+    *,
+    eos: bool = True,
+    add_bos: bool = True,
+    truncate: bool = True,
+    max_prompt_len: int | None = None,
+    on_error: str = "raise",
+    skipped: list[str] | None = None,
+) -> list[PreferenceExample]:
+    """Tokenise preference pairs: prompt ids + chosen/rejected ids (+ EOS), each at most ``max_len``.
+    A pair whose two sequences come out as the same ids (after truncation, or because the
+    tokenizer maps both to the same tokens) is a problem: it carries no preference."""
+    if max_len < 2:
+        raise ValueError(f"max_len must be >= 2, got {max_len}")
+    sink = _Sink(on_error, skipped, records)
+    bos = _special(tokenizer, "bos_token_id") if add_bos else None
+    eos_id = _need(tokenizer, "eos_token_id", "eos=True appends it to responses") if eos else None
+    tail = [eos_id] if eos_id is not None else []
+    wheres = [_where(r, i) for i, r in enumerate(records)]
+    prompts = _encode(tokenizer, [r.prompt for r in records], wheres, "prompt")
+    chosen = _encode(tokenizer, [r.chosen for r in records], wheres, "chosen response")
+    rejected = _encode(tokenizer, [r.rejected for r in records], wheres, "rejected response")
+    out = []
+    for i, (rec, p, c, r) in enumerate(zip(records, prompts, chosen, rejected)):
+        problem = next((x for x in (p, c, r) if isinstance(x, str)), None)
+        c_trunc = r_trunc = False
+        if problem is None:
+            p = _with_bos(p, bos)
+            if max_prompt_len is not None and len(p) > max_prompt_len:
+                problem = _prompt_problem(len(p), max_prompt_len)
+        if problem is None:
+            c, c_trunc, problem = _fit(p, c + tail, max_len, truncate, "chosen response")
+        if problem is None:
+            r, r_trunc, problem = _fit(p, r + tail, max_len, truncate, "rejected response")
+        if problem is None and c == r:
+            after = f" after truncation to max_len={max_len}" if (c_trunc or r_trunc) else ""
+            problem = f"'chosen' and 'rejected' are the same tokens{after}"
+        if problem is not None:
+            sink.bad(wheres[i], problem)
+            continue
+        out.append(
+            PreferenceExample(
+                chosen_ids=p + c,
+                rejected_ids=p + r,
+                num_prompt_tokens=len(p),
+                index=i,
+                line=rec.line,
+                truncated=c_trunc or r_trunc,
+            )
+        )
+    return out
+
+
+def collate_preferences(examples: Sequence[PreferenceExample], pad_id: int) -> dict[str, torch.Tensor]:
+    """Right-padded batch, chosen and rejected padded to one common length ``L`` (so they can be
+    stacked into one ``[2N, L]`` forward): ``chosen_input_ids``, ``chosen_attention_mask``,
+    ``rejected_input_ids``, ``rejected_attention_mask`` ``[N, L]`` (long), ``truncated`` ``[N]``."""
+    if len(examples) == 0:
+        raise ValueError("cannot pad an empty batch")
+    L = max(max(len(e.chosen_ids), len(e.rejected_ids)) for e in examples)
+    c_ids, c_mask = _pad([e.chosen_ids for e in examples], pad_id, left=False, length=L)  # (N, L)
+    r_ids, r_mask = _pad([e.rejected_ids for e in examples], pad_id, left=False, length=L)  # (N, L)
+    return {
+        "chosen_input_ids": c_ids,
+        "chosen_attention_mask": c_mask,
+        "rejected_input_ids": r_ids,
+        "rejected_attention_mask": r_mask,
+        "truncated": torch.tensor([e.truncated for e in examples], dtype=torch.bool),
+    }
+
+
+def tokenize_preferences(
+    records: Sequence[PreferenceRecord],
+    tokenizer: Any,
+    max_len: int,
+    *,
+    eos: bool = True,
+    add_bos: bool = True,
+    truncate: bool = True,
+    max_prompt_len: int | None = None,
+) -> dict[str, torch.Tensor]:
+    """:func:`encode_preferences` then :func:`collate_preferences` (bad rows raise)."""
+    pad_id = _need(tokenizer, "pad_token_id", "needed to pad")
+    examples = encode_preferences(
+        records, tokenizer, max_len, eos=eos, add_bos=add_bos, truncate=truncate, max_prompt_len=max_prompt_len
+    )
+    return collate_preferences(examples, pad_id)
+
+
+# ------------------------------------------------------------------------------------ sampler
+
+
+class EpochSampler:
+    """Seeded batches of indices, a fresh ``torch.randperm`` per epoch, resumable mid-epoch.
+
+    ``for batch in sampler`` yields the rest of the current epoch (lists of ints), then moves to
+    the next epoch; :meth:`batches` runs across epochs without end. A batch counts as consumed once
+    it is yielded, so a checkpoint saved after training on it holds a ``state_dict()`` that resumes
+    with the *next* batch. The order of epoch ``e`` depends only on ``(seed, e)``, so a sampler
+    restored with :meth:`load_state_dict` yields exactly the batches the original would have.
+    """
+
+    def __init__(self, num_samples: int, batch_size: int, *, seed: int = 0, shuffle: bool = True, drop_last: bool = False):
+        if num_samples < 1:
+            raise ValueError(f"num_samples must be >= 1, got {num_samples}")
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        if drop_last and batch_size > num_samples:
+            raise ValueError(f"drop_last with batch_size={batch_size} > num_samples={num_samples} gives no batches")
+        self.num_samples = num_samples
+        self.batch_size = batch_size
+        self.seed = int(seed)
+        self.shuffle = shuffle
+        self.drop_last = drop_last
+        self.epoch = 0
+        self.position = 0
+        """Samples of the current epoch's order already handed out."""
+
+    def _end(self) -> int:
+        return self.num_samples - self.num_samples % self.batch_size if self.drop_last else self.num_samples
+
+    def __len__(self) -> int:
+        """Batches per epoch."""
+        return self._end() // self.batch_size if self.drop_last else -(-self.num_samples // self.batch_size)
+
+    def order(self, epoch: int) -> list[int]:
+        """The sample order of ``epoch`` (a pure function of seed and epoch)."""
+        if not self.shuffle:
+            return list(range(self.num_samples))
+        g = torch.Generator()
+        g.manual_seed((self.seed * 1_000_003 + epoch) & 0x7FFF_FFFF_FFFF_FFFF)
+        return torch.randperm(self.num_samples, generator=g).tolist()
+
+    def _roll(self) -> None:
+        if self.position >= self._end():
+            self.epoch += 1
+            self.position = 0
+
+    def __iter__(self) -> Iterator[list[int]]:
+        self._roll()
+        epoch, order, end = self.epoch, self.order(self.epoch), self._end()
+        while self.epoch == epoch and self.position < end:
+            start = self.position
+            self.position = min(start + self.batch_size, end)
+            yield order[start : self.position]
+        self._roll()
+
+    def batches(self) -> Iterator[list[int]]:
+        """Batches forever, epoch after epoch (for step-based training loops)."""
+        while True:
+            yield from self
+
+    def state_dict(self) -> dict[str, int]:
+        self._roll()
+        return {"epoch": self.epoch, "position": self.position, "seed": self.seed, "num_samples": self.num_samples}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        n = int(state.get("num_samples", self.num_samples))
+        if n != self.num_samples:
+            raise DataError(
+                f"cannot resume the data order: the data now has {self.num_samples} records, "
+                f"the checkpoint was taken with {n}"
+            )
+        self.seed = int(state["seed"])
+        self.epoch = int(state["epoch"])
+        self.position = int(state["position"])

@@ -1,0 +1,411 @@
+"""The three data formats fourfold reads, as typed records, and their validating loaders.
+
+Field names (one JSON object per line, or one Parquet row; other keys are ignored):
+
+* ``load_prompts`` -> :class:`PromptRecord`: ``{"prompt": str}``, or ``{"messages": [...]}`` (a chat
+  that does not end with an assistant message).
+* ``load_sft`` -> :class:`SFTRecord`: ``{"prompt": str, "completion": str}`` (``"response"`` is an
+  alias of ``"completion"``); ``{"text": str}`` (the whole text is trained on, prompt ""); or
+  ``{"messages": [...]}``: the last message must be the assistant's and is the completion, the
+  messages before it make the prompt.
+* ``load_preferences`` -> :class:`PreferenceRecord`: ``{"prompt": str, "chosen": str, "rejected":
+  str}``; chat form: ``chosen`` and ``rejected`` are message lists ending with an assistant message,
+  and the prompt is ``prompt`` (a message list) and/or the messages before that last one (which
+  must be the same in chosen and rejected; a ``prompt`` repeated at their start is taken once).
+
+A chat message is ``{"role": str, "content": str}``. ``prompt`` may also be given as a message
+list wherever a string is accepted (``load_sft`` prompt/completion form included).
+
+Chat rendering: message lists become text through ``chat_template``, a callable
+``render(messages) -> str`` that returns the text *up to where the assistant's reply begins*. The
+trainers pass :func:`chat_template_renderer` (``tokenizer.apply_chat_template(messages,
+tokenize=False, add_generation_prompt=True)``) when the tokenizer has a chat template; without one
+(``chat_template=None``) the plain fallback :func:`plain_chat_render` is used::
+
+    system: You are terse.
+    user: Hi
+    assistant: <- the completion/response follows here
+
+The completion/response of a chat record is the *content* of the last assistant message; the
+end-of-turn is the tokenizer's EOS, appended at tokenisation (see ``fourfold.data.collate``).
+
+Validation (each failure is one line, ``"<file>:<line>: <problem>"``): a missing field (with a
+"did you mean" hint when a key is a near miss of an accepted name, e.g. ``promt``), a wrong type,
+both of two alternative forms at once, an empty (or all-whitespace) prompt, completion, chosen or
+rejected, chosen identical to rejected, a malformed message list, text that is not valid Unicode
+(a lone surrogate from a ``\\ud800`` escape). Prompts that are too long in tokens are found at
+tokenisation (``fourfold.data.collate``), where the tokenizer is known.
+
+``on_error="raise"`` (default) raises :class:`~fourfold.errors.DataError` at the first bad row;
+``on_error="skip"`` leaves bad rows out and keeps their messages in ``LoadResult.skipped``. A file
+without a single usable row is an error in both modes. Nothing is written to disk.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import os
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, Generic, TypeVar
+
+from fourfold.data.io import check_on_error, json_type_name, one_line, read_records
+from fourfold.errors import DataError
+
+__all__ = [
+    "PromptRecord",
+    "SFTRecord",
+    "PreferenceRecord",
+    "LoadResult",
+    "ChatRender",
+    "load_prompts",
+    "load_sft",
+    "load_preferences",
+    "plain_chat_render",
+    "chat_template_renderer",
+    "PROMPT_FIELDS",
+    "SFT_FIELDS",
+    "PREFERENCE_FIELDS",
+]
+
+ChatRender = Callable[[list[dict[str, Any]]], str]
+"""``render(messages) -> str``: the prompt text for a conversation, ending where the reply begins."""
+
+PROMPT_FIELDS = ("prompt", "messages")
+SFT_FIELDS = ("prompt", "completion", "response", "text", "messages")
+PREFERENCE_FIELDS = ("prompt", "chosen", "rejected")
+
+
+@dataclasses.dataclass(frozen=True)
+class PromptRecord:
+    """One prompt for generation (PPO / REINFORCE). ``line``: 1-based line (Parquet: row) number."""
+
+    prompt: str
+    line: int
+    source: str = ""
+    """The file the record came from (for error messages at tokenisation)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class SFTRecord:
+    """One supervised example: the loss is taken on ``completion`` only (``prompt`` may be "")."""
+
+    prompt: str
+    completion: str
+    line: int
+    source: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class PreferenceRecord:
+    """One preference pair for reward-model training: ``chosen`` is preferred over ``rejected``."""
+
+    prompt: str
+    chosen: str
+    rejected: str
+    line: int
+    source: str = ""
+
+
+R = TypeVar("R")
+
+
+@dataclasses.dataclass
+class LoadResult(Generic[R]):
+    """What a loader returns: a list-like of records plus the messages of the rows it skipped."""
+
+    records: list[R]
+    skipped: list[str]
+    """One-line message per skipped row (always empty under ``on_error="raise"``)."""
+    source: str
+    """The file name as given."""
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def __iter__(self) -> Iterator[R]:
+        return iter(self.records)
+
+    def __getitem__(self, i):
+        return self.records[i]
+
+    @property
+    def num_skipped(self) -> int:
+        return len(self.skipped)
+
+    def summary(self) -> str:
+        """One line for the log, e.g. ``"data.jsonl: 998 records, 2 skipped"``."""
+        return f"{self.source}: {len(self.records)} records, {len(self.skipped)} skipped"
+
+
+# --------------------------------------------------------------------------------------- chat
+
+
+def plain_chat_render(messages: list[dict[str, Any]]) -> str:
+    """The fallback when the tokenizer has no chat template: one ``"role: content"`` line per
+    message, then ``"assistant: "`` where the reply begins."""
+    return "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant: "
+
+
+def chat_template_renderer(tokenizer: Any) -> ChatRender | None:
+    """``render`` built on the tokenizer's own chat template, or None when it has none (the loaders
+    then use :func:`plain_chat_render`)."""
+    if not getattr(tokenizer, "chat_template", None):
+        return None
+
+    def render(messages: list[dict[str, Any]]) -> str:
+        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+    return render
+
+
+# ---------------------------------------------------------------------------- validation core
+
+
+class _Bad(Exception):
+    """A problem with one row; the loader adds ``file:line:`` in front."""
+
+
+def _show(value: Any) -> str:
+    """A short, one-line, printable view of a scalar (containers only by type, never repr'd)."""
+    if isinstance(value, (str, bool, int, float)) or value is None:
+        return " (" + one_line(repr(value), 40) + ")"
+    return ""
+
+
+def _missing(field: str, rec: dict, accepted: Sequence[str], wanted: Sequence[str] = ()) -> str:
+    """``missing field 'x'`` plus a hint: a near-miss key (difflib against the accepted names)
+    or, failing that, the keys the record does have."""
+    wanted = tuple(wanted) or (field,)
+    unknown = [k for k in rec if isinstance(k, str) and k not in accepted]
+    for key in unknown:
+        close = difflib.get_close_matches(key.lower(), list(accepted), n=1, cutoff=0.7)
+        if close and close[0] in wanted:
+            return f"missing field {field!r} (the record has {one_line(repr(key), 40)}: did you mean {close[0]!r}?)"
+    if not rec:
+        return f"missing field {field!r} (the record is an empty object)"
+    keys = ", ".join(one_line(repr(k), 30) for k in list(rec)[:8])
+    more = ", ..." if len(rec) > 8 else ""
+    return f"missing field {field!r} (the record has {keys}{more})"
+
+
+def _check_text(where: str, text: str) -> None:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise _Bad(
+            f"{where} is not valid Unicode text (lone surrogate {text[e.start]!a} at character {e.start + 1})"
+        ) from None
+
+
+def _string(rec: dict, key: str, accepted: Sequence[str], *, required_nonempty: bool = True) -> str:
+    if key not in rec:
+        raise _Bad(_missing(key, rec, accepted))
+    value = rec[key]
+    if not isinstance(value, str):
+        raise _Bad(f"field {key!r} must be a string, got {json_type_name(value)}{_show(value)}")
+    _check_text(f"field {key!r}", value)
+    if required_nonempty and not value.strip():
+        raise _Bad(f"field {key!r} is empty")
+    return value
+
+
+def _messages(value: Any, key: str) -> list[dict[str, Any]]:
+    if not isinstance(value, list):
+        raise _Bad(f"field {key!r} must be a list of messages, got {json_type_name(value)}{_show(value)}")
+    if not value:
+        raise _Bad(f"field {key!r} is an empty list of messages")
+    out = []
+    for i, m in enumerate(value):
+        where = f"{key}[{i}]"
+        if not isinstance(m, dict):
+            raise _Bad(f"{where} must be an object with 'role' and 'content', got {json_type_name(m)}{_show(m)}")
+        for f in ("role", "content"):
+            if f not in m:
+                raise _Bad(f"{where} has no {f!r} (a message is {{'role': ..., 'content': ...}})")
+            if not isinstance(m[f], str):
+                raise _Bad(f"{where}.{f} must be a string, got {json_type_name(m[f])}{_show(m[f])}")
+            _check_text(f"{where}.{f}", m[f])
+        if not m["role"].strip():
+            raise _Bad(f"{where}.role is empty")
+        out.append(dict(m))
+    return out
+
+
+def _same_turns(a: list[dict], b: list[dict]) -> bool:
+    return [(m["role"], m["content"]) for m in a] == [(m["role"], m["content"]) for m in b]
+
+
+def _render(render: ChatRender | None, messages: list[dict[str, Any]]) -> str:
+    fn = render or plain_chat_render
+    try:
+        text = fn(messages)
+    except Exception as e:  # a chat template's own raise_exception, a KeyError, ...
+        raise _Bad(f"chat template failed: {type(e).__name__}: {one_line(e, 120)}") from None
+    if not isinstance(text, str):
+        raise _Bad(f"chat template returned {type(text).__name__}, expected a string")
+    _check_text("rendered chat", text)
+    return text
+
+
+def _reply(value: Any, key: str) -> tuple[list[dict], str]:
+    """A response given as a string, or as messages ending with the assistant's: ``(context, text)``."""
+    if isinstance(value, str):
+        _check_text(f"field {key!r}", value)
+        return [], value
+    if isinstance(value, list):
+        msgs = _messages(value, key)
+        if msgs[-1]["role"] != "assistant":
+            raise _Bad(f"the last message of {key!r} must have role 'assistant', got {one_line(repr(msgs[-1]['role']), 30)}")
+        return msgs[:-1], msgs[-1]["content"]
+    raise _Bad(f"field {key!r} must be a string or a list of messages, got {json_type_name(value)}{_show(value)}")
+
+
+def _only_one(rec: dict, first: str, others: Sequence[str]) -> None:
+    clash = [k for k in others if k in rec]
+    if clash:
+        raise _Bad(f"has both {first!r} and {clash[0]!r}; use one form")
+
+
+def _prompt_text(rec: dict, render: ChatRender | None, accepted: Sequence[str]) -> str:
+    """``prompt`` as a string or a message list (rendered)."""
+    if "prompt" not in rec:
+        raise _Bad(_missing("prompt", rec, accepted))
+    value = rec["prompt"]
+    if isinstance(value, list):
+        return _render(render, _messages(value, "prompt"))
+    return _string(rec, "prompt", accepted, required_nonempty=False)
+
+
+# ------------------------------------------------------------------------------ per-format rows
+
+
+def _prompt_row(rec: dict, render: ChatRender | None) -> str:
+    if "messages" in rec:
+        _only_one(rec, "messages", ["prompt"])
+        msgs = _messages(rec["messages"], "messages")
+        if msgs[-1]["role"] == "assistant":
+            raise _Bad("'messages' of a prompt must not end with an assistant message (is this SFT data?)")
+        if not any(m["content"].strip() for m in msgs):
+            raise _Bad("prompt is empty (every message has empty content)")
+        return _render(render, msgs)
+    prompt = _prompt_text(rec, render, PROMPT_FIELDS)
+    if not prompt.strip():
+        raise _Bad("field 'prompt' is empty")
+    return prompt
+
+
+def _sft_row(rec: dict, render: ChatRender | None) -> tuple[str, str]:
+    if "messages" in rec:
+        _only_one(rec, "messages", ["prompt", "completion", "response", "text"])
+        msgs = _messages(rec["messages"], "messages")
+        if msgs[-1]["role"] != "assistant":
+            raise _Bad(f"the last message must have role 'assistant' (it is the completion), got {one_line(repr(msgs[-1]['role']), 30)}")
+        completion = msgs[-1]["content"]
+        if not completion.strip():
+            raise _Bad("the last (assistant) message is empty")
+        return _render(render, msgs[:-1]), completion
+    if "text" in rec:
+        _only_one(rec, "text", ["prompt", "completion", "response"])
+        return "", _string(rec, "text", SFT_FIELDS)
+    if "completion" in rec and "response" in rec:
+        raise _Bad("has both 'completion' and 'response' (aliases); use one")
+    if "prompt" not in rec and "completion" not in rec and "response" not in rec:
+        hint = _missing("prompt", rec, SFT_FIELDS, wanted=SFT_FIELDS)
+        raise _Bad(hint.replace("missing field 'prompt'", "no SFT fields: expected 'prompt'+'completion', 'text' or 'messages'", 1))
+    prompt = _prompt_text(rec, render, SFT_FIELDS)
+    if not prompt.strip():
+        raise _Bad("field 'prompt' is empty (use {\"text\": ...} for data without a prompt)")
+    key = "response" if "response" in rec else "completion"
+    if key not in rec:
+        raise _Bad(_missing("completion", rec, SFT_FIELDS, wanted=("completion", "response")))
+    return prompt, _string(rec, key, SFT_FIELDS)
+
+
+def _preference_row(rec: dict, render: ChatRender | None) -> tuple[str, str, str]:
+    for key in ("chosen", "rejected"):
+        if key not in rec:
+            raise _Bad(_missing(key, rec, PREFERENCE_FIELDS))
+    chosen_ctx, chosen = _reply(rec["chosen"], "chosen")
+    rejected_ctx, rejected = _reply(rec["rejected"], "rejected")
+    if not _same_turns(chosen_ctx, rejected_ctx):
+        raise _Bad("'chosen' and 'rejected' differ before their last message; they must share the conversation")
+
+    if "prompt" in rec:
+        value = rec["prompt"]
+        if isinstance(value, list):
+            p_msgs = _messages(value, "prompt")
+            # Either the prompt is repeated at the start of chosen/rejected, or they continue it.
+            if len(chosen_ctx) >= len(p_msgs) and _same_turns(chosen_ctx[: len(p_msgs)], p_msgs):
+                full = chosen_ctx
+            else:
+                full = p_msgs + chosen_ctx
+            prompt = _render(render, full)
+        else:
+            prompt = _string(rec, "prompt", PREFERENCE_FIELDS, required_nonempty=False)
+            if chosen_ctx:
+                raise _Bad("'prompt' is a string but 'chosen' holds a conversation; give 'prompt' as messages too")
+    elif chosen_ctx:
+        prompt = _render(render, chosen_ctx)
+    else:
+        raise _Bad(_missing("prompt", rec, PREFERENCE_FIELDS))
+
+    if not prompt.strip():
+        raise _Bad("field 'prompt' is empty")
+    if not chosen.strip():
+        raise _Bad("field 'chosen' is empty")
+    if not rejected.strip():
+        raise _Bad("field 'rejected' is empty")
+    if chosen.strip() == rejected.strip():
+        raise _Bad("'chosen' and 'rejected' are identical")
+    return prompt, chosen, rejected
+
+
+# ------------------------------------------------------------------------------------ loaders
+
+
+def _load(path: str | os.PathLike, on_error: str, make: Callable[[dict, int, str], Any]) -> LoadResult:
+    check_on_error(on_error)
+    name = os.fspath(path)
+    skipped: list[str] = []
+    rows = read_records(path, on_error=on_error, skipped=skipped)
+    records = []
+    for line, rec in rows:
+        try:
+            records.append(make(rec, line, name))
+        except _Bad as bad:
+            msg = f"{name}:{line}: {bad}"
+            if on_error == "raise":
+                raise DataError(msg) from None
+            skipped.append(msg)
+    # Bad JSON lines were collected while reading, bad fields after: list them in file order.
+    skipped.sort(key=lambda msg: int(msg[len(name) + 1 :].split(":", 1)[0]))
+    if not records:
+        first = f"; first: {skipped[0]}" if skipped else ""
+        raise DataError(f"{name}: no usable records ({len(skipped)} skipped{first})")
+    return LoadResult(records=records, skipped=skipped, source=name)
+
+
+def load_prompts(
+    path: str | os.PathLike, *, on_error: str = "raise", chat_template: ChatRender | None = None
+) -> LoadResult[PromptRecord]:
+    """Prompts for generation: ``{"prompt": str}`` or ``{"messages": [...]}`` per row."""
+    return _load(
+        path, on_error, lambda rec, line, src: PromptRecord(_prompt_row(rec, chat_template), line, src)
+    )
+
+
+def load_sft(
+    path: str | os.PathLike, *, on_error: str = "raise", chat_template: ChatRender | None = None
+) -> LoadResult[SFTRecord]:
+    """Supervised pairs: ``prompt``+``completion``/``response``, ``text`` or ``messages`` per row."""
+    return _load(path, on_error, lambda rec, line, src: SFTRecord(*_sft_row(rec, chat_template), line, src))
+
+
+def load_preferences(
+    path: str | os.PathLike, *, on_error: str = "raise", chat_template: ChatRender | None = None
+) -> LoadResult[PreferenceRecord]:
+    """Preference pairs: ``prompt``, ``chosen``, ``rejected`` per row (strings or chat messages)."""
+    return _load(
+        path, on_error, lambda rec, line, src: PreferenceRecord(*_preference_row(rec, chat_template), line, src)
+    )
