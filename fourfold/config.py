@@ -309,3 +309,542 @@ class RunConfig:
             f"{prefix}.device",
             f"expected 'auto', 'cpu', 'cuda' or 'cuda:N', got {self.device!r}",
         )
+
+
+# ---------------------------------------------------------------------------------------------
+# Gym stage: PPO / REINFORCE on a discrete-action Gymnasium environment (fourfold.trainers.gym).
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class GymEnvConfig:
+    """The environment: one vectorised training env and a separate, seeded evaluation env."""
+
+    id: str = "CartPole-v1"
+    """Gymnasium id of a discrete-action environment with a flat (Box) observation."""
+    num_envs: int = 8
+    """Parallel copies stepped together (a SyncVectorEnv); for REINFORCE, episodes per batch."""
+    autoreset_mode: Literal["same_step", "next_step"] = "same_step"
+    """Gymnasium 1.x vector autoreset. same_step: the step that ends an episode already returns the
+    next episode's first observation (the final one is in infos['final_obs']), so every step is a
+    real transition. next_step (Gymnasium's default): the step after a done only resets the env;
+    that step is kept in the Rollout with mask 0. Both give identical advantages."""
+    solved_return: Optional[float] = None
+    """Mean greedy-evaluation return that counts as solved (first_solved_step); null: the env's
+    registered reward_threshold (CartPole-v1 475, Acrobot-v1 -100)."""
+    kwargs: dict = dataclasses.field(default_factory=dict)
+    """Extra keyword arguments for gymnasium.make (e.g. {max_episode_steps: 200})."""
+
+    def validate(self, prefix: str = "env") -> None:
+        require(bool(self.id), f"{prefix}.id", "must name a Gymnasium environment")
+        require(self.num_envs >= 1, f"{prefix}.num_envs", "must be >= 1")
+
+
+@dataclasses.dataclass
+class GymAgentConfig:
+    """Actor and critic: two separate MLPs (no shared trunk), orthogonal init."""
+
+    hidden_sizes: list[int] = dataclasses.field(default_factory=lambda: [64, 64])
+    """Hidden layer widths of each MLP."""
+    activation: Literal["tanh", "relu"] = "tanh"
+    """Hidden activation (tanh, as in the PPO paper's MuJoCo/Atari-free setups and CleanRL)."""
+
+    def validate(self, prefix: str = "agent") -> None:
+        require(len(self.hidden_sizes) >= 1 and all(h >= 1 for h in self.hidden_sizes),
+                f"{prefix}.hidden_sizes", "must be a non-empty list of positive widths")
+
+
+@dataclasses.dataclass
+class GymPPOConfig:
+    """PPO with the usual implementation details (CleanRL's ppo.py names them the same way)."""
+
+    total_timesteps: int = 100_000
+    """Budget in environment steps (all envs together); the run always spends all of it unless
+    stop_when_solved."""
+    num_steps: int = 32
+    """Steps per env per rollout: a batch is num_envs * num_steps transitions."""
+    lr: float = 1e-3
+    """Adam learning rate (Adam eps is adam_eps)."""
+    anneal_lr: bool = True
+    """Decay the learning rate linearly from lr to 0 over the run."""
+    gamma: float = 0.98
+    """Discount factor."""
+    gae_lambda: float = 0.8
+    """GAE lambda (1 = Monte-Carlo returns minus V, 0 = one-step TD)."""
+    num_minibatches: int = 1
+    """Minibatches per epoch (shuffled each epoch); minibatch = batch / num_minibatches."""
+    update_epochs: int = 20
+    """Passes over each batch."""
+    norm_adv: bool = True
+    """Whiten advantages per minibatch (mean 0, std 1)."""
+    clip_coef: float = 0.2
+    """PPO ratio clip epsilon (also the value clip range when clip_vloss)."""
+    clip_vloss: bool = False
+    """Clip the value update around the rollout's values (PPO2-style clipped value loss)."""
+    ent_coef: float = 0.0
+    """Entropy bonus coefficient."""
+    vf_coef: float = 0.5
+    """Value loss coefficient (the value loss already carries a factor 0.5)."""
+    max_grad_norm: float = 0.5
+    """Global gradient-norm clip over actor and critic parameters together."""
+    target_kl: Optional[float] = None
+    """Stop the epochs of an update early once approx_kl exceeds this (null: never)."""
+    adam_eps: float = 1e-5
+    """Adam epsilon (1e-5 rather than torch's 1e-8, as in the reference implementations)."""
+
+    def validate(self, prefix: str = "ppo") -> None:
+        require(self.total_timesteps >= 1, f"{prefix}.total_timesteps", "must be >= 1")
+        require(self.num_steps >= 1, f"{prefix}.num_steps", "must be >= 1")
+        require(self.lr > 0, f"{prefix}.lr", "must be > 0")
+        require(0 < self.gamma <= 1, f"{prefix}.gamma", "must be in (0, 1]")
+        require(0 <= self.gae_lambda <= 1, f"{prefix}.gae_lambda", "must be in [0, 1]")
+        require(self.num_minibatches >= 1, f"{prefix}.num_minibatches", "must be >= 1")
+        require(self.update_epochs >= 1, f"{prefix}.update_epochs", "must be >= 1")
+        require(self.clip_coef > 0, f"{prefix}.clip_coef", "must be > 0")
+        require(self.ent_coef >= 0, f"{prefix}.ent_coef", "must be >= 0")
+        require(self.vf_coef >= 0, f"{prefix}.vf_coef", "must be >= 0")
+        require(self.max_grad_norm > 0, f"{prefix}.max_grad_norm", "must be > 0")
+        require(self.target_kl is None or self.target_kl > 0, f"{prefix}.target_kl", "must be > 0 or null")
+        require(self.adam_eps > 0, f"{prefix}.adam_eps", "must be > 0")
+
+
+@dataclasses.dataclass
+class GymReinforceConfig:
+    """REINFORCE: no critic, no clipping; one gradient step per batch of env.num_envs complete
+    episodes, each step's weight the Monte-Carlo return from that step on."""
+
+    total_timesteps: int = 100_000
+    """Budget in environment steps of the complete episodes used for learning."""
+    lr: float = 1e-3
+    """Adam learning rate."""
+    gamma: float = 0.99
+    """Discount factor of the returns."""
+    baseline: Literal["none", "mean"] = "mean"
+    """'mean': subtract the batch mean return (a variance reduction that keeps the gradient
+    essentially unbiased); 'none': plain REINFORCE."""
+    max_grad_norm: Optional[float] = None
+    """Global gradient-norm clip (null: none, the textbook algorithm)."""
+    adam_eps: float = 1e-5
+    """Adam epsilon."""
+
+    def validate(self, prefix: str = "reinforce") -> None:
+        require(self.total_timesteps >= 1, f"{prefix}.total_timesteps", "must be >= 1")
+        require(self.lr > 0, f"{prefix}.lr", "must be > 0")
+        require(0 < self.gamma <= 1, f"{prefix}.gamma", "must be in (0, 1]")
+        require(self.max_grad_norm is None or self.max_grad_norm > 0, f"{prefix}.max_grad_norm",
+                "must be > 0 or null")
+        require(self.adam_eps > 0, f"{prefix}.adam_eps", "must be > 0")
+
+
+@dataclasses.dataclass
+class GymEvalConfig:
+    """Greedy (argmax) evaluation on a separate env, seeded the same way at every evaluation."""
+
+    every_steps: int = 5_000
+    """Evaluate each time the env-step count crosses a multiple of this (and at the end); 0: only
+    at the end."""
+    episodes: int = 10
+    """Episodes per evaluation (run in parallel, one per eval env)."""
+    seed_offset: int = 10_000
+    """Eval episode i starts from seed run.seed + seed_offset + i (same start states every time)."""
+
+    def validate(self, prefix: str = "eval") -> None:
+        require(self.every_steps >= 0, f"{prefix}.every_steps", "must be >= 0")
+        require(self.episodes >= 1, f"{prefix}.episodes", "must be >= 1")
+
+
+@dataclasses.dataclass
+class GymConfig:
+    """`fourfold gym`: PPO or REINFORCE on a Gymnasium environment (see docs/gym.md)."""
+
+    run: RunConfig = dataclasses.field(default_factory=lambda: RunConfig(output_dir="runs/gym", threads=1))
+    """Run directory, seed, threads (1 is fastest for these tiny MLPs), checkpoints."""
+    algo: Literal["ppo", "reinforce"] = "ppo"
+    """Which agent to train."""
+    env: GymEnvConfig = dataclasses.field(default_factory=GymEnvConfig)
+    """The environment."""
+    agent: GymAgentConfig = dataclasses.field(default_factory=GymAgentConfig)
+    """Network shapes."""
+    ppo: GymPPOConfig = dataclasses.field(default_factory=GymPPOConfig)
+    """PPO settings (read when algo is ppo)."""
+    reinforce: GymReinforceConfig = dataclasses.field(default_factory=GymReinforceConfig)
+    """REINFORCE settings (read when algo is reinforce)."""
+    eval: GymEvalConfig = dataclasses.field(default_factory=GymEvalConfig)
+    """Evaluation schedule."""
+    stop_when_solved: bool = False
+    """End the run at the first evaluation whose mean return reaches the solved threshold."""
+
+    def validate(self, prefix: str = "") -> None:
+        batch = self.env.num_envs * self.ppo.num_steps
+        require(batch % self.ppo.num_minibatches == 0, "ppo.num_minibatches",
+                f"must divide the batch env.num_envs * ppo.num_steps = {batch}")
+        if self.algo == "ppo":
+            require(self.ppo.total_timesteps >= batch, "ppo.total_timesteps",
+                    f"must be at least one batch (env.num_envs * ppo.num_steps = {batch})")
+
+
+# ---------------------------------------------------------------------------------------------
+# Language-model stages: SFT, reward model, PPO, REINFORCE
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class LMModelConfig:
+    """Which models play which role. Paths are local HF directories (or hub names when online)."""
+
+    policy: Optional[str] = None
+    """The SFT model: initialises the policy and (unless `reference` is set) is the frozen reference."""
+    reference: Optional[str] = None
+    """Frozen reference for the KL penalty; null = a frozen copy of `policy`."""
+    reward: Optional[str] = None
+    """Reward-model directory (written by `fourfold reward`, or a 1-label sequence classifier)."""
+    reward_fn: Optional[str] = None
+    """Instead of a reward model: 'module:function' or 'path/to/file.py:function' with signature
+    fn(prompts: list[str], responses: list[str]) -> list[float]."""
+    critic: Optional[str] = None
+    """Critic directory; null = initialise from `critic_init`."""
+    critic_init: Literal["reward", "policy"] = "reward"
+    """Initialise the critic's backbone from the reward model (default, its head too) or from the
+    policy (fresh head, zero-initialised)."""
+    tokenizer: Optional[str] = None
+    """Tokenizer directory; null = the policy's."""
+    trust_remote_code: bool = False
+    """Allow model code from the model's repository. Off unless you trust the source."""
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    """Weights dtype. float32 on CPU; bfloat16 on recent GPUs."""
+
+    def validate(self, prefix: str = "model") -> None:
+        require(self.policy is not None, f"{prefix}.policy", "missing: path to the SFT model directory")
+
+
+@dataclasses.dataclass
+class PromptDataConfig:
+    """Where prompts come from."""
+
+    prompts: Optional[str] = None
+    """JSONL or Parquet file with a `prompt` (or chat `messages`) field per row."""
+    task: Optional[str] = None
+    """An embedded task name (e.g. 'review'): prompts are sampled from it when `prompts` is null,
+    and its hidden gold reward is logged as reward/gold_mean."""
+    max_prompt_len: int = 64
+    """Prompts longer than this many tokens are an error naming the file and line."""
+    on_error: Literal["raise", "skip"] = "raise"
+    """Bad rows: stop with an error naming file and line, or skip them and count them in the log."""
+
+    def validate(self, prefix: str = "data") -> None:
+        require(self.prompts is not None or self.task is not None, f"{prefix}.prompts",
+                "missing: a prompts file (or data.task for an embedded task)")
+        require(self.max_prompt_len >= 1, f"{prefix}.max_prompt_len", "must be >= 1")
+
+
+@dataclasses.dataclass
+class GenerationConfig:
+    """How the policy samples responses during training."""
+
+    max_new_tokens: int = 32
+    """Longest response; rows stop at their first EOS."""
+    temperature: float = 1.0
+    """Sampling temperature; the same temperature scales every log-prob used in training."""
+    missing_eos_score: Optional[float] = None
+    """If set, a response that reaches max_new_tokens without EOS gets this score in place of the
+    reward model's (counted as reward/no_eos_penalised)."""
+    stop_at_eos: bool = True
+    """Stop rows at EOS (false: fixed-length responses, used by benchmarks)."""
+
+    def validate(self, prefix: str = "generation") -> None:
+        require(self.max_new_tokens >= 1, f"{prefix}.max_new_tokens", "must be >= 1")
+        require(self.temperature > 0, f"{prefix}.temperature", f"must be > 0, got {self.temperature}")
+
+
+@dataclasses.dataclass
+class PPOAlgoConfig:
+    """PPO hyperparameters, named as in the literature (Ziegler et al. 2019, Ouyang et al. 2022)."""
+
+    iterations: int = 100
+    """PPO iterations; each samples rollout_batch_size prompts."""
+    rollout_batch_size: int = 64
+    """Prompts (= responses) per iteration."""
+    minibatch_size: int = 16
+    """Responses per optimizer step; rollout_batch_size / minibatch_size steps per epoch."""
+    micro_batch_size: Optional[int] = None
+    """Gradient-accumulation chunk within a minibatch (memory); null = the whole minibatch."""
+    ppo_epochs: int = 4
+    """Passes over each rollout batch."""
+    clip_eps: float = 0.2
+    """Clip range of the probability ratio in the surrogate objective."""
+    vf_clip_eps: Optional[float] = 0.2
+    """Clip range of the value update around the rollout's values; null = plain MSE."""
+    gamma: float = 1.0
+    """Discount (1: the episode is one response)."""
+    lam: float = 0.95
+    """GAE lambda."""
+    kl_coef: float = 0.05
+    """beta: weight of the per-token KL penalty to the reference."""
+    kl_estimator: Literal["k1", "k2", "k3", "abs"] = "k1"
+    """Per-token KL estimator used in the reward (k1 = log pi - log pi_ref)."""
+    adaptive_kl: bool = False
+    """Adapt kl_coef toward kl_target (Ziegler et al.)."""
+    kl_target: float = 6.0
+    """Target per-sequence KL (nats) of the adaptive controller."""
+    kl_horizon: int = 10000
+    """Horizon (in samples) of the adaptive controller."""
+    lr: float = 1e-5
+    """Policy learning rate (AdamW)."""
+    critic_lr: float = 1e-5
+    """Critic learning rate (AdamW)."""
+    lr_schedule: Literal["linear", "constant"] = "linear"
+    """Linear decay to 0 over all optimizer steps, or constant."""
+    weight_decay: float = 0.0
+    """AdamW weight decay for both trained models."""
+    max_grad_norm: Optional[float] = 1.0
+    """Global gradient-norm clip per model; null = no clipping."""
+    entropy_coef: float = 0.0
+    """Weight of an entropy bonus in the policy loss."""
+    whiten_rewards: bool = False
+    """Whiten the token rewards over the batch before GAE."""
+    whiten_advantages: bool = True
+    """Whiten advantages over the batch (valid tokens) before the epochs."""
+    use_critic: bool = True
+    """False: no value baseline; advantages are the whitened returns (ablation 'ppo-no-critic')."""
+
+    def validate(self, prefix: str = "ppo") -> None:
+        require(self.iterations >= 1, f"{prefix}.iterations", "must be >= 1")
+        require(self.rollout_batch_size >= 1, f"{prefix}.rollout_batch_size", "must be >= 1")
+        require(self.minibatch_size >= 1, f"{prefix}.minibatch_size", "must be >= 1")
+        require(self.minibatch_size <= self.rollout_batch_size, f"{prefix}.minibatch_size",
+                f"{self.minibatch_size} is larger than rollout_batch_size={self.rollout_batch_size}")
+        require(self.rollout_batch_size % self.minibatch_size == 0, f"{prefix}.rollout_batch_size",
+                f"{self.rollout_batch_size} is not divisible by minibatch_size={self.minibatch_size}")
+        if self.micro_batch_size is not None:
+            require(self.micro_batch_size >= 1 and self.minibatch_size % self.micro_batch_size == 0,
+                    f"{prefix}.micro_batch_size", f"must divide minibatch_size={self.minibatch_size}")
+        require(self.ppo_epochs >= 1, f"{prefix}.ppo_epochs", "must be >= 1")
+        require(self.clip_eps > 0, f"{prefix}.clip_eps", f"must be > 0, got {self.clip_eps}")
+        require(self.vf_clip_eps is None or self.vf_clip_eps > 0, f"{prefix}.vf_clip_eps", "must be > 0 or null")
+        require(0 <= self.gamma <= 1, f"{prefix}.gamma", "must be in [0, 1]")
+        require(0 <= self.lam <= 1, f"{prefix}.lam", "must be in [0, 1]")
+        require(self.kl_coef >= 0, f"{prefix}.kl_coef", f"must be >= 0, got {self.kl_coef}")
+        require(self.kl_target > 0, f"{prefix}.kl_target", "must be > 0")
+        require(self.kl_horizon >= 1, f"{prefix}.kl_horizon", "must be >= 1")
+        require(self.lr > 0, f"{prefix}.lr", "must be > 0")
+        require(self.critic_lr > 0, f"{prefix}.critic_lr", "must be > 0")
+        require(self.max_grad_norm is None or self.max_grad_norm > 0, f"{prefix}.max_grad_norm", "must be > 0 or null")
+        require(self.entropy_coef >= 0, f"{prefix}.entropy_coef", "must be >= 0")
+
+    @property
+    def steps_per_iteration(self) -> int:
+        """Optimizer steps per iteration (per trained model)."""
+        return self.ppo_epochs * (self.rollout_batch_size // self.minibatch_size)
+
+
+@dataclasses.dataclass
+class PPOConfig:
+    """`fourfold ppo`: the four-model PPO stage."""
+
+    model: LMModelConfig = dataclasses.field(default_factory=LMModelConfig)
+    data: PromptDataConfig = dataclasses.field(default_factory=PromptDataConfig)
+    generation: GenerationConfig = dataclasses.field(default_factory=GenerationConfig)
+    ppo: PPOAlgoConfig = dataclasses.field(default_factory=PPOAlgoConfig)
+    run: RunConfig = dataclasses.field(default_factory=lambda: RunConfig(output_dir="runs/ppo"))
+
+    def validate(self, prefix: str = "") -> None:
+        require((self.model.reward is None) != (self.model.reward_fn is None), "model.reward",
+                "set exactly one of model.reward (a reward-model directory) and model.reward_fn")
+        if self.model.reward is None and self.ppo.use_critic and self.model.critic is None:
+            require(self.model.critic_init == "policy", "model.critic_init",
+                    "'reward' needs model.reward; use critic_init=policy with a reward_fn")
+
+
+@dataclasses.dataclass
+class ReinforceAlgoConfig:
+    """Naive REINFORCE: sequence reward, no critic, no clipping, one gradient step per batch."""
+
+    iterations: int = 100
+    """Iterations; each samples rollout_batch_size prompts and takes one optimizer step."""
+    rollout_batch_size: int = 64
+    """Prompts (= responses) per iteration = per gradient step."""
+    lr: float = 1e-5
+    """Learning rate (AdamW)."""
+    kl_coef: float = 0.05
+    """beta: the same per-token KL penalty as PPO, folded into the returns."""
+    kl_estimator: Literal["k1", "k2", "k3", "abs"] = "k1"
+    """Per-token KL estimator used in the reward."""
+    baseline: Literal["none", "mean"] = "none"
+    """'mean': subtract the batch-mean return (a variance-reduction option)."""
+    max_grad_norm: Optional[float] = None
+    """Global gradient-norm clip; null (default) = none, as naive REINFORCE has."""
+    lr_schedule: Literal["linear", "constant"] = "constant"
+    """LR schedule over the iterations."""
+
+    def validate(self, prefix: str = "reinforce") -> None:
+        require(self.iterations >= 1, f"{prefix}.iterations", "must be >= 1")
+        require(self.rollout_batch_size >= 1, f"{prefix}.rollout_batch_size", "must be >= 1")
+        require(self.lr > 0, f"{prefix}.lr", "must be > 0")
+        require(self.kl_coef >= 0, f"{prefix}.kl_coef", f"must be >= 0, got {self.kl_coef}")
+        require(self.max_grad_norm is None or self.max_grad_norm > 0, f"{prefix}.max_grad_norm", "must be > 0 or null")
+
+
+@dataclasses.dataclass
+class ReinforceConfig:
+    """`fourfold reinforce`: the naive policy-gradient baseline on the same rollout."""
+
+    model: LMModelConfig = dataclasses.field(default_factory=LMModelConfig)
+    data: PromptDataConfig = dataclasses.field(default_factory=PromptDataConfig)
+    generation: GenerationConfig = dataclasses.field(default_factory=GenerationConfig)
+    reinforce: ReinforceAlgoConfig = dataclasses.field(default_factory=ReinforceAlgoConfig)
+    run: RunConfig = dataclasses.field(default_factory=lambda: RunConfig(output_dir="runs/reinforce"))
+
+    def validate(self, prefix: str = "") -> None:
+        require((self.model.reward is None) != (self.model.reward_fn is None), "model.reward",
+                "set exactly one of model.reward (a reward-model directory) and model.reward_fn")
+
+
+@dataclasses.dataclass
+class InitModelConfig:
+    """The model a stage starts from: a directory, or a fresh Llama-shaped model from a config."""
+
+    path: Optional[str] = None
+    """HF directory (or hub name when online) to start from."""
+    tokenizer: Optional[str] = None
+    """Tokenizer directory; null = `path`'s (required when training from scratch)."""
+    from_scratch: bool = False
+    """Build a random-init Llama from the sizes below instead of loading `path`."""
+    hidden_size: int = 128
+    """From scratch: hidden size."""
+    num_layers: int = 2
+    """From scratch: decoder layers."""
+    num_heads: int = 4
+    """From scratch: attention heads."""
+    intermediate_size: Optional[int] = None
+    """From scratch: MLP width (null = 4 x hidden)."""
+    max_positions: int = 128
+    """From scratch: longest sequence."""
+    trust_remote_code: bool = False
+    """Allow model code from the model's repository."""
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    """Weights dtype."""
+
+    def validate(self, prefix: str = "model") -> None:
+        require(self.path is not None or self.from_scratch, f"{prefix}.path",
+                "missing: a model directory (or model.from_scratch=true with model.tokenizer)")
+        if self.from_scratch:
+            require(self.tokenizer is not None or self.path is not None, f"{prefix}.tokenizer",
+                    "training from scratch needs a tokenizer directory")
+            require(self.hidden_size % self.num_heads == 0, f"{prefix}.hidden_size",
+                    f"{self.hidden_size} is not divisible by num_heads={self.num_heads}")
+
+
+@dataclasses.dataclass
+class TrainLoopConfig:
+    """Optimiser and loop of the supervised stages (SFT, reward model)."""
+
+    epochs: float = 1.0
+    """Passes over the training data (fractions allowed); ignored when max_steps is set."""
+    max_steps: Optional[int] = None
+    """Stop after this many optimizer steps."""
+    batch_size: int = 16
+    """Examples (pairs for the reward model) per optimizer step."""
+    lr: float = 1e-4
+    """Peak learning rate (AdamW)."""
+    warmup_steps: int = 0
+    """Linear warm-up steps, then linear decay to 0 (or constant, below)."""
+    lr_schedule: Literal["linear", "constant"] = "linear"
+    """Schedule after warm-up."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    max_grad_norm: Optional[float] = 1.0
+    """Global gradient-norm clip; null = none."""
+    max_len: int = 128
+    """Longest prompt + response in tokens; longer examples are an error naming file and line."""
+    eval_every: int = 0
+    """Evaluate every N steps (0: only at the end)."""
+    log_every: int = 10
+    """Write a metrics row every N steps."""
+
+    def validate(self, prefix: str = "train") -> None:
+        require(self.epochs > 0 or self.max_steps is not None, f"{prefix}.epochs", "must be > 0")
+        require(self.max_steps is None or self.max_steps >= 1, f"{prefix}.max_steps", "must be >= 1 or null")
+        require(self.batch_size >= 1, f"{prefix}.batch_size", "must be >= 1")
+        require(self.lr > 0, f"{prefix}.lr", "must be > 0")
+        require(self.warmup_steps >= 0, f"{prefix}.warmup_steps", "must be >= 0")
+        require(self.max_len >= 2, f"{prefix}.max_len", "must be >= 2")
+        require(self.log_every >= 1, f"{prefix}.log_every", "must be >= 1")
+        require(self.max_grad_norm is None or self.max_grad_norm > 0, f"{prefix}.max_grad_norm", "must be > 0 or null")
+
+
+@dataclasses.dataclass
+class SFTDataConfig:
+    """SFT data: prompt/completion pairs, whole texts or chat messages."""
+
+    train: Optional[str] = None
+    """JSONL or Parquet with `prompt` + `completion` (or `response`), `text`, or `messages`."""
+    eval: Optional[str] = None
+    """Optional held-out file in the same format."""
+    on_error: Literal["raise", "skip"] = "raise"
+    """Bad rows: error naming file and line, or skip and count."""
+
+    def validate(self, prefix: str = "data") -> None:
+        require(self.train is not None, f"{prefix}.train", "missing: path to the training file")
+
+
+@dataclasses.dataclass
+class SFTConfig:
+    """`fourfold sft`: next-token loss on the response part (prompt tokens masked)."""
+
+    model: InitModelConfig = dataclasses.field(default_factory=InitModelConfig)
+    data: SFTDataConfig = dataclasses.field(default_factory=SFTDataConfig)
+    train: TrainLoopConfig = dataclasses.field(default_factory=TrainLoopConfig)
+    run: RunConfig = dataclasses.field(default_factory=lambda: RunConfig(output_dir="runs/sft"))
+
+    def validate(self, prefix: str = "") -> None:
+        if self.model.from_scratch:
+            require(self.train.max_len <= self.model.max_positions, "train.max_len",
+                    f"{self.train.max_len} is more than model.max_positions={self.model.max_positions}")
+
+
+@dataclasses.dataclass
+class PreferenceDataConfig:
+    """Preference pairs: `prompt`, `chosen`, `rejected` per row."""
+
+    train: Optional[str] = None
+    """JSONL or Parquet with prompt / chosen / rejected."""
+    eval: Optional[str] = None
+    """Held-out pairs; null = hold out `eval_fraction` of train."""
+    eval_fraction: float = 0.1
+    """Share of train held out when `eval` is null (0 = none)."""
+    on_error: Literal["raise", "skip"] = "raise"
+    """Bad rows: error naming file and line, or skip and count."""
+
+    def validate(self, prefix: str = "data") -> None:
+        require(self.train is not None, f"{prefix}.train", "missing: path to the preference file")
+        require(0 <= self.eval_fraction < 1, f"{prefix}.eval_fraction", "must be in [0, 1)")
+
+
+@dataclasses.dataclass
+class RewardLossConfig:
+    """Reward-model specifics."""
+
+    margin: Optional[float] = None
+    """Optional margin m in -log sigmoid(r_chosen - r_rejected - m)."""
+    normalize: bool = True
+    """After training, shift/scale the head so scores of the training responses (chosen and
+    rejected, the reference samples) have mean 0 and std 1."""
+
+    def validate(self, prefix: str = "reward") -> None:
+        require(self.margin is None or self.margin >= 0, f"{prefix}.margin", "must be >= 0 or null")
+
+
+@dataclasses.dataclass
+class RewardConfig:
+    """`fourfold reward`: a Bradley-Terry reward model from preference pairs."""
+
+    model: InitModelConfig = dataclasses.field(default_factory=InitModelConfig)
+    data: PreferenceDataConfig = dataclasses.field(default_factory=PreferenceDataConfig)
+    train: TrainLoopConfig = dataclasses.field(default_factory=lambda: TrainLoopConfig(lr=5e-5))
+    reward: RewardLossConfig = dataclasses.field(default_factory=RewardLossConfig)
+    run: RunConfig = dataclasses.field(default_factory=lambda: RunConfig(output_dir="runs/reward"))
+
+    def validate(self, prefix: str = "") -> None:
+        if self.model.from_scratch:
+            require(self.train.max_len <= self.model.max_positions, "train.max_len",
+                    f"{self.train.max_len} is more than model.max_positions={self.model.max_positions}")

@@ -1,0 +1,235 @@
+"""The four roles over `transformers` models.
+
+* **Policy** (trained) and **reference** (frozen) are causal LMs; both are asked for the per-token
+  log-probs of a response given prompt + response, under the sampling temperature.
+* **Reward model** (frozen) and **critic** (trained) are :class:`ScalarModel` s: a backbone plus a
+  linear head giving one scalar per position; the reward is read at the last valid token, the
+  critic's value V(s_t) at the position whose logits choose token t. Both are saved as
+  ``AutoModelForSequenceClassification`` directories with one label, so plain transformers loads
+  them.
+* A plain function ``reward_fn(prompts, responses) -> list[float]`` is a reward role too.
+
+Sequences are laid out as ``[B, L] = left-padded prompt (P) + right-padded response (T)``; position
+ids come from the attention mask (``cumsum - 1``), so left padding does not shift positions.
+"""
+
+from __future__ import annotations
+
+import inspect
+from contextlib import nullcontext
+from typing import Callable, Optional, Protocol, Sequence
+
+import torch
+from torch import nn
+
+from fourfold.core import entropy_from_logits, logprobs_from_logits
+
+
+def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
+    """position_ids [B, L] = cumsum(mask) - 1, clamped at 0 (left padding keeps positions 0..n-1)."""
+    return (attention_mask.long().cumsum(-1) - 1).clamp_(min=0)
+
+
+def accepts_kwarg(model: nn.Module, name: str) -> bool:
+    cache = model.__dict__.setdefault("_fourfold_kwargs", {})
+    if name not in cache:
+        cache[name] = name in inspect.signature(model.forward).parameters
+    return cache[name]
+
+
+def response_logits(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, n_response: int) -> torch.Tensor:
+    """Logits [B, T, V] at the positions that choose the last T tokens of ``input_ids``.
+
+    Position L-T-1 predicts token L-T, ..., position L-2 predicts token L-1; the LM head is only
+    applied to those positions when the model supports ``logits_to_keep``.
+    """
+    kwargs = dict(input_ids=input_ids, attention_mask=attention_mask,
+                  position_ids=position_ids_from_mask(attention_mask), use_cache=False)
+    if accepts_kwarg(model, "logits_to_keep"):
+        kwargs["logits_to_keep"] = n_response + 1
+    logits = model(**kwargs).logits  # (B, T+1 or L, V)
+    return logits[:, -(n_response + 1):-1]
+
+
+def response_logprobs(
+    model: nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    n_response: int,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """(log pi(a_t | s_t) [B, T], entropy [B, T] or None) of the last T tokens, logits / temperature."""
+    logits = response_logits(model, input_ids, attention_mask, n_response)
+    tokens = input_ids[:, -n_response:]
+    logprobs = logprobs_from_logits(logits, tokens, temperature)
+    entropy = entropy_from_logits(logits.detach(), temperature) if with_entropy else None
+    return logprobs, entropy
+
+
+class ScalarModel(nn.Module):
+    """Backbone + linear head -> one float per position (reward model and critic).
+
+    Wraps an ``AutoModelForSequenceClassification`` with ``num_labels=1`` (``.hf``); the head is
+    its ``score`` (or ``classifier``) layer applied to every position instead of only the last.
+    """
+
+    def __init__(self, hf_model: nn.Module):
+        super().__init__()
+        self.hf = hf_model
+        head = getattr(hf_model, "score", None) or getattr(hf_model, "classifier", None)
+        if not isinstance(head, nn.Linear) or head.out_features != 1:
+            raise TypeError(f"{type(hf_model).__name__}: expected a linear head with one output (score/classifier)")
+        self.head = head
+
+    @property
+    def backbone(self) -> nn.Module:
+        return self.hf.base_model
+
+    @property
+    def config(self):
+        return self.hf.config
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, keep_last: Optional[int] = None) -> torch.Tensor:
+        """Per-position scalars [B, L] (or [B, keep_last] for the last positions), float32."""
+        hidden = self.backbone(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids_from_mask(attention_mask),
+            use_cache=False,
+        ).last_hidden_state  # (B, L, H)
+        if keep_last is not None:
+            hidden = hidden[:, -keep_last:]
+        values = self.head(hidden).squeeze(-1).float()  # (B, L)
+        shift = getattr(self.hf.config, "fourfold_score_shift", None)  # see set_affine
+        return values + float(shift) if shift else values
+
+    def score(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """Scalar [B] at the last valid (attention_mask == 1) position of each row."""
+        values = self(input_ids, attention_mask)
+        last = last_valid_position(attention_mask)
+        return values.gather(1, last[:, None]).squeeze(1)
+
+    def response_values(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, n_response: int) -> torch.Tensor:
+        """V(s_t) [B, T]: the scalar at the position that chooses response token t."""
+        return self(input_ids, attention_mask, keep_last=n_response + 1)[:, :-1]
+
+    @torch.no_grad()
+    def reset_head(self, mode: str = "zero", std: float = 0.02) -> None:
+        """'zero' (fresh critic: V = 0 everywhere at start) or 'normal' (fresh reward head)."""
+        if mode == "zero":
+            self.head.weight.zero_()
+        else:
+            self.head.weight.normal_(0.0, std)
+        if self.head.bias is not None:
+            self.head.bias.zero_()
+
+    @torch.no_grad()
+    def set_affine(self, scale: float, shift: float) -> None:
+        """Fold ``score' = scale * score + shift`` into the model (reward normalisation).
+
+        The scale goes into the head's weight (and bias, when it has one). The shift goes into the
+        head's bias when it has one; a bias-free head (Llama's ``score``: ``bias=False``, and
+        ``from_pretrained`` would drop an added bias as an unexpected key) keeps it in the config
+        as ``fourfold_score_shift``, which :meth:`forward` adds and ``save_pretrained`` writes to
+        ``config.json``. So :func:`~fourfold.models.loading.load_sequence_scorer` + ScalarModel
+        reproduce the affine exactly; plain transformers' logits are ``score - fourfold_score_shift``.
+        """
+        self.head.weight.mul_(scale)
+        if self.head.bias is not None:
+            self.head.bias.mul_(scale).add_(shift)
+            return
+        previous = float(getattr(self.hf.config, "fourfold_score_shift", None) or 0.0)
+        self.hf.config.fourfold_score_shift = scale * previous + float(shift)
+
+    def save_pretrained(self, path, **kwargs):
+        return self.hf.save_pretrained(path, **kwargs)
+
+
+def last_valid_position(attention_mask: torch.Tensor) -> torch.Tensor:
+    """Index [B] of the last 1 in each row (0 for an all-zero row)."""
+    L = attention_mask.shape[-1]
+    idx = torch.arange(L, device=attention_mask.device).expand_as(attention_mask)
+    return torch.where(attention_mask.bool(), idx, torch.zeros_like(idx)).amax(-1)
+
+
+# ---------------------------------------------------------------------------------------------
+# Reward roles: anything callable as reward(input_ids, attention_mask, prompts, responses) -> [B]
+# ---------------------------------------------------------------------------------------------
+
+
+class RewardRole(Protocol):
+    def __call__(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                 prompts: Sequence[str], responses: Sequence[str]) -> torch.Tensor: ...
+
+
+class ModelReward:
+    """The frozen reward model: scores prompt + response at the last valid token."""
+
+    needs_text = False
+
+    def __init__(self, model: ScalarModel):
+        self.model = freeze(model)
+
+    @torch.no_grad()
+    def __call__(self, input_ids, attention_mask, prompts=None, responses=None) -> torch.Tensor:
+        return self.model.score(input_ids, attention_mask)
+
+
+class FunctionReward:
+    """A rule-based / verifiable reward: ``fn(prompts, responses) -> list[float]`` on decoded text."""
+
+    needs_text = True
+
+    def __init__(self, fn: Callable[[list[str], list[str]], Sequence[float]]):
+        self.fn = fn
+
+    def __call__(self, input_ids, attention_mask, prompts, responses) -> torch.Tensor:
+        scores = self.fn(list(prompts), list(responses))
+        out = torch.as_tensor([float(s) for s in scores], dtype=torch.float32)
+        if out.shape[0] != len(responses):
+            raise ValueError(f"reward_fn returned {out.shape[0]} scores for {len(responses)} responses")
+        return out.to(input_ids.device)
+
+
+# ---------------------------------------------------------------------------------------------
+# Reference role: the trainer asks a role for log-probs, not "a second model object".
+# ---------------------------------------------------------------------------------------------
+
+
+class FrozenReference:
+    """The frozen SFT copy: eval mode, no gradients, dropout off."""
+
+    def __init__(self, model: nn.Module):
+        self.model = freeze(model)
+
+    @torch.no_grad()
+    def logprobs(self, input_ids, attention_mask, n_response: int, temperature: float = 1.0) -> torch.Tensor:
+        return response_logprobs(self.model, input_ids, attention_mask, n_response, temperature)[0]
+
+
+class AdapterDisabledReference:
+    """Shared-backbone mode: the reference is the policy with its (PEFT/LoRA) adapter disabled."""
+
+    def __init__(self, policy_model: nn.Module):
+        if not hasattr(policy_model, "disable_adapter"):
+            raise TypeError("AdapterDisabledReference needs a PEFT model with disable_adapter()")
+        self.model = policy_model
+
+    @torch.no_grad()
+    def logprobs(self, input_ids, attention_mask, n_response: int, temperature: float = 1.0) -> torch.Tensor:
+        with self.model.disable_adapter():
+            return response_logprobs(self.model, input_ids, attention_mask, n_response, temperature)[0]
+
+
+def freeze(model: nn.Module) -> nn.Module:
+    model.eval()
+    model.requires_grad_(False)
+    return model
+
+
+def maybe_autocast(device: torch.device, dtype: torch.dtype):
+    """bf16 autocast on CUDA when asked for, nothing otherwise."""
+    if device.type == "cuda" and dtype in (torch.bfloat16, torch.float16):
+        return torch.autocast("cuda", dtype=dtype)
+    return nullcontext()

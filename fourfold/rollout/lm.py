@@ -1,0 +1,145 @@
+"""Generation -> Rollout for language models.
+
+Two steps, both without gradients:
+
+1. :func:`sample` — batched sampling with the KV cache from left-padded prompts: pure sampling
+   (top_k = 0, top_p = 1) at a temperature; each row stops after its first EOS and everything after
+   it is masked; the loop stops as soon as every row has finished. It keeps the log-probs of the
+   sampled tokens under the temperature-scaled logits: these are pi_old.
+2. :func:`score` — one batched forward pass each of the reference (log-probs), the critic (values)
+   and the reward model (one scalar per sequence) over prompt + response.
+
+Layout: ``sequences [B, P+T] = prompt (left-padded) + response (right-padded)``; the response
+mask ``[B, T]`` is 1 on generated tokens up to and including the first EOS.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+import torch
+
+from fourfold.models.roles import position_ids_from_mask, accepts_kwarg
+
+
+@dataclass
+class Samples:
+    """What sampling produced. Shapes: B rows, P prompt tokens, T response tokens."""
+
+    sequences: torch.Tensor  # [B, P+T] prompt + response token ids (pad after EOS)
+    attention_mask: torch.Tensor  # [B, P+T] 1 on prompt tokens and valid response tokens
+    response_mask: torch.Tensor  # [B, T] float: 1 up to and including the first EOS
+    logprobs: torch.Tensor  # [B, T] log pi_old of the sampled tokens (0 where masked)
+    finished: torch.Tensor  # [B] bool: the row produced EOS
+    entropy: Optional[torch.Tensor] = None  # [B, T] entropy of the sampling distribution (0 where masked)
+
+    @property
+    def n_response(self) -> int:
+        return self.response_mask.shape[1]
+
+    @property
+    def responses(self) -> torch.Tensor:
+        return self.sequences[:, -self.n_response:]
+
+
+def _cache_kw(model) -> str:
+    return "cache" if accepts_kwarg(model, "cache") else "past_key_values"
+
+
+@torch.no_grad()
+def sample(
+    model: torch.nn.Module,
+    prompt_ids: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    *,
+    max_new_tokens: int,
+    temperature: float = 1.0,
+    eos_token_id: Optional[int] = None,
+    pad_token_id: int = 0,
+    generator: Optional[torch.Generator] = None,
+    greedy: bool = False,
+) -> Samples:
+    """Sample up to ``max_new_tokens`` per row with the KV cache; stop when every row has EOS.
+
+    ``eos_token_id=None`` disables stopping (fixed-length responses, as in the benchmark).
+    """
+    B = prompt_ids.shape[0]
+    device = prompt_ids.device
+    cache_kw = _cache_kw(model)
+    keep_kw = {"logits_to_keep": 1} if accepts_kwarg(model, "logits_to_keep") else {}
+    attn = prompt_mask.long()
+    pos = position_ids_from_mask(attn)
+    out = model(input_ids=prompt_ids, attention_mask=attn, position_ids=pos, use_cache=True, **keep_kw)
+    next_pos = pos[:, -1:] + 1  # (B, 1)
+    finished = torch.zeros(B, dtype=torch.bool, device=device)
+    tokens, logps, valid, ents = [], [], [], []
+    for step in range(max_new_tokens):
+        logits = out.logits[:, -1, :].float()  # (B, V)
+        logp_all = torch.log_softmax(logits if greedy else logits / temperature, -1)  # (B, V)
+        probs = logp_all.exp()
+        if greedy:
+            tok = logits.argmax(-1)
+        else:
+            tok = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+        logp = logp_all.gather(-1, tok[:, None]).squeeze(-1)
+        ent = -(probs * logp_all).sum(-1)
+        alive = ~finished
+        tok = torch.where(alive, tok, torch.full_like(tok, pad_token_id))
+        tokens.append(tok)
+        logps.append(torch.where(alive, logp, torch.zeros_like(logp)))
+        ents.append(torch.where(alive, ent, torch.zeros_like(ent)))
+        valid.append(alive)
+        if eos_token_id is not None:
+            finished = finished | (alive & (tok == eos_token_id))
+            if bool(finished.all()):
+                break
+        if step + 1 == max_new_tokens:
+            break
+        attn = torch.cat([attn, torch.ones(B, 1, dtype=attn.dtype, device=device)], dim=1)
+        cache = getattr(out, "cache", None) if cache_kw == "cache" else out.past_key_values
+        out = model(input_ids=tok[:, None], attention_mask=attn, position_ids=next_pos,
+                    use_cache=True, **{cache_kw: cache})
+        next_pos = next_pos + 1
+    response = torch.stack(tokens, 1)  # (B, T)
+    response_mask = torch.stack(valid, 1).float()
+    sequences = torch.cat([prompt_ids, response], dim=1)
+    attention_mask = torch.cat([prompt_mask.long(), response_mask.long()], dim=1)
+    return Samples(sequences, attention_mask, response_mask, torch.stack(logps, 1), finished, torch.stack(ents, 1))
+
+
+@dataclass
+class Scores:
+    ref_logprobs: torch.Tensor  # [B, T]
+    values: torch.Tensor  # [B, T] V(s_t) from the critic (zeros without one)
+    scores: torch.Tensor  # [B] reward per sequence
+
+
+def decode_responses(tokenizer, samples: Samples) -> list[str]:
+    """Response texts (special tokens skipped, nothing after EOS)."""
+    rows = []
+    for ids, m in zip(samples.responses.tolist(), samples.response_mask.tolist()):
+        rows.append(tokenizer.decode([t for t, v in zip(ids, m) if v > 0], skip_special_tokens=True))
+    return rows
+
+
+@torch.no_grad()
+def score(
+    samples: Samples,
+    *,
+    reference,
+    reward,
+    critic=None,
+    temperature: float = 1.0,
+    prompts: Optional[Sequence[str]] = None,
+    responses: Optional[Sequence[str]] = None,
+) -> Scores:
+    """Reference log-probs, critic values and reward scores in one batched no-grad pass each."""
+    seq, attn, T = samples.sequences, samples.attention_mask, samples.n_response
+    ref_logprobs = reference.logprobs(seq, attn, T, temperature) * samples.response_mask
+    if critic is not None:
+        values = critic.response_values(seq, attn, T) * samples.response_mask
+    else:
+        values = torch.zeros_like(samples.logprobs)
+    scores = reward(seq, attn, prompts, responses).float()
+    return Scores(ref_logprobs, values, scores)

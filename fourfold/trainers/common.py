@@ -1,0 +1,185 @@
+"""Pieces every trainer shares: run set-up, optimisers and schedules, guarded optimizer steps,
+saving HF directories, loading a reward function. A trainer never imports another trainer; what
+two of them need lives here.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import math
+import os
+import random
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterable, Optional
+
+import torch
+
+from fourfold.config import RunConfig, save_config
+from fourfold.errors import ConfigError, NonFiniteError
+
+
+def seed_everything(seed: int) -> torch.Generator:
+    """Seed python, numpy (when imported) and torch; return a dedicated CPU generator for sampling."""
+    random.seed(seed)
+    torch.manual_seed(seed)
+    if "numpy" in sys.modules:
+        import numpy as np
+
+        np.random.seed(seed % 2**32)
+    gen = torch.Generator()
+    gen.manual_seed(seed)
+    return gen
+
+
+def setup_run(cfg, run: RunConfig) -> tuple[Path, torch.device]:
+    """Create the run directory, write the resolved config, set threads; return (dir, device)."""
+    from fourfold.models.loading import resolve_device
+
+    quiet_transformers()
+    out = Path(run.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    save_config(cfg, out / "config.yaml")
+    if run.threads is not None:
+        torch.set_num_threads(run.threads)
+    return out, resolve_device(run.device)
+
+
+def quiet_transformers() -> None:
+    """Keep transformers' load reports and progress bars off the terminal (our own bar is there)."""
+    try:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.set_verbosity_error()
+        hf_logging.disable_progress_bar()
+    except ImportError:  # pragma: no cover
+        pass
+
+
+def make_optimizer(params: Iterable[torch.nn.Parameter], lr: float, weight_decay: float = 0.0, eps: float = 1e-8):
+    """AdamW; the fused CPU/CUDA kernel when this torch has it (one kernel for all parameters)."""
+    params = [p for p in params if p.requires_grad]
+    try:
+        return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, eps=eps, fused=True)
+    except (RuntimeError, TypeError):
+        return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, eps=eps)
+
+
+def make_schedule(optimizer, total_steps: int, kind: str = "linear", warmup_steps: int = 0):
+    """LambdaLR: linear warm-up, then linear decay to 0 at total_steps (or constant)."""
+
+    def factor(step: int) -> float:
+        if warmup_steps and step < warmup_steps:
+            return (step + 1) / warmup_steps
+        if kind == "constant":
+            return 1.0
+        span = max(1, total_steps - warmup_steps)
+        return max(0.0, 1.0 - (step - warmup_steps) / span)
+
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+@dataclass
+class NonFiniteGuard:
+    """Counts skipped updates; raises NonFiniteError after ``limit`` consecutive ones.
+
+    A NaN/Inf in a loss, a gradient norm, a reward or an advantage never reaches the weights: the
+    caller asks :meth:`ok` before stepping and skips the step when it says no.
+    """
+
+    limit: int = 3
+    consecutive: int = 0
+    total: int = 0
+    events: list = field(default_factory=list)
+
+    def ok(self, what: str, value: torch.Tensor | float, where: str = "") -> bool:
+        v = value if isinstance(value, torch.Tensor) else torch.tensor(float(value))
+        if bool(torch.isfinite(v).all()):
+            return True
+        self.consecutive += 1
+        self.total += 1
+        self.events.append({"quantity": what, "where": where, "consecutive": self.consecutive})
+        return False
+
+    def good_step(self) -> None:
+        self.consecutive = 0
+
+    def check_limit(self) -> None:
+        if self.consecutive >= self.limit:
+            last = self.events[-1]
+            raise NonFiniteError(
+                f"{self.consecutive} consecutive non-finite updates (last: {last['quantity']} at {last['where']}); "
+                f"stopped with the last good state (run.max_consecutive_skips={self.limit})"
+            )
+
+
+def clip_and_step(model, optimizer, scheduler, max_grad_norm: Optional[float], guard: NonFiniteGuard, where: str):
+    """Global grad-norm clip, then step only if the norm is finite. Returns the grad norm (float)."""
+    params = [p for p in model.parameters() if p.grad is not None]
+    if max_grad_norm is not None:
+        norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
+    else:
+        norm = torch.norm(torch.stack([p.grad.detach().norm() for p in params])) if params else torch.zeros(())
+    if guard.ok("grad_norm", norm, where):
+        optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    if scheduler is not None:
+        scheduler.step()
+    return float(norm)
+
+
+def load_reward_fn(spec: str) -> Callable[[list[str], list[str]], list[float]]:
+    """'package.module:function' or 'path/to/file.py:function' -> the function."""
+    target, _, name = spec.rpartition(":")
+    if not target or not name:
+        raise ConfigError(f"model.reward_fn: {spec!r}: expected 'module:function' or 'file.py:function'")
+    try:
+        if target.endswith(".py"):
+            path = Path(target)
+            if not path.is_file():
+                raise ConfigError(f"model.reward_fn: {target}: no such file")
+            mod_spec = importlib.util.spec_from_file_location(f"fourfold_user_reward_{path.stem}", path)
+            module = importlib.util.module_from_spec(mod_spec)
+            mod_spec.loader.exec_module(module)
+        else:
+            module = importlib.import_module(target)
+    except ImportError as e:
+        raise ConfigError(f"model.reward_fn: cannot import {target!r} ({e})") from None
+    fn = getattr(module, name, None)
+    if not callable(fn):
+        raise ConfigError(f"model.reward_fn: {target} has no function {name!r}")
+    return fn
+
+
+def save_hf(model, tokenizer, out_dir: str | Path) -> Path:
+    """Write a HF directory (safetensors) atomically: temp sibling dir, swapped into place."""
+    from fourfold.checkpoint import save_pretrained_atomic
+
+    def _save(tmp: Path) -> None:
+        model.save_pretrained(tmp, safe_serialization=True)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(tmp)
+
+    return save_pretrained_atomic(_save, out_dir)
+
+
+def cycle_batches(n: int, batch_size: int, generator: torch.Generator) -> Iterable[torch.Tensor]:
+    """Shuffled index batches over n items (drop_last), a fresh permutation per pass."""
+    while True:
+        perm = torch.randperm(n, generator=generator)
+        for i in range(0, n - batch_size + 1, batch_size):
+            yield perm[i : i + batch_size]
+
+
+def fmt_secs(s: float) -> str:
+    return f"{s:.1f}s" if s < 120 else f"{s / 60:.1f}min"
+
+
+def is_finite_number(x: float) -> bool:
+    return isinstance(x, (int, float)) and math.isfinite(x)
+
+
+def env_flag(name: str) -> bool:
+    return os.environ.get(name, "").lower() in ("1", "true", "yes")

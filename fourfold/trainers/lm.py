@@ -1,0 +1,187 @@
+"""Shared pieces of the language-model RL stages (PPO and REINFORCE): loading the roles, the prompt
+stream, and one call that turns a batch of prompts into a scored :class:`~fourfold.core.Rollout`.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from dataclasses import dataclass, field
+from typing import Optional
+
+import torch
+
+from fourfold.config import GenerationConfig, LMModelConfig, PromptDataConfig
+from fourfold.core import Rollout, masked_mean, masked_sum, kl_estimate, token_rewards
+from fourfold.data import EpochSampler, left_pad, load_prompts, tokenize_prompts
+from fourfold.errors import ConfigError
+from fourfold.models.loading import ensure_pad_embedding, load_causal_lm, load_sequence_scorer, load_tokenizer
+from fourfold.models.roles import FrozenReference, FunctionReward, ModelReward, ScalarModel
+from fourfold.rollout.lm import Samples, decode_responses, sample, score
+from fourfold.trainers.common import load_reward_fn
+
+
+@dataclass
+class Roles:
+    """The four roles of classic RLHF. ``critic`` is None for REINFORCE and the no-critic ablation."""
+
+    tokenizer: object
+    policy: torch.nn.Module
+    reference: object
+    reward: object
+    critic: Optional[ScalarModel] = None
+    reward_model: Optional[ScalarModel] = None
+
+
+def load_roles(model: LMModelConfig, device: torch.device, *, with_critic: bool) -> Roles:
+    """Tokenizer, trained policy, frozen reference, frozen reward (model or function), critic."""
+    tok = load_tokenizer(model.tokenizer or model.policy, trust_remote_code=model.trust_remote_code)
+    kw = dict(dtype=model.dtype, device=device, trust_remote_code=model.trust_remote_code)
+    policy = load_causal_lm(model.policy, **kw)
+    ensure_pad_embedding(policy, tok)
+    ref_model = load_causal_lm(model.reference or model.policy, **kw)
+    ensure_pad_embedding(ref_model, tok)
+    reference = FrozenReference(ref_model)
+    reward_model = None
+    if model.reward is not None:
+        reward_model = ScalarModel(load_sequence_scorer(model.reward, **kw))
+        ensure_pad_embedding(reward_model.hf, tok)
+        reward = ModelReward(reward_model)
+    else:
+        reward = FunctionReward(load_reward_fn(model.reward_fn))
+    critic = None
+    if with_critic:
+        if model.critic is not None:
+            critic = ScalarModel(load_sequence_scorer(model.critic, **kw))
+        elif model.critic_init == "reward":
+            if reward_model is None:
+                raise ConfigError("model.critic_init: 'reward' needs model.reward")
+            critic = copy.deepcopy(reward_model)  # backbone and head from the reward model
+        else:
+            critic = ScalarModel(load_sequence_scorer(model.policy, **kw))
+            critic.reset_head("zero")  # fresh value head: V = 0 everywhere at the start
+        ensure_pad_embedding(critic.hf, tok)
+        critic.train()
+        critic.requires_grad_(True)
+    policy.train()
+    return Roles(tok, policy, reference, reward, critic, reward_model)
+
+
+class PromptStream:
+    """Prompts tokenised once, served in shuffled batches; resumable through ``state_dict()``."""
+
+    def __init__(self, data: PromptDataConfig, tokenizer, batch_size: int, seed: int, task=None):
+        if data.prompts is not None:
+            loaded = load_prompts(data.prompts, on_error=data.on_error)
+            self.texts = [r.prompt for r in loaded]
+            lines = [r.line for r in loaded]
+            self.skipped = loaded.num_skipped
+            source = data.prompts
+        else:
+            import random
+
+            self.texts = task.sample_prompts(max(512, 4 * batch_size), random.Random(seed + 7919))
+            lines, self.skipped, source = None, 0, f"task:{data.task}"
+        self.ids = tokenize_prompts(self.texts, tokenizer, data.max_prompt_len, lines=lines, source=source)
+        self.pad_id = tokenizer.pad_token_id
+        self.sampler = EpochSampler(len(self.texts), batch_size, seed=seed, drop_last=True)
+        self._it = self.sampler.batches()
+
+    def next(self, device) -> tuple[list[str], torch.Tensor, torch.Tensor]:
+        idx = next(self._it)
+        ids, mask = left_pad([self.ids[i] for i in idx], self.pad_id)
+        return [self.texts[i] for i in idx], ids.to(device), mask.to(device)
+
+    def state_dict(self) -> dict:
+        return self.sampler.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self.sampler.load_state_dict(state)
+        self._it = self.sampler.batches()
+
+
+@dataclass
+class Collected:
+    """A scored rollout plus what the logs need about it."""
+
+    rollout: Rollout
+    samples: Samples
+    prompts: list[str]
+    responses: list[str]
+    kl: torch.Tensor  # [B, T] per-token KL estimate used in the reward
+    metrics: dict = field(default_factory=dict)
+
+
+def collect(
+    roles: Roles,
+    prompts: list[str],
+    prompt_ids: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    gen: GenerationConfig,
+    *,
+    kl_coef: float,
+    kl_estimator: str = "k1",
+    task=None,
+) -> Collected:
+    """Steps 2-4 of an iteration: generate (pi_old), score (reference, critic, reward), token rewards.
+
+    rewards_t = -kl_coef * KL_t on every valid token, plus the sequence score on the last one.
+    """
+    tok = roles.tokenizer
+    # 2. generate with the policy; its log-probs are pi_old
+    t0 = time.perf_counter()
+    roles.policy.eval()
+    samples = sample(
+        roles.policy, prompt_ids, prompt_mask,
+        max_new_tokens=gen.max_new_tokens, temperature=gen.temperature,
+        eos_token_id=tok.eos_token_id if gen.stop_at_eos else None, pad_token_id=tok.pad_token_id,
+    )
+    roles.policy.train()
+    t_gen = time.perf_counter() - t0
+    # 3. score with the frozen reference and reward model, and the critic
+    t0 = time.perf_counter()
+    need_text = getattr(roles.reward, "needs_text", False) or task is not None
+    responses = decode_responses(tok, samples) if need_text else []
+    if roles.critic is not None:
+        roles.critic.eval()
+    sc = score(samples, reference=roles.reference, reward=roles.reward, critic=roles.critic,
+               temperature=gen.temperature, prompts=prompts, responses=responses)
+    if roles.critic is not None:
+        roles.critic.train()
+    scores = sc.scores
+    no_eos = ~samples.finished
+    penalised = torch.zeros_like(no_eos)
+    if gen.missing_eos_score is not None and gen.stop_at_eos:
+        penalised = no_eos
+        scores = torch.where(penalised, torch.full_like(scores, gen.missing_eos_score), scores)
+    # 4. per-token rewards: KL penalty on every token, the score on the last valid one
+    mask = samples.response_mask
+    rewards, kl = token_rewards(scores, samples.logprobs, sc.ref_logprobs, mask, kl_coef, kind=kl_estimator)
+    t_score = time.perf_counter() - t0
+    rollout = Rollout(
+        actions=samples.responses, mask=mask, logprobs=samples.logprobs, values=sc.values, rewards=rewards,
+        ref_logprobs=sc.ref_logprobs, scores=scores,
+        context={"input_ids": samples.sequences, "attention_mask": samples.attention_mask},
+    )
+    lengths = mask.sum(1)
+    n_tokens = float(lengths.sum())
+    k3 = kl_estimate(samples.logprobs, sc.ref_logprobs, "k3") * mask
+    metrics = {
+        "reward/score_mean": float(sc.scores.mean()),
+        "reward/score_std": float(sc.scores.std()) if sc.scores.numel() > 1 else 0.0,
+        "reward/token_reward_sum_mean": float(rewards.sum(1).mean()),
+        "reward/no_eos_penalised": float(penalised.float().mean()),
+        "kl/k1": float((kl_estimate(samples.logprobs, sc.ref_logprobs, "k1") * mask).sum(1).mean()),
+        "kl/k3": float(k3.sum(1).mean()),
+        "policy/entropy": float(masked_mean(samples.entropy, mask)) if samples.entropy is not None else float("nan"),
+        "rollout/response_length": float(lengths.mean()),
+        "rollout/no_eos_share": float(no_eos.float().mean()),
+        "rollout/tokens": n_tokens,
+        "time/generate_s": t_gen,
+        "time/score_s": t_score,
+        "time/gen_tokens_per_s": n_tokens / max(t_gen, 1e-9),
+    }
+    if task is not None:
+        gold = task.gold_reward(prompts, responses)
+        metrics["reward/gold_mean"] = float(sum(gold) / len(gold))
+    return Collected(rollout, samples, prompts, responses, kl, metrics)

@@ -1,0 +1,295 @@
+"""PPO with the four models in memory (policy, reference, reward model, critic).
+
+One iteration, as numbered in :func:`train`:
+
+1. sample prompts;
+2. generate with the policy, keeping its log-probs as pi_old;
+3. score: reference log-probs, critic values and the frozen reward model's score;
+4. per-token rewards: -kl_coef * KL_t on every token, the score added on the last one;
+5. advantages with the critic and GAE (gamma, lambda), whitened over the batch; returns = A + V;
+6. several epochs over shuffled minibatches: the clipped surrogate for the policy, the clipped
+   value loss for the critic (each with its own AdamW, grad clipping and linear LR decay);
+7. update the KL controller, log, checkpoint.
+
+Efficiency notes: reference/reward/critic passes run once per iteration (never inside the epochs);
+minibatches are trimmed to their longest valid response; the LM head is applied only at response
+positions; log-probs never materialise a float32 copy of the full-vocabulary log-softmax.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+from fourfold.config import PPOAlgoConfig, PPOConfig
+from fourfold.core import (
+    AdaptiveKLController,
+    FixedKLController,
+    Rollout,
+    discounted_returns,
+    explained_variance,
+    gae,
+    masked_mean,
+    masked_whiten,
+    ppo_policy_loss,
+    value_loss,
+)
+from fourfold.models.roles import ScalarModel, response_logprobs
+from fourfold.trainers.common import NonFiniteGuard, clip_and_step, make_optimizer, make_schedule, save_hf, seed_everything, setup_run
+from fourfold.trainers.lm import PromptStream, Roles, collect, load_roles
+
+
+def compute_advantages(rollout: Rollout, algo: PPOAlgoConfig) -> Rollout:
+    """Step 5: GAE advantages and returns (or whitened returns without a critic)."""
+    mask, rewards = rollout.mask, rollout.rewards
+    if algo.whiten_rewards:
+        rewards = masked_whiten(rewards, mask, shift_mean=False)
+    if algo.use_critic:
+        advantages, returns = gae(rewards, rollout.values, mask, algo.gamma, algo.lam)
+    else:  # ablation: no value baseline, the return itself is the advantage signal
+        returns = discounted_returns(rewards, mask, algo.gamma)
+        advantages = returns
+    if algo.whiten_advantages:
+        advantages = masked_whiten(advantages, mask)
+    rollout.advantages, rollout.returns = advantages, returns
+    return rollout
+
+
+def trim(mb: Rollout) -> Rollout:
+    """Drop columns that are padding in every row of a minibatch (left of the prompts, right of the
+    longest response): same result, less compute."""
+    ids, attn = mb.context["input_ids"], mb.context["attention_mask"]
+    T = mb.mask.shape[1]
+    P = ids.shape[1] - T
+    t_keep = int(mb.mask.sum(0).nonzero().max()) + 1 if bool(mb.mask.any()) else 1
+    p_first = int(attn[:, :P].sum(0).nonzero().min()) if bool(attn[:, :P].any()) else 0
+    cols = slice(p_first, P + t_keep)
+    out = Rollout(
+        actions=mb.actions[:, :t_keep], mask=mb.mask[:, :t_keep], logprobs=mb.logprobs[:, :t_keep],
+        values=mb.values[:, :t_keep], rewards=mb.rewards[:, :t_keep],
+        ref_logprobs=None if mb.ref_logprobs is None else mb.ref_logprobs[:, :t_keep], scores=mb.scores,
+        advantages=mb.advantages[:, :t_keep], returns=mb.returns[:, :t_keep],
+        context={"input_ids": ids[:, cols], "attention_mask": attn[:, cols]},
+    )
+    return out
+
+
+@dataclass
+class Optim:
+    policy_opt: torch.optim.Optimizer
+    policy_sched: object
+    critic_opt: Optional[torch.optim.Optimizer]
+    critic_sched: object
+
+
+def make_optim(roles: Roles, algo: PPOAlgoConfig) -> Optim:
+    total = algo.iterations * algo.steps_per_iteration
+    popt = make_optimizer(roles.policy.parameters(), algo.lr, algo.weight_decay)
+    psched = make_schedule(popt, total, algo.lr_schedule)
+    copt = csched = None
+    if roles.critic is not None:
+        copt = make_optimizer(roles.critic.parameters(), algo.critic_lr, algo.weight_decay)
+        csched = make_schedule(copt, total, algo.lr_schedule)
+    return Optim(popt, psched, copt, csched)
+
+
+def _micro(mb: Rollout, micro: Optional[int]):
+    n = mb.batch_size
+    size = micro or n
+    total_tokens = max(float(mb.mask.sum()), 1.0)
+    for i in range(0, n, size):
+        part = trim(mb.select(slice(i, i + size)))
+        yield part, float(part.mask.sum()) / total_tokens
+
+
+def policy_step(policy, mb: Rollout, algo: PPOAlgoConfig, opt: Optim, temperature: float, guard: NonFiniteGuard, where: str) -> dict:
+    """One optimizer step of the clipped surrogate on a minibatch (accumulated over micro-batches)."""
+    stats_sum: dict[str, float] = {}
+    for part, weight in _micro(mb, algo.micro_batch_size):
+        T = part.mask.shape[1]
+        logprobs, entropy = response_logprobs(
+            policy, part.context["input_ids"], part.context["attention_mask"], T, temperature,
+            with_entropy=algo.entropy_coef > 0,
+        )
+        loss, stats = ppo_policy_loss(logprobs, part.logprobs, part.advantages, part.mask, algo.clip_eps)
+        if algo.entropy_coef > 0:
+            loss = loss - algo.entropy_coef * masked_mean(entropy, part.mask)
+        if not guard.ok("policy_loss", loss.detach(), where):
+            opt.policy_opt.zero_grad(set_to_none=True)
+            return {"policy/loss": float("nan")}
+        (loss * weight).backward()
+        for k, v in {"loss": loss.detach(), **stats}.items():
+            stats_sum[k] = stats_sum.get(k, 0.0) + float(v) * weight
+    norm = clip_and_step(policy, opt.policy_opt, opt.policy_sched, algo.max_grad_norm, guard, where)
+    return {"policy/loss": stats_sum["loss"], "policy/clipfrac": stats_sum["clipfrac"],
+            "policy/approx_kl": stats_sum["approx_kl"], "policy/grad_norm": norm}
+
+
+def critic_step(critic: ScalarModel, mb: Rollout, algo: PPOAlgoConfig, opt: Optim, guard: NonFiniteGuard, where: str) -> dict:
+    """One optimizer step of the (clipped) value loss to the returns."""
+    stats_sum: dict[str, float] = {}
+    for part, weight in _micro(mb, algo.micro_batch_size):
+        T = part.mask.shape[1]
+        values = critic.response_values(part.context["input_ids"], part.context["attention_mask"], T)
+        loss, stats = value_loss(values, part.values, part.returns, part.mask, algo.vf_clip_eps)
+        if not guard.ok("value_loss", loss.detach(), where):
+            opt.critic_opt.zero_grad(set_to_none=True)
+            return {"value/loss": float("nan")}
+        (loss * weight).backward()
+        for k, v in {"loss": loss.detach(), "clipfrac": stats["clipfrac"]}.items():
+            stats_sum[k] = stats_sum.get(k, 0.0) + float(v) * weight
+    norm = clip_and_step(critic, opt.critic_opt, opt.critic_sched, algo.max_grad_norm, guard, where)
+    return {"value/loss": stats_sum["loss"], "value/clipfrac": stats_sum["clipfrac"], "value/grad_norm": norm}
+
+
+def ppo_update(roles: Roles, rollout: Rollout, algo: PPOAlgoConfig, opt: Optim, temperature: float,
+               guard: NonFiniteGuard, iteration: int) -> dict:
+    """Step 6: ``ppo_epochs`` passes over shuffled minibatches; returns mean statistics."""
+    B = rollout.batch_size
+    sums: dict[str, float] = {}
+    n = 0
+    for epoch in range(algo.ppo_epochs):
+        perm = torch.randperm(B)
+        for start in range(0, B, algo.minibatch_size):
+            mb = rollout.select(perm[start : start + algo.minibatch_size])
+            where = f"iteration {iteration} epoch {epoch} minibatch {start // algo.minibatch_size}"
+            stats = policy_step(roles.policy, mb, algo, opt, temperature, guard, where)
+            if roles.critic is not None:
+                stats.update(critic_step(roles.critic, mb, algo, opt, guard, where))
+            for k, v in stats.items():
+                sums[k] = sums.get(k, 0.0) + v
+            n += 1
+    return {k: v / n for k, v in sums.items()}
+
+
+def _install_stop_handler():
+    """SIGTERM/SIGINT set a flag; the loop checkpoints at the end of the iteration and exits."""
+    flag = {"stop": False}
+
+    def handler(signum, frame):
+        flag["stop"] = True
+
+    previous = {}
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        try:
+            previous[sig] = signal.signal(sig, handler)
+        except ValueError:  # not the main thread
+            pass
+    return flag, previous
+
+
+def _save_state(out: Path, it: int, roles: Roles, opt: Optim, kl_ctl, stream: PromptStream, guard: NonFiniteGuard, keep: int):
+    from fourfold.checkpoint import save_checkpoint
+
+    modules = {"policy": roles.policy}
+    optimizers = {"policy": opt.policy_opt}
+    schedulers = {"policy": opt.policy_sched}
+    if roles.critic is not None:
+        modules["critic"] = roles.critic
+        optimizers["critic"] = opt.critic_opt
+        schedulers["critic"] = opt.critic_sched
+    state = {"iteration": it, "kl_ctl": kl_ctl.state_dict(), "prompts": stream.state_dict(),
+             "nonfinite_total": guard.total}
+    save_checkpoint(out, it, modules=modules, optimizers=optimizers, schedulers=schedulers, state=state, keep=keep)
+
+
+def train(cfg: PPOConfig, *, task=None, roles: Optional[Roles] = None) -> dict:
+    """Run PPO; returns a summary dict (final metrics, output paths)."""
+    from fourfold.checkpoint import latest_checkpoint, load_checkpoint
+    from fourfold.reporting import MetricsLogger
+
+    algo, gen, run = cfg.ppo, cfg.generation, cfg.run
+    # 0. set-up: seed, run directory, roles, optimisers, prompt stream, KL controller, resume
+    seed_everything(run.seed)
+    out, device = setup_run(cfg, run)
+    if task is None and cfg.data.task is not None:
+        from fourfold.tasks import get_task
+
+        task = get_task(cfg.data.task)
+    roles = roles or load_roles(cfg.model, device, with_critic=algo.use_critic)
+    opt = make_optim(roles, algo)
+    stream = PromptStream(cfg.data, roles.tokenizer, algo.rollout_batch_size, run.seed, task=task)
+    kl_ctl = (AdaptiveKLController(algo.kl_coef, algo.kl_target, algo.kl_horizon) if algo.adaptive_kl
+              else FixedKLController(algo.kl_coef))
+    guard = NonFiniteGuard(limit=run.max_consecutive_skips)
+    start = 0
+    ckpt = latest_checkpoint(out) if run.resume else None
+    if ckpt is not None:
+        modules = {"policy": roles.policy, **({"critic": roles.critic} if roles.critic is not None else {})}
+        optimizers = {"policy": opt.policy_opt, **({"critic": opt.critic_opt} if roles.critic is not None else {})}
+        schedulers = {"policy": opt.policy_sched, **({"critic": opt.critic_sched} if roles.critic is not None else {})}
+        state = load_checkpoint(ckpt, modules=modules, optimizers=optimizers, schedulers=schedulers)
+        start = state["iteration"]
+        kl_ctl.load_state_dict(state["kl_ctl"])
+        stream.load_state_dict(state["prompts"])
+        guard.total = state.get("nonfinite_total", 0)
+    flag, previous = _install_stop_handler()
+    last: dict = {}
+    logger = MetricsLogger(out, progress=run.progress, tensorboard=run.tensorboard, total=algo.iterations,
+                           desc="ppo", key_metrics=("reward/score_mean", "kl/k1"),
+                           resume_step=start if ckpt is not None else None)
+    try:
+        for it in range(start + 1, algo.iterations + 1):
+            t_iter = time.perf_counter()
+            # 1. sample prompts
+            prompts, prompt_ids, prompt_mask = stream.next(device)
+            # 2-4. generate (pi_old), score (reference, critic, reward), per-token rewards
+            col = collect(roles, prompts, prompt_ids, prompt_mask, gen, kl_coef=kl_ctl.value,
+                          kl_estimator=algo.kl_estimator, task=task)
+            rollout = col.rollout
+            if not guard.ok("reward_score", rollout.scores, f"iteration {it}"):
+                guard.check_limit()
+                continue
+            # 5. advantages (GAE with the critic) and returns
+            rollout = compute_advantages(rollout, algo)
+            if not guard.ok("advantages", rollout.advantages, f"iteration {it}"):
+                guard.check_limit()
+                continue
+            # 6. PPO epochs: clipped surrogate (policy) and clipped value loss (critic)
+            t0 = time.perf_counter()
+            skips_before = guard.total
+            stats = ppo_update(roles, rollout, algo, opt, gen.temperature, guard, it)
+            t_train = time.perf_counter() - t0
+            if guard.total == skips_before:
+                guard.good_step()
+            guard.check_limit()
+            # 7. KL controller, metrics, checkpoint
+            kl_ctl.update(col.metrics["kl/k1"], algo.rollout_batch_size)
+            train_tokens = algo.ppo_epochs * col.metrics["rollout/tokens"]
+            metrics = {
+                "iteration": it,
+                "samples": it * algo.rollout_batch_size,
+                **col.metrics,
+                **stats,
+                "kl/coef": kl_ctl.value,
+                "policy/lr": opt.policy_sched.get_last_lr()[0],
+                "train/nonfinite_skips": guard.total,
+                "time/train_s": t_train,
+                "time/train_tokens_per_s": train_tokens / max(t_train, 1e-9),
+                "time/iteration_s": time.perf_counter() - t_iter,
+            }
+            if roles.critic is not None:
+                metrics["value/explained_variance"] = float(explained_variance(rollout.values, rollout.returns, rollout.mask))
+                metrics["value/mean"] = float(masked_mean(rollout.values, rollout.mask))
+                metrics["value/lr"] = opt.critic_sched.get_last_lr()[0]
+            logger.log(it, metrics)
+            last = metrics
+            if (run.save_every and it % run.save_every == 0) or flag["stop"]:
+                _save_state(out, it, roles, opt, kl_ctl, stream, guard, run.keep_checkpoints)
+            if flag["stop"]:
+                logger.close()
+                raise KeyboardInterrupt
+        # the final models, loadable with plain transformers
+        save_hf(roles.policy, roles.tokenizer, out / "policy")
+        if roles.critic is not None:
+            save_hf(roles.critic.hf, roles.tokenizer, out / "critic")
+    finally:
+        logger.close()
+        for sig, h in previous.items():
+            signal.signal(sig, h)
+    return {"output_dir": str(out), "policy": str(out / "policy"), "final": last}
