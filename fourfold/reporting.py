@@ -93,6 +93,7 @@ METRICS: dict[str, str] = {
     "time/train_s": "Seconds spent in optimisation (forward, backward, step) this iteration.",
     "time/iteration_s": "Wall-clock seconds of the whole iteration.",
     "time/checkpoint_s": "Seconds spent writing the last checkpoint.",
+    "time/step_s": "Mean seconds per optimizer step since the previous row (SFT, reward model).",
     "time/gen_tokens_per_s": "Generated response tokens per second of generation time.",
     "time/train_tokens_per_s": "Trained tokens (all epochs) per second of training time.",
     "time/env_steps_per_s": "Environment steps per second of wall-clock time (gym).",
@@ -112,6 +113,8 @@ METRICS: dict[str, str] = {
     "rm/eval_loss": "Bradley-Terry loss on the held-out pairs.",
     "rm/lr": "Reward-model learning rate.",
     "rm/grad_norm": "Reward-model gradient norm before clipping.",
+    "rm/score_mean": "Mean reward-model score of the training responses (chosen and rejected).",
+    "rm/score_std": "Standard deviation of those scores.",
     # gym
     "gym/episodic_return": "Mean undiscounted return of the episodes that finished in this rollout.",
     "gym/episodic_length": "Mean length of the episodes that finished in this rollout.",

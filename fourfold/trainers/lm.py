@@ -13,7 +13,7 @@ import torch
 
 from fourfold.config import GenerationConfig, LMModelConfig, PromptDataConfig
 from fourfold.core import Rollout, masked_mean, masked_sum, kl_estimate, token_rewards
-from fourfold.data import EpochSampler, left_pad, load_prompts, tokenize_prompts
+from fourfold.data import EpochSampler, chat_template_renderer, left_pad, load_prompts, tokenize_prompts
 from fourfold.errors import ConfigError
 from fourfold.models.loading import ensure_pad_embedding, load_causal_lm, load_sequence_scorer, load_tokenizer
 from fourfold.models.roles import FrozenReference, FunctionReward, ModelReward, ScalarModel
@@ -72,7 +72,8 @@ class PromptStream:
 
     def __init__(self, data: PromptDataConfig, tokenizer, batch_size: int, seed: int, task=None):
         if data.prompts is not None:
-            loaded = load_prompts(data.prompts, on_error=data.on_error)
+            # chat `messages` are rendered exactly as the SFT and reward stages render them
+            loaded = load_prompts(data.prompts, on_error=data.on_error, chat_template=chat_template_renderer(tokenizer))
             self.texts = [r.prompt for r in loaded]
             lines = [r.line for r in loaded]
             self.skipped = loaded.num_skipped

@@ -1,0 +1,348 @@
+"""Reward-model training: a Bradley-Terry scalar model from preference pairs.
+
+The reward model is a :class:`~fourfold.models.roles.ScalarModel` (backbone + linear head); a pair
+is scored at the last non-pad token of ``prompt + chosen + EOS`` and of ``prompt + rejected + EOS``
+(the same position and layout PPO scores its responses at). One step, as numbered in :func:`train`:
+
+1. the next batch of pair indices from a seeded, resumable :class:`~fourfold.data.EpochSampler`;
+   chosen and rejected right-padded to one common length (the batch's longest row) and stacked into
+   one ``[2N, L]`` forward;
+2. scores ``[2N]`` at each row's last valid token, split into chosen ``[N]`` and rejected ``[N]``;
+3. :func:`fourfold.core.bradley_terry_loss` ``-log sigmoid(r_c - r_r - margin)``, backward,
+   global-norm clip, AdamW step (skipped when the loss or the gradient norm is not finite), LR schedule;
+4. a metrics row every ``train.log_every`` steps (means since the previous row) and held-out loss /
+   accuracy every ``train.eval_every`` steps and at the end;
+5. a checkpoint every ``run.save_every`` steps, at the end, and on SIGTERM/SIGINT (then exit).
+
+After the loop, with ``reward.normalize``, the scores of all training responses (chosen and
+rejected) are measured and ``score' = (score - mean) / std`` is folded into the model
+(:meth:`ScalarModel.set_affine`), so PPO sees rewards of mean 0 and std 1 on that reference set.
+The run writes ``output_dir/model/``: an ``AutoModelForSequenceClassification`` directory
+(``num_labels=1``) with the tokenizer. Llama's head has no bias, so the normalisation's shift is kept
+in ``config.json`` as ``fourfold_score_shift``: :func:`~fourfold.models.loading.load_sequence_scorer`
+plus ``ScalarModel`` reproduce the normalised scores; plain transformers' logits omit the shift.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import signal
+import time
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+from fourfold.config import InitModelConfig, PreferenceDataConfig, RewardConfig, TrainLoopConfig
+from fourfold.core import bradley_terry_loss
+from fourfold.data import (
+    EpochSampler,
+    PreferenceExample,
+    chat_template_renderer,
+    collate_preferences,
+    encode_preferences,
+    load_preferences,
+)
+from fourfold.errors import DataError, NonFiniteError
+from fourfold.models.factory import llama_config, random_scalar_model
+from fourfold.models.loading import ensure_pad_embedding, load_sequence_scorer, load_tokenizer, resolve_dtype
+from fourfold.models.roles import ScalarModel
+from fourfold.trainers.common import (
+    NonFiniteGuard,
+    clip_and_step,
+    make_optimizer,
+    make_schedule,
+    save_hf,
+    seed_everything,
+    setup_run,
+)
+
+_WINDOW_KEYS = ("steps", "good_steps", "loss", "correct", "pairs", "margin", "score_sum", "score_sq",
+                "scores", "grad_norm", "seconds")
+
+
+# ---------------------------------------------------------------------------------------------
+# set-up pieces
+# ---------------------------------------------------------------------------------------------
+
+
+def load_model(model_cfg: InitModelConfig, device: torch.device) -> tuple[object, ScalarModel]:
+    """(tokenizer with a dedicated pad, ScalarModel on ``device``).
+
+    A reward-model directory keeps its head; a causal-LM directory keeps its backbone and gets a
+    fresh head drawn from N(0, 0.02^2); ``from_scratch`` builds a random-init Llama of the configured
+    sizes over the tokenizer's vocabulary.
+    """
+    tok = load_tokenizer(model_cfg.tokenizer or model_cfg.path, trust_remote_code=model_cfg.trust_remote_code)
+    if model_cfg.from_scratch:
+        config = llama_config(
+            len(tok), model_cfg.hidden_size, model_cfg.num_layers, model_cfg.num_heads,
+            model_cfg.intermediate_size, model_cfg.max_positions,
+            pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+        )
+        rm = ScalarModel(random_scalar_model(config, dtype=resolve_dtype(model_cfg.dtype)))
+        fresh_head = True
+    else:
+        rm = ScalarModel(load_sequence_scorer(model_cfg.path, dtype=model_cfg.dtype,
+                                              trust_remote_code=model_cfg.trust_remote_code))
+        archs = getattr(rm.config, "architectures", None) or []
+        fresh_head = not any(a.endswith("ForSequenceClassification") for a in archs)
+    if fresh_head:
+        rm.reset_head("normal")  # global RNG: seeded by the caller
+    ensure_pad_embedding(rm.hf, tok)
+    return tok, rm.to(device)
+
+
+def split_records(data: PreferenceDataConfig, tokenizer, seed: int):
+    """(train records, held-out records or None, LoadResult of train for the skipped rows).
+
+    Held out: ``data.eval`` when given, else ``round(eval_fraction * n)`` pairs (at least one when
+    the fraction is > 0 and there are two or more) drawn by a permutation seeded with ``seed``;
+    both parts keep file order."""
+    render = chat_template_renderer(tokenizer)
+    loaded = load_preferences(data.train, on_error=data.on_error, chat_template=render)
+    records = list(loaded)
+    if data.eval is not None:
+        held = load_preferences(data.eval, on_error=data.on_error, chat_template=render)
+        loaded.skipped.extend(held.skipped)
+        return records, list(held), loaded
+    n = len(records)
+    n_eval = min(n - 1, max(1, round(data.eval_fraction * n))) if data.eval_fraction > 0 and n >= 2 else 0
+    if n_eval == 0:
+        return records, None, loaded
+    g = torch.Generator()
+    g.manual_seed(seed)
+    held_idx = set(torch.randperm(n, generator=g)[:n_eval].tolist())
+    train = [r for i, r in enumerate(records) if i not in held_idx]
+    held = [r for i, r in enumerate(records) if i in held_idx]
+    return train, held, loaded
+
+
+def encode(records, tokenizer, max_len: int, on_error: str, skipped: list[str], what: str) -> list[PreferenceExample]:
+    """Tokenise pairs once: prompt ids (BOS first) + response ids + EOS; over ``max_len`` is an error."""
+    examples = encode_preferences(records, tokenizer, max_len, truncate=False, on_error=on_error, skipped=skipped)
+    if not examples:
+        raise DataError(f"{what}: no usable preference pairs ({len(skipped)} skipped)")
+    return examples
+
+
+def _line_of(message: str) -> int:
+    """The line number of a ``file:line: problem`` message."""
+    m = re.match(r"^.*?:(\d+): ", message)
+    return int(m.group(1)) if m else 0
+
+
+def num_steps(train: TrainLoopConfig, batches_per_epoch: int) -> int:
+    """Optimizer steps of the run: ``max_steps``, else ``ceil(epochs * batches per epoch)``."""
+    if train.max_steps is not None:
+        return train.max_steps
+    return max(1, math.ceil(train.epochs * batches_per_epoch))
+
+
+def pair_scores(rm: ScalarModel, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Steps 1-2: (chosen [N], rejected [N]) scores from one stacked ``[2N, L]`` forward."""
+    ids = torch.cat([batch["chosen_input_ids"], batch["rejected_input_ids"]])  # (2N, L)
+    mask = torch.cat([batch["chosen_attention_mask"], batch["rejected_attention_mask"]])  # (2N, L)
+    scores = rm.score(ids, mask)  # (2N,) at each row's last valid token (the EOS)
+    n = batch["chosen_input_ids"].shape[0]
+    return scores[:n], scores[n:]
+
+
+def to_device(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
+    return {k: v.to(device, non_blocking=True) for k, v in batch.items()}
+
+
+@torch.no_grad()
+def score_pairs(rm: ScalarModel, examples: list[PreferenceExample], batch_size: int, pad_id: int,
+                device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(chosen [N], rejected [N]) scores of all ``examples``, in order, on the CPU."""
+    was_training = rm.training
+    rm.eval()
+    chosen, rejected = [], []
+    for start in range(0, len(examples), batch_size):
+        batch = to_device(collate_preferences(examples[start : start + batch_size], pad_id), device)
+        c, r = pair_scores(rm, batch)
+        chosen.append(c.cpu())
+        rejected.append(r.cpu())
+    rm.train(was_training)
+    return torch.cat(chosen), torch.cat(rejected)
+
+
+def evaluate(rm: ScalarModel, examples: list[PreferenceExample], batch_size: int, pad_id: int,
+             device: torch.device, margin: Optional[float]) -> dict[str, float]:
+    """Held-out Bradley-Terry loss and accuracy (r_chosen > r_rejected strictly) over all pairs."""
+    chosen, rejected = score_pairs(rm, examples, batch_size, pad_id, device)
+    loss, stats = bradley_terry_loss(chosen, rejected, margin)
+    return {"rm/eval_loss": float(loss), "rm/eval_accuracy": float(stats["accuracy"])}
+
+
+@torch.no_grad()
+def normalize(rm: ScalarModel, examples: list[PreferenceExample], batch_size: int, pad_id: int,
+              device: torch.device) -> dict[str, float]:
+    """Fold ``(score - mean) / std`` over all training responses (chosen and rejected) into ``rm``.
+    Returns the raw mean and (population) std. A constant scorer (std ~ 0) is only shifted."""
+    chosen, rejected = score_pairs(rm, examples, batch_size, pad_id, device)
+    scores = torch.cat([chosen, rejected]).double()
+    mean, std = float(scores.mean()), float(scores.std(correction=0))
+    scale = 1.0 / std if std > 1e-6 else 1.0
+    rm.set_affine(scale, -mean * scale)
+    return {"mean": mean, "std": std}
+
+
+def _install_stop_handler():
+    """SIGTERM/SIGINT set a flag; the loop checkpoints at the end of the step and exits."""
+    flag = {"stop": False}
+
+    def handler(signum, frame):
+        flag["stop"] = True
+
+    previous = {}
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        try:
+            previous[sig] = signal.signal(sig, handler)
+        except ValueError:  # not the main thread
+            pass
+    return flag, previous
+
+
+def _save_state(out: Path, step: int, rm: ScalarModel, opt, sched, sampler: EpochSampler, window: dict,
+                guard: NonFiniteGuard, keep: int) -> None:
+    from fourfold.checkpoint import save_checkpoint
+
+    state = {"step": step, "sampler": sampler.state_dict(), "window": dict(window), "nonfinite_total": guard.total}
+    save_checkpoint(out, step, modules={"reward_model": rm.hf}, optimizers={"reward_model": opt},
+                    schedulers={"reward_model": sched}, state=state, keep=keep)
+
+
+def _window_row(window: dict) -> dict:
+    """Means over the steps (and pairs, and scores) since the previous metrics row."""
+    steps, n = max(window["steps"], 1), max(window["scores"], 1)
+    mean = window["score_sum"] / n
+    var = max(window["score_sq"] / n - mean * mean, 0.0)
+    return {
+        "rm/loss": window["loss"] / steps,
+        "rm/accuracy": window["correct"] / max(window["pairs"], 1),
+        "rm/margin": window["margin"] / steps,
+        "rm/score_mean": mean,
+        "rm/score_std": math.sqrt(var),
+        "rm/grad_norm": window["grad_norm"] / window["good_steps"] if window["good_steps"] else float("nan"),
+        "time/step_s": window["seconds"] / steps,
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# the loop
+# ---------------------------------------------------------------------------------------------
+
+
+def train(cfg: RewardConfig) -> dict:
+    """Train a reward model; returns ``{"output_dir", "model", "final": last metrics row (with
+    rm/eval_* when there is a held-out split), "normalization": {"mean", "std"} or None}``."""
+    from fourfold.checkpoint import latest_checkpoint, load_checkpoint
+    from fourfold.reporting import MetricsLogger, read_metrics
+
+    tc, run, margin = cfg.train, cfg.run, cfg.reward.margin
+    # 0. set-up: seed, run directory, model, data (split and tokenised once), optimiser, resume
+    seed_everything(run.seed)
+    out, device = setup_run(cfg, run)
+    tok, rm = load_model(cfg.model, device)
+    train_recs, held_recs, loaded = split_records(cfg.data, tok, run.seed)
+    skipped = loaded.skipped
+    train_ex = encode(train_recs, tok, tc.max_len, cfg.data.on_error, skipped, cfg.data.train)
+    eval_ex = None
+    if held_recs:
+        eval_ex = encode(held_recs, tok, tc.max_len, cfg.data.on_error, skipped, cfg.data.eval or cfg.data.train)
+    skipped.sort(key=lambda msg: (not msg.startswith(f"{cfg.data.train}:"), _line_of(msg)))  # file order
+    sampler = EpochSampler(len(train_ex), tc.batch_size, seed=run.seed)
+    total = num_steps(tc, len(sampler))
+    opt = make_optimizer(rm.hf.parameters(), tc.lr, tc.weight_decay)
+    sched = make_schedule(opt, total, tc.lr_schedule, tc.warmup_steps)
+    guard = NonFiniteGuard(limit=run.max_consecutive_skips)
+    window = dict.fromkeys(_WINDOW_KEYS, 0.0)
+    start = 0
+    ckpt = latest_checkpoint(out) if run.resume else None
+    if ckpt is not None:
+        state = load_checkpoint(ckpt, modules={"reward_model": rm.hf}, optimizers={"reward_model": opt},
+                                schedulers={"reward_model": sched})
+        start = state["step"]
+        sampler.load_state_dict(state["sampler"])
+        window.update(state["window"])
+        guard.total = state.get("nonfinite_total", 0)
+    rm.train()
+    pad_id = tok.pad_token_id
+    logger = MetricsLogger(out, progress=run.progress, tensorboard=run.tensorboard, total=total, desc="reward",
+                           key_metrics=("rm/loss", "rm/eval_accuracy"), resume_step=start if ckpt is not None else None)
+    if skipped and ckpt is None:
+        logger.warn(f"{len(skipped)} bad rows skipped (data.on_error=skip); first: {skipped[0]}", step=0)
+    flag, previous = _install_stop_handler()
+    batches = sampler.batches()
+    last: dict = {}
+    stats_norm = None
+    try:
+        for step in range(start + 1, total + 1):
+            t0 = time.perf_counter()
+            where = f"step {step}"
+            # 1-2. batch (chosen and rejected stacked) and scores at the last valid token
+            batch = to_device(collate_preferences([train_ex[i] for i in next(batches)], pad_id), device)
+            chosen, rejected = pair_scores(rm, batch)
+            # 3. Bradley-Terry loss, backward, clip, guarded AdamW step, schedule
+            loss, stats = bradley_terry_loss(chosen, rejected, margin)
+            lr = opt.param_groups[0]["lr"]  # the rate this step uses
+            skips_before = guard.total
+            if guard.ok("rm_loss", loss.detach(), where):
+                loss.backward()
+                grad_norm = clip_and_step(rm.hf, opt, sched, tc.max_grad_norm, guard, where)
+            else:
+                opt.zero_grad(set_to_none=True)
+                sched.step()  # the schedule counts steps, taken or skipped
+                grad_norm = float("nan")
+            good = guard.total == skips_before
+            if good:
+                guard.good_step()
+            both = torch.cat([chosen, rejected]).detach().double()
+            window["steps"] += 1
+            window["good_steps"] += int(good)
+            window["loss"] += float(loss.detach())
+            window["correct"] += float(stats["accuracy"]) * chosen.shape[0]
+            window["pairs"] += chosen.shape[0]
+            window["margin"] += float(stats["margin_mean"])
+            window["score_sum"] += float(both.sum())
+            window["score_sq"] += float((both * both).sum())
+            window["scores"] += both.numel()
+            window["grad_norm"] += grad_norm if good else 0.0
+            window["seconds"] += time.perf_counter() - t0
+            try:
+                guard.check_limit()
+            except NonFiniteError:  # keep the last good weights (skipped steps never changed them)
+                _save_state(out, step, rm, opt, sched, sampler, window, guard, run.keep_checkpoints)
+                raise
+            # 4. metrics (means since the previous row) and held-out loss / accuracy
+            row: dict = {}
+            if step % tc.log_every == 0 or step == total:
+                row.update(_window_row(window), **{"rm/lr": lr, "train/nonfinite_skips": guard.total})
+                window = dict.fromkeys(_WINDOW_KEYS, 0.0)
+            if eval_ex is not None and ((tc.eval_every and step % tc.eval_every == 0) or step == total):
+                row.update(evaluate(rm, eval_ex, tc.batch_size, pad_id, device, margin))
+            if row:
+                logger.log(step, row)
+                last = row
+            # 5. checkpoint (every save_every steps, at the end, and when asked to stop)
+            if (run.save_every and step % run.save_every == 0) or step == total or flag["stop"]:
+                _save_state(out, step, rm, opt, sched, sampler, window, guard, run.keep_checkpoints)
+            if flag["stop"]:
+                raise KeyboardInterrupt
+        # normalise on the training responses (after the last checkpoint: a resume never sees it)
+        if cfg.reward.normalize:
+            stats_norm = normalize(rm, train_ex, tc.batch_size, pad_id, device)
+            logger.event("normalize", step=total, **stats_norm)
+        # the final model, loadable with plain transformers (AutoModelForSequenceClassification)
+        save_hf(rm.hf, tok, out / "model")
+    finally:
+        logger.close()
+        for sig, h in previous.items():
+            signal.signal(sig, h)
+    if not last:  # resumed a run that had already finished: report its last row
+        rows = read_metrics(out / "metrics.jsonl")
+        last = {k: v for k, v in rows[-1].items() if k != "step"} if rows else {}
+    return {"output_dir": str(out), "model": str(out / "model"), "final": last, "normalization": stats_norm}

@@ -1,0 +1,265 @@
+"""Supervised fine-tuning (SFT): next-token cross-entropy on the completion tokens only.
+
+One step, as numbered in :func:`train`:
+
+1. the next batch of example indices from a seeded, resumable :class:`~fourfold.data.EpochSampler`,
+   right-padded to the batch's longest row (examples are tokenised once, up front);
+2. forward; ``logits[:, :-1]`` predict ``input_ids[:, 1:]`` under the loss mask shifted the same
+   way (1 on completion tokens and the EOS after them; 0 on BOS, prompt and padding);
+3. :func:`fourfold.core.sft_loss` (mean over the batch's completion tokens), backward, global-norm
+   clip and an AdamW step - skipped when the loss or the gradient norm is not finite - then the LR
+   schedule (linear warm-up, then linear decay to 0 or constant);
+4. a metrics row every ``train.log_every`` steps (means over the steps since the previous row) and
+   the held-out loss on ``data.eval`` every ``train.eval_every`` steps and at the end;
+5. a checkpoint every ``run.save_every`` steps, at the end, and on SIGTERM/SIGINT (then exit).
+
+Tokenisation matches generation: a prompt is encoded exactly as
+:func:`fourfold.data.tokenize_prompts` encodes it for PPO (BOS first, no other special tokens), so
+the ids PPO generates after are the ids SFT trained on. The run writes ``output_dir/model/``, a
+Hugging Face directory (safetensors + tokenizer) that ``AutoModelForCausalLM.from_pretrained`` loads.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import signal
+import time
+from pathlib import Path
+
+import torch
+
+from fourfold.config import InitModelConfig, SFTConfig, TrainLoopConfig
+from fourfold.core import sft_loss
+from fourfold.data import EpochSampler, SFTExample, chat_template_renderer, collate_sft, encode_sft, load_sft
+from fourfold.errors import DataError, NonFiniteError
+from fourfold.models.factory import llama_config, random_causal_lm
+from fourfold.models.loading import ensure_pad_embedding, load_causal_lm, load_tokenizer, resolve_dtype
+from fourfold.trainers.common import (
+    NonFiniteGuard,
+    clip_and_step,
+    make_optimizer,
+    make_schedule,
+    save_hf,
+    seed_everything,
+    setup_run,
+)
+
+_WINDOW_KEYS = ("steps", "good_steps", "loss", "token_accuracy", "grad_norm", "tokens", "seconds")
+
+
+# ---------------------------------------------------------------------------------------------
+# set-up pieces
+# ---------------------------------------------------------------------------------------------
+
+
+def load_model(model_cfg: InitModelConfig, device: torch.device):
+    """(tokenizer with a dedicated pad, causal LM on ``device``): from ``model.path`` or, with
+    ``model.from_scratch``, a random-init Llama of the configured sizes over the tokenizer's vocabulary."""
+    tok = load_tokenizer(model_cfg.tokenizer or model_cfg.path, trust_remote_code=model_cfg.trust_remote_code)
+    if model_cfg.from_scratch:
+        config = llama_config(
+            len(tok), model_cfg.hidden_size, model_cfg.num_layers, model_cfg.num_heads,
+            model_cfg.intermediate_size, model_cfg.max_positions,
+            pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+        )
+        model = random_causal_lm(config, dtype=resolve_dtype(model_cfg.dtype))  # global RNG: seeded by the caller
+    else:
+        model = load_causal_lm(model_cfg.path, dtype=model_cfg.dtype, trust_remote_code=model_cfg.trust_remote_code)
+    ensure_pad_embedding(model, tok)
+    return tok, model.to(device)
+
+
+def encode_file(path: str, tokenizer, max_len: int, on_error: str) -> tuple[list[SFTExample], list[str]]:
+    """Load and tokenise one SFT file once: (examples, one-line messages of the skipped rows).
+
+    Rendering of chat ``messages`` uses the tokenizer's chat template when it has one. A prompt +
+    completion over ``max_len`` tokens is a DataError naming file and line (never truncated).
+    """
+    records = load_sft(path, on_error=on_error, chat_template=chat_template_renderer(tokenizer))
+    examples = encode_sft(records, tokenizer, max_len, truncate=False, on_error=on_error)  # add_bos as PPO prompts
+    skipped = sorted(records.skipped, key=_line_of)  # loader and tokeniser problems, in file order
+    if not examples:
+        raise DataError(f"{path}: no usable examples ({len(skipped)} skipped; first: {skipped[0]})")
+    return examples, skipped
+
+
+def _line_of(message: str) -> int:
+    """The line number of a ``file:line: problem`` message."""
+    m = re.match(r"^.*?:(\d+): ", message)
+    return int(m.group(1)) if m else 0
+
+
+def num_steps(train: TrainLoopConfig, batches_per_epoch: int) -> int:
+    """Optimizer steps of the run: ``max_steps``, else ``ceil(epochs * batches per epoch)``."""
+    if train.max_steps is not None:
+        return train.max_steps
+    return max(1, math.ceil(train.epochs * batches_per_epoch))
+
+
+def to_device(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
+    return {k: v.to(device, non_blocking=True) for k, v in batch.items()}
+
+
+def batch_loss(model, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict]:
+    """Step 2: the SFT loss of a right-padded batch (positions 0..n-1 per row; no left padding)."""
+    ids, attn, loss_mask = batch["input_ids"], batch["attention_mask"], batch["loss_mask"]  # (B, L)
+    logits = model(input_ids=ids, attention_mask=attn, use_cache=False).logits  # (B, L, V)
+    return sft_loss(logits[:, :-1], ids[:, 1:], loss_mask[:, 1:])  # position t predicts token t+1
+
+
+@torch.no_grad()
+def evaluate(model, examples: list[SFTExample], batch_size: int, pad_id: int, device: torch.device) -> float:
+    """Mean cross-entropy over all completion tokens of ``examples`` (token-weighted)."""
+    was_training = model.training
+    model.eval()
+    order = sorted(range(len(examples)), key=lambda i: len(examples[i].input_ids))  # less padding
+    total, count = 0.0, 0.0
+    for start in range(0, len(order), batch_size):
+        batch = to_device(collate_sft([examples[i] for i in order[start : start + batch_size]], pad_id), device)
+        loss, _ = batch_loss(model, batch)
+        n = float(batch["loss_mask"][:, 1:].sum())
+        total += float(loss) * n
+        count += n
+    model.train(was_training)
+    return total / max(count, 1.0)
+
+
+def _install_stop_handler():
+    """SIGTERM/SIGINT set a flag; the loop checkpoints at the end of the step and exits."""
+    flag = {"stop": False}
+
+    def handler(signum, frame):
+        flag["stop"] = True
+
+    previous = {}
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        try:
+            previous[sig] = signal.signal(sig, handler)
+        except ValueError:  # not the main thread
+            pass
+    return flag, previous
+
+
+def _save_state(out: Path, step: int, model, opt, sched, sampler: EpochSampler, window: dict,
+                guard: NonFiniteGuard, keep: int) -> None:
+    from fourfold.checkpoint import save_checkpoint
+
+    state = {"step": step, "sampler": sampler.state_dict(), "window": dict(window), "nonfinite_total": guard.total}
+    save_checkpoint(out, step, modules={"model": model}, optimizers={"model": opt}, schedulers={"model": sched},
+                    state=state, keep=keep)
+
+
+def _window_row(window: dict) -> dict:
+    """Means over the steps since the previous metrics row."""
+    steps, good = max(window["steps"], 1), max(window["good_steps"], 1)
+    return {
+        "sft/loss": window["loss"] / steps,
+        "sft/token_accuracy": window["token_accuracy"] / steps,
+        "sft/grad_norm": window["grad_norm"] / good if window["good_steps"] else float("nan"),
+        "time/step_s": window["seconds"] / steps,
+        "time/train_tokens_per_s": window["tokens"] / max(window["seconds"], 1e-9),
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# the loop
+# ---------------------------------------------------------------------------------------------
+
+
+def train(cfg: SFTConfig) -> dict:
+    """Run SFT; returns ``{"output_dir", "model": path of the HF directory, "final": last metrics row}``."""
+    from fourfold.checkpoint import latest_checkpoint, load_checkpoint
+    from fourfold.reporting import MetricsLogger, read_metrics
+
+    tc, run = cfg.train, cfg.run
+    # 0. set-up: seed, run directory, model, data (tokenised once), optimiser, schedule, resume
+    seed_everything(run.seed)
+    out, device = setup_run(cfg, run)
+    tok, model = load_model(cfg.model, device)
+    train_ex, skipped = encode_file(cfg.data.train, tok, tc.max_len, cfg.data.on_error)
+    eval_ex = None
+    if cfg.data.eval is not None:
+        eval_ex, eval_skipped = encode_file(cfg.data.eval, tok, tc.max_len, cfg.data.on_error)
+        skipped += eval_skipped
+    sampler = EpochSampler(len(train_ex), tc.batch_size, seed=run.seed)
+    total = num_steps(tc, len(sampler))
+    opt = make_optimizer(model.parameters(), tc.lr, tc.weight_decay)
+    sched = make_schedule(opt, total, tc.lr_schedule, tc.warmup_steps)
+    guard = NonFiniteGuard(limit=run.max_consecutive_skips)
+    window = dict.fromkeys(_WINDOW_KEYS, 0.0)
+    start = 0
+    ckpt = latest_checkpoint(out) if run.resume else None
+    if ckpt is not None:
+        state = load_checkpoint(ckpt, modules={"model": model}, optimizers={"model": opt}, schedulers={"model": sched})
+        start = state["step"]
+        sampler.load_state_dict(state["sampler"])
+        window.update(state["window"])
+        guard.total = state.get("nonfinite_total", 0)
+    model.train()
+    pad_id = tok.pad_token_id
+    logger = MetricsLogger(out, progress=run.progress, tensorboard=run.tensorboard, total=total, desc="sft",
+                           key_metrics=("sft/loss", "sft/eval_loss"), resume_step=start if ckpt is not None else None)
+    if skipped and ckpt is None:
+        logger.warn(f"{len(skipped)} bad rows skipped (data.on_error=skip); first: {skipped[0]}", step=0)
+    flag, previous = _install_stop_handler()
+    batches = sampler.batches()
+    last: dict = {}
+    try:
+        for step in range(start + 1, total + 1):
+            t0 = time.perf_counter()
+            where = f"step {step}"
+            # 1. batch: right-padded to its longest row
+            batch = to_device(collate_sft([train_ex[i] for i in next(batches)], pad_id), device)
+            # 2. forward and loss on the completion tokens
+            loss, stats = batch_loss(model, batch)
+            lr = opt.param_groups[0]["lr"]  # the rate this step uses
+            # 3. backward, clip, guarded AdamW step, schedule
+            skips_before = guard.total
+            if guard.ok("sft_loss", loss.detach(), where):
+                loss.backward()
+                grad_norm = clip_and_step(model, opt, sched, tc.max_grad_norm, guard, where)
+            else:
+                opt.zero_grad(set_to_none=True)
+                sched.step()  # the schedule counts steps, taken or skipped
+                grad_norm = float("nan")
+            good = guard.total == skips_before
+            if good:
+                guard.good_step()
+            window["steps"] += 1
+            window["good_steps"] += int(good)
+            window["loss"] += float(loss.detach())
+            window["token_accuracy"] += float(stats["token_accuracy"])
+            window["grad_norm"] += grad_norm if good else 0.0
+            window["tokens"] += float(batch["loss_mask"][:, 1:].sum())
+            window["seconds"] += time.perf_counter() - t0
+            try:
+                guard.check_limit()
+            except NonFiniteError:  # keep the last good weights (skipped steps never changed them)
+                _save_state(out, step, model, opt, sched, sampler, window, guard, run.keep_checkpoints)
+                raise
+            # 4. metrics (means since the previous row) and the held-out loss
+            row: dict = {}
+            if step % tc.log_every == 0 or step == total:
+                row.update(_window_row(window), **{"sft/lr": lr, "train/nonfinite_skips": guard.total})
+                window = dict.fromkeys(_WINDOW_KEYS, 0.0)
+            if eval_ex is not None and ((tc.eval_every and step % tc.eval_every == 0) or step == total):
+                row["sft/eval_loss"] = evaluate(model, eval_ex, tc.batch_size, pad_id, device)
+            if row:
+                logger.log(step, row)
+                last = row
+            # 5. checkpoint (every save_every steps, at the end, and when asked to stop)
+            if (run.save_every and step % run.save_every == 0) or step == total or flag["stop"]:
+                _save_state(out, step, model, opt, sched, sampler, window, guard, run.keep_checkpoints)
+            if flag["stop"]:
+                raise KeyboardInterrupt
+        # the final model, loadable with plain transformers
+        save_hf(model, tok, out / "model")
+    finally:
+        logger.close()
+        for sig, h in previous.items():
+            signal.signal(sig, h)
+    if not last:  # resumed a run that had already finished: report its last row
+        rows = read_metrics(out / "metrics.jsonl")
+        last = {k: v for k, v in rows[-1].items() if k != "step"} if rows else {}
+    return {"output_dir": str(out), "model": str(out / "model"), "final": last}
