@@ -44,6 +44,8 @@ def main(argv=None) -> dict:
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     p.add_argument("--temperature", type=float, default=0.7)
+    p.add_argument("--concurrent", action="store_true",
+                   help="critic epochs in a second thread beside the policy's (run.concurrent_roles)")
     args = p.parse_args(argv)
 
     import torch
@@ -88,12 +90,12 @@ def main(argv=None) -> dict:
         if cuda:
             torch.cuda.synchronize(device)
         t0 = time.perf_counter()
-        col = collect(roles, [""] * args.batch, prompts, prompt_mask, gen, kl_coef=algo.kl_coef)
+        col = collect(roles, [""] * args.batch, prompts, prompt_mask, gen, kl_coef=algo.kl_coef, concurrent=args.concurrent)
         rollout = compute_advantages(col.rollout, algo)
         if cuda:
             torch.cuda.synchronize(device)
         t1 = time.perf_counter()
-        ppo_update(roles, rollout, algo, opt, gen.temperature, guard, it)
+        ppo_update(roles, rollout, algo, opt, gen.temperature, guard, it, concurrent=args.concurrent)
         if cuda:
             torch.cuda.synchronize(device)
         t2 = time.perf_counter()
@@ -121,7 +123,7 @@ def main(argv=None) -> dict:
         "iterations_timed": len(timed),
         "workload": {k: getattr(args, k) for k in ("arch", "hidden", "layers", "heads", "intermediate", "vocab", "batch",
                                                     "prompt_len", "response_len", "ppo_epochs", "minibatch", "dtype", "device",
-                                                    "temperature")}
+                                                    "temperature", "concurrent")}
                     | {"optimizer_steps_per_iter": algo.steps_per_iteration, "threads": torch.get_num_threads(),
                        "params_per_model_m": round(sum(p.numel() for p in policy.parameters()) / 1e6, 2)},
         "torch": torch.__version__,

@@ -141,6 +141,10 @@ def _build(cls: type[T], data: dict, prefix: str = "", where: str = "") -> T:
             hint = f" (did you mean '{prefix}{close[0]}'?)" if close else ""
             known = ", ".join(sorted(fields))
             raise ConfigError(f"{where}{prefix}{key}: unknown key{hint}; known keys here: {known}")
+        f = fields[key]
+        if isinstance(value, dict) and dataclasses.is_dataclass(hints[key]) and f.default_factory is not dataclasses.MISSING:
+            # a partial section keeps this stage's defaults for the keys it does not name
+            value = _merge(dataclasses.asdict(f.default_factory()), value)
         kwargs[key] = _coerce(value, hints[key], prefix + key, where)
     try:
         return cls(**kwargs)
@@ -298,6 +302,10 @@ class RunConfig:
     """Also log to TensorBoard when it is installed."""
     max_consecutive_skips: int = 3
     """Stop (with a checkpoint of the last good state) after this many non-finite updates in a row."""
+    concurrent_roles: bool = False
+    """PPO: train the critic in a second thread while the policy trains (and run the reference
+    pass beside the critic and reward passes). With threads=1 on a 2-core CPU this keeps both
+    cores busy; results are identical to the sequential order."""
 
     def validate(self, prefix: str = "run") -> None:
         require(self.save_every >= 0, f"{prefix}.save_every", "must be >= 0")
@@ -848,3 +856,94 @@ class RewardConfig:
         if self.model.from_scratch:
             require(self.train.max_len <= self.model.max_positions, "train.max_len",
                     f"{self.train.max_len} is more than model.max_positions={self.model.max_positions}")
+
+
+# ---------------------------------------------------------------------------------------------
+# The embedded default: `fourfold demo`
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class DemoModelConfig:
+    """The tiny Llama-shaped model the demo trains from scratch (word-level tokenizer)."""
+
+    hidden_size: int = 128
+    """Hidden size of the SFT model (and so of every role: all are initialised from it)."""
+    num_layers: int = 2
+    """Decoder layers."""
+    num_heads: int = 4
+    """Attention heads."""
+    max_positions: int = 64
+    """Longest prompt + response in tokens."""
+
+    def validate(self, prefix: str = "model") -> None:
+        require(self.hidden_size % self.num_heads == 0, f"{prefix}.hidden_size", "must be divisible by num_heads")
+
+
+@dataclasses.dataclass
+class DemoSFTConfig:
+    """Stage 1: the corpus and supervised fine-tuning from scratch."""
+
+    examples: int = 20000
+    """Generated reviews to train on."""
+    steps: int = 1200
+    """Optimizer steps."""
+    batch_size: int = 32
+    """Examples per step."""
+    lr: float = 3e-3
+    """Peak learning rate (warm-up then linear decay)."""
+
+
+@dataclasses.dataclass
+class DemoPairsConfig:
+    """Stage 2: response pairs sampled from the SFT model, labelled by the simulated labelers."""
+
+    pairs: int = 4000
+    """Preference pairs for training the reward model."""
+    eval_pairs: int = 500
+    """Held-out pairs: reward-model accuracy against the labelers and against gold."""
+    temperature: float = 1.0
+    """Sampling temperature for the pairs."""
+
+
+@dataclasses.dataclass
+class DemoRewardConfig:
+    """Stage 3: the reward model, initialised from the SFT model."""
+
+    steps: int = 600
+    """Optimizer steps."""
+    batch_size: int = 32
+    """Pairs per step."""
+    lr: float = 1e-3
+    """Peak learning rate."""
+
+
+@dataclasses.dataclass
+class DemoEvalConfig:
+    """Stage 5: before/after evaluation on held-out prompts."""
+
+    prompts: int = 256
+    """Held-out prompts (never seen in PPO)."""
+    samples_in_report: int = 8
+    """Rows of the before/after sample table (and of the per-token advantage view)."""
+
+
+@dataclasses.dataclass
+class DemoConfig:
+    """`fourfold demo`: RLHF from zero on the embedded review task (SFT -> RM -> PPO -> eval -> report)."""
+
+    quick: bool = False
+    """A short budget (about 2 minutes on 2 cores) for tests and a first look."""
+    fresh: bool = False
+    """Ignore cached stage outputs and rerun every stage."""
+    task_options: dict = dataclasses.field(default_factory=dict)
+    """Options of the review task (fourfold.tasks.ReviewTaskConfig fields, e.g. labeler_length_bias)."""
+    model: DemoModelConfig = dataclasses.field(default_factory=DemoModelConfig)
+    sft: DemoSFTConfig = dataclasses.field(default_factory=DemoSFTConfig)
+    pairs: DemoPairsConfig = dataclasses.field(default_factory=DemoPairsConfig)
+    reward: DemoRewardConfig = dataclasses.field(default_factory=DemoRewardConfig)
+    ppo: PPOAlgoConfig = dataclasses.field(default_factory=lambda: PPOAlgoConfig(
+        iterations=150, rollout_batch_size=64, minibatch_size=16, lr=3e-4, critic_lr=1e-3, kl_coef=0.05))
+    generation: GenerationConfig = dataclasses.field(default_factory=lambda: GenerationConfig(max_new_tokens=40))
+    eval: DemoEvalConfig = dataclasses.field(default_factory=DemoEvalConfig)
+    run: RunConfig = dataclasses.field(default_factory=lambda: RunConfig(output_dir="runs/demo", threads=1, save_every=10))

@@ -15,6 +15,7 @@ mask ``[B, T]`` is 1 on generated tokens up to and including the first EOS.
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
@@ -133,13 +134,29 @@ def score(
     temperature: float = 1.0,
     prompts: Optional[Sequence[str]] = None,
     responses: Optional[Sequence[str]] = None,
+    concurrent: bool = False,
 ) -> Scores:
-    """Reference log-probs, critic values and reward scores in one batched no-grad pass each."""
+    """Reference log-probs, critic values and reward scores in one batched no-grad pass each.
+
+    With ``concurrent`` the reference pass runs in a second thread beside the critic and reward
+    passes (independent models; same results).
+    """
     seq, attn, T = samples.sequences, samples.attention_mask, samples.n_response
-    ref_logprobs = reference.logprobs(seq, attn, T, temperature) * samples.response_mask
-    if critic is not None:
-        values = critic.response_values(seq, attn, T) * samples.response_mask
-    else:
-        values = torch.zeros_like(samples.logprobs)
-    scores = reward(seq, attn, prompts, responses).float()
+
+    def reference_pass() -> torch.Tensor:
+        with torch.no_grad():
+            return reference.logprobs(seq, attn, T, temperature) * samples.response_mask
+
+    pool = ThreadPoolExecutor(max_workers=1) if concurrent else None
+    ref_future = pool.submit(reference_pass) if pool else None
+    try:
+        if critic is not None:
+            values = critic.response_values(seq, attn, T) * samples.response_mask
+        else:
+            values = torch.zeros_like(samples.logprobs)
+        scores = reward(seq, attn, prompts, responses).float()
+        ref_logprobs = ref_future.result() if ref_future else reference_pass()
+    finally:
+        if pool:
+            pool.shutdown()
     return Scores(ref_logprobs, values, scores)

@@ -11,6 +11,7 @@ import math
 import os
 import random
 import sys
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Optional
@@ -93,14 +94,16 @@ class NonFiniteGuard:
     consecutive: int = 0
     total: int = 0
     events: list = field(default_factory=list)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def ok(self, what: str, value: torch.Tensor | float, where: str = "") -> bool:
         v = value if isinstance(value, torch.Tensor) else torch.tensor(float(value))
         if bool(torch.isfinite(v).all()):
             return True
-        self.consecutive += 1
-        self.total += 1
-        self.events.append({"quantity": what, "where": where, "consecutive": self.consecutive})
+        with self._lock:  # the policy and the critic may update in two threads
+            self.consecutive += 1
+            self.total += 1
+            self.events.append({"quantity": what, "where": where, "consecutive": self.consecutive})
         return False
 
     def good_step(self) -> None:

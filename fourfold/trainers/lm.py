@@ -123,6 +123,7 @@ def collect(
     kl_coef: float,
     kl_estimator: str = "k1",
     task=None,
+    concurrent: bool = False,
 ) -> Collected:
     """Steps 2-4 of an iteration: generate (pi_old), score (reference, critic, reward), token rewards.
 
@@ -146,7 +147,7 @@ def collect(
     if roles.critic is not None:
         roles.critic.eval()
     sc = score(samples, reference=roles.reference, reward=roles.reward, critic=roles.critic,
-               temperature=gen.temperature, prompts=prompts, responses=responses)
+               temperature=gen.temperature, prompts=prompts, responses=responses, concurrent=concurrent)
     if roles.critic is not None:
         roles.critic.train()
     scores = sc.scores

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import signal
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
@@ -148,23 +149,44 @@ def critic_step(critic: ScalarModel, mb: Rollout, algo: PPOAlgoConfig, opt: Opti
 
 
 def ppo_update(roles: Roles, rollout: Rollout, algo: PPOAlgoConfig, opt: Optim, temperature: float,
-               guard: NonFiniteGuard, iteration: int) -> dict:
-    """Step 6: ``ppo_epochs`` passes over shuffled minibatches; returns mean statistics."""
+               guard: NonFiniteGuard, iteration: int, concurrent: bool = False) -> dict:
+    """Step 6: ``ppo_epochs`` passes over shuffled minibatches; returns mean statistics.
+
+    The minibatch order of every epoch is drawn up front, so the policy and the critic see the same
+    minibatches. They share nothing else, so with ``concurrent`` the critic's epochs run in a second
+    thread while the policy's run in this one (two cores busy with one torch thread each); the
+    results are identical to the sequential order.
+    """
     B = rollout.batch_size
-    sums: dict[str, float] = {}
-    n = 0
-    for epoch in range(algo.ppo_epochs):
-        perm = torch.randperm(B)
-        for start in range(0, B, algo.minibatch_size):
-            mb = rollout.select(perm[start : start + algo.minibatch_size])
-            where = f"iteration {iteration} epoch {epoch} minibatch {start // algo.minibatch_size}"
-            stats = policy_step(roles.policy, mb, algo, opt, temperature, guard, where)
-            if roles.critic is not None:
-                stats.update(critic_step(roles.critic, mb, algo, opt, guard, where))
-            for k, v in stats.items():
+    perms = [torch.randperm(B) for _ in range(algo.ppo_epochs)]
+    minibatches = [
+        (f"iteration {iteration} epoch {e} minibatch {i // algo.minibatch_size}",
+         rollout.select(perm[i : i + algo.minibatch_size]))
+        for e, perm in enumerate(perms) for i in range(0, B, algo.minibatch_size)
+    ]
+
+    def mean_over(step_fn) -> dict:
+        sums: dict[str, float] = {}
+        for where, mb in minibatches:
+            for k, v in step_fn(mb, where).items():
                 sums[k] = sums.get(k, 0.0) + v
-            n += 1
-    return {k: v / n for k, v in sums.items()}
+        return {k: v / len(minibatches) for k, v in sums.items()}
+
+    def policy_epochs() -> dict:
+        return mean_over(lambda mb, where: policy_step(roles.policy, mb, algo, opt, temperature, guard, where))
+
+    def critic_epochs() -> dict:
+        return mean_over(lambda mb, where: critic_step(roles.critic, mb, algo, opt, guard, where))
+
+    if roles.critic is None:
+        return policy_epochs()
+    if concurrent:
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            critic_future = pool.submit(critic_epochs)
+            stats = policy_epochs()
+            stats.update(critic_future.result())
+        return stats
+    return {**policy_epochs(), **critic_epochs()}
 
 
 def _install_stop_handler():
@@ -240,7 +262,7 @@ def train(cfg: PPOConfig, *, task=None, roles: Optional[Roles] = None) -> dict:
             prompts, prompt_ids, prompt_mask = stream.next(device)
             # 2-4. generate (pi_old), score (reference, critic, reward), per-token rewards
             col = collect(roles, prompts, prompt_ids, prompt_mask, gen, kl_coef=kl_ctl.value,
-                          kl_estimator=algo.kl_estimator, task=task)
+                          kl_estimator=algo.kl_estimator, task=task, concurrent=run.concurrent_roles)
             rollout = col.rollout
             if not guard.ok("reward_score", rollout.scores, f"iteration {it}"):
                 guard.check_limit()
@@ -253,7 +275,7 @@ def train(cfg: PPOConfig, *, task=None, roles: Optional[Roles] = None) -> dict:
             # 6. PPO epochs: clipped surrogate (policy) and clipped value loss (critic)
             t0 = time.perf_counter()
             skips_before = guard.total
-            stats = ppo_update(roles, rollout, algo, opt, gen.temperature, guard, it)
+            stats = ppo_update(roles, rollout, algo, opt, gen.temperature, guard, it, concurrent=run.concurrent_roles)
             t_train = time.perf_counter() - t0
             if guard.total == skips_before:
                 guard.good_step()

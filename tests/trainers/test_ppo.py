@@ -126,3 +126,19 @@ def test_cli_bad_key_is_one_line_error(tiny_lm, tmp_path):
     assert p.stderr.strip().count("\n") == 0
     assert "ppo.kl_coeff: unknown key (did you mean 'ppo.kl_coef'?)" in p.stderr
     assert str(cfg) in p.stderr
+
+
+def test_concurrent_roles_give_identical_results(tiny_lm, tmp_path):
+    """Critic epochs in a second thread (and the reference pass beside the reward/critic passes)
+    change nothing but the wall time."""
+    from fourfold.trainers.ppo import train
+
+    for name, flag in (("seq", "false"), ("conc", "true")):
+        cfg = load_config(PPOConfig, None, _ppo_overrides(tiny_lm, tmp_path / name, **{
+            "ppo.iterations": 3, "run.concurrent_roles": flag}))
+        train(cfg)
+    a = _comparable(read_metrics(tmp_path / "seq" / "metrics.jsonl"))
+    b = _comparable(read_metrics(tmp_path / "conc" / "metrics.jsonl"))
+    assert a == b
+    wa, wb = _weights(tmp_path / "seq" / "critic"), _weights(tmp_path / "conc" / "critic")
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)

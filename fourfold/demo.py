@@ -1,0 +1,391 @@
+"""`fourfold demo`: the whole classic RLHF stack on the embedded review task, from zero.
+
+Stages (each uses the same public trainers and data formats a user would, and is cached: a
+stage whose config and inputs are unchanged is skipped; ``--fresh`` reruns all):
+
+1. ``sft``     generate the corpus, build the word-level tokenizer, SFT a tiny Llama from scratch;
+2. ``pairs``   sample response pairs from the SFT model, label them with the simulated labelers;
+3. ``reward``  train the reward model (initialised from SFT) on those labels; its accuracy is
+               measured on held-out pairs against the labelers and against the hidden gold reward;
+4. ``ppo``     PPO against the frozen RM, KL to the frozen SFT reference, critic from the RM;
+5. ``eval``    SFT vs PPO policy on held-out prompts: proxy (RM) score, gold reward, KL, length,
+               well-formed share, repetition;
+6. ``report``  ``report.html`` (self-contained) with curves, samples and per-token advantages.
+
+Outputs under ``run.output_dir`` (default ``runs/demo``): ``sft/``, ``reward/``, ``policy/``,
+``critic/`` (HF directories), ``data/`` (JSONL in the user-facing formats), ``metrics.jsonl``
+(every stage's rows, tagged with ``stage``), ``eval.json``, ``report.html``, and ``stages/``
+(each trainer's own run directory with its checkpoints, so a killed demo resumes).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import random
+import shutil
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from fourfold.config import (
+    DemoConfig,
+    GenerationConfig,
+    InitModelConfig,
+    LMModelConfig,
+    PPOConfig,
+    PreferenceDataConfig,
+    PromptDataConfig,
+    RewardConfig,
+    RewardLossConfig,
+    RunConfig,
+    SFTConfig,
+    SFTDataConfig,
+    TrainLoopConfig,
+    config_to_dict,
+    save_config,
+)
+
+STAGES = ("sft", "pairs", "reward", "ppo", "eval", "report")
+
+QUICK = {  # --quick: the same pipeline on a budget of about two minutes on 2 cores
+    "sft.examples": 6000, "sft.steps": 350, "pairs.pairs": 1200, "pairs.eval_pairs": 200,
+    "reward.steps": 200, "ppo.iterations": 24, "ppo.rollout_batch_size": 32, "ppo.minibatch_size": 8,
+    "eval.prompts": 96, "run.save_every": 4,
+}
+
+
+def apply_quick(cfg: DemoConfig) -> DemoConfig:
+    cfg = dataclasses.replace(cfg)
+    for key, value in QUICK.items():
+        section, field = key.split(".")
+        sub = dataclasses.replace(getattr(cfg, section), **{field: value})
+        setattr(cfg, section, sub)
+    return cfg
+
+
+# ---------------------------------------------------------------------------------------------
+# small helpers: atomic JSON/JSONL writes and the stage cache
+# ---------------------------------------------------------------------------------------------
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def write_jsonl(path: Path, rows: list[dict]) -> None:
+    _write_atomic(path, "".join(json.dumps(r, sort_keys=True) + "\n" for r in rows))
+
+
+def _key(obj: Any) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+class Stages:
+    """``stages/<name>/DONE`` holds the key (config + upstream keys) a finished stage was run with."""
+
+    def __init__(self, out: Path, fresh: bool):
+        self.out, self.fresh = out, fresh
+        self.keys: dict[str, str] = {}
+
+    def dir(self, name: str) -> Path:
+        return self.out / "stages" / name
+
+    def run(self, name: str, settings: Any, fn: Callable[[Path], dict], log: Callable[[str], None]) -> dict:
+        upstream = {k: v for k, v in self.keys.items()}
+        key = _key({"settings": settings, "upstream": upstream})
+        self.keys[name] = key
+        d = self.dir(name)
+        done = d / "DONE"
+        if not self.fresh and done.is_file():
+            record = json.loads(done.read_text())
+            if record.get("key") == key:
+                log(f"[{name}] cached ({d})")
+                return record.get("result", {})
+        if d.exists() and (self.fresh or (done.is_file() and json.loads(done.read_text()).get("key") != key)):
+            shutil.rmtree(d)  # stale outputs of another config: never resume across configs
+        d.mkdir(parents=True, exist_ok=True)
+        t0 = time.perf_counter()
+        result = fn(d)
+        result["wall_s"] = round(time.perf_counter() - t0, 2)
+        _write_atomic(done, json.dumps({"key": key, "result": result}, sort_keys=True))
+        return result
+
+
+def publish(src: Path, dst: Path) -> None:
+    """Copy a finished HF directory to its public name (temp copy, then swap)."""
+    tmp = dst.with_name(f".{dst.name}.tmp-{os.getpid()}")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    shutil.copytree(src, tmp)
+    if dst.exists():
+        trash = dst.with_name(f".{dst.name}.old-{os.getpid()}")
+        os.replace(dst, trash)
+        os.replace(tmp, dst)
+        shutil.rmtree(trash)
+    else:
+        os.replace(tmp, dst)
+
+
+# ---------------------------------------------------------------------------------------------
+# sampling and evaluation with a saved policy
+# ---------------------------------------------------------------------------------------------
+
+
+@torch.no_grad()
+def sample_texts(model, tokenizer, prompts: list[str], *, max_new_tokens: int, temperature: float,
+                 max_prompt_len: int = 16, batch_size: int = 128):
+    """Responses (text) and the Samples of each batch for a list of prompts."""
+    from fourfold.data import left_pad, tokenize_prompts
+    from fourfold.rollout.lm import decode_responses, sample
+
+    ids = tokenize_prompts(prompts, tokenizer, max_prompt_len)
+    texts, batches = [], []
+    model.eval()
+    for i in range(0, len(prompts), batch_size):
+        pid, pmask = left_pad(ids[i : i + batch_size], tokenizer.pad_token_id)
+        s = sample(model, pid, pmask, max_new_tokens=max_new_tokens, temperature=temperature,
+                   eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+        texts += decode_responses(tokenizer, s)
+        batches.append(s)
+    return texts, batches
+
+
+@torch.no_grad()
+def evaluate_policy(policy, reference, rm, tokenizer, task, prompts: list[str], gen: GenerationConfig) -> tuple[dict, list[dict]]:
+    """Proxy, gold, KL to the reference, length, well-formed share, repetition on ``prompts``."""
+    from fourfold.core import kl_estimate
+
+    texts, batches = sample_texts(policy, tokenizer, prompts, max_new_tokens=gen.max_new_tokens,
+                                  temperature=gen.temperature)
+    proxy, kl = [], []
+    for s in batches:
+        proxy += rm.score(s.sequences, s.attention_mask).tolist()
+        ref_lp = reference.logprobs(s.sequences, s.attention_mask, s.n_response, gen.temperature)
+        kl += (kl_estimate(s.logprobs, ref_lp, "k1") * s.response_mask).sum(1).tolist()
+    gold = task.gold_reward(prompts, texts)
+    m = task.response_metrics(prompts, texts)
+    n = len(prompts)
+    summary = {
+        "proxy": sum(proxy) / n, "gold": sum(gold) / n, "kl": sum(kl) / n,
+        "gold_std": float(torch.tensor(gold).std()), "proxy_std": float(torch.tensor(proxy).std()),
+        "length": m["length"], "well_formed": m["well_formed"], "repetition": m["repetition"],
+    }
+    rows = [{"prompt": p, "response": r, "proxy": a, "gold": g, "kl": k}
+            for p, r, a, g, k in zip(prompts, texts, proxy, gold, kl)]
+    return summary, rows
+
+
+# ---------------------------------------------------------------------------------------------
+# the pipeline
+# ---------------------------------------------------------------------------------------------
+
+
+def run(cfg: DemoConfig) -> dict:
+    from rich.console import Console
+
+    from fourfold.models.loading import load_causal_lm, load_sequence_scorer, load_tokenizer
+    from fourfold.models.roles import FrozenReference, ScalarModel
+    from fourfold.reporting import read_metrics
+    from fourfold.tasks import get_task
+    from fourfold.tasks.tokenizer import build_word_tokenizer
+    from fourfold.trainers import ppo as ppo_trainer
+    from fourfold.trainers import reward as reward_trainer
+    from fourfold.trainers import sft as sft_trainer
+    from fourfold.trainers.common import quiet_transformers
+
+    if cfg.quick:
+        cfg = apply_quick(cfg)
+    console = Console(stderr=True)
+    log = console.print
+    quiet_transformers()
+    if cfg.run.threads is not None:
+        torch.set_num_threads(cfg.run.threads)
+    out = Path(cfg.run.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    save_config(cfg, out / "config.yaml")
+    t_start = time.perf_counter()
+    task = get_task("review", **cfg.task_options)
+    seed = cfg.run.seed
+    stages = Stages(out, cfg.fresh)
+    data = out / "data"
+    max_len = cfg.model.max_positions
+    gen = cfg.generation
+
+    def sub_run(d: Path, **kw) -> RunConfig:
+        return RunConfig(output_dir=str(d), seed=seed, device=cfg.run.device, threads=cfg.run.threads,
+                         save_every=kw.get("save_every", cfg.run.save_every), keep_checkpoints=2, resume=True,
+                         progress=cfg.run.progress, tensorboard=False)
+
+    # 1. corpus, tokenizer, SFT from scratch -> sft/ (the reference)
+    def stage_sft(d: Path) -> dict:
+        rng = random.Random(seed)
+        write_jsonl(data / "sft_train.jsonl", task.sft_examples(cfg.sft.examples, rng))
+        write_jsonl(data / "sft_eval.jsonl", task.sft_examples(500, random.Random(seed + 1)))
+        build_word_tokenizer(task.tokenizer_corpus(), out / "tokenizer")
+        sft_cfg = SFTConfig(
+            model=InitModelConfig(from_scratch=True, tokenizer=str(out / "tokenizer"), hidden_size=cfg.model.hidden_size,
+                                  num_layers=cfg.model.num_layers, num_heads=cfg.model.num_heads,
+                                  max_positions=cfg.model.max_positions),
+            data=SFTDataConfig(train=str(data / "sft_train.jsonl"), eval=str(data / "sft_eval.jsonl")),
+            train=TrainLoopConfig(max_steps=cfg.sft.steps, batch_size=cfg.sft.batch_size, lr=cfg.sft.lr,
+                                  warmup_steps=max(1, cfg.sft.steps // 20), max_len=max_len, log_every=25),
+            run=sub_run(d, save_every=max(50, cfg.sft.steps // 6)),
+        )
+        res = sft_trainer.train(sft_cfg)
+        publish(Path(res["model"]), out / "sft")
+        return {"eval_loss": res["final"].get("sft/eval_loss")}
+
+    log("[bold]1/6 SFT[/bold] corpus -> tokenizer -> SFT from scratch")
+    r_sft = stages.run("sft", {"sft": config_to_dict(cfg.sft), "model": config_to_dict(cfg.model),
+                               "task": cfg.task_options, "seed": seed}, stage_sft, log)
+    log(f"    SFT model: {out / 'sft'} (held-out loss {r_sft.get('eval_loss')})")
+
+    # 2. response pairs from the SFT model, labelled by the simulated labelers
+    def stage_pairs(d: Path) -> dict:
+        tok = load_tokenizer(str(out / "sft"))
+        model = load_causal_lm(str(out / "sft"), device="cpu")
+        torch.manual_seed(seed + 2)
+        rng = random.Random(seed + 2)
+        n = cfg.pairs.pairs + cfg.pairs.eval_pairs
+        prompts = task.sample_prompts(n, rng)
+        a, _ = sample_texts(model, tok, prompts, max_new_tokens=gen.max_new_tokens, temperature=cfg.pairs.temperature)
+        b, _ = sample_texts(model, tok, prompts, max_new_tokens=gen.max_new_tokens, temperature=cfg.pairs.temperature)
+        labels = task.label_pairs(prompts, a, b, rng)
+        gold_a, gold_b = task.gold_reward(prompts, a), task.gold_reward(prompts, b)
+        rows = []
+        for p, x, y, lab, ga, gb in zip(prompts, a, b, labels, gold_a, gold_b):
+            if x == y or not x or not y:
+                continue  # identical or empty pairs carry no preference
+            chosen, rejected = (x, y) if lab == 0 else (y, x)
+            g_c, g_r = (ga, gb) if lab == 0 else (gb, ga)
+            rows.append({"prompt": p, "chosen": chosen, "rejected": rejected, "gold_chosen": g_c, "gold_rejected": g_r})
+        n_eval = min(cfg.pairs.eval_pairs, len(rows) // 5)
+        write_jsonl(data / "preferences_eval.jsonl", rows[:n_eval])
+        write_jsonl(data / "preferences.jsonl", rows[n_eval:])
+        agree = [r["gold_chosen"] > r["gold_rejected"] for r in rows if r["gold_chosen"] != r["gold_rejected"]]
+        longer = [len(r["chosen"].split()) > len(r["rejected"].split()) for r in rows
+                  if len(r["chosen"].split()) != len(r["rejected"].split())]
+        return {"pairs": len(rows) - n_eval, "eval_pairs": n_eval,
+                "labels_agree_with_gold": sum(agree) / max(1, len(agree)),
+                "labels_prefer_longer": sum(longer) / max(1, len(longer))}
+
+    log("[bold]2/6 pairs[/bold] SFT samples -> simulated labelers -> preference data")
+    r_pairs = stages.run("pairs", {"pairs": config_to_dict(cfg.pairs), "gen": gen.max_new_tokens}, stage_pairs, log)
+    log(f"    {r_pairs['pairs']} pairs in {data / 'preferences.jsonl'}; labels agree with gold on "
+        f"{r_pairs['labels_agree_with_gold']:.0%}, prefer the longer response {r_pairs['labels_prefer_longer']:.0%}")
+
+    # 3. the reward model, initialised from SFT -> reward/
+    def stage_reward(d: Path) -> dict:
+        rm_cfg = RewardConfig(
+            model=InitModelConfig(path=str(out / "sft")),
+            data=PreferenceDataConfig(train=str(data / "preferences.jsonl"), eval=str(data / "preferences_eval.jsonl")),
+            train=TrainLoopConfig(max_steps=cfg.reward.steps, batch_size=cfg.reward.batch_size, lr=cfg.reward.lr,
+                                  warmup_steps=max(1, cfg.reward.steps // 20), max_len=max_len, log_every=25),
+            reward=RewardLossConfig(normalize=True),
+            run=sub_run(d, save_every=max(50, cfg.reward.steps // 4)),
+        )
+        res = reward_trainer.train(rm_cfg)
+        publish(Path(res["model"]), out / "reward")
+        # accuracy on held-out pairs against the labelers and against the hidden gold reward
+        rm = ScalarModel(load_sequence_scorer(str(out / "reward")))
+        tok = load_tokenizer(str(out / "reward"))
+        rows = [json.loads(line) for line in open(data / "preferences_eval.jsonl")]
+        sc = _score_texts(rm, tok, [r["prompt"] for r in rows], [r["chosen"] for r in rows], max_len)
+        sr = _score_texts(rm, tok, [r["prompt"] for r in rows], [r["rejected"] for r in rows], max_len)
+        vs_labels = sum(c > r for c, r in zip(sc, sr)) / len(rows)
+        decided = [(c > r) == (row["gold_chosen"] > row["gold_rejected"]) for c, r, row in zip(sc, sr, rows)
+                   if row["gold_chosen"] != row["gold_rejected"]]
+        return {"accuracy_vs_labelers": vs_labels, "accuracy_vs_gold": sum(decided) / max(1, len(decided)),
+                "eval_loss": res["final"].get("rm/eval_loss")}
+
+    log("[bold]3/6 reward model[/bold] Bradley-Terry on the labels")
+    r_rm = stages.run("reward", {"reward": config_to_dict(cfg.reward)}, stage_reward, log)
+    log(f"    RM: {out / 'reward'}; held-out accuracy vs labelers {r_rm['accuracy_vs_labelers']:.1%}, "
+        f"vs gold {r_rm['accuracy_vs_gold']:.1%}")
+
+    # 4. PPO against the frozen RM, KL to the frozen SFT reference, critic from the RM
+    def stage_ppo(d: Path) -> dict:
+        write_jsonl(data / "ppo_prompts.jsonl",
+                    [{"prompt": p} for p in task.sample_prompts(max(1024, 2 * cfg.ppo.rollout_batch_size), random.Random(seed + 3))])
+        ppo_cfg = PPOConfig(
+            model=LMModelConfig(policy=str(out / "sft"), reward=str(out / "reward"), critic_init="reward"),
+            data=PromptDataConfig(prompts=str(data / "ppo_prompts.jsonl"), task="review", max_prompt_len=16),
+            generation=gen, ppo=cfg.ppo, run=sub_run(d),
+        )
+        res = ppo_trainer.train(ppo_cfg, task=task)
+        publish(Path(res["policy"]), out / "policy")
+        publish(d / "critic", out / "critic")
+        return {"final": {k: v for k, v in res["final"].items() if k.startswith(("reward/", "kl/", "rollout/"))}}
+
+    log("[bold]4/6 PPO[/bold] policy vs frozen RM, KL to the frozen SFT reference")
+    stages.run("ppo", {"ppo": config_to_dict(cfg.ppo), "gen": config_to_dict(gen), "task": cfg.task_options}, stage_ppo, log)
+
+    # 5. before/after evaluation on held-out prompts
+    def stage_eval(d: Path) -> dict:
+        torch.manual_seed(seed + 5)
+        tok = load_tokenizer(str(out / "sft"))
+        ref = FrozenReference(load_causal_lm(str(out / "sft")))
+        rm = ScalarModel(load_sequence_scorer(str(out / "reward"))).eval()
+        prompts = task.sample_prompts(cfg.eval.prompts, random.Random(seed + 4))
+        before, rows_b = evaluate_policy(ref.model, ref, rm, tok, task, prompts, gen)
+        after, rows_a = evaluate_policy(load_causal_lm(str(out / "policy")), ref, rm, tok, task, prompts, gen)
+        sd = max(before["gold_std"], 1e-6)
+        result = {"sft": before, "ppo": after, "gold_gain_sd": (after["gold"] - before["gold"]) / sd,
+                  "proxy_gain_sd": (after["proxy"] - before["proxy"]) / max(before["proxy_std"], 1e-6)}
+        _write_atomic(out / "eval.json", json.dumps(result, indent=2, sort_keys=True))
+        write_jsonl(d / "samples.jsonl", [{"model": "sft", **r} for r in rows_b] + [{"model": "ppo", **r} for r in rows_a])
+        return result
+
+    log("[bold]5/6 eval[/bold] SFT vs PPO on held-out prompts")
+    r_eval = stages.run("eval", {"eval": config_to_dict(cfg.eval)}, stage_eval, log)
+
+    # the run's metrics.jsonl: every stage's rows, tagged
+    rows = []
+    for name in ("sft", "reward", "ppo"):
+        for row in read_metrics(stages.dir(name) / "metrics.jsonl"):
+            rows.append({"stage": name, **row})
+    for name in ("sft", "ppo"):
+        rows.append({"stage": "eval", "model": name, **{k: v for k, v in r_eval[name].items()}})
+    write_jsonl(out / "metrics.jsonl", rows)
+
+    # 6. the report
+    def stage_report(d: Path) -> dict:
+        from fourfold.demo_report import write_report
+
+        write_report(out, task=task, summary={"sft": r_sft, "pairs": r_pairs, "reward": r_rm, "eval": r_eval})
+        return {"report": str(out / "report.html")}
+
+    log("[bold]6/6 report[/bold]")
+    stages.run("report", {"v": 1}, stage_report, log)
+    b, a = r_eval["sft"], r_eval["ppo"]
+    log(f"\n[bold]SFT -> PPO on {cfg.eval.prompts} held-out prompts[/bold]")
+    for k in ("proxy", "gold", "kl", "length", "well_formed", "repetition"):
+        log(f"    {k:12s} {b[k]:8.3f} -> {a[k]:8.3f}")
+    log(f"    gold gain: {r_eval['gold_gain_sd']:+.2f} SFT standard deviations")
+    log(f"\nreport: {out / 'report.html'}   ({time.perf_counter() - t_start:.0f}s)")
+    return {"output_dir": str(out), "eval": r_eval, "reward": r_rm, "pairs": r_pairs}
+
+
+@torch.no_grad()
+def _score_texts(rm, tokenizer, prompts, responses, max_len: int, batch_size: int = 128) -> list[float]:
+    """RM scores of prompt + response + EOS (the same encoding the reward stage trains on)."""
+    from fourfold.data import SFTRecord, collate_sft, encode_sft
+
+    recs = [SFTRecord(p, r, i + 1, "eval") for i, (p, r) in enumerate(zip(prompts, responses))]
+    ex = encode_sft(recs, tokenizer, max_len)
+    out: list[float] = []
+    for i in range(0, len(ex), batch_size):
+        batch = collate_sft(ex[i : i + batch_size], tokenizer.pad_token_id)
+        out += rm.score(batch["input_ids"], batch["attention_mask"]).tolist()
+    return out
