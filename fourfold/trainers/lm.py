@@ -171,6 +171,8 @@ def collect(
     metrics = {
         "reward/score_mean": float(sc.scores.mean()),
         "reward/score_std": float(sc.scores.std()) if sc.scores.numel() > 1 else 0.0,
+        "reward/score_min": float(sc.scores.min()),
+        "reward/score_max": float(sc.scores.max()),
         "reward/token_reward_sum_mean": float(rewards.sum(1).mean()),
         "reward/no_eos_penalised": float(penalised.float().mean()),
         "kl/k1": float((kl_estimate(samples.logprobs, sc.ref_logprobs, "k1") * mask).sum(1).mean()),

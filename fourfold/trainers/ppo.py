@@ -23,7 +23,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 
@@ -189,6 +189,19 @@ def ppo_update(roles: Roles, rollout: Rollout, algo: PPOAlgoConfig, opt: Optim, 
     return {**policy_epochs(), **critic_epochs()}
 
 
+def _flush_events(logger, guard: NonFiniteGuard, step: int) -> None:
+    """Write the guard's new non-finite events to events.jsonl (which quantity, where)."""
+    while guard.events:
+        logger.event("nonfinite_skip", step=step, **guard.events.pop(0))
+
+
+def _stop_if_stuck(guard: NonFiniteGuard, save_last_good: Callable[[], None]) -> None:
+    """After run.max_consecutive_skips skipped updates in a row: checkpoint, then NonFiniteError."""
+    if guard.consecutive >= guard.limit:
+        save_last_good()
+        guard.check_limit()
+
+
 def _install_stop_handler():
     """SIGTERM/SIGINT set a flag; the loop checkpoints at the end of the iteration and exits."""
     flag = {"stop": False}
@@ -265,12 +278,14 @@ def train(cfg: PPOConfig, *, task=None, roles: Optional[Roles] = None) -> dict:
                           kl_estimator=algo.kl_estimator, task=task, concurrent=run.concurrent_roles)
             rollout = col.rollout
             if not guard.ok("reward_score", rollout.scores, f"iteration {it}"):
-                guard.check_limit()
+                _flush_events(logger, guard, it)
+                _stop_if_stuck(guard, lambda: _save_state(out, it - 1, roles, opt, kl_ctl, stream, guard, run.keep_checkpoints))
                 continue
             # 5. advantages (GAE with the critic) and returns
             rollout = compute_advantages(rollout, algo)
             if not guard.ok("advantages", rollout.advantages, f"iteration {it}"):
-                guard.check_limit()
+                _flush_events(logger, guard, it)
+                _stop_if_stuck(guard, lambda: _save_state(out, it - 1, roles, opt, kl_ctl, stream, guard, run.keep_checkpoints))
                 continue
             # 6. PPO epochs: clipped surrogate (policy) and clipped value loss (critic)
             t0 = time.perf_counter()
@@ -279,7 +294,9 @@ def train(cfg: PPOConfig, *, task=None, roles: Optional[Roles] = None) -> dict:
             t_train = time.perf_counter() - t0
             if guard.total == skips_before:
                 guard.good_step()
-            guard.check_limit()
+            _flush_events(logger, guard, it)
+            # skipped updates never touched the weights: what is saved is the last good state
+            _stop_if_stuck(guard, lambda: _save_state(out, it, roles, opt, kl_ctl, stream, guard, run.keep_checkpoints))
             # 7. KL controller, metrics, checkpoint
             kl_ctl.update(col.metrics["kl/k1"], algo.rollout_batch_size)
             train_tokens = algo.ppo_epochs * col.metrics["rollout/tokens"]

@@ -82,7 +82,8 @@ def train(cfg: ReinforceConfig, *, task=None, roles=None) -> dict:
             else:
                 optimizer.zero_grad(set_to_none=True)
                 schedule.step()
-            guard.check_limit()
+            while guard.events:
+                logger.event("nonfinite_skip", step=it, **guard.events.pop(0))
             t_train = time.perf_counter() - t0
             # 7. log, checkpoint
             metrics = {
@@ -94,10 +95,12 @@ def train(cfg: ReinforceConfig, *, task=None, roles=None) -> dict:
             }
             logger.log(it, metrics)
             last = metrics
-            if run.save_every and it % run.save_every == 0:
+            stuck = guard.consecutive >= guard.limit  # skipped steps never touched the weights
+            if (run.save_every and it % run.save_every == 0) or stuck:
                 save_checkpoint(out, it, modules={"policy": roles.policy}, optimizers={"policy": optimizer},
                                 schedulers={"policy": schedule},
                                 state={"iteration": it, "prompts": stream.state_dict(), "nonfinite_total": guard.total},
                                 keep=run.keep_checkpoints)
+            guard.check_limit()
     save_hf(roles.policy, roles.tokenizer, out / "policy")
     return {"output_dir": str(out), "policy": str(out / "policy"), "final": last}
