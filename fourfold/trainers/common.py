@@ -95,6 +95,7 @@ class NonFiniteGuard:
     total: int = 0
     events: list = field(default_factory=list)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    _taken: int = field(default=0, repr=False)
 
     def ok(self, what: str, value: torch.Tensor | float, where: str = "") -> bool:
         v = value if isinstance(value, torch.Tensor) else torch.tensor(float(value))
@@ -105,6 +106,13 @@ class NonFiniteGuard:
             self.total += 1
             self.events.append({"quantity": what, "where": where, "consecutive": self.consecutive})
         return False
+
+    def take_new_events(self) -> list[dict]:
+        """Events recorded since the last call (for the run's events.jsonl)."""
+        with self._lock:
+            new = self.events[self._taken:]
+            self._taken = len(self.events)
+        return new
 
     def good_step(self) -> None:
         self.consecutive = 0

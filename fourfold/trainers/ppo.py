@@ -191,8 +191,8 @@ def ppo_update(roles: Roles, rollout: Rollout, algo: PPOAlgoConfig, opt: Optim, 
 
 def _flush_events(logger, guard: NonFiniteGuard, step: int) -> None:
     """Write the guard's new non-finite events to events.jsonl (which quantity, where)."""
-    while guard.events:
-        logger.event("nonfinite_skip", step=step, **guard.events.pop(0))
+    for event in guard.take_new_events():
+        logger.event("nonfinite_skip", step=step, **event)
 
 
 def _stop_if_stuck(guard: NonFiniteGuard, save_last_good: Callable[[], None]) -> None:

@@ -82,8 +82,8 @@ def train(cfg: ReinforceConfig, *, task=None, roles=None) -> dict:
             else:
                 optimizer.zero_grad(set_to_none=True)
                 schedule.step()
-            while guard.events:
-                logger.event("nonfinite_skip", step=it, **guard.events.pop(0))
+            for event in guard.take_new_events():
+                logger.event("nonfinite_skip", step=it, **event)
             t_train = time.perf_counter() - t0
             # 7. log, checkpoint
             metrics = {
