@@ -191,7 +191,9 @@ def evaluate_policy(policy, reference, rm, tokenizer, task, prompts: list[str], 
 # ---------------------------------------------------------------------------------------------
 
 
-def run(cfg: DemoConfig) -> dict:
+def run(cfg: DemoConfig, *, stop_after: str | None = None) -> dict:
+    """Run the pipeline; ``stop_after="reward"`` stops once SFT, pairs and the reward model exist
+    (``fourfold experiments`` starts every arm from those cached stages)."""
     from rich.console import Console
 
     from fourfold.models.loading import load_causal_lm, load_sequence_scorer, load_tokenizer
@@ -313,6 +315,10 @@ def run(cfg: DemoConfig) -> dict:
     r_rm = stages.run("reward", {"reward": config_to_dict(cfg.reward)}, stage_reward, log)
     log(f"    RM: {out / 'reward'}; held-out accuracy vs labelers {r_rm['accuracy_vs_labelers']:.1%}, "
         f"vs gold {r_rm['accuracy_vs_gold']:.1%}")
+    if stop_after == "reward":
+        return {"output_dir": str(out), "sft": str(out / "sft"), "reward": str(out / "reward"),
+                "tokenizer": str(out / "tokenizer"), "data": str(data), "sft_result": r_sft,
+                "pairs": r_pairs, "reward_result": r_rm}
 
     # 4. PPO against the frozen RM, KL to the frozen SFT reference, critic from the RM
     def stage_ppo(d: Path) -> dict:
