@@ -119,6 +119,10 @@ METRICS: dict[str, str] = {
     "gym/episodic_return": "Mean undiscounted return of the episodes that finished in this rollout.",
     "gym/episodic_length": "Mean length of the episodes that finished in this rollout.",
     "gym/eval_return": "Mean return of deterministic evaluation episodes.",
+    "gym/eval_return_std": "Standard deviation of the returns of those evaluation episodes.",
+    "time/rollout_s": "Seconds spent stepping the environments and the policy (gym).",
+    "policy/epochs": "PPO epochs actually run this iteration (fewer when target_kl stops early).",
+    "policy/advantage_mean": "Mean advantage (or return minus baseline) of the batch before whitening.",
 }
 
 METRIC_GROUPS: dict[str, str] = {
