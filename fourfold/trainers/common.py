@@ -10,6 +10,8 @@ import importlib.util
 import math
 import os
 import random
+import re
+import signal
 import sys
 import threading
 from dataclasses import dataclass, field
@@ -139,6 +141,43 @@ def clip_and_step(model, optimizer, scheduler, max_grad_norm: Optional[float], g
     if scheduler is not None:
         scheduler.step()
     return float(norm)
+
+
+def install_stop_handler() -> tuple[dict, dict]:
+    """SIGTERM/SIGINT set ``flag["stop"]``; the loop checkpoints at the end of its step and exits.
+
+    Returns ``(flag, previous)``; pass ``previous`` to :func:`restore_signal_handlers` when done.
+    """
+    flag = {"stop": False}
+
+    def handler(signum, frame):
+        flag["stop"] = True
+
+    previous = {}
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        try:
+            previous[sig] = signal.signal(sig, handler)
+        except ValueError:  # not the main thread: no handler, the caller's own signals apply
+            pass
+    return flag, previous
+
+
+def restore_signal_handlers(previous: dict) -> None:
+    for sig, h in previous.items():
+        signal.signal(sig, h)
+
+
+def num_steps(max_steps: Optional[int], epochs: float, batches_per_epoch: int) -> int:
+    """Optimizer steps of a supervised run: ``max_steps``, else ``ceil(epochs * batches per epoch)``."""
+    if max_steps is not None:
+        return max_steps
+    return max(1, math.ceil(epochs * batches_per_epoch))
+
+
+def line_of(message: str) -> int:
+    """The line number of a ``file:line: problem`` message (0 when it has none)."""
+    m = re.match(r"^.*?:(\d+): ", message)
+    return int(m.group(1)) if m else 0
 
 
 def load_reward_fn(spec: str) -> Callable[[list[str], list[str]], list[float]]:

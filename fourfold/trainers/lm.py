@@ -12,7 +12,7 @@ from typing import Optional
 import torch
 
 from fourfold.config import GenerationConfig, LMModelConfig, PromptDataConfig
-from fourfold.core import Rollout, masked_mean, masked_sum, kl_estimate, token_rewards
+from fourfold.core import Rollout, kl_estimate, masked_mean, token_rewards
 from fourfold.data import EpochSampler, chat_template_renderer, left_pad, load_prompts, tokenize_prompts
 from fourfold.errors import ConfigError
 from fourfold.models.loading import ensure_pad_embedding, load_causal_lm, load_sequence_scorer, load_tokenizer

@@ -18,7 +18,6 @@ positions; log-probs never materialise a float32 copy of the full-vocabulary log
 
 from __future__ import annotations
 
-import signal
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -41,7 +40,17 @@ from fourfold.core import (
     value_loss,
 )
 from fourfold.models.roles import ScalarModel, response_logprobs
-from fourfold.trainers.common import NonFiniteGuard, clip_and_step, make_optimizer, make_schedule, save_hf, seed_everything, setup_run
+from fourfold.trainers.common import (
+    NonFiniteGuard,
+    clip_and_step,
+    install_stop_handler,
+    make_optimizer,
+    make_schedule,
+    restore_signal_handlers,
+    save_hf,
+    seed_everything,
+    setup_run,
+)
 from fourfold.trainers.lm import PromptStream, Roles, collect, load_roles
 
 
@@ -202,22 +211,6 @@ def _stop_if_stuck(guard: NonFiniteGuard, save_last_good: Callable[[], None]) ->
         guard.check_limit()
 
 
-def _install_stop_handler():
-    """SIGTERM/SIGINT set a flag; the loop checkpoints at the end of the iteration and exits."""
-    flag = {"stop": False}
-
-    def handler(signum, frame):
-        flag["stop"] = True
-
-    previous = {}
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        try:
-            previous[sig] = signal.signal(sig, handler)
-        except ValueError:  # not the main thread
-            pass
-    return flag, previous
-
-
 def _save_state(out: Path, it: int, roles: Roles, opt: Optim, kl_ctl, stream: PromptStream, guard: NonFiniteGuard, keep: int):
     from fourfold.checkpoint import save_checkpoint
 
@@ -263,7 +256,7 @@ def train(cfg: PPOConfig, *, task=None, roles: Optional[Roles] = None) -> dict:
         kl_ctl.load_state_dict(state["kl_ctl"])
         stream.load_state_dict(state["prompts"])
         guard.total = state.get("nonfinite_total", 0)
-    flag, previous = _install_stop_handler()
+    flag, previous = install_stop_handler()
     last: dict = {}
     logger = MetricsLogger(out, progress=run.progress, tensorboard=run.tensorboard, total=algo.iterations,
                            desc="ppo", key_metrics=("reward/score_mean", "kl/k1"),
@@ -329,6 +322,5 @@ def train(cfg: PPOConfig, *, task=None, roles: Optional[Roles] = None) -> dict:
             save_hf(roles.critic.hf, roles.tokenizer, out / "critic")
     finally:
         logger.close()
-        for sig, h in previous.items():
-            signal.signal(sig, h)
+        restore_signal_handlers(previous)
     return {"output_dir": str(out), "policy": str(out / "policy"), "final": last}

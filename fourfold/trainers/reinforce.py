@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import time
 
-import torch
-
 from fourfold.config import ReinforceConfig
 from fourfold.core import FixedKLController, discounted_returns, masked_mean, reinforce_loss
 from fourfold.models.roles import response_logprobs

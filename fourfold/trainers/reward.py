@@ -26,15 +26,13 @@ plus ``ScalarModel`` reproduce the normalised scores; plain transformers' logits
 from __future__ import annotations
 
 import math
-import re
-import signal
 import time
 from pathlib import Path
 from typing import Optional
 
 import torch
 
-from fourfold.config import InitModelConfig, PreferenceDataConfig, RewardConfig, TrainLoopConfig
+from fourfold.config import InitModelConfig, PreferenceDataConfig, RewardConfig
 from fourfold.core import bradley_terry_loss
 from fourfold.data import (
     EpochSampler,
@@ -49,6 +47,10 @@ from fourfold.models.factory import llama_config, random_scalar_model
 from fourfold.models.loading import ensure_pad_embedding, load_sequence_scorer, load_tokenizer, resolve_dtype
 from fourfold.models.roles import ScalarModel
 from fourfold.trainers.common import (
+    install_stop_handler,
+    line_of,
+    num_steps,
+    restore_signal_handlers,
     NonFiniteGuard,
     clip_and_step,
     make_optimizer,
@@ -127,19 +129,6 @@ def encode(records, tokenizer, max_len: int, on_error: str, skipped: list[str], 
     return examples
 
 
-def _line_of(message: str) -> int:
-    """The line number of a ``file:line: problem`` message."""
-    m = re.match(r"^.*?:(\d+): ", message)
-    return int(m.group(1)) if m else 0
-
-
-def num_steps(train: TrainLoopConfig, batches_per_epoch: int) -> int:
-    """Optimizer steps of the run: ``max_steps``, else ``ceil(epochs * batches per epoch)``."""
-    if train.max_steps is not None:
-        return train.max_steps
-    return max(1, math.ceil(train.epochs * batches_per_epoch))
-
-
 def pair_scores(rm: ScalarModel, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
     """Steps 1-2: (chosen [N], rejected [N]) scores from one stacked ``[2N, L]`` forward."""
     ids = torch.cat([batch["chosen_input_ids"], batch["rejected_input_ids"]])  # (2N, L)
@@ -190,22 +179,6 @@ def normalize(rm: ScalarModel, examples: list[PreferenceExample], batch_size: in
     return {"mean": mean, "std": std}
 
 
-def _install_stop_handler():
-    """SIGTERM/SIGINT set a flag; the loop checkpoints at the end of the step and exits."""
-    flag = {"stop": False}
-
-    def handler(signum, frame):
-        flag["stop"] = True
-
-    previous = {}
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        try:
-            previous[sig] = signal.signal(sig, handler)
-        except ValueError:  # not the main thread
-            pass
-    return flag, previous
-
-
 def _save_state(out: Path, step: int, rm: ScalarModel, opt, sched, sampler: EpochSampler, window: dict,
                 guard: NonFiniteGuard, keep: int) -> None:
     from fourfold.checkpoint import save_checkpoint
@@ -253,9 +226,9 @@ def train(cfg: RewardConfig) -> dict:
     eval_ex = None
     if held_recs:
         eval_ex = encode(held_recs, tok, tc.max_len, cfg.data.on_error, skipped, cfg.data.eval or cfg.data.train)
-    skipped.sort(key=lambda msg: (not msg.startswith(f"{cfg.data.train}:"), _line_of(msg)))  # file order
+    skipped.sort(key=lambda msg: (not msg.startswith(f"{cfg.data.train}:"), line_of(msg)))  # file order
     sampler = EpochSampler(len(train_ex), tc.batch_size, seed=run.seed)
-    total = num_steps(tc, len(sampler))
+    total = num_steps(tc.max_steps, tc.epochs, len(sampler))
     opt = make_optimizer(rm.hf.parameters(), tc.lr, tc.weight_decay)
     sched = make_schedule(opt, total, tc.lr_schedule, tc.warmup_steps)
     guard = NonFiniteGuard(limit=run.max_consecutive_skips)
@@ -275,7 +248,7 @@ def train(cfg: RewardConfig) -> dict:
                            key_metrics=("rm/loss", "rm/eval_accuracy"), resume_step=start if ckpt is not None else None)
     if skipped and ckpt is None:
         logger.warn(f"{len(skipped)} bad rows skipped (data.on_error=skip); first: {skipped[0]}", step=0)
-    flag, previous = _install_stop_handler()
+    flag, previous = install_stop_handler()
     batches = sampler.batches()
     last: dict = {}
     stats_norm = None
@@ -340,8 +313,7 @@ def train(cfg: RewardConfig) -> dict:
         save_hf(rm.hf, tok, out / "model")
     finally:
         logger.close()
-        for sig, h in previous.items():
-            signal.signal(sig, h)
+        restore_signal_handlers(previous)
     if not last:  # resumed a run that had already finished: report its last row
         rows = read_metrics(out / "metrics.jsonl")
         last = {k: v for k, v in rows[-1].items() if k != "step"} if rows else {}

@@ -21,21 +21,22 @@ Hugging Face directory (safetensors + tokenizer) that ``AutoModelForCausalLM.fro
 
 from __future__ import annotations
 
-import math
-import re
-import signal
 import time
 from pathlib import Path
 
 import torch
 
-from fourfold.config import InitModelConfig, SFTConfig, TrainLoopConfig
+from fourfold.config import InitModelConfig, SFTConfig
 from fourfold.core import sft_loss
 from fourfold.data import EpochSampler, SFTExample, chat_template_renderer, collate_sft, encode_sft, load_sft
 from fourfold.errors import DataError, NonFiniteError
 from fourfold.models.factory import llama_config, random_causal_lm
 from fourfold.models.loading import ensure_pad_embedding, load_causal_lm, load_tokenizer, resolve_dtype
 from fourfold.trainers.common import (
+    install_stop_handler,
+    line_of,
+    num_steps,
+    restore_signal_handlers,
     NonFiniteGuard,
     clip_and_step,
     make_optimizer,
@@ -78,23 +79,10 @@ def encode_file(path: str, tokenizer, max_len: int, on_error: str) -> tuple[list
     """
     records = load_sft(path, on_error=on_error, chat_template=chat_template_renderer(tokenizer))
     examples = encode_sft(records, tokenizer, max_len, truncate=False, on_error=on_error)  # add_bos as PPO prompts
-    skipped = sorted(records.skipped, key=_line_of)  # loader and tokeniser problems, in file order
+    skipped = sorted(records.skipped, key=line_of)  # loader and tokeniser problems, in file order
     if not examples:
         raise DataError(f"{path}: no usable examples ({len(skipped)} skipped; first: {skipped[0]})")
     return examples, skipped
-
-
-def _line_of(message: str) -> int:
-    """The line number of a ``file:line: problem`` message."""
-    m = re.match(r"^.*?:(\d+): ", message)
-    return int(m.group(1)) if m else 0
-
-
-def num_steps(train: TrainLoopConfig, batches_per_epoch: int) -> int:
-    """Optimizer steps of the run: ``max_steps``, else ``ceil(epochs * batches per epoch)``."""
-    if train.max_steps is not None:
-        return train.max_steps
-    return max(1, math.ceil(train.epochs * batches_per_epoch))
 
 
 def to_device(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
@@ -123,22 +111,6 @@ def evaluate(model, examples: list[SFTExample], batch_size: int, pad_id: int, de
         count += n
     model.train(was_training)
     return total / max(count, 1.0)
-
-
-def _install_stop_handler():
-    """SIGTERM/SIGINT set a flag; the loop checkpoints at the end of the step and exits."""
-    flag = {"stop": False}
-
-    def handler(signum, frame):
-        flag["stop"] = True
-
-    previous = {}
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        try:
-            previous[sig] = signal.signal(sig, handler)
-        except ValueError:  # not the main thread
-            pass
-    return flag, previous
 
 
 def _save_state(out: Path, step: int, model, opt, sched, sampler: EpochSampler, window: dict,
@@ -183,7 +155,7 @@ def train(cfg: SFTConfig) -> dict:
         eval_ex, eval_skipped = encode_file(cfg.data.eval, tok, tc.max_len, cfg.data.on_error)
         skipped += eval_skipped
     sampler = EpochSampler(len(train_ex), tc.batch_size, seed=run.seed)
-    total = num_steps(tc, len(sampler))
+    total = num_steps(tc.max_steps, tc.epochs, len(sampler))
     opt = make_optimizer(model.parameters(), tc.lr, tc.weight_decay)
     sched = make_schedule(opt, total, tc.lr_schedule, tc.warmup_steps)
     guard = NonFiniteGuard(limit=run.max_consecutive_skips)
@@ -202,7 +174,7 @@ def train(cfg: SFTConfig) -> dict:
                            key_metrics=("sft/loss", "sft/eval_loss"), resume_step=start if ckpt is not None else None)
     if skipped and ckpt is None:
         logger.warn(f"{len(skipped)} bad rows skipped (data.on_error=skip); first: {skipped[0]}", step=0)
-    flag, previous = _install_stop_handler()
+    flag, previous = install_stop_handler()
     batches = sampler.batches()
     last: dict = {}
     try:
@@ -257,8 +229,7 @@ def train(cfg: SFTConfig) -> dict:
         save_hf(model, tok, out / "model")
     finally:
         logger.close()
-        for sig, h in previous.items():
-            signal.signal(sig, h)
+        restore_signal_handlers(previous)
     if not last:  # resumed a run that had already finished: report its last row
         rows = read_metrics(out / "metrics.jsonl")
         last = {k: v for k, v in rows[-1].items() if k != "step"} if rows else {}

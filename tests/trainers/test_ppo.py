@@ -1,5 +1,4 @@
 """PPO and REINFORCE on tiny random models against a rule-based reward (count of a target word)."""
-import json
 import os
 import signal
 import subprocess
@@ -40,10 +39,12 @@ def _mean(rows, key, sl):
 
 
 def test_ppo_raises_reward_and_keeps_kl_finite(tiny_lm, tmp_path):
+    from fourfold.trainers.lm import load_roles
     from fourfold.trainers.ppo import train
 
     cfg = load_config(PPOConfig, None, _ppo_overrides(tiny_lm, tmp_path / "ppo"))
-    train(cfg)
+    roles = load_roles(cfg.model, torch.device("cpu"), with_critic=True)
+    train(cfg, roles=roles)
     rows = read_metrics(tmp_path / "ppo" / "metrics.jsonl")
     assert len(rows) == 20
     first, last = _mean(rows, "reward/score_mean", slice(0, 3)), _mean(rows, "reward/score_mean", slice(-3, None))
@@ -55,6 +56,10 @@ def test_ppo_raises_reward_and_keeps_kl_finite(tiny_lm, tmp_path):
     from transformers import AutoModelForCausalLM
 
     loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "ppo" / "policy")
+    ids = torch.tensor([[1, 5, 9, 13, 2]])
+    roles.policy.eval()
+    with torch.no_grad():
+        assert torch.equal(loaded(ids).logits, roles.policy(ids).logits)
     assert (tmp_path / "ppo" / "policy" / "model.safetensors").is_file()
     assert (tmp_path / "ppo" / "critic" / "config.json").is_file()
     assert (tmp_path / "ppo" / "config.yaml").is_file()
@@ -117,8 +122,6 @@ def test_ppo_resume_after_sigkill_is_exact(tiny_lm, tmp_path, kill_after_ckpt):
 
 
 def test_cli_bad_key_is_one_line_error(tiny_lm, tmp_path):
-    from fourfold.cli import main
-
     cfg = tmp_path / "ppo.yaml"
     cfg.write_text("ppo:\n  kl_coeff: 0.1\n")
     p = subprocess.run([sys.executable, "-m", "fourfold.cli", "ppo", "--config", str(cfg)], capture_output=True, text=True)
