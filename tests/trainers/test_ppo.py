@@ -145,3 +145,40 @@ def test_concurrent_roles_give_identical_results(tiny_lm, tmp_path):
     assert a == b
     wa, wb = _weights(tmp_path / "seq" / "critic"), _weights(tmp_path / "conc" / "critic")
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+@pytest.mark.parametrize("stage", ["ppo", "reinforce"])
+def test_cli_runs_from_the_example_yaml(tiny_lm, tmp_path, stage):
+    from fourfold.cli import main
+
+    algo = "ppo" if stage == "ppo" else "reinforce"
+    over = [f"model.policy={tiny_lm / 'sft'}", f"model.reward={tiny_lm / 'rm'}", f"data.prompts={tiny_lm / 'prompts.jsonl'}",
+            f"{algo}.iterations=2", f"{algo}.rollout_batch_size=8", "generation.max_new_tokens=4", "run.progress=false",
+            "run.device=cpu", "run.save_every=0"]
+    if stage == "ppo":
+        over.append("ppo.minibatch_size=4")
+    root = Path(__file__).resolve().parents[2]
+    assert main([stage, "--config", str(root / "examples" / f"{stage}.yaml"), "--output-dir", str(tmp_path / stage), *over]) == 0
+    assert len(read_metrics(tmp_path / stage / "metrics.jsonl")) == 2
+    assert (tmp_path / stage / "policy" / "model.safetensors").is_file()
+
+
+def test_missing_eos_score_replaces_the_score(tiny_lm, tmp_path):
+    """Responses cut at max_new_tokens without EOS get generation.missing_eos_score."""
+    from fourfold.trainers.lm import collect, load_roles
+    from fourfold.config import GenerationConfig
+
+    cfg = load_config(PPOConfig, None, _ppo_overrides(tiny_lm, tmp_path / "x"))
+    roles = load_roles(cfg.model, torch.device("cpu"), with_critic=False)
+    torch.manual_seed(0)
+    ids = torch.tensor([[1, 5, 6]] * 16)
+    gen = GenerationConfig(max_new_tokens=2, temperature=1.0, missing_eos_score=-7.0)
+    col = collect(roles, ["w4 w5"] * 16, ids, torch.ones_like(ids), gen, kl_coef=0.0)
+    no_eos = ~col.samples.finished
+    assert bool(no_eos.any())
+    assert torch.all(col.rollout.scores[no_eos] == -7.0)
+    assert col.metrics["reward/no_eos_penalised"] == pytest.approx(float(no_eos.float().mean()))
+    # the penalised score sits on the last valid token of each such row
+    last = col.rollout.mask.sum(1).long() - 1
+    rows = torch.nonzero(no_eos).squeeze(1)
+    assert torch.allclose(col.rollout.rewards[rows, last[rows]], torch.full((len(rows),), -7.0))
