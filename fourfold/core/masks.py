@@ -43,7 +43,9 @@ def masked_sum(x: Tensor, mask: Tensor, dim: Dim = None, keepdim: bool = False) 
 def masked_count(x: Tensor, mask: Tensor, dim: Dim = None, keepdim: bool = False) -> Tensor:
     """Number of valid entries of ``x`` (as x's float dtype): sum_i m_i, over ``dim`` or all."""
     x = _float(x)
-    m = torch.broadcast_to(as_bool_mask(mask), torch.broadcast_shapes(x.shape, mask.shape))
+    m = as_bool_mask(mask)
+    if m.shape != x.shape:  # (the common case needs no broadcast: it is cheap to skip)
+        m = torch.broadcast_to(m, torch.broadcast_shapes(x.shape, m.shape))
     m = m.to(x.dtype)
     if dim is None:
         return m.sum()
