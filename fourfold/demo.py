@@ -110,7 +110,7 @@ class Stages:
         if not self.fresh and done.is_file():
             record = json.loads(done.read_text())
             if record.get("key") == key:
-                log(f"[{name}] cached ({d})")
+                log(f"\\[{name}] cached ({d})")  # escaped: [name] is not rich markup
                 return record.get("result", {})
         if d.exists() and (self.fresh or (done.is_file() and json.loads(done.read_text()).get("key") != key)):
             shutil.rmtree(d)  # stale outputs of another config: never resume across configs
@@ -208,7 +208,7 @@ def run(cfg: DemoConfig, *, stop_after: str | None = None) -> dict:
 
     if cfg.quick:
         cfg = apply_quick(cfg)
-    console = Console(stderr=True)
+    console = Console(stderr=True, soft_wrap=True)
     log = console.print
     quiet_transformers()
     if cfg.run.threads is not None:

@@ -1,0 +1,113 @@
+"""`fourfold demo --quick` end to end: artefacts exist and load, the report references its plots,
+PPO raises the gold reward above SFT's, and a run killed with SIGKILL (twice, at different stages)
+then rerun with the same command ends with the same metrics rows and weights."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+import torch
+
+from fourfold.reporting import is_timing_key, read_metrics
+
+
+def _demo(out: Path, *extra: str) -> subprocess.Popen:
+    env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1")
+    return subprocess.Popen([sys.executable, "-m", "fourfold.cli", "demo", "--quick", "--output-dir", str(out),
+                             "run.progress=false", *extra], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+
+
+@pytest.fixture(scope="session")
+def quick_demo(tmp_path_factory):
+    out = tmp_path_factory.mktemp("demo") / "run"
+    t0 = time.time()
+    p = _demo(out)
+    log, _ = p.communicate(timeout=900)
+    assert p.returncode == 0, log.decode()[-3000:]
+    return out, time.time() - t0, log.decode()
+
+
+def test_quick_demo_artefacts(quick_demo):
+    out, wall, log = quick_demo
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
+
+    policy = AutoModelForCausalLM.from_pretrained(out / "policy")
+    AutoModelForCausalLM.from_pretrained(out / "sft")
+    AutoModelForSequenceClassification.from_pretrained(out / "reward")
+    AutoModelForSequenceClassification.from_pretrained(out / "critic")
+    tok = AutoTokenizer.from_pretrained(out / "policy")
+    ids = tok("the kettle", return_tensors="pt").input_ids
+    assert policy(ids).logits.shape[-1] == policy.config.vocab_size
+    for name in ("preferences.jsonl", "preferences_eval.jsonl", "sft_train.jsonl", "ppo_prompts.jsonl"):
+        assert (out / "data" / name).stat().st_size > 0
+    assert (out / "config.yaml").is_file() and (out / "metrics.jsonl").is_file()
+
+    class Images(HTMLParser):
+        srcs: list = []
+
+        def handle_starttag(self, tag, attrs):
+            if tag == "img":
+                self.srcs.append(dict(attrs).get("src", ""))
+
+    parser = Images()
+    parser.feed((out / "report.html").read_text())
+    assert sum(s.startswith("data:image/png;base64,") for s in parser.srcs) >= 3
+    assert "report:" in log
+
+
+def test_quick_demo_raises_gold(quick_demo):
+    out, _, _ = quick_demo
+    ev = json.loads((out / "eval.json").read_text())
+    assert ev["ppo"]["gold"] > ev["sft"]["gold"], ev
+    assert ev["ppo"]["kl"] < 50, ev  # bounded drift from the reference
+
+
+def test_second_run_reuses_cached_stages(quick_demo):
+    out, wall, _ = quick_demo
+    t0 = time.time()
+    p = _demo(out)
+    log, _ = p.communicate(timeout=600)
+    assert p.returncode == 0, log.decode()[-2000:]
+    text = log.decode()
+    for stage in ("sft", "pairs", "reward", "ppo", "eval"):
+        assert f"[{stage}] cached" in text
+    assert time.time() - t0 < wall / 2
+
+
+def _comparable(rows):
+    return [{k: v for k, v in r.items() if not is_timing_key(k) and k != "wall_s"} for r in rows]
+
+
+def _wait_for(p, predicate, timeout=600):
+    deadline = time.time() + timeout
+    while p.poll() is None and time.time() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_demo_killed_twice_then_rerun_matches(quick_demo, tmp_path):
+    ref, _, _ = quick_demo
+    out = tmp_path / "run"
+    # kill 1: during SFT (after its first checkpoint); kill 2: during PPO (after its first checkpoint)
+    for ckpt_dir in (out / "stages" / "sft" / "checkpoints", out / "stages" / "ppo" / "checkpoints"):
+        p = _demo(out)
+        hit = _wait_for(p, lambda: ckpt_dir.is_dir() and any(x.name.startswith("step-") for x in ckpt_dir.iterdir()))
+        p.send_signal(signal.SIGKILL)
+        p.wait()
+        assert hit, f"the demo ended before {ckpt_dir} appeared"
+    p = _demo(out)
+    log, _ = p.communicate(timeout=900)
+    assert p.returncode == 0, log.decode()[-3000:]
+    assert _comparable(read_metrics(out / "metrics.jsonl")) == _comparable(read_metrics(ref / "metrics.jsonl"))
+    from safetensors.torch import load_file
+
+    for model in ("sft", "reward", "policy", "critic"):
+        a, b = load_file(str(ref / model / "model.safetensors")), load_file(str(out / model / "model.safetensors"))
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), model
