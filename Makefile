@@ -24,7 +24,7 @@ demo: $(STAMP)
 	HF_HUB_OFFLINE=1 $(VENV)/bin/fourfold demo $(ARGS)
 
 test: $(STAMP)
-	HF_HUB_OFFLINE=1 $(PY) -m pytest -q $(ARGS)
+	HF_HUB_OFFLINE=1 $(PY) -m pytest -q -n 2 --dist loadfile $(ARGS)
 
 test-slow: $(STAMP)
 	HF_HUB_OFFLINE=1 $(PY) -m pytest -q -m slow $(ARGS)
