@@ -946,7 +946,8 @@ class DemoConfig:
         iterations=150, rollout_batch_size=64, minibatch_size=16, lr=3e-4, critic_lr=1e-3, kl_coef=0.05))
     generation: GenerationConfig = dataclasses.field(default_factory=lambda: GenerationConfig(max_new_tokens=40))
     eval: DemoEvalConfig = dataclasses.field(default_factory=DemoEvalConfig)
-    run: RunConfig = dataclasses.field(default_factory=lambda: RunConfig(output_dir="runs/demo", threads=1, save_every=10))
+    run: RunConfig = dataclasses.field(default_factory=lambda: RunConfig(
+        output_dir="runs/demo", threads=1, save_every=10, concurrent_roles=True))
 
 
 # ---------------------------------------------------------------------------------------------
