@@ -1,0 +1,32 @@
+"""The benchmarks run and print exactly one JSON line with their documented keys (tiny sizes here;
+the figures themselves come from running them alone, see the README)."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _one_json_line(args):
+    p = subprocess.run([sys.executable, *args], capture_output=True, text=True, cwd=ROOT, timeout=600)
+    assert p.returncode == 0, p.stderr[-2000:]
+    lines = [line for line in p.stdout.splitlines() if line.strip()]
+    assert len(lines) == 1, p.stdout[-2000:]
+    return json.loads(lines[0])
+
+
+def test_ppo_iteration_benchmark_prints_one_json_line():
+    out = _one_json_line(["benchmarks/ppo_iteration.py", "--hidden", "32", "--layers", "1", "--heads", "2",
+                          "--vocab", "64", "--batch", "4", "--prompt-len", "4", "--response-len", "4",
+                          "--minibatch", "2", "--iterations", "3", "--warmup", "1", "--threads", "1", "--concurrent"])
+    for key in ("s_per_iter", "gen_tokens_per_s", "train_tokens_per_s", "s_generate", "s_score", "s_train", "peak_mem_mib"):
+        assert out[key] > 0, key
+    assert out["workload"]["hidden"] == 32 and out["workload"]["optimizer_steps_per_iter"] == 8
+
+
+def test_gym_benchmark_prints_one_json_line(tmp_path):
+    out = _one_json_line(["benchmarks/gym_cartpole.py", "--configs", "examples/cartpole.yaml", "--seeds", "1",
+                          "--milestones", "1000", "--set", "ppo.total_timesteps=2048", "eval.every_steps=1024",
+                          "--out", str(tmp_path), "--plot", ""])
+    assert out
