@@ -1,0 +1,310 @@
+"""`fourfold experiments`: the claims computed from hand-made numbers (including claims that do not
+hold), the job runner, the unbiased demo's copied SFT stage, and `--quick` end to end (a fresh quick
+demo, three arms, the report, then a rerun that skips everything and one that resumes a run)."""
+import base64
+import json
+import math
+import shutil
+import sys
+import time
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+
+from fourfold.config import DemoConfig, ExperimentsClaimsConfig, ExperimentsConfig, load_config
+from fourfold.errors import ConfigError
+from fourfold.experiments import Job, build_arms, compute_claims, run_jobs
+
+ROOT = Path(__file__).resolve().parents[1]
+N = 256
+SFT = {"proxy": 0.0, "proxy_std": 1.0, "gold": 0.0, "gold_std": 0.5, "kl": 0.0, "length": 15.0, "length_std": 5.0,
+       "well_formed": 0.9, "repetition": 0.01, "n": N}
+
+
+def row(seed, **kw):
+    base = {"seed": seed, "n": N, "proxy_std": 1.0, "gold_std": 0.5, "length_std": 5.0, "kl_std": 1.0,
+            "proxy": 0.0, "gold": 0.0, "kl": 0.0, "length": 15.0, "well_formed": 0.9, "repetition": 0.01}
+    base.update(kw)
+    return base
+
+
+def arm(values, **const):
+    """One row per seed; ``values`` maps a key to one value per seed (lists) or a constant."""
+    n = max((len(v) for v in values.values() if isinstance(v, list)), default=3)
+    return [row(s, **{k: (v[s] if isinstance(v, list) else v) for k, v in {**values, **const}.items()}) for s in range(n)]
+
+
+def healthy_finals():
+    """Numbers under which every claim holds (gold sd 0.5: 0.3 sd = 0.15 gold)."""
+    return {
+        "ppo": arm({"proxy": 1.2, "gold": [0.30, 0.35, 0.28], "kl": [6.0, 7.0, 5.5], "length": 22.0,
+                    "well_formed": 0.88}),
+        "ppo-beta0": arm({"proxy": 1.3, "gold": [-0.6, -0.5, -0.7], "kl": [60.0, 45.0, 50.0], "length": 30.0,
+                          "well_formed": 0.2, "repetition": 0.4}),
+        "ppo-beta-high": arm({"proxy": 0.05, "gold": [0.01, -0.02, 0.0], "kl": [0.05, 0.08, 0.04], "length": 15.2}),
+        "ppo-1epoch": arm({"proxy": 0.6, "gold": [0.10, 0.12, 0.05], "kl": 2.0}),
+        "ppo-no-critic": arm({"proxy": 0.9, "gold": [0.1, 0.0, 0.15], "kl": 5.0}),
+        "reinforce-lr1x": arm({"proxy": 0.05, "gold": [0.0, 0.01, -0.01], "kl": 0.1}),
+        "reinforce-lr10x": arm({"proxy": 0.4, "gold": [0.05, -0.2, 0.1], "kl": 8.0}),
+        "ppo-unbiased-rm": arm({"proxy": 1.0, "gold": 0.3, "kl": 5.0, "length": 15.5}),
+    }
+
+
+def claims_of(finals, groups=None, sft=SFT):
+    cfg = ExperimentsClaimsConfig() if groups is None else ExperimentsClaimsConfig(groups=groups)
+    return compute_claims(finals, sft, cfg, kl_coef=0.05, ppo_epochs=4)
+
+
+def test_every_claim_holds_on_healthy_numbers():
+    rows, notes = claims_of(healthy_finals())
+    assert notes == []
+    groups = {r["group"] for r in rows}
+    assert groups == {"ppo", "beta0", "beta-high", "epochs", "reinforce", "critic", "length"}
+    assert len(rows) == 3 + 4 + 3 + 1 + 2 + 1 + 1
+    bad = [r for r in rows if r["holds"] != "yes"]
+    assert bad == [], bad
+    for r in rows:
+        assert set(r) == {"group", "claim", "measured", "threshold", "holds"}
+    best = [r for r in rows if "best learning rate" in r["claim"]][0]
+    assert "reinforce-lr10x" in best["claim"]  # the better of the two learning rates (mean gold)
+    assert "3/3 seeds" in best["measured"]
+
+
+def test_claims_that_do_not_hold():
+    f = healthy_finals()
+    # ppo gains 0.3 sd in two seeds but only 0.1 sd in the third: "in every seed" fails
+    f["ppo"][2]["gold"] = 0.05
+    # beta-high drifted: KL 0.5 nats in one seed, and its gold is far from SFT's
+    f["ppo-beta-high"][1]["kl"] = 0.5
+    for r in f["ppo-beta-high"]:
+        r["gold"] = 0.3
+    # one epoch as good as four
+    for r, p in zip(f["ppo-1epoch"], f["ppo"]):
+        r["gold"] = p["gold"]
+    # beta0's KL only 3x ppo's in seed 0
+    f["ppo-beta0"][0]["kl"] = 18.0
+    rows, _ = claims_of(f)
+    holds = {r["claim"]: r["holds"] for r in rows}
+
+    def find(text):
+        matches = [c for c in holds if text in c]
+        assert len(matches) == 1, (text, list(holds))
+        return holds[matches[0]]
+
+    assert find("ppo raises gold") == "no"
+    assert find("(KL)") == "no"
+    assert find("(gold)") == "no"
+    assert find("(length)") == "yes"
+    assert find("beat 1 epoch") == "no"
+    assert find("drifts far") == "no"
+    assert find("hacks the reward model") == "yes"
+    assert find("well formed") == "yes"
+
+
+def test_degeneration_needs_either_metric_and_proxy_margin():
+    f = healthy_finals()
+    for r in f["ppo-beta0"]:
+        r["well_formed"], r["repetition"], r["proxy"] = 0.85, 0.05, 0.5  # barely degenerate, RM not fooled
+    rows, _ = claims_of(f, groups=["beta0"])
+    holds = {r["claim"]: r["holds"] for r in rows}
+    assert [v for k, v in holds.items() if "degenerates" in k] == ["no"]
+    assert [v for k, v in holds.items() if "proxy" in k] == ["no"]
+    assert {r["group"] for r in rows} == {"beta0"}
+
+
+def test_kl_bound_and_single_seed_and_missing_arms():
+    f = {"ppo": [row(0, proxy=0.2, gold=0.4, kl=30.0)]}  # KL 30 > proxy gain 0.2 / beta 0.05 = 4 nats
+    rows, notes = claims_of(f)
+    holds = {r["claim"]: r["holds"] for r in rows}
+    assert [v for k, v in holds.items() if "bounded" in k] == ["no"]
+    assert [v for k, v in holds.items() if "raises gold" in k] == ["yes"]
+    assert {r["group"] for r in rows} == {"ppo"}
+    assert any("'beta0' not checked" in n and "ppo-beta0" in n for n in notes)
+    assert any("'reinforce' not checked" in n for n in notes)
+
+
+def test_reinforce_at_same_lr_must_be_beaten_clearly():
+    f = healthy_finals()
+    for r in f["reinforce-lr1x"]:
+        r["gold"] = 0.2  # ppo ahead by only ~0.2 sd: not "clearly" (0.5 sd)
+    rows, _ = claims_of(f, groups=["reinforce"])
+    same = [r for r in rows if "same learning rate" in r["claim"]]
+    assert same and same[0]["holds"] == "no"
+
+
+def test_config_defaults_example_and_errors():
+    cfg = load_config(ExperimentsConfig, ROOT / "examples" / "experiments.yaml")
+    assert cfg == ExperimentsConfig()
+    assert cfg.demo == DemoConfig() and cfg.demo.run.output_dir == "runs/demo"
+    assert cfg.seeds == [0, 1, 2] and cfg.workers == 2 and cfg.run.output_dir == "runs/experiments"
+    names = [a.name for a in build_arms(cfg)]
+    assert names == ["ppo", "ppo-beta0", "ppo-beta-high", "ppo-1epoch", "ppo-no-critic", "reinforce-lr1x",
+                     "reinforce-lr3x", "reinforce-lr10x", "ppo-unbiased-rm"]
+    hi = [a for a in build_arms(cfg) if a.name == "ppo-beta-high"][0]
+    assert math.isclose(hi.ppo["kl_coef"], 100 * cfg.demo.ppo.kl_coef)
+    for bad, msg in ((["arms=[ppo, ppo-beta1]"], "did you mean 'ppo-beta0'"), (["seeds=[]"], "seeds"),
+                     (["workers=0"], "workers"), (["claims.groups=[betazero]"], "claims.groups"),
+                     (["demo.ppo.kl_coeff=1"], "did you mean 'demo.ppo.kl_coef'")):
+        with pytest.raises(ConfigError, match=msg.replace("(", r"\(").replace(")", r"\)")):
+            load_config(ExperimentsConfig, None, bad)
+
+
+def test_run_jobs_dependencies_failures_and_cache(tmp_path):
+    py = sys.executable
+    marker = tmp_path / "order.txt"
+
+    def cmd(text, rc=0):
+        return [py, "-c", f"open({str(marker)!r}, 'a').write({text!r} + '\\n'); raise SystemExit({rc})"]
+
+    jobs = [
+        Job("a", lambda: [cmd("a1"), cmd("a2")]),
+        Job("b", lambda: [cmd("b", rc=3), cmd("never")]),
+        Job("c", lambda: [cmd("c")], deps=("b",)),
+        Job("d", lambda: [cmd("d")], deps=("a",)),
+        Job("e", lambda: []),
+        Job("f", lambda: (_ for _ in ()).throw(ValueError("bad config"))),
+    ]
+    state = run_jobs(jobs, workers=2, log_dir=tmp_path / "logs", threads=1, log=lambda *a, **k: None)
+    assert state["a"] == "done" and state["d"] == "done" and state["e"] == "cached"
+    assert state["b"].startswith("failed: exit status 3")
+    assert state["c"].startswith("skipped")
+    assert state["f"].startswith("failed: ValueError")
+    lines = marker.read_text().split()
+    assert "never" not in lines and "c" not in lines
+    assert lines.index("a1") < lines.index("a2") < lines.index("d")
+    assert (tmp_path / "logs" / "b.log").read_text().count("$ ") == 1
+
+
+def test_unbiased_demo_reuses_the_sft_stage(tmp_path, monkeypatch):
+    """The copied SFT stage carries the key fourfold.demo computes, so demo.run skips SFT."""
+    from fourfold import demo
+    from fourfold.experiments import _sft_stage_key, seed_sft_stage, unbiased_demo_config
+
+    src = DemoConfig()
+    src.run.output_dir = str(tmp_path / "demo")
+    src.quick = True
+    s = Path(src.run.output_dir)
+    for d in ("sft", "tokenizer", "data", "stages/sft"):
+        (s / d).mkdir(parents=True)
+    (s / "sft" / "config.json").write_text("{}")
+    (s / "data" / "sft_train.jsonl").write_text("")
+    (s / "data" / "sft_eval.jsonl").write_text("")
+    (s / "stages" / "sft" / "DONE").write_text(json.dumps({"key": _sft_stage_key(src), "result": {"eval_loss": 1.5}}))
+    cfg = ExperimentsConfig(demo=src)
+    dst = unbiased_demo_config(cfg)
+    assert dst.run.output_dir == str(tmp_path / "demo") + "-unbiased"
+    assert dst.task_options == {"labeler_length_bias": 0.0}
+    assert seed_sft_stage(src, dst)
+    assert (Path(dst.run.output_dir) / "sft" / "config.json").is_file()
+
+    class Stop(Exception):
+        pass
+
+    def no_sft(*a, **k):
+        raise AssertionError("the SFT stage was not taken from the cache")
+
+    original = demo.Stages.run
+
+    def stages_run(self, name, settings, fn, log):
+        if name != "sft":
+            raise Stop(name)
+        return original(self, name, settings, fn, log)
+
+    monkeypatch.setattr("fourfold.trainers.sft.train", no_sft)
+    monkeypatch.setattr(demo.Stages, "run", stages_run)
+    with pytest.raises(Stop, match="pairs"):
+        demo.run(dataclasses_replace_progress(dst), stop_after="reward")
+    # a task option that changes the corpus: no copy
+    other = unbiased_demo_config(ExperimentsConfig(demo=src, unbiased_task_options={"min_review_words": 5}))
+    assert not seed_sft_stage(src, other)
+
+
+def dataclasses_replace_progress(cfg):
+    import dataclasses
+
+    return dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, progress=False))
+
+
+class _Html(HTMLParser):
+    def __init__(self):
+        super().__init__()
+        self.imgs, self.tables, self.stack = [], 0, []
+
+    def handle_starttag(self, tag, attrs):
+        if tag == "img":
+            self.imgs.append(dict(attrs).get("src", ""))
+        if tag == "table":
+            self.tables += 1
+        if tag not in ("img", "meta", "br"):
+            self.stack.append(tag)
+
+    def handle_endtag(self, tag):
+        assert self.stack and self.stack[-1] == tag, (tag, self.stack[-5:])
+        self.stack.pop()
+
+
+def _claims_table(md: str) -> list[list[str]]:
+    lines = md.rstrip("\n").split("\n")
+    start = max(i for i, line in enumerate(lines) if line.startswith("| claim |"))
+    table = lines[start:]
+    assert all(line.startswith("|") for line in table), "summary.md must end with the claims table"
+    header = [c.strip() for c in table[0].strip("|").split("|")]
+    assert header == ["claim", "measured", "threshold", "holds"]
+    return [[c.strip() for c in line.strip("|").split(" | ")] for line in table[2:]]
+
+
+def test_quick_end_to_end(tmp_path):
+    from fourfold.cli import main
+    from fourfold.reporting import read_metrics
+
+    out, demo_dir = tmp_path / "exp", tmp_path / "demo"
+    argv = ["experiments", "--quick", "--output-dir", str(out), f"demo.run.output_dir={demo_dir}", "run.progress=false"]
+    t0 = time.perf_counter()
+    assert main(argv) == 0
+    first_s = time.perf_counter() - t0
+    md = (out / "summary.md").read_text()
+    rows = _claims_table(md)
+    assert len(rows) == 7  # quick: the beta0 (4) and beta-high (3) claims only
+    assert all(r[3] in ("yes", "no") for r in rows)
+    assert any("beta = 0" in r[0] for r in rows) and any("very high beta" in r[0] for r in rows)
+    for a in ("ppo", "ppo-beta0", "ppo-beta-high", "SFT (reference)"):
+        assert f"| {a} |" in md
+    page = (out / "report.html").read_text()
+    p = _Html()
+    p.feed(page)
+    p.close()
+    assert p.stack == [] and p.tables >= 3
+    pngs = [s for s in p.imgs if s.startswith("data:image/png;base64,")]
+    assert len(pngs) >= 2
+    for s in pngs:
+        assert base64.b64decode(s.split(",", 1)[1])[:8] == b"\x89PNG\r\n\x1a\n"
+    res = json.loads((out / "results.json").read_text())
+    assert set(res["jobs"].values()) == {"done"} and len(res["jobs"]) == 4
+    assert (demo_dir / "reward" / "config.json").is_file()  # the quick demo's stages, in their own directory
+    assert not (demo_dir / "policy").exists()  # the experiments stop the demo after the reward model
+    cfg = (out / "configs" / "ppo-beta0-seed0.yaml").read_text()
+    assert "kl_coef: 0.0" in cfg and "resume: true" in cfg
+
+    # a rerun skips every finished run and evaluation
+    t0 = time.perf_counter()
+    assert main(argv) == 0
+    assert set(json.loads((out / "results.json").read_text())["jobs"].values()) == {"cached"}
+    assert time.perf_counter() - t0 < first_s / 2
+    assert _claims_table((out / "summary.md").read_text()) == rows
+
+    # an unfinished run (no final policy yet) resumes from its last checkpoint
+    run_dir = out / "runs" / "ppo-beta-high" / "seed0"
+    before = {r["iteration"]: r["time/iteration_s"] for r in read_metrics(run_dir / "metrics.jsonl")}
+    shutil.rmtree(run_dir / "policy")
+    assert main(argv) == 0
+    jobs = json.loads((out / "results.json").read_text())["jobs"]
+    assert jobs["ppo-beta-high/seed0"] == "done"
+    assert sum(v == "cached" for v in jobs.values()) == 3
+    its = [r["iteration"] for r in read_metrics(run_dir / "metrics.jsonl") if "iteration" in r]
+    assert its == list(range(1, 25))
+    after = {r["iteration"]: r["time/iteration_s"] for r in read_metrics(run_dir / "metrics.jsonl")}
+    assert all(after[i] == before[i] for i in range(1, 21))  # rows up to the checkpoint (20) were kept
+    assert any(after[i] != before[i] for i in range(21, 25))  # and only the rest was trained again
+    log = (out / "logs" / "ppo-beta-high_seed0.log").read_text()
+    assert log.count("fourfold.cli ppo") == 2
