@@ -283,6 +283,9 @@ def train(cfg: PPOConfig, *, task=None, roles: Optional[Roles] = None) -> dict:
             # 6. PPO epochs: clipped surrogate (policy) and clipped value loss (critic)
             t0 = time.perf_counter()
             skips_before = guard.total
+            lrs = {"policy/lr": opt.policy_sched.get_last_lr()[0]}  # the rates this update starts with
+            if roles.critic is not None:
+                lrs["value/lr"] = opt.critic_sched.get_last_lr()[0]
             stats = ppo_update(roles, rollout, algo, opt, gen.temperature, guard, it, concurrent=run.concurrent_roles)
             t_train = time.perf_counter() - t0
             if guard.total == skips_before:
@@ -291,6 +294,7 @@ def train(cfg: PPOConfig, *, task=None, roles: Optional[Roles] = None) -> dict:
             # skipped updates never touched the weights: what is saved is the last good state
             _stop_if_stuck(guard, lambda: _save_state(out, it, roles, opt, kl_ctl, stream, guard, run.keep_checkpoints))
             # 7. KL controller, metrics, checkpoint
+            kl_used = kl_ctl.value  # the coefficient this iteration's rewards used
             kl_ctl.update(col.metrics["kl/k1"], algo.rollout_batch_size)
             train_tokens = algo.ppo_epochs * col.metrics["rollout/tokens"]
             metrics = {
@@ -298,8 +302,8 @@ def train(cfg: PPOConfig, *, task=None, roles: Optional[Roles] = None) -> dict:
                 "samples": it * algo.rollout_batch_size,
                 **col.metrics,
                 **stats,
-                "kl/coef": kl_ctl.value,
-                "policy/lr": opt.policy_sched.get_last_lr()[0],
+                **lrs,
+                "kl/coef": kl_used,
                 "train/nonfinite_skips": guard.total,
                 "time/train_s": t_train,
                 "time/train_tokens_per_s": train_tokens / max(t_train, 1e-9),
@@ -308,7 +312,6 @@ def train(cfg: PPOConfig, *, task=None, roles: Optional[Roles] = None) -> dict:
             if roles.critic is not None:
                 metrics["value/explained_variance"] = float(explained_variance(rollout.values, rollout.returns, rollout.mask))
                 metrics["value/mean"] = float(masked_mean(rollout.values, rollout.mask))
-                metrics["value/lr"] = opt.critic_sched.get_last_lr()[0]
             logger.log(it, metrics)
             last = metrics
             if (run.save_every and it % run.save_every == 0) or flag["stop"]:
