@@ -322,9 +322,9 @@ def collate_sft(examples: Sequence[SFTExample], pad_id: int) -> dict[str, torch.
     """Right-padded batch: ``input_ids``, ``attention_mask``, ``loss_mask`` ``[N, L]`` (long; loss_mask
     is 1 on completion tokens incl. EOS, 0 on prompt and padding) and ``truncated`` ``[N]`` (bool)."""
     input_ids, attention_mask = right_pad([e.input_ids for e in examples], pad_id)  # (N, L)
-    loss_mask = attention_mask.clone()  # (N, L)
-    for b, e in enumerate(examples):
-        loss_mask[b, : e.num_prompt_tokens] = 0
+    n_prompt = torch.tensor([e.num_prompt_tokens for e in examples], dtype=torch.long)  # (N,)
+    positions = torch.arange(input_ids.shape[1])  # (L,)
+    loss_mask = attention_mask * (positions[None, :] >= n_prompt[:, None]).long()  # (N, L)
     truncated = torch.tensor([e.truncated for e in examples], dtype=torch.bool)  # (N,)
     return {"input_ids": input_ids, "attention_mask": attention_mask, "loss_mask": loss_mask, "truncated": truncated}
 
