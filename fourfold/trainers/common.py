@@ -180,6 +180,32 @@ def line_of(message: str) -> int:
     return int(m.group(1)) if m else 0
 
 
+def guarded_step(loss: torch.Tensor, model, optimizer, scheduler, max_grad_norm: Optional[float],
+                 guard: NonFiniteGuard, what: str, where: str) -> tuple[float, bool]:
+    """Backward, clip, optimizer step and schedule, unless the loss or the gradient norm is not
+    finite: then the update is skipped (the schedule still counts the step, so a resumed or a
+    clean run sees the same learning rates). Returns (grad_norm, taken)."""
+    skips_before = guard.total
+    if guard.ok(what, loss.detach(), where):
+        loss.backward()
+        grad_norm = clip_and_step(model, optimizer, scheduler, max_grad_norm, guard, where)
+    else:
+        optimizer.zero_grad(set_to_none=True)
+        if scheduler is not None:
+            scheduler.step()
+        grad_norm = float("nan")
+    taken = guard.total == skips_before
+    if taken:
+        guard.good_step()
+    return grad_norm, taken
+
+
+def log_skips(logger, guard: NonFiniteGuard, step: int) -> None:
+    """Write the guard's new non-finite events to the run's events.jsonl (which quantity, where)."""
+    for event in guard.take_new_events():
+        logger.event("nonfinite_skip", step=step, **event)
+
+
 def load_reward_fn(spec: str) -> Callable[[list[str], list[str]], list[float]]:
     """'package.module:function' or 'path/to/file.py:function' -> the function."""
     target, _, name = spec.rpartition(":")

@@ -44,6 +44,7 @@ from fourfold.trainers.common import (
     NonFiniteGuard,
     clip_and_step,
     install_stop_handler,
+    log_skips,
     make_optimizer,
     make_schedule,
     restore_signal_handlers,
@@ -198,12 +199,6 @@ def ppo_update(roles: Roles, rollout: Rollout, algo: PPOAlgoConfig, opt: Optim, 
     return {**policy_epochs(), **critic_epochs()}
 
 
-def _flush_events(logger, guard: NonFiniteGuard, step: int) -> None:
-    """Write the guard's new non-finite events to events.jsonl (which quantity, where)."""
-    for event in guard.take_new_events():
-        logger.event("nonfinite_skip", step=step, **event)
-
-
 def _stop_if_stuck(guard: NonFiniteGuard, save_last_good: Callable[[], None]) -> None:
     """After run.max_consecutive_skips skipped updates in a row: checkpoint, then NonFiniteError."""
     if guard.consecutive >= guard.limit:
@@ -271,13 +266,13 @@ def train(cfg: PPOConfig, *, task=None, roles: Optional[Roles] = None) -> dict:
                           kl_estimator=algo.kl_estimator, task=task, concurrent=run.concurrent_roles)
             rollout = col.rollout
             if not guard.ok("reward_score", rollout.scores, f"iteration {it}"):
-                _flush_events(logger, guard, it)
+                log_skips(logger, guard, it)
                 _stop_if_stuck(guard, lambda: _save_state(out, it - 1, roles, opt, kl_ctl, stream, guard, run.keep_checkpoints))
                 continue
             # 5. advantages (GAE with the critic) and returns
             rollout = compute_advantages(rollout, algo)
             if not guard.ok("advantages", rollout.advantages, f"iteration {it}"):
-                _flush_events(logger, guard, it)
+                log_skips(logger, guard, it)
                 _stop_if_stuck(guard, lambda: _save_state(out, it - 1, roles, opt, kl_ctl, stream, guard, run.keep_checkpoints))
                 continue
             # 6. PPO epochs: clipped surrogate (policy) and clipped value loss (critic)
@@ -290,7 +285,7 @@ def train(cfg: PPOConfig, *, task=None, roles: Optional[Roles] = None) -> dict:
             t_train = time.perf_counter() - t0
             if guard.total == skips_before:
                 guard.good_step()
-            _flush_events(logger, guard, it)
+            log_skips(logger, guard, it)
             # skipped updates never touched the weights: what is saved is the last good state
             _stop_if_stuck(guard, lambda: _save_state(out, it, roles, opt, kl_ctl, stream, guard, run.keep_checkpoints))
             # 7. KL controller, metrics, checkpoint

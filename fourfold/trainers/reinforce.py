@@ -21,6 +21,7 @@ from fourfold.trainers.common import (
     NonFiniteGuard,
     clip_and_step,
     install_stop_handler,
+    log_skips,
     make_optimizer,
     make_schedule,
     restore_signal_handlers,
@@ -93,8 +94,7 @@ def train(cfg: ReinforceConfig, *, task=None, roles=None) -> dict:
                 else:
                     optimizer.zero_grad(set_to_none=True)
                     schedule.step()
-                for event in guard.take_new_events():
-                    logger.event("nonfinite_skip", step=it, **event)
+                log_skips(logger, guard, it)
                 t_train = time.perf_counter() - t0
                 # 7. log, checkpoint
                 metrics = {

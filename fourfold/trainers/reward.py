@@ -47,14 +47,15 @@ from fourfold.models.factory import llama_config, random_scalar_model
 from fourfold.models.loading import ensure_pad_embedding, load_sequence_scorer, load_tokenizer, resolve_dtype
 from fourfold.models.roles import ScalarModel
 from fourfold.trainers.common import (
+    NonFiniteGuard,
+    guarded_step,
     install_stop_handler,
     line_of,
-    num_steps,
-    restore_signal_handlers,
-    NonFiniteGuard,
-    clip_and_step,
+    log_skips,
     make_optimizer,
     make_schedule,
+    num_steps,
+    restore_signal_handlers,
     save_hf,
     seed_everything,
     setup_run,
@@ -262,17 +263,8 @@ def train(cfg: RewardConfig) -> dict:
             # 3. Bradley-Terry loss, backward, clip, guarded AdamW step, schedule
             loss, stats = bradley_terry_loss(chosen, rejected, margin)
             lr = opt.param_groups[0]["lr"]  # the rate this step uses
-            skips_before = guard.total
-            if guard.ok("rm_loss", loss.detach(), where):
-                loss.backward()
-                grad_norm = clip_and_step(rm.hf, opt, sched, tc.max_grad_norm, guard, where)
-            else:
-                opt.zero_grad(set_to_none=True)
-                sched.step()  # the schedule counts steps, taken or skipped
-                grad_norm = float("nan")
-            good = guard.total == skips_before
-            if good:
-                guard.good_step()
+            grad_norm, good = guarded_step(loss, rm.hf, opt, sched, tc.max_grad_norm, guard, "rm_loss", where)
+            log_skips(logger, guard, step)
             both = torch.cat([chosen, rejected]).detach().double()
             window["steps"] += 1
             window["good_steps"] += int(good)

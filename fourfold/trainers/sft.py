@@ -33,14 +33,15 @@ from fourfold.errors import DataError, NonFiniteError
 from fourfold.models.factory import llama_config, random_causal_lm
 from fourfold.models.loading import ensure_pad_embedding, load_causal_lm, load_tokenizer, resolve_dtype
 from fourfold.trainers.common import (
+    NonFiniteGuard,
+    guarded_step,
     install_stop_handler,
     line_of,
-    num_steps,
-    restore_signal_handlers,
-    NonFiniteGuard,
-    clip_and_step,
+    log_skips,
     make_optimizer,
     make_schedule,
+    num_steps,
+    restore_signal_handlers,
     save_hf,
     seed_everything,
     setup_run,
@@ -187,17 +188,8 @@ def train(cfg: SFTConfig) -> dict:
             loss, stats = batch_loss(model, batch)
             lr = opt.param_groups[0]["lr"]  # the rate this step uses
             # 3. backward, clip, guarded AdamW step, schedule
-            skips_before = guard.total
-            if guard.ok("sft_loss", loss.detach(), where):
-                loss.backward()
-                grad_norm = clip_and_step(model, opt, sched, tc.max_grad_norm, guard, where)
-            else:
-                opt.zero_grad(set_to_none=True)
-                sched.step()  # the schedule counts steps, taken or skipped
-                grad_norm = float("nan")
-            good = guard.total == skips_before
-            if good:
-                guard.good_step()
+            grad_norm, good = guarded_step(loss, model, opt, sched, tc.max_grad_norm, guard, "sft_loss", where)
+            log_skips(logger, guard, step)
             window["steps"] += 1
             window["good_steps"] += int(good)
             window["loss"] += float(loss.detach())

@@ -162,7 +162,9 @@ def test_resume_after_sigterm_is_exact(toy, tmp_path, monkeypatch):
     sft.train(_cfg(toy, full, "train.max_steps=12", "train.batch_size=5", "train.log_every=2"))
 
     # interrupted run: SIGTERM arrives during step 5 -> checkpoint at 5, KeyboardInterrupt
-    real_step = sft.clip_and_step
+    from fourfold.trainers import common
+
+    real_step = common.clip_and_step  # called by the guarded step in trainers.common
     calls = {"n": 0}
 
     def step_then_term(*args, **kwargs):
@@ -173,10 +175,10 @@ def test_resume_after_sigterm_is_exact(toy, tmp_path, monkeypatch):
 
     part = tmp_path / "part"
     handler_before = signal.getsignal(signal.SIGTERM)
-    monkeypatch.setattr(sft, "clip_and_step", step_then_term)
+    monkeypatch.setattr(common, "clip_and_step", step_then_term)
     with pytest.raises(KeyboardInterrupt):
         sft.train(_cfg(toy, part, "train.max_steps=12", "train.batch_size=5", "train.log_every=2"))
-    monkeypatch.setattr(sft, "clip_and_step", real_step)
+    monkeypatch.setattr(common, "clip_and_step", real_step)
     assert signal.getsignal(signal.SIGTERM) is handler_before  # the trainer put the handler back
     assert sorted(p.name for p in (part / "checkpoints").iterdir()) == ["step-00000005"]
     assert not (part / "model").exists()
