@@ -70,7 +70,14 @@ from fourfold.core import (
 from fourfold.errors import ConfigError, NonFiniteError
 from fourfold.reporting import MetricsLogger, read_metrics
 from fourfold.rollout.gym import EpisodeStats, VecEnvRunner, collect, collect_episodes, greedy_returns, make_vec_env
-from fourfold.trainers.common import NonFiniteGuard, clip_and_step, make_optimizer, seed_everything
+from fourfold.trainers.common import (
+    NonFiniteGuard,
+    clip_and_step,
+    install_stop_handler,
+    make_optimizer,
+    restore_signal_handlers,
+    seed_everything,
+)
 
 __all__ = [
     "train",
@@ -371,6 +378,7 @@ def train(cfg: GymConfig) -> dict:
                            total=algo_cfg.total_timesteps, desc=f"{cfg.algo} {cfg.env.id}",
                            key_metrics=("gym/eval_return", "gym/episodic_return"),
                            resume_step=progress.env_steps if ckpt is not None else None)
+    stop, previous_handlers = install_stop_handler()
     try:
         with logger:
             while not finished():
@@ -393,8 +401,10 @@ def train(cfg: GymConfig) -> dict:
                 metrics.update({"time/iteration_s": elapsed,
                                 "time/env_steps_per_s": (progress.env_steps - prev_steps) / max(elapsed, 1e-9)})
                 logger.log(progress.env_steps, metrics)
-                if cfg.run.save_every and progress.iteration % cfg.run.save_every == 0:
+                if (cfg.run.save_every and progress.iteration % cfg.run.save_every == 0) or stop["stop"]:
                     checkpoint()
+                if stop["stop"]:  # SIGTERM/SIGINT: checkpointed above, exit
+                    raise KeyboardInterrupt
                 if cfg.stop_when_solved and progress.first_solved_step is not None:
                     break
             if not progress.evals or progress.evals[-1][0] != progress.env_steps:
@@ -404,6 +414,7 @@ def train(cfg: GymConfig) -> dict:
         checkpoint()  # skipped steps never touched the weights: this is the last good state
         raise
     finally:
+        restore_signal_handlers(previous_handlers)
         envs.close()
         evaluate.close()
 

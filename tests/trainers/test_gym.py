@@ -207,3 +207,32 @@ def test_cartpole_solved_within_100k_steps(tmp_path, seed):
 def test_acrobot_solved_within_100k_steps(tmp_path, seed):
     summary = train(_cfg(tmp_path, f"acro{seed}", f"run.seed={seed}", config="acrobot.yaml"))
     assert summary["first_solved_step"] is not None and summary["first_solved_step"] <= 100_000
+
+
+def test_sigterm_checkpoints_and_stops(tmp_path, monkeypatch):
+    """SIGTERM during a run: a checkpoint of that iteration is written, then the run stops."""
+    import os
+    import signal as sig
+
+    from fourfold.checkpoint import checkpoint_step, latest_checkpoint
+    from fourfold.config import GymConfig, load_config
+    from fourfold.trainers import gym
+
+    cfg = load_config(GymConfig, Path(__file__).resolve().parents[2] / "examples" / "cartpole.yaml",
+                      [f"run.output_dir={tmp_path / 'run'}", "run.progress=false", "run.save_every=0",
+                       "ppo.total_timesteps=8192", "eval.every_steps=0"])
+    real = gym._ppo_iteration
+    calls = {"n": 0}
+
+    def iteration_then_term(*a, **k):
+        calls["n"] += 1
+        out = real(*a, **k)
+        if calls["n"] == 2:
+            os.kill(os.getpid(), sig.SIGTERM)
+        return out
+
+    monkeypatch.setattr(gym, "_ppo_iteration", iteration_then_term)
+    with pytest.raises(KeyboardInterrupt):
+        gym.train(cfg)
+    ckpt = latest_checkpoint(tmp_path / "run")
+    assert ckpt is not None and checkpoint_step(ckpt) == 2 * cfg.env.num_envs * cfg.ppo.num_steps
