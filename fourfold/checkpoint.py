@@ -394,7 +394,6 @@ def save_checkpoint(
     final = root / f"step-{step:08d}"
     tmp = root / f"{TMP_PREFIX}{final.name}-{_token()}"
     tmp.mkdir()
-    trash: Path | None = None
     try:
         for kind, objs in groups.items():
             for name, obj in objs.items():
@@ -420,19 +419,10 @@ def save_checkpoint(
             if (tmp / kind).is_dir():
                 _fsync_dir(tmp / kind)
         _fsync_dir(tmp)
-        if final.exists():
-            trash = root / f"{TMP_PREFIX}trash-{final.name}-{_token()}"
-            os.rename(final, trash)
-        os.rename(tmp, final)
-        _fsync_dir(root)
     except BaseException:
-        if trash is not None and trash.exists() and not final.exists():
-            os.rename(trash, final)
-            trash = None
         _remove(tmp)
         raise
-    if trash is not None:
-        _remove(trash)
+    _swap_into_place(tmp, final)
     _prune(root, keep)
     return final
 
@@ -518,21 +508,32 @@ def save_pretrained_atomic(saver: Callable[[Path], None], out_dir: str | os.Path
             _remove(p)
     tmp = parent / f"{TMP_PREFIX}{out.name}-{_token()}"
     tmp.mkdir()
-    trash: Path | None = None
     try:
         saver(tmp)
         _fsync_tree(tmp)
-        if out.exists():
-            trash = parent / f"{TMP_PREFIX}trash-{out.name}-{_token()}"
-            os.rename(out, trash)
-        os.rename(tmp, out)
+    except BaseException:
+        _remove(tmp)
+        raise
+    _swap_into_place(tmp, out)
+    return out
+
+
+def _swap_into_place(tmp: Path, final: Path) -> None:
+    """Rename the finished ``tmp`` directory to ``final`` (its sibling), replacing any old
+    ``final`` through a trash name that is put back if the swap fails; fsync the parent."""
+    parent = final.parent
+    trash: Path | None = None
+    try:
+        if final.exists():
+            trash = parent / f"{TMP_PREFIX}trash-{final.name}-{_token()}"
+            os.rename(final, trash)
+        os.rename(tmp, final)
         _fsync_dir(parent)
     except BaseException:
-        if trash is not None and trash.exists() and not out.exists():
-            os.rename(trash, out)
+        if trash is not None and trash.exists() and not final.exists():
+            os.rename(trash, final)
             trash = None
         _remove(tmp)
         raise
     if trash is not None:
         _remove(trash)
-    return out

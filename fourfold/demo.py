@@ -123,18 +123,10 @@ class Stages:
 
 
 def publish(src: Path, dst: Path) -> None:
-    """Copy a finished HF directory to its public name (temp copy, then swap)."""
-    tmp = dst.with_name(f".{dst.name}.tmp-{os.getpid()}")
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    shutil.copytree(src, tmp)
-    if dst.exists():
-        trash = dst.with_name(f".{dst.name}.old-{os.getpid()}")
-        os.replace(dst, trash)
-        os.replace(tmp, dst)
-        shutil.rmtree(trash)
-    else:
-        os.replace(tmp, dst)
+    """Copy a finished HF directory to its public name, atomically (temp copy, fsync, swap)."""
+    from fourfold.checkpoint import save_pretrained_atomic
+
+    save_pretrained_atomic(lambda tmp: shutil.copytree(src, tmp, dirs_exist_ok=True), dst)
 
 
 # ---------------------------------------------------------------------------------------------
