@@ -905,6 +905,10 @@ class DemoPairsConfig:
     temperature: float = 1.0
     """Sampling temperature for the pairs."""
 
+    def validate(self, prefix: str = "pairs") -> None:
+        require(self.pairs > 0 and self.eval_pairs > 0, f"{prefix}.pairs", "pairs and eval_pairs must be > 0")
+        require(self.temperature > 0, f"{prefix}.temperature", f"must be > 0, got {self.temperature}")
+
 
 @dataclasses.dataclass
 class DemoRewardConfig:

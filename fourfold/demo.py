@@ -87,6 +87,15 @@ def write_jsonl(path: Path, rows: list[dict]) -> None:
     _write_atomic(path, "".join(json.dumps(r, sort_keys=True) + "\n" for r in rows))
 
 
+def corpus_options(task, options: dict) -> dict:
+    """The task options that change the SFT corpus: the SFT stage's cache key holds only these, so
+    changing a labeler or gold option (``labeler_length_bias``, ``ill_formed_gold``, ...) reruns
+    pairs, reward and PPO but keeps the SFT model. A task whose config does not declare
+    ``CORPUS_FIELDS`` is assumed to depend on all of them."""
+    fields = getattr(type(getattr(task, "config", None)), "CORPUS_FIELDS", None)
+    return dict(options) if fields is None else {k: v for k, v in options.items() if k in fields}
+
+
 def _key(obj: Any) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
@@ -242,7 +251,7 @@ def run(cfg: DemoConfig, *, stop_after: str | None = None) -> dict:
 
     log("[bold]1/6 SFT[/bold] corpus -> tokenizer -> SFT from scratch")
     r_sft = stages.run("sft", {"sft": config_to_dict(cfg.sft), "model": config_to_dict(cfg.model),
-                               "task": cfg.task_options, "seed": seed}, stage_sft, log)
+                               "task": corpus_options(task, cfg.task_options), "seed": seed}, stage_sft, log)
     log(f"    SFT model: {out / 'sft'} (held-out loss {r_sft.get('eval_loss')})")
 
     # 2. response pairs from the SFT model, labelled by the simulated labelers
@@ -275,7 +284,8 @@ def run(cfg: DemoConfig, *, stop_after: str | None = None) -> dict:
                 "labels_prefer_longer": sum(longer) / max(1, len(longer))}
 
     log("[bold]2/6 pairs[/bold] SFT samples -> simulated labelers -> preference data")
-    r_pairs = stages.run("pairs", {"pairs": config_to_dict(cfg.pairs), "gen": gen.max_new_tokens}, stage_pairs, log)
+    r_pairs = stages.run("pairs", {"pairs": config_to_dict(cfg.pairs), "gen": gen.max_new_tokens,
+                                   "task": cfg.task_options}, stage_pairs, log)
     log(f"    {r_pairs['pairs']} pairs in {data / 'preferences.jsonl'}; labels agree with gold on "
         f"{r_pairs['labels_agree_with_gold']:.0%}, prefer the longer response {r_pairs['labels_prefer_longer']:.0%}")
 

@@ -440,6 +440,9 @@ class ReviewTaskConfig:
     min_review_words: int = 8
     max_review_words: int = 30
 
+    CORPUS_FIELDS = ("stance_weights", "min_review_words", "max_review_words")
+    """The fields that change the SFT corpus (and prompts); the others only change labels and gold."""
+
     def __post_init__(self) -> None:
         def bad(key: str, why: str) -> None:
             raise ConfigError(f"ReviewTaskConfig.{key}: {why}")
