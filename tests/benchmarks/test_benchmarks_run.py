@@ -30,3 +30,13 @@ def test_gym_benchmark_prints_one_json_line(tmp_path):
                           "--milestones", "1000", "--set", "ppo.total_timesteps=2048", "eval.every_steps=1024",
                           "--out", str(tmp_path), "--plot", ""])
     assert out
+
+
+def test_ppo_floor_benchmark_prints_one_json_line():
+    out = _one_json_line(["benchmarks/ppo_floor.py", "--hidden", "32", "--layers", "1", "--heads", "2",
+                          "--vocab", "64", "--batch", "4", "--prompt-len", "4", "--response-len", "4",
+                          "--minibatch", "2", "--iterations", "2", "--threads", "1"])
+    for key in ("s_floor", "s_score", "s_train", "gemm_gflops", "rss_torch_mib", "rss_models_mib", "peak_rss_mib"):
+        assert out[key] > 0, key
+    assert out["rss_python_mib"] < out["rss_torch_mib"] <= out["rss_transformers_mib"] <= out["rss_models_mib"]
+    assert out["workload"]["optimizer_steps_per_iter"] == 16
