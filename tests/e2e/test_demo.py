@@ -111,3 +111,17 @@ def test_demo_killed_twice_then_rerun_matches(quick_demo, tmp_path):
     for model in ("sft", "reward", "policy", "critic"):
         a, b = load_file(str(ref / model / "model.safetensors")), load_file(str(out / model / "model.safetensors"))
         assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), model
+
+
+def test_wellformed_by_length_tool_on_the_quick_demo(quick_demo):
+    out, _, _ = quick_demo
+    root = Path(__file__).resolve().parents[2]
+    p = subprocess.run([sys.executable, str(root / "tools" / "wellformed_by_length.py"), str(out), "--prompts", "48"],
+                       capture_output=True, text=True, timeout=300, env=dict(os.environ, HF_HUB_OFFLINE="1"))
+    assert p.returncode == 0, p.stderr[-2000:]
+    res = json.loads(p.stdout.strip().splitlines()[-1])
+    for name in ("sft", "policy"):
+        buckets = res[name]["by_length"]
+        assert sum(b["n"] for b in buckets.values()) == 48
+        ill = sum(b["n"] * b["ill_formed"] for b in buckets.values()) / 48
+        assert abs(ill - res[name]["ill_formed"]) < 1e-3 and 0 <= ill <= 1

@@ -1,0 +1,67 @@
+"""Ill-formed share of a demo run's SFT and PPO policies by response length; prints one JSON line.
+
+Is the PPO policy's lower well-formed share a length effect (longer reviews, more chances to slip)
+or a worse policy at the same length? This samples both models on the same held-out prompts and
+buckets the ill-formed share (does not parse, or repeats itself) by response length in words.
+
+    python tools/wellformed_by_length.py runs/demo --prompts 2048 --temperature 1.0
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import sys
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+def main(argv=None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("run_dir", help="a `fourfold demo` output directory (with sft/ and policy/)")
+    p.add_argument("--prompts", type=int, default=2048)
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--max-new-tokens", type=int, default=40)
+    p.add_argument("--bucket", type=int, default=5, help="bucket width in words")
+    p.add_argument("--seed", type=int, default=123)
+    p.add_argument("--threads", type=int, default=1)
+    args = p.parse_args(argv)
+
+    import torch
+
+    from fourfold.demo import sample_texts
+    from fourfold.models.loading import load_causal_lm, load_tokenizer
+    from fourfold.tasks import get_task
+    from fourfold.trainers.common import quiet_transformers
+
+    quiet_transformers()
+    torch.set_num_threads(args.threads)
+    task = get_task("review")
+    tok = load_tokenizer(os.path.join(args.run_dir, "sft"))
+    prompts = task.sample_prompts(args.prompts, random.Random(args.seed))
+    result = {"run_dir": args.run_dir, "prompts": args.prompts, "temperature": args.temperature}
+    for name in ("sft", "policy"):
+        torch.manual_seed(args.seed)
+        model = load_causal_lm(os.path.join(args.run_dir, name))
+        texts, _ = sample_texts(model, tok, prompts, max_new_tokens=args.max_new_tokens, temperature=args.temperature)
+        buckets: dict[str, list[int]] = {}
+        for prompt, text in zip(prompts, texts):
+            lo = len(text.split()) // args.bucket * args.bucket
+            ill = not task.is_well_formed(prompt, text) or task.has_repetition(text)
+            b = buckets.setdefault(f"{lo}-{lo + args.bucket - 1}", [0, 0])
+            b[0] += 1
+            b[1] += ill
+        result[name] = {
+            "ill_formed": round(sum(b[1] for b in buckets.values()) / len(prompts), 4),
+            "mean_length": round(sum(len(t.split()) for t in texts) / len(texts), 2),
+            "by_length": {k: {"n": n, "ill_formed": round(ill / n, 4)}
+                          for k, (n, ill) in sorted(buckets.items(), key=lambda kv: int(kv[0].split("-")[0]))},
+        }
+    print(json.dumps(result))
+    return result
+
+
+if __name__ == "__main__":
+    sys.exit(0 if main() else 1)
