@@ -96,6 +96,16 @@ def corpus_options(task, options: dict) -> dict:
     return dict(options) if fields is None else {k: v for k, v in options.items() if k in fields}
 
 
+def sft_stage_settings(cfg: DemoConfig) -> dict:
+    """What the SFT stage's cache key holds (``cfg`` with ``--quick`` already applied); the
+    experiments use it to seed an unbiased-labeler demo with this SFT model."""
+    from fourfold.tasks import get_task
+
+    task = get_task("review", **cfg.task_options)
+    return {"sft": config_to_dict(cfg.sft), "model": config_to_dict(cfg.model),
+            "task": corpus_options(task, cfg.task_options), "seed": cfg.run.seed}
+
+
 def _key(obj: Any) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
@@ -250,8 +260,7 @@ def run(cfg: DemoConfig, *, stop_after: str | None = None) -> dict:
         return {"eval_loss": res["final"].get("sft/eval_loss")}
 
     log("[bold]1/6 SFT[/bold] corpus -> tokenizer -> SFT from scratch")
-    r_sft = stages.run("sft", {"sft": config_to_dict(cfg.sft), "model": config_to_dict(cfg.model),
-                               "task": corpus_options(task, cfg.task_options), "seed": seed}, stage_sft, log)
+    r_sft = stages.run("sft", sft_stage_settings(cfg), stage_sft, log)
     log(f"    SFT model: {out / 'sft'} (held-out loss {r_sft.get('eval_loss')})")
 
     # 2. response pairs from the SFT model, labelled by the simulated labelers

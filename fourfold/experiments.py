@@ -265,13 +265,11 @@ def unbiased_demo_config(cfg: ExperimentsConfig) -> DemoConfig:
 
 
 def _sft_stage_key(demo_cfg: DemoConfig) -> str:
-    """The key fourfold.demo gives its SFT stage (mirrors demo.run; a mismatch only costs a rerun)."""
+    """The key fourfold.demo gives its SFT stage (its settings come from demo.sft_stage_settings)."""
     from fourfold import demo
 
     c = demo.apply_quick(demo_cfg) if demo_cfg.quick else demo_cfg
-    settings = {"sft": config_to_dict(c.sft), "model": config_to_dict(c.model), "task": c.task_options,
-                "seed": c.run.seed}
-    return demo._key({"settings": settings, "upstream": {}})
+    return demo._key({"settings": demo.sft_stage_settings(c), "upstream": {}})
 
 
 def seed_sft_stage(src: DemoConfig, dst: DemoConfig) -> bool:
