@@ -241,6 +241,42 @@ def save_hf(model, tokenizer, out_dir: str | Path) -> Path:
     return save_pretrained_atomic(_save, out_dir)
 
 
+def save_step_state(out: Path, step: int, name: str, module, optimizer, scheduler, sampler, window: dict,
+                    guard: NonFiniteGuard, keep: int) -> None:
+    """Checkpoint of a step-based trainer (SFT, reward model): the module (under ``name``), its
+    optimizer and schedule, the sampler's position, the metrics window and the non-finite count."""
+    from fourfold.checkpoint import save_checkpoint
+
+    state = {"step": step, "sampler": sampler.state_dict(), "window": dict(window), "nonfinite_total": guard.total}
+    save_checkpoint(out, step, modules={name: module}, optimizers={name: optimizer}, schedulers={name: scheduler},
+                    state=state, keep=keep)
+
+
+def resume_step_state(out: Path, run: RunConfig, name: str, module, optimizer, scheduler, sampler, window: dict,
+                      guard: NonFiniteGuard) -> Optional[int]:
+    """Load the latest checkpoint :func:`save_step_state` wrote into these objects (``window`` is
+    updated in place) when ``run.resume`` and one exists; returns its step, or None."""
+    from fourfold.checkpoint import latest_checkpoint, load_checkpoint
+
+    ckpt = latest_checkpoint(out) if run.resume else None
+    if ckpt is None:
+        return None
+    state = load_checkpoint(ckpt, modules={name: module}, optimizers={name: optimizer}, schedulers={name: scheduler})
+    sampler.load_state_dict(state["sampler"])
+    window.update(state["window"])
+    guard.total = state.get("nonfinite_total", 0)
+    return state["step"]
+
+
+def last_metrics_row(out: Path) -> dict:
+    """The last row of ``out/metrics.jsonl`` without its step ({} when there is none): what a
+    trainer reports when it resumed a run that had already finished."""
+    from fourfold.reporting import read_metrics
+
+    rows = read_metrics(out / "metrics.jsonl")
+    return {k: v for k, v in rows[-1].items() if k != "step"} if rows else {}
+
+
 def cycle_batches(n: int, batch_size: int, generator: torch.Generator) -> Iterable[torch.Tensor]:
     """Shuffled index batches over n items (drop_last), a fresh permutation per pass."""
     while True:

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import math
 import time
-from pathlib import Path
 from typing import Optional
 
 import torch
@@ -50,13 +49,16 @@ from fourfold.trainers.common import (
     NonFiniteGuard,
     guarded_step,
     install_stop_handler,
+    last_metrics_row,
     line_of,
     log_skips,
     make_optimizer,
     make_schedule,
     num_steps,
     restore_signal_handlers,
+    resume_step_state,
     save_hf,
+    save_step_state,
     seed_everything,
     setup_run,
 )
@@ -180,15 +182,6 @@ def normalize(rm: ScalarModel, examples: list[PreferenceExample], batch_size: in
     return {"mean": mean, "std": std}
 
 
-def _save_state(out: Path, step: int, rm: ScalarModel, opt, sched, sampler: EpochSampler, window: dict,
-                guard: NonFiniteGuard, keep: int) -> None:
-    from fourfold.checkpoint import save_checkpoint
-
-    state = {"step": step, "sampler": sampler.state_dict(), "window": dict(window), "nonfinite_total": guard.total}
-    save_checkpoint(out, step, modules={"reward_model": rm.hf}, optimizers={"reward_model": opt},
-                    schedulers={"reward_model": sched}, state=state, keep=keep)
-
-
 def _window_row(window: dict) -> dict:
     """Means over the steps (and pairs, and scores) since the previous metrics row."""
     steps, n = max(window["steps"], 1), max(window["scores"], 1)
@@ -213,8 +206,7 @@ def _window_row(window: dict) -> dict:
 def train(cfg: RewardConfig) -> dict:
     """Train a reward model; returns ``{"output_dir", "model", "final": last metrics row (with
     rm/eval_* when there is a held-out split), "normalization": {"mean", "std"} or None}``."""
-    from fourfold.checkpoint import latest_checkpoint, load_checkpoint
-    from fourfold.reporting import MetricsLogger, read_metrics
+    from fourfold.reporting import MetricsLogger
 
     tc, run, margin = cfg.train, cfg.run, cfg.reward.margin
     # 0. set-up: seed, run directory, model, data (split and tokenised once), optimiser, resume
@@ -234,20 +226,13 @@ def train(cfg: RewardConfig) -> dict:
     sched = make_schedule(opt, total, tc.lr_schedule, tc.warmup_steps)
     guard = NonFiniteGuard(limit=run.max_consecutive_skips)
     window = dict.fromkeys(_WINDOW_KEYS, 0.0)
-    start = 0
-    ckpt = latest_checkpoint(out) if run.resume else None
-    if ckpt is not None:
-        state = load_checkpoint(ckpt, modules={"reward_model": rm.hf}, optimizers={"reward_model": opt},
-                                schedulers={"reward_model": sched})
-        start = state["step"]
-        sampler.load_state_dict(state["sampler"])
-        window.update(state["window"])
-        guard.total = state.get("nonfinite_total", 0)
+    resumed = resume_step_state(out, run, "reward_model", rm.hf, opt, sched, sampler, window, guard)
+    start = 0 if resumed is None else resumed
     rm.train()
     pad_id = tok.pad_token_id
     logger = MetricsLogger(out, progress=run.progress, tensorboard=run.tensorboard, total=total, desc="reward",
-                           key_metrics=("rm/loss", "rm/eval_accuracy"), resume_step=start if ckpt is not None else None)
-    if skipped and ckpt is None:
+                           key_metrics=("rm/loss", "rm/eval_accuracy"), resume_step=resumed)
+    if skipped and resumed is None:
         logger.warn(f"{len(skipped)} bad rows skipped (data.on_error=skip); first: {skipped[0]}", step=0)
     flag, previous = install_stop_handler()
     batches = sampler.batches()
@@ -280,7 +265,7 @@ def train(cfg: RewardConfig) -> dict:
             try:
                 guard.check_limit()
             except NonFiniteError:  # keep the last good weights (skipped steps never changed them)
-                _save_state(out, step, rm, opt, sched, sampler, window, guard, run.keep_checkpoints)
+                save_step_state(out, step, "reward_model", rm.hf, opt, sched, sampler, window, guard, run.keep_checkpoints)
                 raise
             # 4. metrics (means since the previous row) and held-out loss / accuracy
             row: dict = {}
@@ -294,7 +279,7 @@ def train(cfg: RewardConfig) -> dict:
                 last = row
             # 5. checkpoint (every save_every steps, at the end, and when asked to stop)
             if (run.save_every and step % run.save_every == 0) or step == total or flag["stop"]:
-                _save_state(out, step, rm, opt, sched, sampler, window, guard, run.keep_checkpoints)
+                save_step_state(out, step, "reward_model", rm.hf, opt, sched, sampler, window, guard, run.keep_checkpoints)
             if flag["stop"]:
                 raise KeyboardInterrupt
         # normalise on the training responses (after the last checkpoint: a resume never sees it)
@@ -307,6 +292,5 @@ def train(cfg: RewardConfig) -> dict:
         logger.close()
         restore_signal_handlers(previous)
     if not last:  # resumed a run that had already finished: report its last row
-        rows = read_metrics(out / "metrics.jsonl")
-        last = {k: v for k, v in rows[-1].items() if k != "step"} if rows else {}
+        last = last_metrics_row(out)
     return {"output_dir": str(out), "model": str(out / "model"), "final": last, "normalization": stats_norm}

@@ -22,7 +22,6 @@ Hugging Face directory (safetensors + tokenizer) that ``AutoModelForCausalLM.fro
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
 import torch
 
@@ -36,13 +35,16 @@ from fourfold.trainers.common import (
     NonFiniteGuard,
     guarded_step,
     install_stop_handler,
+    last_metrics_row,
     line_of,
     log_skips,
     make_optimizer,
     make_schedule,
     num_steps,
     restore_signal_handlers,
+    resume_step_state,
     save_hf,
+    save_step_state,
     seed_everything,
     setup_run,
 )
@@ -114,15 +116,6 @@ def evaluate(model, examples: list[SFTExample], batch_size: int, pad_id: int, de
     return total / max(count, 1.0)
 
 
-def _save_state(out: Path, step: int, model, opt, sched, sampler: EpochSampler, window: dict,
-                guard: NonFiniteGuard, keep: int) -> None:
-    from fourfold.checkpoint import save_checkpoint
-
-    state = {"step": step, "sampler": sampler.state_dict(), "window": dict(window), "nonfinite_total": guard.total}
-    save_checkpoint(out, step, modules={"model": model}, optimizers={"model": opt}, schedulers={"model": sched},
-                    state=state, keep=keep)
-
-
 def _window_row(window: dict) -> dict:
     """Means over the steps since the previous metrics row."""
     steps, good = max(window["steps"], 1), max(window["good_steps"], 1)
@@ -142,8 +135,7 @@ def _window_row(window: dict) -> dict:
 
 def train(cfg: SFTConfig) -> dict:
     """Run SFT; returns ``{"output_dir", "model": path of the HF directory, "final": last metrics row}``."""
-    from fourfold.checkpoint import latest_checkpoint, load_checkpoint
-    from fourfold.reporting import MetricsLogger, read_metrics
+    from fourfold.reporting import MetricsLogger
 
     tc, run = cfg.train, cfg.run
     # 0. set-up: seed, run directory, model, data (tokenised once), optimiser, schedule, resume
@@ -161,19 +153,13 @@ def train(cfg: SFTConfig) -> dict:
     sched = make_schedule(opt, total, tc.lr_schedule, tc.warmup_steps)
     guard = NonFiniteGuard(limit=run.max_consecutive_skips)
     window = dict.fromkeys(_WINDOW_KEYS, 0.0)
-    start = 0
-    ckpt = latest_checkpoint(out) if run.resume else None
-    if ckpt is not None:
-        state = load_checkpoint(ckpt, modules={"model": model}, optimizers={"model": opt}, schedulers={"model": sched})
-        start = state["step"]
-        sampler.load_state_dict(state["sampler"])
-        window.update(state["window"])
-        guard.total = state.get("nonfinite_total", 0)
+    resumed = resume_step_state(out, run, "model", model, opt, sched, sampler, window, guard)
+    start = 0 if resumed is None else resumed
     model.train()
     pad_id = tok.pad_token_id
     logger = MetricsLogger(out, progress=run.progress, tensorboard=run.tensorboard, total=total, desc="sft",
-                           key_metrics=("sft/loss", "sft/eval_loss"), resume_step=start if ckpt is not None else None)
-    if skipped and ckpt is None:
+                           key_metrics=("sft/loss", "sft/eval_loss"), resume_step=resumed)
+    if skipped and resumed is None:
         logger.warn(f"{len(skipped)} bad rows skipped (data.on_error=skip); first: {skipped[0]}", step=0)
     flag, previous = install_stop_handler()
     batches = sampler.batches()
@@ -200,7 +186,7 @@ def train(cfg: SFTConfig) -> dict:
             try:
                 guard.check_limit()
             except NonFiniteError:  # keep the last good weights (skipped steps never changed them)
-                _save_state(out, step, model, opt, sched, sampler, window, guard, run.keep_checkpoints)
+                save_step_state(out, step, "model", model, opt, sched, sampler, window, guard, run.keep_checkpoints)
                 raise
             # 4. metrics (means since the previous row) and the held-out loss
             row: dict = {}
@@ -214,7 +200,7 @@ def train(cfg: SFTConfig) -> dict:
                 last = row
             # 5. checkpoint (every save_every steps, at the end, and when asked to stop)
             if (run.save_every and step % run.save_every == 0) or step == total or flag["stop"]:
-                _save_state(out, step, model, opt, sched, sampler, window, guard, run.keep_checkpoints)
+                save_step_state(out, step, "model", model, opt, sched, sampler, window, guard, run.keep_checkpoints)
             if flag["stop"]:
                 raise KeyboardInterrupt
         # the final model, loadable with plain transformers
@@ -223,6 +209,5 @@ def train(cfg: SFTConfig) -> dict:
         logger.close()
         restore_signal_handlers(previous)
     if not last:  # resumed a run that had already finished: report its last row
-        rows = read_metrics(out / "metrics.jsonl")
-        last = {k: v for k, v in rows[-1].items() if k != "step"} if rows else {}
+        last = last_metrics_row(out)
     return {"output_dir": str(out), "model": str(out / "model"), "final": last}
