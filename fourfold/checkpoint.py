@@ -49,6 +49,7 @@ from typing import Any
 import safetensors.torch
 import torch
 
+from fourfold.atomic import fsync_dir as _fsync_dir
 from fourfold.errors import FourfoldError
 
 __all__ = [
@@ -84,20 +85,6 @@ def _fsync_file(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _fsync_dir(path: Path) -> None:
-    """fsync a directory so that the entries created/renamed in it survive a power loss."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:  # platforms that cannot open directories (Windows): nothing to do
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
     finally:
         os.close(fd)
 

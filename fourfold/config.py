@@ -261,15 +261,11 @@ def load_config(
 
 def save_config(cfg: Any, path: str | Path) -> None:
     """Write the resolved config as YAML (atomically: temp file then rename)."""
-    import os
-
     import yaml
 
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(yaml.safe_dump(config_to_dict(cfg), sort_keys=False), encoding="utf-8")
-    os.replace(tmp, path)
+    from fourfold.atomic import write_text_atomic
+
+    write_text_atomic(path, yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -23,7 +23,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import os
 import random
 import shutil
 import time
@@ -32,6 +31,7 @@ from typing import Any, Callable
 
 import torch
 
+from fourfold.atomic import write_text_atomic
 from fourfold.config import (
     DemoConfig,
     GenerationConfig,
@@ -73,18 +73,8 @@ def apply_quick(cfg: DemoConfig) -> DemoConfig:
 # ---------------------------------------------------------------------------------------------
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
 def write_jsonl(path: Path, rows: list[dict]) -> None:
-    _write_atomic(path, "".join(json.dumps(r, sort_keys=True) + "\n" for r in rows))
+    write_text_atomic(path, "".join(json.dumps(r, sort_keys=True) + "\n" for r in rows))
 
 
 def corpus_options(task, options: dict) -> dict:
@@ -137,7 +127,7 @@ class Stages:
         t0 = time.perf_counter()
         result = fn(d)
         result["wall_s"] = round(time.perf_counter() - t0, 2)
-        _write_atomic(done, json.dumps({"key": key, "result": result}, sort_keys=True))
+        write_text_atomic(done, json.dumps({"key": key, "result": result}, sort_keys=True))
         return result
 
 
@@ -360,7 +350,7 @@ def run(cfg: DemoConfig, *, stop_after: str | None = None) -> dict:
         sd = max(before["gold_std"], 1e-6)
         result = {"sft": before, "ppo": after, "gold_gain_sd": (after["gold"] - before["gold"]) / sd,
                   "proxy_gain_sd": (after["proxy"] - before["proxy"]) / max(before["proxy_std"], 1e-6)}
-        _write_atomic(out / "eval.json", json.dumps(result, indent=2, sort_keys=True))
+        write_text_atomic(out / "eval.json", json.dumps(result, indent=2, sort_keys=True))
         write_jsonl(d / "samples.jsonl", [{"model": "sft", **r} for r in rows_b] + [{"model": "ppo", **r} for r in rows_a])
         return result
 

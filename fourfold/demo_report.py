@@ -18,12 +18,12 @@ import html
 import json
 import logging
 import math
-import os
 import random
 import shlex
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from fourfold.atomic import write_text_atomic
 from fourfold.reporting import fig_to_data_uri, html_image, html_page, read_metrics, token_heatmap_html
 
 log = logging.getLogger(__name__)
@@ -735,8 +735,4 @@ def write_report(out: Path, *, task, summary: dict) -> Path:
     body.append(_credit_section(out, cfg, eval_prompts, n_show, task))
     body.append(_next_section(cfg))
     page = html_page("fourfold demo: RLHF from zero on product reviews", "\n".join(body))
-    path = out / "report.html"
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(page, encoding="utf-8")
-    os.replace(tmp, path)
-    return path
+    return write_text_atomic(out / "report.html", page)

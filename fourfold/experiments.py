@@ -50,6 +50,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
+from fourfold.atomic import write_text_atomic
 from fourfold.config import (
     DemoConfig,
     ExperimentsClaimsConfig,
@@ -108,13 +109,6 @@ def _key(obj: Any) -> str:
     from fourfold.demo import _key as demo_key
 
     return demo_key(obj)
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
 
 
 def _read_json(path: Path) -> dict | None:
@@ -301,7 +295,7 @@ def seed_sft_stage(src: DemoConfig, dst: DemoConfig) -> bool:
     stage_dir = d_dir / "stages" / "sft"
     if stage_dir.exists():
         shutil.rmtree(stage_dir)
-    _write_atomic(stage_dir / "DONE", json.dumps({"key": d_key, "result": {**s_done.get("result", {}),
+    write_text_atomic(stage_dir / "DONE", json.dumps({"key": d_key, "result": {**s_done.get("result", {}),
                                                                            "seeded_from": str(s_dir)}}, sort_keys=True))
     return True
 
@@ -349,7 +343,7 @@ def evaluate_spec(spec: Mapping[str, Any]) -> dict:
     summary.update({"n": len(rows), "length_std": _sd(lengths), "kl_std": _sd([r["kl"] for r in rows]),
                     "eval_s": round(time.perf_counter() - t0, 2)})
     result = {"key": spec["key"], "summary": summary, "rows": rows}
-    _write_atomic(Path(spec["out"]), json.dumps(result, sort_keys=True))
+    write_text_atomic(Path(spec["out"]), json.dumps(result, sort_keys=True))
     return result
 
 
@@ -867,7 +861,7 @@ def write_summary_md(path: Path, *, header: str, result_rows: Sequence[Mapping],
     if notes:
         parts += ["## Not checked", ""] + [f"- {n}" for n in notes] + [""]
     parts += ["## Claims", "", claim_table, ""]
-    _write_atomic(path, "\n".join(parts))
+    write_text_atomic(path, "\n".join(parts))
 
 
 def _samples_html(finals_rows: Mapping[str, list[dict]], sft_rows: list[dict], n: int) -> str:
@@ -944,7 +938,7 @@ def run(cfg: ExperimentsConfig) -> dict:
 
     def eval_cmd(spec: dict) -> list[str]:
         p = out / "configs" / f"eval-{spec['name']}.json"
-        _write_atomic(p, json.dumps(spec, sort_keys=True))
+        write_text_atomic(p, json.dumps(spec, sort_keys=True))
         return [py, "-m", "fourfold.experiments", "evaluate", str(p)]
 
     def eval_spec(name: str, policy: Path, rm: Path, key: str, dest: Path) -> dict:
@@ -992,7 +986,7 @@ def run(cfg: ExperimentsConfig) -> dict:
                     shutil.rmtree(run_dir)  # another config's run: never resume across configs
                     rec = None
                 if rec is None:
-                    _write_atomic(marker, json.dumps({"key": key, "arm": arm.name, "seed": seed}, sort_keys=True))
+                    write_text_atomic(marker, json.dumps({"key": key, "arm": arm.name, "seed": seed}, sort_keys=True))
                 cmds = []
                 if not (run_dir / "policy" / "config.json").is_file():
                     p = out / "configs" / f"{arm.name}-seed{seed}.yaml"
@@ -1080,7 +1074,7 @@ def run(cfg: ExperimentsConfig) -> dict:
     results = {"config": config_to_dict(cfg), "sft": sft, "sft_unbiased_rm": base.get("unbiased", {}).get("summary"),
                "finals": finals, "summaries": summaries, "claims": claims, "notes": notes, "jobs": state,
                "wall_s": round(total_s, 1), "jobs_s": round(jobs_s, 1), "demo": {k: v for k, v in d_res.items()}}
-    _write_atomic(out / "results.json", json.dumps(results, indent=1, sort_keys=True, default=str))
+    write_text_atomic(out / "results.json", json.dumps(results, indent=1, sort_keys=True, default=str))
     _write_report(out / "report.html", cfg=cfg, arms=arms, header=header, result_rows=result_rows, claims=claims,
                   notes=notes, curves=curves, finals=finals, sft=sft, rows_by_arm=rows_by_arm,
                   sft_rows=base["biased"]["rows"])
@@ -1130,7 +1124,7 @@ def _write_report(path: Path, *, cfg: ExperimentsConfig, arms: Sequence[Arm], he
     if rows_by_arm and cfg.samples_in_report:
         body += [f"<h2>Samples at the end (seed {cfg.seeds[0]})</h2>",
                  _samples_html(rows_by_arm, sft_rows, cfg.samples_in_report)]
-    _write_atomic(path, html_page("fourfold experiments", "\n".join(body)))
+    write_text_atomic(path, html_page("fourfold experiments", "\n".join(body)))
 
 
 # ---------------------------------------------------------------------------------------------

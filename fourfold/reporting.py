@@ -32,6 +32,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from fourfold.atomic import write_text_atomic
 from fourfold.errors import DataError
 
 __all__ = [
@@ -161,19 +162,6 @@ def metrics_markdown_table() -> str:
 # ---- JSONL ---------------------------------------------------------------------------------------
 
 
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
 def _read_jsonl_lines(path: Path) -> list[tuple[str, dict]]:
     """(line text, parsed object) for every complete line. Trailing lines that do not parse (a
     write cut by a kill) are dropped; a bad line followed by good ones is a DataError."""
@@ -206,14 +194,7 @@ def read_metrics(path: str | os.PathLike) -> list[dict]:
 
 
 def _rewrite_atomically(path: Path, lines: Iterable[str]) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "w", encoding="utf-8") as f:
-        for line in lines:
-            f.write(line + "\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    _fsync_dir(path.parent)
+    write_text_atomic(path, "".join(line + "\n" for line in lines))
 
 
 def _to_number(key: str, value: Any) -> int | float | bool | None:
