@@ -77,23 +77,16 @@ def write_jsonl(path: Path, rows: list[dict]) -> None:
     write_text_atomic(path, "".join(json.dumps(r, sort_keys=True) + "\n" for r in rows))
 
 
-def corpus_options(task, options: dict) -> dict:
-    """The task options that change the SFT corpus: the SFT stage's cache key holds only these, so
-    changing a labeler or gold option (``labeler_length_bias``, ``ill_formed_gold``, ...) reruns
-    pairs, reward and PPO but keeps the SFT model. A task whose config does not declare
-    ``CORPUS_FIELDS`` is assumed to depend on all of them."""
-    fields = getattr(type(getattr(task, "config", None)), "CORPUS_FIELDS", None)
-    return dict(options) if fields is None else {k: v for k, v in options.items() if k in fields}
-
-
 def sft_stage_settings(cfg: DemoConfig) -> dict:
-    """What the SFT stage's cache key holds (``cfg`` with ``--quick`` already applied); the
-    experiments use it to seed an unbiased-labeler demo with this SFT model."""
-    from fourfold.tasks import get_task
+    """What the SFT stage's cache key holds (``cfg`` with ``--quick`` already applied). Of the task
+    options only those that change the corpus count (``ReviewTaskConfig.CORPUS_FIELDS``): changing
+    a labeler or gold option (``labeler_length_bias``, ``ill_formed_gold``, ...) reruns pairs,
+    reward and PPO but keeps the SFT model. The experiments use it to seed an unbiased-labeler
+    demo with this SFT model."""
+    from fourfold.tasks import ReviewTaskConfig
 
-    task = get_task("review", **cfg.task_options)
-    return {"sft": config_to_dict(cfg.sft), "model": config_to_dict(cfg.model),
-            "task": corpus_options(task, cfg.task_options), "seed": cfg.run.seed}
+    corpus = {k: v for k, v in cfg.task_options.items() if k in ReviewTaskConfig.CORPUS_FIELDS}
+    return {"sft": config_to_dict(cfg.sft), "model": config_to_dict(cfg.model), "task": corpus, "seed": cfg.run.seed}
 
 
 def _key(obj: Any) -> str:
