@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import sys
 import time
@@ -129,7 +130,7 @@ def main(argv=None) -> dict:
         "achieved_gflops": round(gflops / (s_score + s_train), 1),
         "gemm_gflops": round(gemm_gflops(torch), 1),
         **{k: round(v, 1) for k, v in rss.items()},
-        "peak_rss_mib": round(__import__("resource").getrusage(__import__("resource").RUSAGE_SELF).ru_maxrss / 1024, 1),
+        "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),  # KiB on Linux
         "workload": {**{k: getattr(args, k) for k in ("hidden", "layers", "heads", "vocab", "batch", "prompt_len",
                                                         "response_len", "ppo_epochs", "minibatch")},
                      "optimizer_steps_per_iter": 2 * steps, "threads": torch.get_num_threads()},
