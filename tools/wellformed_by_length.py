@@ -1,8 +1,9 @@
-"""Ill-formed share of a demo run's SFT and PPO policies by response length; prints one JSON line.
+"""Well-formed share of a demo run's SFT and PPO policies by response length; prints one JSON line.
 
 Is the PPO policy's lower well-formed share a length effect (longer reviews, more chances to slip)
 or a worse policy at the same length? This samples both models on the same held-out prompts and
-buckets the ill-formed share (does not parse, or repeats itself) by response length in words.
+buckets the demo's ``well_formed`` (parses under the grammar) and ``repetition`` shares, as
+``task.response_metrics`` defines them, by response length in words.
 
     python tools/wellformed_by_length.py runs/demo --prompts 2048 --temperature 1.0
 """
@@ -46,19 +47,18 @@ def main(argv=None) -> dict:
         torch.manual_seed(args.seed)
         model = load_causal_lm(os.path.join(args.run_dir, name))
         texts, _ = sample_texts(model, tok, prompts, max_new_tokens=args.max_new_tokens, temperature=args.temperature)
-        buckets: dict[str, list[int]] = {}
-        for prompt, text in zip(prompts, texts):
-            lo = len(text.split()) // args.bucket * args.bucket
-            ill = not task.is_well_formed(prompt, text) or task.has_repetition(text)
-            b = buckets.setdefault(f"{lo}-{lo + args.bucket - 1}", [0, 0])
-            b[0] += 1
-            b[1] += ill
-        result[name] = {
-            "ill_formed": round(sum(b[1] for b in buckets.values()) / len(prompts), 4),
-            "mean_length": round(sum(len(t.split()) for t in texts) / len(texts), 2),
-            "by_length": {k: {"n": n, "ill_formed": round(ill / n, 4)}
-                          for k, (n, ill) in sorted(buckets.items(), key=lambda kv: int(kv[0].split("-")[0]))},
-        }
+        groups: dict[int, list[int]] = {}  # bucket start -> indices of its responses
+        for i, text in enumerate(texts):
+            groups.setdefault(len(text.split()) // args.bucket * args.bucket, []).append(i)
+        by_length = {}
+        for lo in sorted(groups):
+            idx = groups[lo]
+            m = task.response_metrics([prompts[i] for i in idx], [texts[i] for i in idx])
+            by_length[f"{lo}-{lo + args.bucket - 1}"] = {
+                "n": len(idx), "well_formed": round(m["well_formed"], 4), "repetition": round(m["repetition"], 4)}
+        m = task.response_metrics(prompts, texts)  # the demo's own definitions (well_formed = parses)
+        result[name] = {"well_formed": round(m["well_formed"], 4), "repetition": round(m["repetition"], 4),
+                        "mean_length": round(m["length"], 2), "by_length": by_length}
     print(json.dumps(result))
     return result
 

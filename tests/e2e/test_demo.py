@@ -123,5 +123,5 @@ def test_wellformed_by_length_tool_on_the_quick_demo(quick_demo):
     for name in ("sft", "policy"):
         buckets = res[name]["by_length"]
         assert sum(b["n"] for b in buckets.values()) == 48
-        ill = sum(b["n"] * b["ill_formed"] for b in buckets.values()) / 48
-        assert abs(ill - res[name]["ill_formed"]) < 1e-3 and 0 <= ill <= 1
+        wf = sum(b["n"] * b["well_formed"] for b in buckets.values()) / 48
+        assert abs(wf - res[name]["well_formed"]) < 1e-3 and 0 <= wf <= 1
