@@ -267,21 +267,20 @@ def _sft_stage_key(demo_cfg: DemoConfig) -> str:
 
 
 def seed_sft_stage(src: DemoConfig, dst: DemoConfig) -> bool:
-    """Give ``dst``'s demo directory ``src``'s finished SFT stage when only labeler options differ.
+    """Give ``dst``'s demo directory ``src``'s finished SFT stage when both key it alike.
 
-    The labelers' options do not change the SFT corpus, so the SFT model is the same; copying it
-    saves the SFT stage and makes ppo-unbiased-rm start from exactly the model the other arms start
-    from. Returns True when the stage was seeded (or already was).
+    The SFT stage's key holds only the options that change the corpus (demo.sft_stage_settings), so
+    labeler options leave it alone: the SFT model is the same, and copying it saves the SFT stage
+    and makes ppo-unbiased-rm start from exactly the model the other arms start from. Returns True
+    when the stage was seeded (or already was).
     """
-    changed = {k for k in set(src.task_options) | set(dst.task_options)
-               if src.task_options.get(k) != dst.task_options.get(k)}
-    if not all(k.startswith("labeler_") for k in changed) or dst.fresh:
+    d_key = _sft_stage_key(dst)
+    if dst.fresh or d_key != _sft_stage_key(src):
         return False
     s_dir, d_dir = Path(src.run.output_dir), Path(dst.run.output_dir)
     s_done = _read_json(s_dir / "stages" / "sft" / "DONE")
-    if not s_done or s_done.get("key") != _sft_stage_key(src):
+    if not s_done or s_done.get("key") != d_key:
         return False  # the source is not finished, or demo.py keys its stage differently now
-    d_key = _sft_stage_key(dst)
     d_done = _read_json(d_dir / "stages" / "sft" / "DONE")
     if d_done and d_done.get("key") == d_key:
         return True
