@@ -638,6 +638,48 @@ class ReviewTask:
             labels.append(0 if u < p_a else 1)
         return labels
 
+    # ---- minimal pairs for the labelers ----------------------------------------------------
+
+    SLIPS = ("substitute", "swap", "drop", "repeat")
+    """The one-word slips :meth:`slip` makes (the kinds of error a small LM makes)."""
+
+    def slip(self, response: str, rng: random.Random) -> tuple[str, str]:
+        """``(edited, kind)``: ``response`` with one slip, the other words untouched, where
+        ``kind`` is one of :attr:`SLIPS`, chosen uniformly:
+
+        - ``substitute``: one word replaced by another word of the vocabulary;
+        - ``swap``: two adjacent, different words exchanged;
+        - ``drop``: one word deleted;
+        - ``repeat``: one word, or a phrase of 2-3 words, said twice in a row.
+
+        The edit does not look at the grammar, so it may leave the text well formed (a
+        substituted adjective, say); the labelers then judge the pair on gold as usual. A
+        response of fewer than two words is returned with one word repeated."""
+        words = response.split()
+        vocab = _VOCAB
+        kind = self.SLIPS[rng.randrange(len(self.SLIPS))]
+        if len(words) < 2:
+            kind = "repeat"
+        if kind == "substitute":
+            i = rng.randrange(len(words))
+            w = words[i]
+            while w == words[i]:
+                w = vocab[rng.randrange(len(vocab))]
+            words[i] = w
+        elif kind == "swap":
+            pairs = [i for i in range(len(words) - 1) if words[i] != words[i + 1]]
+            if not pairs:
+                return self.slip(response, rng)
+            i = pairs[rng.randrange(len(pairs))]
+            words[i], words[i + 1] = words[i + 1], words[i]
+        elif kind == "drop":
+            del words[rng.randrange(len(words))]
+        else:
+            n = rng.randint(1, min(3, len(words)))
+            i = rng.randrange(len(words) - n + 1)
+            words[i + n : i + n] = words[i : i + n]
+        return " ".join(words), kind
+
     # ---- reporting -------------------------------------------------------------------------
 
     def response_metrics(self, prompts: list[str], responses: list[str]) -> dict[str, float]:
@@ -676,3 +718,6 @@ def vocabulary() -> list[str]:
 def _check_parallel(a: list, b: list) -> None:
     if len(a) != len(b):
         raise ValueError(f"expected parallel lists, got lengths {len(a)} and {len(b)}")
+
+
+_VOCAB = tuple(vocabulary())
