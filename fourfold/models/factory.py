@@ -43,3 +43,37 @@ def random_scalar_model(config, seed: Optional[int] = None, dtype: torch.dtype =
     cfg = config.__class__.from_dict(config.to_dict())
     cfg.num_labels = 1
     return AutoModelForSequenceClassification.from_config(cfg, dtype=dtype)
+
+
+def grow_layers(model, extra: int, seed: Optional[int] = None):
+    """A copy of ``model`` with ``extra`` decoder layers appended, computing the same function.
+
+    The new layers are randomly initialised (seeded when ``seed`` is given) except their residual
+    output projections (``self_attn.o_proj`` and ``mlp.down_proj``), which are zero: each new layer
+    adds nothing to the residual stream until training moves them. Used to give the reward model
+    more depth than the SFT model it is initialised from. Needs a Llama-family layout
+    (``model.model.layers`` of blocks with ``self_attn.o_proj`` and ``mlp.down_proj``).
+    """
+    if extra < 0:
+        raise ValueError(f"extra must be >= 0, got {extra}")
+    cfg = model.config.__class__.from_dict(model.config.to_dict())
+    n = cfg.num_hidden_layers
+    cfg.num_hidden_layers = n + extra
+    if getattr(cfg, "layer_types", None):
+        cfg.layer_types = list(cfg.layer_types) + [cfg.layer_types[-1]] * extra
+    if seed is not None:
+        torch.manual_seed(seed)
+    grown = type(model)(cfg).to(dtype=next(model.parameters()).dtype)
+    missing, unexpected = grown.load_state_dict(model.state_dict(), strict=False)
+    new_prefixes = tuple(f"model.layers.{i}." for i in range(n, n + extra))
+    if unexpected or any(not k.startswith(new_prefixes) for k in missing):
+        raise ValueError(f"grow_layers: {type(model).__name__} does not have the Llama layer layout "
+                         f"(unexpected {unexpected[:3]}, missing {[k for k in missing if not k.startswith(new_prefixes)][:3]})")
+    with torch.no_grad():
+        for layer in grown.model.layers[n:]:
+            layer.self_attn.o_proj.weight.zero_()
+            layer.mlp.down_proj.weight.zero_()
+            for proj in (layer.self_attn.o_proj, layer.mlp.down_proj):
+                if getattr(proj, "bias", None) is not None:
+                    proj.bias.zero_()
+    return grown
