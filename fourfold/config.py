@@ -900,9 +900,19 @@ class DemoPairsConfig:
     """Held-out pairs: reward-model accuracy against the labelers and against gold."""
     temperature: float = 1.0
     """Sampling temperature for the pairs."""
+    slip_eval_pairs: int = 250
+    """Held-out minimal pairs: an SFT sample against the same sample with one slip (a word
+    substituted, swapped, dropped or repeated), labelled by the same labelers. The RM's accuracy
+    on them says whether it sees grammar at all."""
+    slip_pairs: int = 0
+    """More such minimal pairs added to the RM's training data (0: none, the default). Natural
+    pairs rarely differ in well-formedness, so without them the RM cannot learn that broken text
+    is bad; they help only with a deeper RM (reward.extra_layers, see the README)."""
 
     def validate(self, prefix: str = "pairs") -> None:
         require(self.pairs > 0 and self.eval_pairs > 0, f"{prefix}.pairs", "pairs and eval_pairs must be > 0")
+        require(self.slip_pairs >= 0, f"{prefix}.slip_pairs", f"must be >= 0, got {self.slip_pairs}")
+        require(self.slip_eval_pairs >= 0, f"{prefix}.slip_eval_pairs", f"must be >= 0, got {self.slip_eval_pairs}")
         require(self.temperature > 0, f"{prefix}.temperature", f"must be > 0, got {self.temperature}")
 
 
@@ -916,6 +926,14 @@ class DemoRewardConfig:
     """Pairs per step."""
     lr: float = 1e-3
     """Peak learning rate."""
+    extra_layers: int = 0
+    """Decoder layers added on top of the SFT model's before training (fourfold.models.factory.
+    grow_layers: their output projections start at zero, so the grown model starts as the SFT
+    model). With the SFT model's 2 layers alone the RM cannot learn to see a grammar slip, even
+    from slip pairs; 0 (the default) keeps the RM the SFT model's size."""
+
+    def validate(self, prefix: str = "reward") -> None:
+        require(self.extra_layers >= 0, f"{prefix}.extra_layers", f"must be >= 0, got {self.extra_layers}")
 
 
 @dataclasses.dataclass

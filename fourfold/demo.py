@@ -5,8 +5,10 @@ stage whose config and inputs are unchanged is skipped; ``--fresh`` reruns all):
 
 1. ``sft``     generate the corpus, build the word-level tokenizer, SFT a tiny Llama from scratch;
 2. ``pairs``   sample response pairs from the SFT model, label them with the simulated labelers;
+               also held-out one-slip pairs (a sample vs the same sample with one word broken);
 3. ``reward``  train the reward model (initialised from SFT) on those labels; its accuracy is
-               measured on held-out pairs against the labelers and against the hidden gold reward;
+               measured on held-out pairs against the labelers and against the hidden gold reward,
+               and on the one-slip pairs (does it see grammar at all?);
 4. ``ppo``     PPO against the frozen RM, KL to the frozen SFT reference, critic from the RM;
 5. ``eval``    SFT vs PPO policy on held-out prompts: proxy (RM) score, gold reward, KL, length,
                well-formed share, repetition;
@@ -32,6 +34,7 @@ from typing import Any, Callable
 import torch
 
 from fourfold.atomic import write_text_atomic
+from fourfold.checkpoint import save_pretrained_atomic
 from fourfold.config import (
     DemoConfig,
     GenerationConfig,
@@ -53,7 +56,7 @@ from fourfold.config import (
 STAGES = ("sft", "pairs", "reward", "ppo", "eval", "report")
 
 QUICK = {  # --quick: the same pipeline on a budget of about two minutes on 2 cores
-    "sft.examples": 6000, "sft.steps": 350, "pairs.pairs": 1200, "pairs.eval_pairs": 200,
+    "sft.examples": 6000, "sft.steps": 350, "pairs.pairs": 1200, "pairs.eval_pairs": 200, "pairs.slip_eval_pairs": 100,
     "reward.steps": 200, "ppo.iterations": 24, "ppo.rollout_batch_size": 32, "ppo.minibatch_size": 8,
     "eval.prompts": 96, "run.save_every": 4,
 }
@@ -126,8 +129,6 @@ class Stages:
 
 def publish(src: Path, dst: Path) -> None:
     """Copy a finished HF directory to its public name, atomically (temp copy, fsync, swap)."""
-    from fourfold.checkpoint import save_pretrained_atomic
-
     save_pretrained_atomic(lambda tmp: shutil.copytree(src, tmp, dirs_exist_ok=True), dst)
 
 
@@ -266,12 +267,16 @@ def run(cfg: DemoConfig, *, stop_after: str | None = None) -> dict:
             g_c, g_r = (ga, gb) if lab == 0 else (gb, ga)
             rows.append({"prompt": p, "chosen": chosen, "rejected": rejected, "gold_chosen": g_c, "gold_rejected": g_r})
         n_eval = min(cfg.pairs.eval_pairs, len(rows) // 5)
+        slips, slips_eval = _slip_pairs(task, model, tok, cfg, seed)
         write_jsonl(data / "preferences_eval.jsonl", rows[:n_eval])
-        write_jsonl(data / "preferences.jsonl", rows[n_eval:])
+        write_jsonl(data / "preferences.jsonl", rows[n_eval:] + slips)
+        write_jsonl(data / "preferences_eval_slips.jsonl", slips_eval)
         agree = [r["gold_chosen"] > r["gold_rejected"] for r in rows if r["gold_chosen"] != r["gold_rejected"]]
         longer = [len(r["chosen"].split()) > len(r["rejected"].split()) for r in rows
                   if len(r["chosen"].split()) != len(r["rejected"].split())]
-        return {"pairs": len(rows) - n_eval, "eval_pairs": n_eval,
+        return {"pairs": len(rows) - n_eval, "eval_pairs": n_eval, "slip_pairs": len(slips),
+                "slip_eval_pairs": len(slips_eval),
+                "slips_labels_choose_intact": sum(r["chosen"] == r["intact"] for r in slips_eval) / max(1, len(slips_eval)),
                 "labels_agree_with_gold": sum(agree) / max(1, len(agree)),
                 "labels_prefer_longer": sum(longer) / max(1, len(longer))}
 
@@ -283,8 +288,13 @@ def run(cfg: DemoConfig, *, stop_after: str | None = None) -> dict:
 
     # 3. the reward model, initialised from SFT -> reward/
     def stage_reward(d: Path) -> dict:
+        init = out / "sft"
+        if cfg.reward.extra_layers:  # a deeper RM, grown from the SFT model (same function at the start)
+            init = d / "init"
+            if not (init / "config.json").is_file():
+                _grow_sft(out / "sft", init, cfg.reward.extra_layers, seed + 8)
         rm_cfg = RewardConfig(
-            model=InitModelConfig(path=str(out / "sft")),
+            model=InitModelConfig(path=str(init)),
             data=PreferenceDataConfig(train=str(data / "preferences.jsonl"), eval=str(data / "preferences_eval.jsonl")),
             train=TrainLoopConfig(max_steps=cfg.reward.steps, batch_size=cfg.reward.batch_size, lr=cfg.reward.lr,
                                   warmup_steps=max(1, cfg.reward.steps // 20), max_len=max_len, log_every=25),
@@ -296,16 +306,16 @@ def run(cfg: DemoConfig, *, stop_after: str | None = None) -> dict:
         # accuracy on held-out pairs against the labelers and against the hidden gold reward
         rm = ScalarModel(load_sequence_scorer(str(out / "reward")))
         tok = load_tokenizer(str(out / "reward"))
-        rows = [json.loads(line) for line in open(data / "preferences_eval.jsonl")]
-        sc = _score_texts(rm, tok, [r["prompt"] for r in rows], [r["chosen"] for r in rows], max_len)
-        sr = _score_texts(rm, tok, [r["prompt"] for r in rows], [r["rejected"] for r in rows], max_len)
-        vs_labels = sum(c > r for c, r in zip(sc, sr)) / len(rows)
-        decided = [(c > r) == (row["gold_chosen"] > row["gold_rejected"]) for c, r, row in zip(sc, sr, rows)
-                   if row["gold_chosen"] != row["gold_rejected"]]
-        return {"accuracy_vs_labelers": vs_labels, "accuracy_vs_gold": sum(decided) / max(1, len(decided)),
-                "eval_loss": res["final"].get("rm/eval_loss")}
+        result = {**_pair_accuracy(rm, tok, data / "preferences_eval.jsonl", max_len),
+                  "eval_loss": res["final"].get("rm/eval_loss")}
+        slips_file = data / "preferences_eval_slips.jsonl"
+        if slips_file.is_file() and slips_file.stat().st_size > 0:  # none asked for (or a run cached before)
+            slips = _pair_accuracy(rm, tok, slips_file, max_len)
+            result.update({f"slips_{k}": v for k, v in slips.items()})
+        return result
 
-    log("[bold]3/6 reward model[/bold] Bradley-Terry on the labels")
+    log("[bold]3/6 reward model[/bold] Bradley-Terry on the labels"
+        + (f" (SFT model + {cfg.reward.extra_layers} layers)" if cfg.reward.extra_layers else ""))
     r_rm = stages.run("reward", {"reward": config_to_dict(cfg.reward)}, stage_reward, log)
     log(f"    RM: {out / 'reward'}; held-out accuracy vs labelers {r_rm['accuracy_vs_labelers']:.1%}, "
         f"vs gold {r_rm['accuracy_vs_gold']:.1%}")
@@ -371,6 +381,68 @@ def run(cfg: DemoConfig, *, stop_after: str | None = None) -> dict:
     log(f"    gold gain: {r_eval['gold_gain_sd']:+.2f} SFT standard deviations")
     log(f"\nreport: {out / 'report.html'}   ({time.perf_counter() - t_start:.0f}s)")
     return {"output_dir": str(out), "eval": r_eval, "reward": r_rm, "pairs": r_pairs}
+
+
+def _grow_sft(sft: Path, dst: Path, extra_layers: int, seed: int) -> None:
+    """``dst``: the SFT model with ``extra_layers`` more decoder layers that start as no-ops, and
+    its tokenizer (an HF directory the reward trainer initialises from)."""
+    from fourfold.models.factory import grow_layers
+    from fourfold.models.loading import load_causal_lm, load_tokenizer
+
+    grown = grow_layers(load_causal_lm(str(sft), device="cpu"), extra_layers, seed=seed)
+    tok = load_tokenizer(str(sft))
+
+    def save(tmp: Path) -> None:
+        grown.save_pretrained(tmp)
+        tok.save_pretrained(tmp)
+
+    save_pretrained_atomic(save, dst)
+
+
+def _slip_pairs(task, model, tokenizer, cfg: DemoConfig, seed: int) -> tuple[list[dict], list[dict]]:
+    """Minimal pairs ``(train, held_out)``: an SFT sample to a fresh prompt against the same sample
+    with one slip (``task.slip``: a word substituted, swapped, dropped or repeated), labelled by the
+    same simulated labelers. The held-out ones (``pairs.slip_eval_pairs``) measure whether the
+    reward model sees grammar at all; ``pairs.slip_pairs`` more are added to its training data.
+    Each set has its own random streams, so neither changes with the other's size, and the
+    natural pairs change with neither."""
+    return (_slip_rows(task, model, tokenizer, cfg, cfg.pairs.slip_pairs, seed + 7),
+            _slip_rows(task, model, tokenizer, cfg, cfg.pairs.slip_eval_pairs, seed + 6))
+
+
+def _slip_rows(task, model, tokenizer, cfg: DemoConfig, n: int, seed: int) -> list[dict]:
+    if n == 0:
+        return []
+    rng = random.Random(seed)
+    torch.manual_seed(seed)
+    prompts = task.sample_prompts(n, rng)
+    intact, _ = sample_texts(model, tokenizer, prompts, max_new_tokens=cfg.generation.max_new_tokens,
+                             temperature=cfg.pairs.temperature)
+    slipped = [task.slip(r, rng) for r in intact]
+    edited = [e for e, _ in slipped]
+    labels = task.label_pairs(prompts, intact, edited, rng)
+    gold_i, gold_e = task.gold_reward(prompts, intact), task.gold_reward(prompts, edited)
+    rows = []
+    for p, x, (y, kind), lab, gx, gy in zip(prompts, intact, slipped, labels, gold_i, gold_e):
+        if x == y or not x or not y:
+            continue  # an empty sample has nothing to slip
+        chosen, rejected = (x, y) if lab == 0 else (y, x)
+        g_c, g_r = (gx, gy) if lab == 0 else (gy, gx)
+        rows.append({"prompt": p, "chosen": chosen, "rejected": rejected, "gold_chosen": g_c,
+                     "gold_rejected": g_r, "intact": x, "slip": kind})
+    return rows
+
+
+def _pair_accuracy(rm, tokenizer, path: Path, max_len: int) -> dict:
+    """The RM's accuracy on a preference file against its labels and against gold (pairs whose
+    gold differs)."""
+    rows = [json.loads(line) for line in open(path)]
+    sc = _score_texts(rm, tokenizer, [r["prompt"] for r in rows], [r["chosen"] for r in rows], max_len)
+    sr = _score_texts(rm, tokenizer, [r["prompt"] for r in rows], [r["rejected"] for r in rows], max_len)
+    decided = [(c > r) == (row["gold_chosen"] > row["gold_rejected"]) for c, r, row in zip(sc, sr, rows)
+               if row["gold_chosen"] != row["gold_rejected"]]
+    return {"accuracy_vs_labelers": sum(c > r for c, r in zip(sc, sr)) / max(1, len(rows)),
+            "accuracy_vs_gold": sum(decided) / max(1, len(decided))}
 
 
 @torch.no_grad()

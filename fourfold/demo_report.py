@@ -601,6 +601,12 @@ def _reward_section(summary: Mapping, by_model: Mapping[str, list[dict]], task, 
         ["<b>RM held-out accuracy vs gold</b>", "<b>" + _pct(rm.get("accuracy_vs_gold"), 1) + "</b>"],
         ["RM held-out loss (Bradley-Terry)", _f(rm.get("eval_loss"), 3)],
     ]
+    slips_g = _num(rm.get("slips_accuracy_vs_gold"))
+    if slips_g is not None:
+        rows += [["Held-out one-slip pairs (a sample vs the same sample with one word broken)",
+                  str(pairs.get("slip_eval_pairs", "n/a"))],
+                 ["Labelers choose the intact response", _pct(pairs.get("slips_labels_choose_intact"), 1)],
+                 ["<b>RM accuracy on one-slip pairs vs gold</b>", "<b>" + _pct(slips_g, 1) + "</b>"]]
     sft_rows = by_model.get("sft") or []
     c_pl = c_gl = c_pg = None
     if sft_rows:
@@ -630,6 +636,11 @@ def _reward_section(summary: Mapping, by_model: Mapping[str, list[dict]], task, 
     if c_pl is not None and c_gl is not None and c_pl > c_gl + 0.1:
         reading.append(f"On SFT responses the RM score correlates with length ({c_pl:+.2f}) much more than gold "
                        f"does ({c_gl:+.2f}): a longer answer earns RM score that it does not earn in gold.")
+    if slips_g is not None:
+        seen = ("it barely sees grammar, so nothing but the KL penalty keeps the policy's text well formed"
+                if slips_g < 0.7 else "it has learned to see most grammar slips")
+        reading.append(f"Shown a review and the same review with one word broken, the RM ranks them as gold does "
+                       f"{_pct(slips_g)} of the time: {seen}.")
     reading.append("So the RM is a <em>proxy</em>. Pushing hard on it (PPO) finds the places where proxy and truth "
                    "disagree; the KL penalty to the SFT model is what limits how far that goes.")
     text.append("<p>" + " ".join(reading) + "</p>")

@@ -76,8 +76,10 @@ def fake_run(tmp_path_factory):
     # stage results (DONE) and eval.json, with recognisable numbers
     summary = {
         "sft": {"eval_loss": 1.91, "wall_s": 109.48},
-        "pairs": {"eval_pairs": 40, "labels_agree_with_gold": 0.747, "labels_prefer_longer": 0.689, "pairs": 160, "wall_s": 45.05},
-        "reward": {"accuracy_vs_gold": 0.589, "accuracy_vs_labelers": 0.68, "eval_loss": 0.85, "wall_s": 92.74},
+        "pairs": {"eval_pairs": 40, "labels_agree_with_gold": 0.747, "labels_prefer_longer": 0.689, "pairs": 160,
+                  "slip_eval_pairs": 37, "slips_labels_choose_intact": 0.811, "wall_s": 45.05},
+        "reward": {"accuracy_vs_gold": 0.589, "accuracy_vs_labelers": 0.68, "eval_loss": 0.85,
+                   "slips_accuracy_vs_gold": 0.543, "wall_s": 92.74},
     }
     ev = {
         "gold_gain_sd": 0.6, "proxy_gain_sd": 1.41,
@@ -148,7 +150,7 @@ def test_report_is_self_contained_and_complete(fake_run):
                  "proxy gain: +1.41", "80%", "60%"):
         assert text in page, text
     # section 2: reward model and the labelers' length bias
-    for text in ("68.0%", "58.9%", "74.7%", "68.9%"):
+    for text in ("68.0%", "58.9%", "74.7%", "68.9%", "81.1%", "54.3%", "it barely sees grammar"):
         assert text in page, text
     # section 4: N before/after rows (from config), scores shown
     assert page.count('<span class="prompt">') >= 2 * N_SHOW

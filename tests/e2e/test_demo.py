@@ -60,6 +60,29 @@ def test_quick_demo_artefacts(quick_demo):
     assert "report:" in log
 
 
+def test_quick_demo_measures_the_rm_on_one_slip_pairs(quick_demo):
+    """Held-out minimal pairs (a sample vs the same sample with one slip) are written in the
+    user-facing preference format, and the RM's accuracy on them is reported and shown."""
+    from fourfold.data import load_preferences
+    from fourfold.tasks import ReviewTask
+
+    out, _, _ = quick_demo
+    path = out / "data" / "preferences_eval_slips.jsonl"
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    assert 90 <= len(rows) <= 100  # --quick asks for 100; identical or empty pairs are dropped
+    assert len(load_preferences(str(path)).records) == len(rows)
+    for r in rows:
+        assert r["slip"] in ReviewTask.SLIPS and r["intact"] in (r["chosen"], r["rejected"])
+        edited = r["rejected"] if r["chosen"] == r["intact"] else r["chosen"]
+        assert edited != r["intact"] and abs(len(edited.split()) - len(r["intact"].split())) <= 3
+    pairs = json.loads((out / "stages" / "pairs" / "DONE").read_text())["result"]
+    assert pairs["slip_eval_pairs"] == len(rows) and pairs["slip_pairs"] == 0
+    assert pairs["slips_labels_choose_intact"] == sum(r["chosen"] == r["intact"] for r in rows) / len(rows)
+    rm = json.loads((out / "stages" / "reward" / "DONE").read_text())["result"]
+    assert 0.0 <= rm["slips_accuracy_vs_gold"] <= 1.0 and 0.0 <= rm["slips_accuracy_vs_labelers"] <= 1.0
+    assert "RM accuracy on one-slip pairs vs gold" in (out / "report.html").read_text()
+
+
 def test_quick_demo_raises_gold(quick_demo):
     out, _, _ = quick_demo
     ev = json.loads((out / "eval.json").read_text())
