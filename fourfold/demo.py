@@ -257,15 +257,7 @@ def run(cfg: DemoConfig, *, stop_after: str | None = None) -> dict:
         prompts = task.sample_prompts(n, rng)
         a, _ = sample_texts(model, tok, prompts, max_new_tokens=gen.max_new_tokens, temperature=cfg.pairs.temperature)
         b, _ = sample_texts(model, tok, prompts, max_new_tokens=gen.max_new_tokens, temperature=cfg.pairs.temperature)
-        labels = task.label_pairs(prompts, a, b, rng)
-        gold_a, gold_b = task.gold_reward(prompts, a), task.gold_reward(prompts, b)
-        rows = []
-        for p, x, y, lab, ga, gb in zip(prompts, a, b, labels, gold_a, gold_b):
-            if x == y or not x or not y:
-                continue  # identical or empty pairs carry no preference
-            chosen, rejected = (x, y) if lab == 0 else (y, x)
-            g_c, g_r = (ga, gb) if lab == 0 else (gb, ga)
-            rows.append({"prompt": p, "chosen": chosen, "rejected": rejected, "gold_chosen": g_c, "gold_rejected": g_r})
+        rows = _labelled_rows(task, prompts, a, b, rng)
         n_eval = min(cfg.pairs.eval_pairs, len(rows) // 5)
         slips, slips_eval = _slip_pairs(task, model, tok, cfg, seed)
         write_jsonl(data / "preferences_eval.jsonl", rows[:n_eval])
@@ -419,17 +411,25 @@ def _slip_rows(task, model, tokenizer, cfg: DemoConfig, n: int, seed: int) -> li
     intact, _ = sample_texts(model, tokenizer, prompts, max_new_tokens=cfg.generation.max_new_tokens,
                              temperature=cfg.pairs.temperature)
     slipped = [task.slip(r, rng) for r in intact]
-    edited = [e for e, _ in slipped]
-    labels = task.label_pairs(prompts, intact, edited, rng)
-    gold_i, gold_e = task.gold_reward(prompts, intact), task.gold_reward(prompts, edited)
+    return _labelled_rows(task, prompts, intact, [e for e, _ in slipped], rng,
+                          extra=[{"intact": x, "slip": kind} for x, (_, kind) in zip(intact, slipped)])
+
+
+def _labelled_rows(task, prompts: list[str], a: list[str], b: list[str], rng: random.Random,
+                   extra: list[dict] | None = None) -> list[dict]:
+    """Preference rows (the reward stage's format, plus each side's gold) for the pairs
+    ``(a[i], b[i])`` as the task's labelers choose, with ``extra[i]`` merged into row ``i``.
+    Identical or empty pairs carry no preference and are left out."""
+    labels = task.label_pairs(prompts, a, b, rng)
+    gold_a, gold_b = task.gold_reward(prompts, a), task.gold_reward(prompts, b)
     rows = []
-    for p, x, (y, kind), lab, gx, gy in zip(prompts, intact, slipped, labels, gold_i, gold_e):
+    for i, (p, x, y, lab, ga, gb) in enumerate(zip(prompts, a, b, labels, gold_a, gold_b)):
         if x == y or not x or not y:
-            continue  # an empty sample has nothing to slip
+            continue
         chosen, rejected = (x, y) if lab == 0 else (y, x)
-        g_c, g_r = (gx, gy) if lab == 0 else (gy, gx)
-        rows.append({"prompt": p, "chosen": chosen, "rejected": rejected, "gold_chosen": g_c,
-                     "gold_rejected": g_r, "intact": x, "slip": kind})
+        g_c, g_r = (ga, gb) if lab == 0 else (gb, ga)
+        rows.append({"prompt": p, "chosen": chosen, "rejected": rejected, "gold_chosen": g_c, "gold_rejected": g_r,
+                     **(extra[i] if extra else {})})
     return rows
 
 
