@@ -71,9 +71,8 @@ def grow_layers(model, extra: int, seed: Optional[int] = None):
                          f"(unexpected {unexpected[:3]}, missing {[k for k in missing if not k.startswith(new_prefixes)][:3]})")
     with torch.no_grad():
         for layer in grown.model.layers[n:]:
-            layer.self_attn.o_proj.weight.zero_()
-            layer.mlp.down_proj.weight.zero_()
             for proj in (layer.self_attn.o_proj, layer.mlp.down_proj):
-                if getattr(proj, "bias", None) is not None:
+                proj.weight.zero_()
+                if proj.bias is not None:
                     proj.bias.zero_()
     return grown
