@@ -5,8 +5,13 @@ responses of exactly --response-len tokens (EOS disabled). Runs the same functio
 ``fourfold ppo`` (collect -> compute_advantages -> ppo_update), so the figures are the trainer's.
 
     python benchmarks/ppo_iteration.py                      # workload W of ../shared/reference/anchors.md
-    python benchmarks/ppo_iteration.py --device cuda --dtype bfloat16 --hidden 896 --layers 24 \
+    python benchmarks/ppo_iteration.py --device cuda --precision bf16-mixed --hidden 896 --layers 24 \
         --heads 14 --intermediate 4864 --vocab 32000 --batch 64 --prompt-len 64 --response-len 128 --minibatch 16
+
+Precision (``--precision``): ``fp32`` everywhere; ``bf16`` = every model's weights, gradients and
+AdamW state in bf16 (fast, not how one should train); ``bf16-mixed`` = the trained roles (policy,
+critic) keep fp32 master weights and AdamW state and compute under bf16 autocast, the frozen roles
+(reference, reward model) hold bf16 weights (the standard recipe on GPUs).
 """
 
 from __future__ import annotations
@@ -41,12 +46,18 @@ def main(argv=None) -> dict:
     p.add_argument("--iterations", type=int, default=10)
     p.add_argument("--warmup", type=int, default=2, help="iterations excluded from the median")
     p.add_argument("--device", default="cpu")
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    p.add_argument("--precision", default=None, choices=["fp32", "bf16", "bf16-mixed"])
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
+                   help="older spelling: bfloat16 = --precision bf16")
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     p.add_argument("--temperature", type=float, default=0.7)
     p.add_argument("--concurrent", action="store_true",
                    help="critic epochs in a second thread beside the policy's (run.concurrent_roles)")
     args = p.parse_args(argv)
+    if args.precision is None:
+        args.precision = "bf16" if args.dtype == "bfloat16" else "fp32"
+
+    import contextlib
 
     import torch
 
@@ -64,14 +75,21 @@ def main(argv=None) -> dict:
     from fourfold.trainers.ppo import compute_advantages, make_optim, ppo_update
 
     device = torch.device(args.device)
-    dtype = torch.bfloat16 if args.dtype == "bfloat16" else torch.float32
+    dtype = torch.bfloat16 if args.precision == "bf16" else torch.float32  # trained roles
+    frozen_dtype = torch.float32 if args.precision == "fp32" else torch.bfloat16  # reference, reward
+
+    def autocast():
+        if args.precision != "bf16-mixed":
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+
     seed_everything(0)
     cfg = llama_config(args.vocab, args.hidden, args.layers, args.heads, args.intermediate,
                        max_positions=args.prompt_len + args.response_len + 8, pad_token_id=0, eos_token_id=1)
     policy = random_causal_lm(cfg, seed=0, dtype=dtype).to(device)
-    reference = FrozenReference(copy.deepcopy(policy))
-    reward_model = ScalarModel(random_scalar_model(cfg, seed=1, dtype=dtype).to(device))
-    critic = copy.deepcopy(reward_model)
+    reference = FrozenReference(copy.deepcopy(policy).to(frozen_dtype))
+    critic = ScalarModel(random_scalar_model(cfg, seed=1, dtype=dtype).to(device))
+    reward_model = ScalarModel(copy.deepcopy(critic.hf).to(frozen_dtype))
     roles = Roles(SimpleNamespace(eos_token_id=1, pad_token_id=0), policy, reference, ModelReward(reward_model), critic, reward_model)
     algo = PPOAlgoConfig(iterations=args.iterations, rollout_batch_size=args.batch, minibatch_size=args.minibatch,
                          ppo_epochs=args.ppo_epochs, lr=1e-5, critic_lr=1e-5)
@@ -90,12 +108,15 @@ def main(argv=None) -> dict:
         if cuda:
             torch.cuda.synchronize(device)
         t0 = time.perf_counter()
-        col = collect(roles, [""] * args.batch, prompts, prompt_mask, gen, kl_coef=algo.kl_coef, concurrent=args.concurrent)
+        with autocast():
+            col = collect(roles, [""] * args.batch, prompts, prompt_mask, gen, kl_coef=algo.kl_coef,
+                          concurrent=args.concurrent)
         rollout = compute_advantages(col.rollout, algo)
         if cuda:
             torch.cuda.synchronize(device)
         t1 = time.perf_counter()
-        ppo_update(roles, rollout, algo, opt, gen.temperature, guard, it, concurrent=args.concurrent)
+        with autocast():
+            ppo_update(roles, rollout, algo, opt, gen.temperature, guard, it, concurrent=args.concurrent)
         if cuda:
             torch.cuda.synchronize(device)
         t2 = time.perf_counter()
@@ -122,7 +143,7 @@ def main(argv=None) -> dict:
         "peak_mem_kind": "cuda_max_allocated" if cuda else "rss",
         "iterations_timed": len(timed),
         "workload": {k: getattr(args, k) for k in ("arch", "hidden", "layers", "heads", "intermediate", "vocab", "batch",
-                                                    "prompt_len", "response_len", "ppo_epochs", "minibatch", "dtype", "device",
+                                                    "prompt_len", "response_len", "ppo_epochs", "minibatch", "precision", "device",
                                                     "temperature", "concurrent")}
                     | {"optimizer_steps_per_iter": algo.steps_per_iteration, "threads": torch.get_num_threads(),
                        "params_per_model_m": round(sum(p.numel() for p in policy.parameters()) / 1e6, 2)},
