@@ -22,7 +22,17 @@ from fourfold.core.estimators import (
 )
 from fourfold.core.kl import KL_KINDS, AdaptiveKLController, FixedKLController, kl_estimate, token_rewards
 from fourfold.core.logprobs import entropy_from_logits, logprobs_from_logits
-from fourfold.core.losses import bradley_terry_loss, ppo_policy_loss, reinforce_loss, sft_loss, value_loss
+from fourfold.core.losses import (
+    LOSS_AGG_MODES,
+    aggregate_loss,
+    aggregation_units,
+    bradley_terry_loss,
+    kl_loss,
+    ppo_policy_loss,
+    reinforce_loss,
+    sft_loss,
+    value_loss,
+)
 from fourfold.core.masks import (
     as_bool_mask,
     first_valid_index,
@@ -67,7 +77,11 @@ __all__ = [
     "ADVANTAGE_ESTIMATORS",
     "register_advantage_estimator",
     "get_advantage_estimator",
+    "LOSS_AGG_MODES",
+    "aggregate_loss",
+    "aggregation_units",
     "ppo_policy_loss",
+    "kl_loss",
     "value_loss",
     "reinforce_loss",
     "bradley_terry_loss",
