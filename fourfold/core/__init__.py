@@ -5,10 +5,34 @@ Conventions: per-token tensors are ``[B, T]``, per-sequence ``[B]``; ``mask`` is
 (e.g. losses on flattened ``[N]`` environment steps).
 """
 
-from fourfold.core.advantages import discounted_returns, explained_variance, gae, mean_baseline
+from fourfold.core.advantages import (
+    discounted_returns,
+    explained_variance,
+    gae,
+    grpo_advantages,
+    mean_baseline,
+    reinforce_pp_advantages,
+    rloo_advantages,
+)
+from fourfold.core.estimators import (
+    ADVANTAGE_ESTIMATORS,
+    AdvantageInputs,
+    get_advantage_estimator,
+    register_advantage_estimator,
+)
 from fourfold.core.kl import KL_KINDS, AdaptiveKLController, FixedKLController, kl_estimate, token_rewards
 from fourfold.core.logprobs import entropy_from_logits, logprobs_from_logits
-from fourfold.core.losses import bradley_terry_loss, ppo_policy_loss, reinforce_loss, sft_loss, value_loss
+from fourfold.core.losses import (
+    LOSS_AGG_MODES,
+    aggregate_loss,
+    aggregation_units,
+    bradley_terry_loss,
+    kl_loss,
+    ppo_policy_loss,
+    reinforce_loss,
+    sft_loss,
+    value_loss,
+)
 from fourfold.core.masks import (
     as_bool_mask,
     first_valid_index,
@@ -46,7 +70,18 @@ __all__ = [
     "discounted_returns",
     "mean_baseline",
     "explained_variance",
+    "grpo_advantages",
+    "rloo_advantages",
+    "reinforce_pp_advantages",
+    "AdvantageInputs",
+    "ADVANTAGE_ESTIMATORS",
+    "register_advantage_estimator",
+    "get_advantage_estimator",
+    "LOSS_AGG_MODES",
+    "aggregate_loss",
+    "aggregation_units",
     "ppo_policy_loss",
+    "kl_loss",
     "value_loss",
     "reinforce_loss",
     "bradley_terry_loss",

@@ -1,6 +1,7 @@
 """Training losses: PPO clipped policy loss, (clipped) value loss, REINFORCE, Bradley-Terry
-reward-model loss, SFT cross-entropy. Each returns ``(loss, stats)``: ``loss`` a 0-d tensor to
-backpropagate, ``stats`` a dict of detached 0-d tensors for logging (no host sync)."""
+reward-model loss, SFT cross-entropy, the KL-to-reference loss term; how a per-token loss is
+aggregated over a batch (``aggregate_loss``). Each loss returns ``(loss, stats)``: ``loss`` a 0-d
+tensor to backpropagate, ``stats`` a dict of detached 0-d tensors for logging (no host sync)."""
 
 from __future__ import annotations
 
@@ -10,14 +11,67 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from fourfold.core.kl import kl_estimate
 from fourfold.core.logprobs import logprobs_from_logits
-from fourfold.core.masks import as_bool_mask, masked_mean
+from fourfold.core.masks import as_bool_mask, masked_count, masked_mean, masked_sum
 
 Stats = dict[str, Tensor]
 
 
+LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
+
+
 def _zero(x: Tensor) -> Tensor:
     return torch.zeros((), dtype=x.dtype, device=x.device)
+
+
+def _check_agg(mode: str) -> None:
+    if mode not in LOSS_AGG_MODES:
+        raise ValueError(f"unknown loss aggregation {mode!r}; expected one of {', '.join(LOSS_AGG_MODES)}")
+
+
+def aggregate_loss(per_token_loss: Tensor, mask: Tensor, mode: str = "token-mean") -> Tensor:
+    """Reduce a per-token loss ``l [B, T]`` over the valid tokens to a 0-d loss. With n_i the valid
+    tokens of row i and S the rows with n_i > 0:
+
+        token-mean:           sum_{i,t} m_it l_it / sum_i n_i
+        seq-mean-token-mean:  1/|S| sum_{i in S} (1/n_i) sum_t m_it l_it
+        seq-mean-token-sum:   1/|S| sum_{i in S}         sum_t m_it l_it
+
+    token-mean (fourfold's PPO default, as in TRL's PPO; DAPO, Yu et al. 2025, argues for it) gives
+    every token the same weight. seq-mean-token-mean is GRPO's formula (Shao et al. 2024): each response weighs the
+    same whatever its length, so a token of a long response weighs 1/n_i less. Dr. GRPO (Liu et al.
+    2025) names the length bias this creates: with a negative advantage a long response is
+    penalised less per token than a short one (long wrong answers grow), with a positive one short
+    responses are favoured. seq-mean-token-sum removes the 1/n_i; Dr. GRPO divides the sum by a
+    constant (the generation budget) instead of by |S|, which only rescales the loss by a
+    constant.
+
+    Shapes: ``per_token_loss``, ``mask`` ``[B, T]`` (any ``[..., T]``: the last dim is the
+    sequence; a 1-d input is one sequence). Rows without a valid token do not count; no valid token
+    at all gives 0 (not NaN). Unknown ``mode`` raises ValueError naming the modes.
+    """
+    _check_agg(mode)
+    if mode == "token-mean":
+        return masked_mean(per_token_loss, mask)
+    m = as_bool_mask(mask)
+    per_seq = masked_sum(per_token_loss, m, dim=-1)
+    if mode == "seq-mean-token-mean":
+        per_seq = per_seq / masked_count(per_token_loss, m, dim=-1).clamp(min=1)
+    return masked_mean(per_seq, m.any(dim=-1))
+
+
+def aggregation_units(mask: Tensor, mode: str = "token-mean") -> Tensor:
+    """The denominator of :func:`aggregate_loss` for ``mode`` (0-d float): the valid tokens for
+    token-mean, the rows with a valid token for the seq-mean modes.
+
+    A trainer that splits a batch into row-wise micro-batches weights each micro-batch's aggregate
+    by ``aggregation_units(part) / aggregation_units(batch)``; the weighted sum is then the
+    aggregate of the whole batch (and so are the accumulated gradients)."""
+    _check_agg(mode)
+    m = as_bool_mask(mask)
+    units = m if mode == "token-mean" else m.any(dim=-1)
+    return units.float().sum()
 
 
 def ppo_policy_loss(
@@ -26,28 +80,41 @@ def ppo_policy_loss(
     advantages: Tensor,
     mask: Tensor,
     clip_eps: float = 0.2,
+    *,
+    clip_eps_low: Optional[float] = None,
+    clip_eps_high: Optional[float] = None,
+    agg: str = "token-mean",
 ) -> tuple[Tensor, Stats]:
-    """PPO clipped surrogate (Schulman et al. 2017), token-level mean over all valid tokens:
+    """PPO clipped surrogate (Schulman et al. 2017), by default a token-level mean over all valid
+    tokens:
 
         r_t  = exp(logprobs_t - old_logprobs_t)
-        loss = -masked_mean( min(r_t * A_t, clip(r_t, 1 - eps, 1 + eps) * A_t) )
+        loss = -aggregate_loss( min(r_t * A_t, clip(r_t, 1 - eps_low, 1 + eps_high) * A_t), agg )
 
-    Shapes: all ``[B, T]`` (or any shape, e.g. flattened ``[N]`` env steps). ``old_logprobs`` and
-    ``advantages`` are constants (detached). Gradient is exactly 0 for a token clipped on the side
-    its advantage pushes (A > 0 and r > 1 + eps, or A < 0 and r < 1 - eps).
+    eps_low = ``clip_eps_low`` and eps_high = ``clip_eps_high``, each ``clip_eps`` when None (the
+    symmetric clip of PPO). A larger eps_high ("clip-higher", DAPO: Yu et al. 2025, 0.2 / 0.28)
+    lets low-probability tokens with a positive advantage grow further. ``agg`` is one of
+    ``aggregate_loss``'s modes (default token-mean: the plain masked mean).
 
-    stats: ``clipfrac`` share of valid tokens where the clipped term is strictly smaller (clipped
-    branch active); ``approx_kl`` masked mean of (r - 1) - log r, the k3 estimate of
-    KL(pi_old || pi); ``ratio_mean``; ``ratio_max`` (0 when no token is valid).
+    Shapes: all ``[B, T]`` (or any shape, e.g. flattened ``[N]`` env steps with token-mean).
+    ``old_logprobs`` and ``advantages`` are constants (detached). Gradient is exactly 0 for a token
+    clipped on the side its advantage pushes (A > 0 and r > 1 + eps_high, or A < 0 and
+    r < 1 - eps_low).
+
+    stats (token-level means whatever ``agg``): ``clipfrac`` share of valid tokens where the clipped
+    term is strictly smaller (clipped branch active); ``approx_kl`` masked mean of (r - 1) - log r,
+    the k3 estimate of KL(pi_old || pi); ``ratio_mean``; ``ratio_max`` (0 when no token is valid).
     """
+    eps_low = clip_eps if clip_eps_low is None else clip_eps_low
+    eps_high = clip_eps if clip_eps_high is None else clip_eps_high
     m = as_bool_mask(mask)
     zero = _zero(logprobs)
     log_ratio = torch.where(m, logprobs - old_logprobs.detach(), zero)
     ratio = torch.exp(log_ratio)
     adv = torch.where(m, advantages.detach().to(ratio.dtype), zero)
     surr = ratio * adv
-    surr_clipped = torch.clamp(ratio, 1.0 - clip_eps, 1.0 + clip_eps) * adv
-    loss = -masked_mean(torch.minimum(surr, surr_clipped), m)
+    surr_clipped = torch.clamp(ratio, 1.0 - eps_low, 1.0 + eps_high) * adv
+    loss = -aggregate_loss(torch.minimum(surr, surr_clipped), m, agg)
     with torch.no_grad():
         stats = {
             "clipfrac": masked_mean((surr_clipped < surr).to(ratio.dtype), m),
@@ -56,6 +123,35 @@ def ppo_policy_loss(
             "ratio_max": torch.where(m, ratio, zero).max() if ratio.numel() else zero,
         }
     return loss, {k: v.detach() for k, v in stats.items()}
+
+
+def kl_loss(
+    logprobs: Tensor,
+    ref_logprobs: Tensor,
+    mask: Tensor,
+    kind: str = "k3",
+    agg: str = "token-mean",
+) -> tuple[Tensor, Stats]:
+    """KL(pi || pi_ref) as a loss term (GRPO, Shao et al. 2024: the KL leaves the reward and is
+    added to the policy loss as ``beta * kl_loss``), with d_t = logprobs_t - ref_logprobs_t:
+
+        loss = aggregate_loss( kl_estimate(d_t, kind), agg )        k3: exp(-d) - 1 + d  (GRPO's)
+
+    k3 is >= 0 and unbiased for the KL of the sampled tokens; its gradient in logprobs is
+    1 - exp(-d) per token, pulling log pi towards log pi_ref. ``kind`` is any of ``KL_KINDS``
+    (k1's gradient is constant, so k1 is no useful loss; it is allowed for measurements).
+    ``ref_logprobs`` is a constant (detached); ``logprobs`` carry the gradient.
+
+    Shapes: all ``[B, T]`` (any ``[..., T]``). Masked entries never influence the loss or its
+    gradient (replaced before the exponential). stats: ``kl`` the token-level mean of the estimate,
+    whatever ``agg``.
+    """
+    m = as_bool_mask(mask)
+    zero = _zero(logprobs)
+    ref = torch.where(m, ref_logprobs.detach().to(logprobs.dtype), zero)
+    per_token = kl_estimate(torch.where(m, logprobs, zero), ref, kind)
+    loss = aggregate_loss(per_token, m, agg)
+    return loss, {"kl": masked_mean(per_token.detach(), m)}
 
 
 def value_loss(

@@ -7,9 +7,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fourfold.core import (
+    ADVANTAGE_ESTIMATORS,
+    LOSS_AGG_MODES,
+    AdvantageInputs,
+    aggregate_loss,
     discounted_returns,
     explained_variance,
     gae,
+    kl_loss,
     masked_mean,
     masked_sum,
     masked_var,
@@ -63,6 +68,15 @@ CASES = {
     "reinforce_loss": _loss_with_grad(lambda x, d, m: reinforce_loss(x, d["y"], m, baseline=d["z"]), "x"),
     "reinforce_loss_rows": _loss_with_grad(lambda x, d, m: reinforce_loss(x, d["row"], m, baseline=d["row2"]), "x"),
     "sft_loss": _loss_with_grad(lambda x, d, m: sft_loss(x, d["labels"], m), "logits"),
+    "ppo_policy_loss_asym_agg": _loss_with_grad(lambda x, d, m: ppo_policy_loss(
+        x, d["y"], d["z"], m, clip_eps_low=0.1, clip_eps_high=0.3, agg="seq-mean-token-mean"), "x"),
+    "kl_loss": _loss_with_grad(lambda x, d, m: kl_loss(x, d["y"], m), "x"),
+    "kl_loss_seq_sum": _loss_with_grad(lambda x, d, m: kl_loss(x, d["y"], m, "k2", "seq-mean-token-sum"), "x"),
+    "aggregate_loss": lambda d, m: [aggregate_loss(d["x"], m, mode) for mode in LOSS_AGG_MODES],
+    # every registered estimator, one group (K = B) and K = 1; sequence rewards come from per-step inputs
+    "advantage_estimators": lambda d, m: [
+        out for name in sorted(ADVANTAGE_ESTIMATORS) for k in (1, d["x"].shape[0])
+        for out in ADVANTAGE_ESTIMATORS[name](AdvantageInputs(d["x"], m, d["y"], k, 0.9, 0.95))],
 }
 
 
