@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Literal, Optional
+from typing import ClassVar, Literal, Optional
 
 from fourfold.config.loader import require
 from fourfold.config.run import RunConfig
@@ -49,7 +49,21 @@ class GymAgentConfig:
 
 @dataclasses.dataclass
 class GymPPOConfig:
-    """PPO with the usual implementation details (CleanRL's ppo.py names them the same way)."""
+    """PPO with the usual implementation details (those of CleanRL's ppo.py), under the names the
+    language-model PPO section (PPOAlgoConfig) gives the same settings."""
+
+    RENAMED: ClassVar[dict[str, tuple[str, str]]] = {
+        "anneal_lr": ("lr_schedule", "'linear' for true, 'constant' for false"),
+        "gae_lambda": ("lam", ""),
+        "num_minibatches": ("minibatch_size", "transitions per minibatch, env.num_envs * num_steps / "
+                                              "num_minibatches; null for the whole batch"),
+        "update_epochs": ("ppo_epochs", ""),
+        "norm_adv": ("whiten_advantages", ""),
+        "clip_coef": ("clip_eps", ""),
+        "clip_vloss": ("vf_clip_eps", "a clip range, null for none; clip_vloss=true was vf_clip_eps equal to clip_eps"),
+        "ent_coef": ("entropy_coef", ""),
+    }
+    """Keys of earlier versions (CleanRL's names): the loader refuses them, naming the new key."""
 
     total_timesteps: int = 100_000
     """Budget in environment steps (all envs together); the run always spends all of it unless
@@ -58,24 +72,26 @@ class GymPPOConfig:
     """Steps per env per rollout: a batch is num_envs * num_steps transitions."""
     lr: float = 1e-3
     """Adam learning rate (Adam eps is adam_eps)."""
-    anneal_lr: bool = True
-    """Decay the learning rate linearly from lr to 0 over the run."""
+    lr_schedule: Literal["linear", "constant"] = "linear"
+    """'linear': decay the learning rate linearly from lr to 0 over the run; 'constant': keep lr."""
     gamma: float = 0.98
     """Discount factor."""
-    gae_lambda: float = 0.8
+    lam: float = 0.8
     """GAE lambda (1 = Monte-Carlo returns minus V, 0 = one-step TD)."""
-    num_minibatches: int = 1
-    """Minibatches per epoch (shuffled each epoch); minibatch = batch / num_minibatches."""
-    update_epochs: int = 20
+    minibatch_size: Optional[int] = None
+    """Transitions per optimizer step; it must divide the batch env.num_envs * num_steps, which is
+    split into batch / minibatch_size shuffled minibatches each epoch. null: the whole batch."""
+    ppo_epochs: int = 20
     """Passes over each batch."""
-    norm_adv: bool = True
+    whiten_advantages: bool = True
     """Whiten advantages per minibatch (mean 0, std 1)."""
-    clip_coef: float = 0.2
-    """PPO ratio clip epsilon (also the value clip range when clip_vloss)."""
-    clip_vloss: bool = False
-    """Clip the value update around the rollout's values (PPO2-style clipped value loss)."""
-    ent_coef: float = 0.0
-    """Entropy bonus coefficient."""
+    clip_eps: float = 0.2
+    """Clip range of the probability ratio in the surrogate objective."""
+    vf_clip_eps: Optional[float] = None
+    """Clip range of the value update around the rollout's values (PPO2-style clipped value loss);
+    null = plain MSE."""
+    entropy_coef: float = 0.0
+    """Weight of an entropy bonus in the policy loss."""
     vf_coef: float = 0.5
     """Value loss coefficient (the value loss already carries a factor 0.5)."""
     max_grad_norm: float = 0.5
@@ -90,11 +106,13 @@ class GymPPOConfig:
         require(self.num_steps >= 1, f"{prefix}.num_steps", "must be >= 1")
         require(self.lr > 0, f"{prefix}.lr", "must be > 0")
         require(0 < self.gamma <= 1, f"{prefix}.gamma", "must be in (0, 1]")
-        require(0 <= self.gae_lambda <= 1, f"{prefix}.gae_lambda", "must be in [0, 1]")
-        require(self.num_minibatches >= 1, f"{prefix}.num_minibatches", "must be >= 1")
-        require(self.update_epochs >= 1, f"{prefix}.update_epochs", "must be >= 1")
-        require(self.clip_coef > 0, f"{prefix}.clip_coef", "must be > 0")
-        require(self.ent_coef >= 0, f"{prefix}.ent_coef", "must be >= 0")
+        require(0 <= self.lam <= 1, f"{prefix}.lam", "must be in [0, 1]")
+        require(self.minibatch_size is None or self.minibatch_size >= 1, f"{prefix}.minibatch_size",
+                "must be >= 1 or null")
+        require(self.ppo_epochs >= 1, f"{prefix}.ppo_epochs", "must be >= 1")
+        require(self.clip_eps > 0, f"{prefix}.clip_eps", "must be > 0")
+        require(self.vf_clip_eps is None or self.vf_clip_eps > 0, f"{prefix}.vf_clip_eps", "must be > 0 or null")
+        require(self.entropy_coef >= 0, f"{prefix}.entropy_coef", "must be >= 0")
         require(self.vf_coef >= 0, f"{prefix}.vf_coef", "must be >= 0")
         require(self.max_grad_norm > 0, f"{prefix}.max_grad_norm", "must be > 0")
         require(self.target_kl is None or self.target_kl > 0, f"{prefix}.target_kl", "must be > 0 or null")
@@ -169,8 +187,16 @@ class GymConfig:
 
     def validate(self, prefix: str = "") -> None:
         batch = self.env.num_envs * self.ppo.num_steps
-        require(batch % self.ppo.num_minibatches == 0, "ppo.num_minibatches",
-                f"must divide the batch env.num_envs * ppo.num_steps = {batch}")
+        if self.ppo.minibatch_size is not None:
+            require(batch % self.ppo.minibatch_size == 0, "ppo.minibatch_size",
+                    f"{self.ppo.minibatch_size} does not divide the batch env.num_envs * ppo.num_steps = {batch}")
         if self.algo == "ppo":
             require(self.ppo.total_timesteps >= batch, "ppo.total_timesteps",
                     f"must be at least one batch (env.num_envs * ppo.num_steps = {batch})")
+
+    @property
+    def num_minibatches(self) -> int:
+        """PPO minibatches per epoch: env.num_envs * ppo.num_steps / ppo.minibatch_size (1 when null)."""
+        if self.ppo.minibatch_size is None:
+            return 1
+        return self.env.num_envs * self.ppo.num_steps // self.ppo.minibatch_size

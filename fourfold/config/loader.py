@@ -109,18 +109,29 @@ def _fields(cls: type) -> dict[str, dataclasses.Field]:
     return {f.name: f for f in dataclasses.fields(cls) if f.init}
 
 
+def _unknown_key(cls: type, key: str, known: list[str], prefix: str, where: str) -> ConfigError:
+    """The error for a key ``cls`` has no field for. A key the section renamed (its ``RENAMED``
+    class attribute: old key -> (new key, note)) names its new key; any other gets the closest
+    known key as a did-you-mean, and the list of known keys."""
+    renamed = getattr(cls, "RENAMED", {}).get(key)
+    if renamed is not None:
+        new, note = renamed
+        return ConfigError(f"{where}{prefix}{key}: renamed to {prefix}{new}" + (f" ({note})" if note else ""))
+    close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
+    hint = f" (did you mean '{prefix}{close[0]}'?)" if close else ""
+    return ConfigError(f"{where}{prefix}{key}: unknown key{hint}; known keys here: {', '.join(sorted(known))}")
+
+
 def _build(cls: type[T], data: dict, prefix: str = "", where: str = "") -> T:
     hints = typing.get_type_hints(cls)
     fields = _fields(cls)
     kwargs = {}
     for key, value in data.items():
         if key not in fields:
-            close = difflib.get_close_matches(str(key), list(fields), n=1, cutoff=0.6)
-            hint = f" (did you mean '{prefix}{close[0]}'?)" if close else ""
-            known = ", ".join(sorted(fields))
-            raise ConfigError(f"{where}{prefix}{key}: unknown key{hint}; known keys here: {known}")
+            raise _unknown_key(cls, str(key), list(fields), prefix, where)
         f = fields[key]
-        if isinstance(value, dict) and dataclasses.is_dataclass(hints[key]) and f.default_factory is not dataclasses.MISSING:
+        if (isinstance(value, dict) and dataclasses.is_dataclass(hints[key])
+                and f.default_factory is not dataclasses.MISSING):
             # a partial section keeps this stage's defaults for the keys it does not name
             value = _merge(dataclasses.asdict(f.default_factory()), value)
         kwargs[key] = _coerce(value, hints[key], prefix + key, where)
