@@ -8,7 +8,7 @@ seed first reached the solved threshold, and the wall time per run. Writes the m
 
     python benchmarks/gym_cartpole.py                                  # docs/gym.md's table
     python benchmarks/gym_cartpole.py --configs examples/acrobot.yaml --milestones 25000 50000 100000
-    python benchmarks/gym_cartpole.py --seeds 1 --set ppo.update_epochs=10   # a quick variant
+    python benchmarks/gym_cartpole.py --seeds 1 --set ppo.ppo_epochs=10   # a quick variant
 """
 
 from __future__ import annotations

@@ -119,3 +119,33 @@ def test_fuzzed_configs_fail_only_with_config_errors(tmp_path_factory, entries):
         load_config(PPOConfig, path, OK)
     except ConfigError as e:
         assert str(e) and "\n" not in str(e)
+
+
+# The classic-control PPO section takes the language-model section's names; each old (CleanRL)
+# key is refused with its new name, from a file and from the command line.
+RENAMED_GYM_KEYS = [("anneal_lr", "lr_schedule"), ("gae_lambda", "lam"), ("num_minibatches", "minibatch_size"),
+                    ("update_epochs", "ppo_epochs"), ("norm_adv", "whiten_advantages"), ("clip_coef", "clip_eps"),
+                    ("clip_vloss", "vf_clip_eps"), ("ent_coef", "entropy_coef")]
+
+
+@pytest.mark.parametrize("old,new", RENAMED_GYM_KEYS)
+def test_renamed_gym_ppo_keys_name_the_new_key(old, new, tmp_path):
+    path = tmp_path / "cartpole.yaml"
+    path.write_text(f"algo: ppo\nppo:\n  total_timesteps: 2048\n  {old}: 1\n")
+    assert err([], cls=GymConfig, path=path).startswith(f"{path}: ppo.{old}: renamed to ppo.{new}")
+    assert err([f"ppo.{old}=1"], cls=GymConfig).startswith(f"command line: ppo.{old}: renamed to ppo.{new}")
+
+
+def test_gym_and_lm_ppo_sections_share_one_vocabulary():
+    from fourfold.config import GymPPOConfig, PPOAlgoConfig
+
+    gym_keys = {f.name for f in dataclasses.fields(GymPPOConfig)}
+    lm_keys = {f.name for f in dataclasses.fields(PPOAlgoConfig)}
+    shared = {"lr", "lr_schedule", "gamma", "lam", "minibatch_size", "ppo_epochs", "whiten_advantages", "clip_eps",
+              "vf_clip_eps", "entropy_coef", "max_grad_norm"}
+    assert shared <= gym_keys and shared <= lm_keys
+    assert not {old for old, _ in RENAMED_GYM_KEYS} & (gym_keys | lm_keys)
+    # a renamed key's value keeps its meaning under the new name (old example values)
+    cfg = load_config(GymConfig, None, ["ppo.lr_schedule=constant", "ppo.minibatch_size=64", "ppo.vf_clip_eps=0.2"])
+    assert cfg.num_minibatches == 4 and cfg.ppo.vf_clip_eps == 0.2 and GymConfig().num_minibatches == 1
+    assert "ppo.minibatch_size: 96 does not divide the batch" in err(["ppo.minibatch_size=96"], cls=GymConfig)

@@ -14,16 +14,16 @@ PPO implementation details (numbered as in docs/gym.md; CleanRL's ppo.py uses th
  2. Separate actor and critic MLPs (no shared trunk), orthogonal init: hidden layers gain
     sqrt(2), policy head 0.01 (a near-uniform initial policy), value head 1, biases 0.
  3. Adam with eps 1e-5 over both networks.
- 4. Learning rate annealed linearly from ``ppo.lr`` to 0 over the run.
+ 4. Learning rate annealed linearly from ``ppo.lr`` to 0 over the run (``lr_schedule: linear``).
  5. GAE(gamma, lambda) across episode boundaries inside a row: ``terminated`` cuts the return
     (V = 0 after a terminal state); ``truncated`` also cuts it but bootstraps, adding
     gamma * V(final_obs) to the last reward. Gymnasium 1.x autoreset is handled in
     ``fourfold.rollout.gym`` (same_step by default; next_step reset steps are masked out).
- 6. ``update_epochs`` passes over the batch, each in ``num_minibatches`` shuffled minibatches.
- 7. Advantages whitened per minibatch (``norm_adv``).
- 8. Clipped surrogate objective (``clip_coef``).
- 9. Optional clipped value loss (``clip_vloss``) around the rollout's values.
-10. Entropy bonus (``ent_coef``).
+ 6. ``ppo_epochs`` passes over the batch, each in shuffled minibatches of ``minibatch_size``.
+ 7. Advantages whitened per minibatch (``whiten_advantages``).
+ 8. Clipped surrogate objective (``clip_eps``).
+ 9. Optional clipped value loss (``vf_clip_eps``) around the rollout's values.
+10. Entropy bonus (``entropy_coef``).
 11. Global gradient-norm clipping over actor and critic together (``max_grad_norm``).
 12. Optional early stop of the epochs once approx_kl > ``target_kl``.
 13. Diagnostics: approx_kl (k3 estimator), clipfrac, explained variance, entropy, episodic
@@ -162,11 +162,11 @@ def _ppo_minibatch_loss(actor: nn.Module, critic: nn.Module, mb: Rollout, cfg) -
     logits = actor(obs)  # (n, A)
     logprobs = logprobs_from_logits(logits, mb.actions)  # (n,)
     entropy = masked_mean(entropy_from_logits(logits), mb.mask)
-    advantages = masked_whiten(mb.advantages, mb.mask) if cfg.norm_adv else mb.advantages
-    pg_loss, pg_stats = ppo_policy_loss(logprobs, mb.logprobs, advantages, mb.mask, clip_eps=cfg.clip_coef)
+    advantages = masked_whiten(mb.advantages, mb.mask) if cfg.whiten_advantages else mb.advantages
+    pg_loss, pg_stats = ppo_policy_loss(logprobs, mb.logprobs, advantages, mb.mask, clip_eps=cfg.clip_eps)
     v_loss, v_stats = value_loss(critic(obs), mb.values, mb.returns, mb.mask,
-                                 clip_eps=cfg.clip_coef if cfg.clip_vloss else None)
-    loss = pg_loss - cfg.ent_coef * entropy + cfg.vf_coef * v_loss
+                                 clip_eps=cfg.vf_clip_eps)
+    loss = pg_loss - cfg.entropy_coef * entropy + cfg.vf_coef * v_loss
     stats = {
         "policy/loss": pg_loss.detach(), "policy/entropy": entropy.detach(),
         "policy/approx_kl": pg_stats["approx_kl"], "policy/clipfrac": pg_stats["clipfrac"],
@@ -176,16 +176,16 @@ def _ppo_minibatch_loss(actor: nn.Module, critic: nn.Module, mb: Rollout, cfg) -
 
 
 def ppo_update(agent: nn.ModuleDict, optimizer: torch.optim.Optimizer, batch: Rollout, cfg,
-               guard: NonFiniteGuard) -> dict:
-    """Details 6-12 on a flattened batch ``[N]``: ``cfg.update_epochs`` epochs of
-    ``cfg.num_minibatches`` shuffled minibatches, each one clipped optimizer step (a step whose
+               guard: NonFiniteGuard, num_minibatches: int) -> dict:
+    """Details 6-12 on a flattened batch ``[N]``: ``cfg.ppo_epochs`` epochs of
+    ``num_minibatches`` shuffled minibatches, each one clipped optimizer step (a step whose
     gradient is not finite is skipped and counted by ``guard``). Returns the mean stats of the
     last epoch run and ``policy/epochs``."""
     epochs_run, mean_stats = 0, {}
-    for _ in range(cfg.update_epochs):
+    for _ in range(cfg.ppo_epochs):
         epochs_run += 1
         epoch_stats: list[dict] = []
-        for idx in torch.randperm(batch.batch_size).tensor_split(cfg.num_minibatches):
+        for idx in torch.randperm(batch.batch_size).tensor_split(num_minibatches):
             loss, stats = _ppo_minibatch_loss(agent["actor"], agent["critic"], batch.select(idx), cfg)
             loss.backward()
             norm = clip_and_step(agent, optimizer, None, cfg.max_grad_norm, guard, "gym ppo minibatch")
@@ -290,7 +290,7 @@ def _ppo_iteration(runner: VecEnvRunner, agent: nn.ModuleDict, optimizer, cfg: G
                    num_iterations: int, guard: NonFiniteGuard) -> tuple[dict, EpisodeStats]:
     """Steps 1-3 of one PPO iteration; returns (metrics, finished episodes)."""
     ppo = cfg.ppo
-    if ppo.anneal_lr:  # detail 4: linear decay, lr at the first iteration, lr/num_iterations at the last
+    if ppo.lr_schedule == "linear":  # detail 4: lr at the first iteration, lr/num_iterations at the last
         for group in optimizer.param_groups:
             group["lr"] = (1.0 - (progress.iteration - 1) / num_iterations) * ppo.lr
     t0 = time.perf_counter()
@@ -299,9 +299,9 @@ def _ppo_iteration(runner: VecEnvRunner, agent: nn.ModuleDict, optimizer, cfg: G
     progress.env_steps += rollout.mask.numel()
     t1 = time.perf_counter()
     # 2. advantages: GAE along each env's row, then the valid steps flattened to [N]
-    batch = flatten_valid(compute_advantages(rollout, ppo.gamma, ppo.gae_lambda))
+    batch = flatten_valid(compute_advantages(rollout, ppo.gamma, ppo.lam))
     # 3. update: epochs x shuffled minibatches of the clipped PPO loss
-    stats = ppo_update(agent, optimizer, batch, ppo, guard)
+    stats = ppo_update(agent, optimizer, batch, ppo, guard, cfg.num_minibatches)
     stats.update({
         "value/explained_variance": explained_variance(batch.values, batch.returns, batch.mask),
         "value/mean": float(batch.values.mean()), "policy/lr": optimizer.param_groups[0]["lr"],

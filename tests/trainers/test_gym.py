@@ -163,9 +163,10 @@ def test_cli_prints_one_json_line(tmp_path, capsys):
 
 
 def test_cli_rejects_bad_minibatch_split(capsys):
-    code = main(["gym", "--config", str(EXAMPLES / "cartpole.yaml"), "ppo.num_minibatches=3"])
+    code = main(["gym", "--config", str(EXAMPLES / "cartpole.yaml"), "ppo.minibatch_size=100"])
     assert code == 2
-    assert "ppo.num_minibatches" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "ppo.minibatch_size: 100 does not divide the batch env.num_envs * ppo.num_steps = 256" in err
 
 
 def test_config_refuses_continuous_actions(tmp_path):

@@ -1,0 +1,105 @@
+"""Typed, validated configs: dataclasses loaded from YAML with command-line overrides.
+
+Convention (one for every subcommand):
+
+    fourfold ppo --config examples/ppo.yaml ppo.kl_coef=0.02 run.seed=3
+
+* A config is a dataclass whose fields are plain values or nested dataclasses (sections).
+* YAML gives a mapping of the same shape; ``section.key=value`` overrides are applied after the
+  file, values parsed as YAML scalars (``1e-5``, ``true``, ``null``, ``[1, 2]``).
+* Every field has a docstring-style comment in its class; unknown keys are refused with a
+  "did you mean" suggestion, wrong types name the key and the type expected, and each stage's
+  ``validate()`` checks derived sizes once, before any model is loaded.
+
+Layout: ``loader`` reads YAML, applies overrides and builds/validates any config dataclass; one
+schema module per stage holds its sections (``run``: the shared RunConfig; ``sft``: the SFT stage
+and the initial-model and training-loop sections the reward stage reuses; ``reward``; ``ppo``: the
+language-model sections shared with ``reinforce`` and ``demo``; ``reinforce``; ``gym``; ``demo``;
+``experiments``). Every name is importable from ``fourfold.config`` itself.
+
+This package imports only the standard library and PyYAML.
+"""
+
+from fourfold.config.demo import (
+    DemoConfig,
+    DemoEvalConfig,
+    DemoModelConfig,
+    DemoPairsConfig,
+    DemoRewardConfig,
+    DemoSFTConfig,
+)
+from fourfold.config.experiments import CLAIM_GROUPS, EXPERIMENT_ARMS, ExperimentsClaimsConfig, ExperimentsConfig
+from fourfold.config.gym import (
+    GymAgentConfig,
+    GymConfig,
+    GymEnvConfig,
+    GymEvalConfig,
+    GymPPOConfig,
+    GymReinforceConfig,
+)
+from fourfold.config.loader import (
+    apply_overrides,
+    config_from_dict,
+    config_to_dict,
+    load_config,
+    require,
+    save_config,
+    validate_tree,
+)
+from fourfold.config.ppo import GenerationConfig, LMModelConfig, PPOAlgoConfig, PPOConfig, PromptDataConfig
+from fourfold.config.reinforce import ReinforceAlgoConfig, ReinforceConfig
+from fourfold.config.reward import PreferenceDataConfig, RewardConfig, RewardLossConfig
+from fourfold.config.run import RunConfig
+from fourfold.config.sft import InitModelConfig, SFTConfig, SFTDataConfig, TrainLoopConfig
+from fourfold.errors import ConfigError
+
+__all__ = [
+    # the loader
+    "ConfigError",
+    "load_config",
+    "config_from_dict",
+    "config_to_dict",
+    "save_config",
+    "apply_overrides",
+    "require",
+    "validate_tree",
+    # shared
+    "RunConfig",
+    # sft (and the supervised stages' shared sections)
+    "InitModelConfig",
+    "TrainLoopConfig",
+    "SFTDataConfig",
+    "SFTConfig",
+    # reward
+    "PreferenceDataConfig",
+    "RewardLossConfig",
+    "RewardConfig",
+    # ppo (and the language-model sections shared with reinforce and demo)
+    "LMModelConfig",
+    "PromptDataConfig",
+    "GenerationConfig",
+    "PPOAlgoConfig",
+    "PPOConfig",
+    # reinforce
+    "ReinforceAlgoConfig",
+    "ReinforceConfig",
+    # gym
+    "GymEnvConfig",
+    "GymAgentConfig",
+    "GymPPOConfig",
+    "GymReinforceConfig",
+    "GymEvalConfig",
+    "GymConfig",
+    # demo
+    "DemoModelConfig",
+    "DemoSFTConfig",
+    "DemoPairsConfig",
+    "DemoRewardConfig",
+    "DemoEvalConfig",
+    "DemoConfig",
+    # experiments
+    "EXPERIMENT_ARMS",
+    "CLAIM_GROUPS",
+    "ExperimentsClaimsConfig",
+    "ExperimentsConfig",
+]

@@ -1,0 +1,118 @@
+"""`fourfold demo`: the embedded default (SFT -> RM -> PPO -> eval -> report on the review task)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from fourfold.config.loader import require
+from fourfold.config.ppo import GenerationConfig, PPOAlgoConfig
+from fourfold.config.run import RunConfig
+
+
+@dataclasses.dataclass
+class DemoModelConfig:
+    """The tiny Llama-shaped model the demo trains from scratch (word-level tokenizer)."""
+
+    hidden_size: int = 128
+    """Hidden size of the SFT model (and so of every role: all are initialised from it)."""
+    num_layers: int = 2
+    """Decoder layers."""
+    num_heads: int = 4
+    """Attention heads."""
+    max_positions: int = 64
+    """Longest prompt + response in tokens."""
+
+    def validate(self, prefix: str = "model") -> None:
+        require(self.hidden_size % self.num_heads == 0, f"{prefix}.hidden_size", "must be divisible by num_heads")
+
+
+@dataclasses.dataclass
+class DemoSFTConfig:
+    """Stage 1: the corpus and supervised fine-tuning from scratch."""
+
+    examples: int = 20000
+    """Generated reviews to train on."""
+    steps: int = 1200
+    """Optimizer steps."""
+    batch_size: int = 32
+    """Examples per step."""
+    lr: float = 3e-3
+    """Peak learning rate (warm-up then linear decay)."""
+
+
+@dataclasses.dataclass
+class DemoPairsConfig:
+    """Stage 2: response pairs sampled from the SFT model, labelled by the simulated labelers."""
+
+    pairs: int = 4000
+    """Preference pairs for training the reward model."""
+    eval_pairs: int = 500
+    """Held-out pairs: reward-model accuracy against the labelers and against gold."""
+    temperature: float = 1.0
+    """Sampling temperature for the pairs."""
+    slip_eval_pairs: int = 250
+    """Held-out minimal pairs: an SFT sample against the same sample with one slip (a word
+    substituted, swapped, dropped or repeated), labelled by the same labelers. The RM's accuracy
+    on them says whether it sees grammar at all."""
+    slip_pairs: int = 0
+    """More such minimal pairs added to the RM's training data (0: none, the default). Natural
+    pairs rarely differ in well-formedness, so without them the RM cannot learn that broken text
+    is bad; they help only with a deeper RM (reward.extra_layers, see the README)."""
+
+    def validate(self, prefix: str = "pairs") -> None:
+        require(self.pairs > 0 and self.eval_pairs > 0, f"{prefix}.pairs", "pairs and eval_pairs must be > 0")
+        require(self.slip_pairs >= 0, f"{prefix}.slip_pairs", f"must be >= 0, got {self.slip_pairs}")
+        require(self.slip_eval_pairs >= 0, f"{prefix}.slip_eval_pairs", f"must be >= 0, got {self.slip_eval_pairs}")
+        require(self.temperature > 0, f"{prefix}.temperature", f"must be > 0, got {self.temperature}")
+
+
+@dataclasses.dataclass
+class DemoRewardConfig:
+    """Stage 3: the reward model, initialised from the SFT model."""
+
+    steps: int = 600
+    """Optimizer steps."""
+    batch_size: int = 32
+    """Pairs per step."""
+    lr: float = 1e-3
+    """Peak learning rate."""
+    extra_layers: int = 0
+    """Decoder layers added on top of the SFT model's before training (fourfold.models.factory.
+    grow_layers: their output projections start at zero, so the grown model starts as the SFT
+    model). With the SFT model's 2 layers alone the RM cannot learn to see a grammar slip, even
+    from slip pairs; 0 (the default) keeps the RM the SFT model's size."""
+
+    def validate(self, prefix: str = "reward") -> None:
+        require(self.extra_layers >= 0, f"{prefix}.extra_layers", f"must be >= 0, got {self.extra_layers}")
+
+
+@dataclasses.dataclass
+class DemoEvalConfig:
+    """Stage 5: before/after evaluation on held-out prompts."""
+
+    prompts: int = 256
+    """Held-out prompts (never seen in PPO)."""
+    samples_in_report: int = 8
+    """Rows of the before/after sample table (and of the per-token advantage view)."""
+
+
+@dataclasses.dataclass
+class DemoConfig:
+    """`fourfold demo`: RLHF from zero on the embedded review task (SFT -> RM -> PPO -> eval -> report)."""
+
+    quick: bool = False
+    """A short budget (about 2 minutes on 2 cores) for tests and a first look."""
+    fresh: bool = False
+    """Ignore cached stage outputs and rerun every stage."""
+    task_options: dict = dataclasses.field(default_factory=dict)
+    """Options of the review task (fourfold.tasks.ReviewTaskConfig fields, e.g. labeler_length_bias)."""
+    model: DemoModelConfig = dataclasses.field(default_factory=DemoModelConfig)
+    sft: DemoSFTConfig = dataclasses.field(default_factory=DemoSFTConfig)
+    pairs: DemoPairsConfig = dataclasses.field(default_factory=DemoPairsConfig)
+    reward: DemoRewardConfig = dataclasses.field(default_factory=DemoRewardConfig)
+    ppo: PPOAlgoConfig = dataclasses.field(default_factory=lambda: PPOAlgoConfig(
+        iterations=150, rollout_batch_size=64, minibatch_size=16, lr=3e-4, critic_lr=1e-3, kl_coef=0.05))
+    generation: GenerationConfig = dataclasses.field(default_factory=lambda: GenerationConfig(max_new_tokens=40))
+    eval: DemoEvalConfig = dataclasses.field(default_factory=DemoEvalConfig)
+    run: RunConfig = dataclasses.field(default_factory=lambda: RunConfig(
+        output_dir="runs/demo", threads=1, save_every=10, concurrent_roles=True))

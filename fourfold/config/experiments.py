@@ -1,0 +1,133 @@
+"""`fourfold experiments`: the method's claims as measured experiments (fourfold.experiments):
+the arm and claim vocabulary and the sweep's settings."""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+from typing import Optional
+
+from fourfold.config.demo import DemoConfig
+from fourfold.config.loader import require
+from fourfold.config.run import RunConfig
+
+EXPERIMENT_ARMS = ("ppo", "ppo-beta0", "ppo-beta-high", "ppo-1epoch", "ppo-no-critic", "reinforce",
+                   "ppo-unbiased-rm", "ppo-adaptive-kl")
+"""Arms `fourfold experiments` knows (see docs/experiments.md); 'reinforce' runs once per entry
+of reinforce_lr_multipliers (as reinforce-lr1x, reinforce-lr3x, ...)."""
+
+CLAIM_GROUPS = ("ppo", "beta0", "beta-high", "epochs", "reinforce", "critic", "length")
+"""Groups of claims `fourfold experiments` checks; a group whose arms did not run is left out."""
+
+
+@dataclasses.dataclass
+class ExperimentsClaimsConfig:
+    """Which claims are checked, and their thresholds. Gold and proxy differences are in units of
+    the SFT model's per-sample standard deviation (sd) on the evaluation prompts; "in every seed"
+    compares arms seed by seed (same seed = same prompt order)."""
+
+    groups: list[str] = dataclasses.field(default_factory=lambda: list(CLAIM_GROUPS))
+    """Claim groups to check: ppo, beta0, beta-high, epochs, reinforce, critic, length."""
+    ppo_min_gold_gain_sd: float = 0.3
+    """ppo: final gold above SFT's by at least this many sd, in every seed."""
+    ppo_min_well_formed_ratio: float = 0.9
+    """ppo: well-formed share at least this fraction of SFT's, in every seed."""
+    beta0_min_gold_drop_sd: float = 0.5
+    """ppo-beta0: final gold below both SFT's and ppo's by at least this many sd, in every seed."""
+    beta0_min_kl_ratio: float = 5.0
+    """ppo-beta0: KL to the reference at least this multiple of ppo's, in every seed."""
+    beta0_min_degeneration: float = 0.1
+    """ppo-beta0: well-formed share lower than ppo's, or repetition rate higher, by at least this
+    (absolute share), in every seed."""
+    beta0_proxy_margin_sd: float = 0.25
+    """ppo-beta0: proxy (RM) reward at least ppo's minus this many (RM-score) sd, in every seed."""
+    beta_high_max_kl: float = 0.2
+    """ppo-beta-high: KL to the reference (nats per response) below this, in every seed."""
+    noise_z: float = 2.0
+    """'Within noise' / 'beyond noise': this many standard errors of the evaluation (finite
+    sample of prompts and responses) of the difference."""
+    clear_margin_sd: float = 0.5
+    """'Clearly beats': gold higher by at least this many sd, in every seed."""
+
+    def validate(self, prefix: str = "claims") -> None:
+        for g in self.groups:
+            close = difflib.get_close_matches(str(g), CLAIM_GROUPS, n=1, cutoff=0.5)
+            require(g in CLAIM_GROUPS, f"{prefix}.groups", f"unknown group {g!r}"
+                    + (f" (did you mean {close[0]!r}?)" if close else "") + f"; known: {', '.join(CLAIM_GROUPS)}")
+        require(self.ppo_min_well_formed_ratio >= 0, f"{prefix}.ppo_min_well_formed_ratio", "must be >= 0")
+        require(self.beta0_min_kl_ratio > 0, f"{prefix}.beta0_min_kl_ratio", "must be > 0")
+        require(self.beta_high_max_kl > 0, f"{prefix}.beta_high_max_kl", "must be > 0")
+        require(self.noise_z > 0, f"{prefix}.noise_z", "must be > 0")
+        require(self.clear_margin_sd >= 0, f"{prefix}.clear_margin_sd", "must be >= 0")
+
+
+@dataclasses.dataclass
+class ExperimentsConfig:
+    """`fourfold experiments`: every arm x seed on the demo's task at the same sample budget, a
+    final evaluation of each saved policy on the same held-out prompts, report.html and summary.md
+    with the claims table (see docs/experiments.md)."""
+
+    quick: bool = False
+    """A short check (about 5 minutes on 2 cores): seed 0, arms ppo / ppo-beta0 / ppo-beta-high, a
+    short budget, the quick demo (demo.quick=true) and only the beta0 and beta-high claims. Default
+    output paths get a '-quick' suffix so a quick run never replaces a full one."""
+    fresh: bool = False
+    """Rerun every arm and evaluation (the demo's cached stages are kept: use demo.fresh for those)."""
+    demo: DemoConfig = dataclasses.field(default_factory=DemoConfig)
+    """The shared SFT model and reward model: `fourfold demo`'s settings (its stages are reused from
+    the cache in demo.run.output_dir), and its ppo/generation sections, the base of every arm."""
+    arms: list[str] = dataclasses.field(default_factory=lambda: [
+        "ppo", "ppo-beta0", "ppo-beta-high", "ppo-1epoch", "ppo-no-critic", "reinforce", "ppo-unbiased-rm"])
+    """Arms to run: ppo, ppo-beta0, ppo-beta-high, ppo-1epoch, ppo-no-critic, reinforce,
+    ppo-unbiased-rm, ppo-adaptive-kl (optional: demo.ppo.kl_target as the target)."""
+    seeds: list[int] = dataclasses.field(default_factory=lambda: [0, 1, 2])
+    """Seeds of every arm (run.seed of each run)."""
+    iterations: int = 60
+    """PPO iterations per run (each demo.ppo.rollout_batch_size samples); REINFORCE gets the same
+    number of samples (same batch size, same number of iterations)."""
+    workers: int = 2
+    """Runs in parallel, each a `python -m fourfold.cli ppo|reinforce` subprocess with
+    run.threads torch threads."""
+    reinforce_lr_multipliers: list[float] = dataclasses.field(default_factory=lambda: [1.0, 3.0, 10.0])
+    """REINFORCE learning rates as multiples of demo.ppo.lr (1.0 = PPO's; the best of the others is
+    the tuned baseline)."""
+    beta_high_multiplier: float = 100.0
+    """ppo-beta-high uses kl_coef = this x demo.ppo.kl_coef."""
+    unbiased_task_options: dict = dataclasses.field(default_factory=lambda: {"labeler_length_bias": 0.0})
+    """Task options (over demo.task_options) of the labelers whose RM ppo-unbiased-rm uses."""
+    unbiased_demo_dir: Optional[str] = None
+    """Where the unbiased demo stages are cached; null = '<demo.run.output_dir>-unbiased'."""
+    eval_prompts: int = 256
+    """Held-out prompts of the final evaluation (the demo's eval prompts: the same for every run)."""
+    samples_in_report: int = 4
+    """Sample responses per arm shown in the report."""
+    claims: ExperimentsClaimsConfig = dataclasses.field(default_factory=ExperimentsClaimsConfig)
+    """Which claims are checked and their thresholds."""
+    run: RunConfig = dataclasses.field(default_factory=lambda: RunConfig(
+        output_dir="runs/experiments", threads=1, save_every=10, tensorboard=False))
+    """output_dir: report.html, summary.md, runs/<arm>/seed<k>/, logs/; threads: torch threads of
+    each run; save_every: checkpoint period of each run (an interrupted sweep resumes); device;
+    progress. run.seed is not used (see seeds)."""
+
+    def validate(self, prefix: str = "") -> None:
+        for a in self.arms:
+            close = difflib.get_close_matches(str(a), EXPERIMENT_ARMS, n=1, cutoff=0.5)
+            require(a in EXPERIMENT_ARMS, "arms", f"unknown arm {a!r}"
+                    + (f" (did you mean {close[0]!r}?)" if close else "") + f"; known: {', '.join(EXPERIMENT_ARMS)}")
+        require(len(set(self.arms)) == len(self.arms), "arms", "an arm is listed twice")
+        require(len(self.arms) >= 1, "arms", "must name at least one arm")
+        require(len(self.seeds) >= 1, "seeds", "must list at least one seed")
+        require(len(set(self.seeds)) == len(self.seeds), "seeds", "a seed is listed twice")
+        require(self.iterations >= 1, "iterations", "must be >= 1")
+        require(self.workers >= 1, "workers", "must be >= 1")
+        if "reinforce" in self.arms:
+            require(len(self.reinforce_lr_multipliers) >= 1, "reinforce_lr_multipliers", "must list at least one")
+        require(all(m > 0 for m in self.reinforce_lr_multipliers), "reinforce_lr_multipliers", "must be > 0")
+        require(len(set(self.reinforce_lr_multipliers)) == len(self.reinforce_lr_multipliers),
+                "reinforce_lr_multipliers", "a multiplier is listed twice")
+        require(self.beta_high_multiplier > 0, "beta_high_multiplier", "must be > 0")
+        require(self.eval_prompts >= 2, "eval_prompts", "must be >= 2")
+        require(self.samples_in_report >= 0, "samples_in_report", "must be >= 0")
+        if "ppo-unbiased-rm" in self.arms:
+            require(bool(self.unbiased_task_options), "unbiased_task_options",
+                    "must change a task option (e.g. {labeler_length_bias: 0})")

@@ -1,0 +1,178 @@
+"""`fourfold ppo`: the language-model sections (models, prompts, generation) and the PPO settings.
+
+The model, prompt and generation sections are shared with REINFORCE and the demo."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Literal, Optional
+
+from fourfold.config.loader import require
+from fourfold.config.run import RunConfig
+
+
+@dataclasses.dataclass
+class LMModelConfig:
+    """Which models play which role. Paths are local HF directories (or hub names when online)."""
+
+    policy: Optional[str] = None
+    """The SFT model: initialises the policy and (unless `reference` is set) is the frozen reference."""
+    reference: Optional[str] = None
+    """Frozen reference for the KL penalty; null = a frozen copy of `policy`."""
+    reward: Optional[str] = None
+    """Reward-model directory (written by `fourfold reward`, or a 1-label sequence classifier)."""
+    reward_fn: Optional[str] = None
+    """Instead of a reward model: 'module:function' or 'path/to/file.py:function' with signature
+    fn(prompts: list[str], responses: list[str]) -> list[float]."""
+    critic: Optional[str] = None
+    """Critic directory; null = initialise from `critic_init`."""
+    critic_init: Literal["reward", "policy"] = "reward"
+    """Initialise the critic's backbone from the reward model (default, its head too) or from the
+    policy (fresh head, zero-initialised)."""
+    tokenizer: Optional[str] = None
+    """Tokenizer directory; null = the policy's."""
+    trust_remote_code: bool = False
+    """Allow model code from the model's repository. Off unless you trust the source."""
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    """Weights dtype. float32 on CPU; bfloat16 on recent GPUs."""
+
+    def validate(self, prefix: str = "model") -> None:
+        require(self.policy is not None, f"{prefix}.policy", "missing: path to the SFT model directory")
+
+
+@dataclasses.dataclass
+class PromptDataConfig:
+    """Where prompts come from."""
+
+    prompts: Optional[str] = None
+    """JSONL or Parquet file with a `prompt` (or chat `messages`) field per row."""
+    task: Optional[str] = None
+    """An embedded task name (e.g. 'review'): prompts are sampled from it when `prompts` is null,
+    and its hidden gold reward is logged as reward/gold_mean."""
+    max_prompt_len: int = 64
+    """Prompts longer than this many tokens are an error naming the file and line."""
+    on_error: Literal["raise", "skip"] = "raise"
+    """Bad rows: stop with an error naming file and line, or skip them and count them in the log."""
+
+    def validate(self, prefix: str = "data") -> None:
+        require(self.prompts is not None or self.task is not None, f"{prefix}.prompts",
+                "missing: a prompts file (or data.task for an embedded task)")
+        require(self.max_prompt_len >= 1, f"{prefix}.max_prompt_len", "must be >= 1")
+
+
+@dataclasses.dataclass
+class GenerationConfig:
+    """How the policy samples responses during training."""
+
+    max_new_tokens: int = 32
+    """Longest response; rows stop at their first EOS."""
+    temperature: float = 1.0
+    """Sampling temperature; the same temperature scales every log-prob used in training."""
+    missing_eos_score: Optional[float] = None
+    """If set, a response that reaches max_new_tokens without EOS gets this score in place of the
+    reward model's (counted as reward/no_eos_penalised)."""
+    stop_at_eos: bool = True
+    """Stop rows at EOS (false: fixed-length responses, used by benchmarks)."""
+
+    def validate(self, prefix: str = "generation") -> None:
+        require(self.max_new_tokens >= 1, f"{prefix}.max_new_tokens", "must be >= 1")
+        require(self.temperature > 0, f"{prefix}.temperature", f"must be > 0, got {self.temperature}")
+
+
+@dataclasses.dataclass
+class PPOAlgoConfig:
+    """PPO hyperparameters, named as in the literature (Ziegler et al. 2019, Ouyang et al. 2022)."""
+
+    iterations: int = 100
+    """PPO iterations; each samples rollout_batch_size prompts."""
+    rollout_batch_size: int = 64
+    """Prompts (= responses) per iteration."""
+    minibatch_size: int = 16
+    """Responses per optimizer step; rollout_batch_size / minibatch_size steps per epoch."""
+    micro_batch_size: Optional[int] = None
+    """Gradient-accumulation chunk within a minibatch (memory); null = the whole minibatch."""
+    ppo_epochs: int = 4
+    """Passes over each rollout batch."""
+    clip_eps: float = 0.2
+    """Clip range of the probability ratio in the surrogate objective."""
+    vf_clip_eps: Optional[float] = 0.2
+    """Clip range of the value update around the rollout's values; null = plain MSE."""
+    gamma: float = 1.0
+    """Discount (1: the episode is one response)."""
+    lam: float = 0.95
+    """GAE lambda."""
+    kl_coef: float = 0.05
+    """beta: weight of the per-token KL penalty to the reference."""
+    kl_estimator: Literal["k1", "k2", "k3", "abs"] = "k1"
+    """Per-token KL estimator used in the reward (k1 = log pi - log pi_ref)."""
+    adaptive_kl: bool = False
+    """Adapt kl_coef toward kl_target (Ziegler et al.)."""
+    kl_target: float = 6.0
+    """Target per-sequence KL (nats) of the adaptive controller."""
+    kl_horizon: int = 10000
+    """Horizon (in samples) of the adaptive controller."""
+    lr: float = 1e-5
+    """Policy learning rate (AdamW)."""
+    critic_lr: float = 1e-5
+    """Critic learning rate (AdamW)."""
+    lr_schedule: Literal["linear", "constant"] = "linear"
+    """Linear decay to 0 over all optimizer steps, or constant."""
+    weight_decay: float = 0.0
+    """AdamW weight decay for both trained models."""
+    max_grad_norm: Optional[float] = 1.0
+    """Global gradient-norm clip per model; null = no clipping."""
+    entropy_coef: float = 0.0
+    """Weight of an entropy bonus in the policy loss."""
+    whiten_rewards: bool = False
+    """Whiten the token rewards over the batch before GAE."""
+    whiten_advantages: bool = True
+    """Whiten advantages over the batch (valid tokens) before the epochs."""
+    use_critic: bool = True
+    """False: no value baseline; advantages are the whitened returns (ablation 'ppo-no-critic')."""
+
+    def validate(self, prefix: str = "ppo") -> None:
+        require(self.iterations >= 1, f"{prefix}.iterations", "must be >= 1")
+        require(self.rollout_batch_size >= 1, f"{prefix}.rollout_batch_size", "must be >= 1")
+        require(self.minibatch_size >= 1, f"{prefix}.minibatch_size", "must be >= 1")
+        require(self.minibatch_size <= self.rollout_batch_size, f"{prefix}.minibatch_size",
+                f"{self.minibatch_size} is larger than rollout_batch_size={self.rollout_batch_size}")
+        require(self.rollout_batch_size % self.minibatch_size == 0, f"{prefix}.rollout_batch_size",
+                f"{self.rollout_batch_size} is not divisible by minibatch_size={self.minibatch_size}")
+        if self.micro_batch_size is not None:
+            require(self.micro_batch_size >= 1 and self.minibatch_size % self.micro_batch_size == 0,
+                    f"{prefix}.micro_batch_size", f"must divide minibatch_size={self.minibatch_size}")
+        require(self.ppo_epochs >= 1, f"{prefix}.ppo_epochs", "must be >= 1")
+        require(self.clip_eps > 0, f"{prefix}.clip_eps", f"must be > 0, got {self.clip_eps}")
+        require(self.vf_clip_eps is None or self.vf_clip_eps > 0, f"{prefix}.vf_clip_eps", "must be > 0 or null")
+        require(0 <= self.gamma <= 1, f"{prefix}.gamma", "must be in [0, 1]")
+        require(0 <= self.lam <= 1, f"{prefix}.lam", "must be in [0, 1]")
+        require(self.kl_coef >= 0, f"{prefix}.kl_coef", f"must be >= 0, got {self.kl_coef}")
+        require(self.kl_target > 0, f"{prefix}.kl_target", "must be > 0")
+        require(self.kl_horizon >= 1, f"{prefix}.kl_horizon", "must be >= 1")
+        require(self.lr > 0, f"{prefix}.lr", "must be > 0")
+        require(self.critic_lr > 0, f"{prefix}.critic_lr", "must be > 0")
+        require(self.max_grad_norm is None or self.max_grad_norm > 0, f"{prefix}.max_grad_norm", "must be > 0 or null")
+        require(self.entropy_coef >= 0, f"{prefix}.entropy_coef", "must be >= 0")
+
+    @property
+    def steps_per_iteration(self) -> int:
+        """Optimizer steps per iteration (per trained model)."""
+        return self.ppo_epochs * (self.rollout_batch_size // self.minibatch_size)
+
+
+@dataclasses.dataclass
+class PPOConfig:
+    """`fourfold ppo`: the four-model PPO stage."""
+
+    model: LMModelConfig = dataclasses.field(default_factory=LMModelConfig)
+    data: PromptDataConfig = dataclasses.field(default_factory=PromptDataConfig)
+    generation: GenerationConfig = dataclasses.field(default_factory=GenerationConfig)
+    ppo: PPOAlgoConfig = dataclasses.field(default_factory=PPOAlgoConfig)
+    run: RunConfig = dataclasses.field(default_factory=lambda: RunConfig(output_dir="runs/ppo"))
+
+    def validate(self, prefix: str = "") -> None:
+        require((self.model.reward is None) != (self.model.reward_fn is None), "model.reward",
+                "set exactly one of model.reward (a reward-model directory) and model.reward_fn")
+        if self.model.reward is None and self.ppo.use_critic and self.model.critic is None:
+            require(self.model.critic_init == "policy", "model.critic_init",
+                    "'reward' needs model.reward; use critic_init=policy with a reward_fn")

@@ -1,0 +1,54 @@
+"""`fourfold reinforce`: the naive policy-gradient baseline on the language-model rollout."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Literal, Optional
+
+from fourfold.config.loader import require
+from fourfold.config.ppo import GenerationConfig, LMModelConfig, PromptDataConfig
+from fourfold.config.run import RunConfig
+
+
+@dataclasses.dataclass
+class ReinforceAlgoConfig:
+    """Naive REINFORCE: sequence reward, no critic, no clipping, one gradient step per batch."""
+
+    iterations: int = 100
+    """Iterations; each samples rollout_batch_size prompts and takes one optimizer step."""
+    rollout_batch_size: int = 64
+    """Prompts (= responses) per iteration = per gradient step."""
+    lr: float = 1e-5
+    """Learning rate (AdamW)."""
+    kl_coef: float = 0.05
+    """beta: the same per-token KL penalty as PPO, folded into the returns."""
+    kl_estimator: Literal["k1", "k2", "k3", "abs"] = "k1"
+    """Per-token KL estimator used in the reward."""
+    baseline: Literal["none", "mean"] = "none"
+    """'mean': subtract the batch-mean return (a variance-reduction option)."""
+    max_grad_norm: Optional[float] = None
+    """Global gradient-norm clip; null (default) = none, as naive REINFORCE has."""
+    lr_schedule: Literal["linear", "constant"] = "constant"
+    """LR schedule over the iterations."""
+
+    def validate(self, prefix: str = "reinforce") -> None:
+        require(self.iterations >= 1, f"{prefix}.iterations", "must be >= 1")
+        require(self.rollout_batch_size >= 1, f"{prefix}.rollout_batch_size", "must be >= 1")
+        require(self.lr > 0, f"{prefix}.lr", "must be > 0")
+        require(self.kl_coef >= 0, f"{prefix}.kl_coef", f"must be >= 0, got {self.kl_coef}")
+        require(self.max_grad_norm is None or self.max_grad_norm > 0, f"{prefix}.max_grad_norm", "must be > 0 or null")
+
+
+@dataclasses.dataclass
+class ReinforceConfig:
+    """`fourfold reinforce`: the naive policy-gradient baseline on the same rollout."""
+
+    model: LMModelConfig = dataclasses.field(default_factory=LMModelConfig)
+    data: PromptDataConfig = dataclasses.field(default_factory=PromptDataConfig)
+    generation: GenerationConfig = dataclasses.field(default_factory=GenerationConfig)
+    reinforce: ReinforceAlgoConfig = dataclasses.field(default_factory=ReinforceAlgoConfig)
+    run: RunConfig = dataclasses.field(default_factory=lambda: RunConfig(output_dir="runs/reinforce"))
+
+    def validate(self, prefix: str = "") -> None:
+        require((self.model.reward is None) != (self.model.reward_fn is None), "model.reward",
+                "set exactly one of model.reward (a reward-model directory) and model.reward_fn")

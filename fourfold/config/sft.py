@@ -1,0 +1,112 @@
+"""`fourfold sft`, and the pieces the supervised stages share (initial model, training loop)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Literal, Optional
+
+from fourfold.config.loader import require
+from fourfold.config.run import RunConfig
+
+
+@dataclasses.dataclass
+class InitModelConfig:
+    """The model a stage starts from: a directory, or a fresh Llama-shaped model from a config."""
+
+    path: Optional[str] = None
+    """HF directory (or hub name when online) to start from."""
+    tokenizer: Optional[str] = None
+    """Tokenizer directory; null = `path`'s (required when training from scratch)."""
+    from_scratch: bool = False
+    """Build a random-init Llama from the sizes below instead of loading `path`."""
+    hidden_size: int = 128
+    """From scratch: hidden size."""
+    num_layers: int = 2
+    """From scratch: decoder layers."""
+    num_heads: int = 4
+    """From scratch: attention heads."""
+    intermediate_size: Optional[int] = None
+    """From scratch: MLP width (null = 4 x hidden)."""
+    max_positions: int = 128
+    """From scratch: longest sequence."""
+    trust_remote_code: bool = False
+    """Allow model code from the model's repository."""
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    """Weights dtype."""
+
+    def validate(self, prefix: str = "model") -> None:
+        require(self.path is not None or self.from_scratch, f"{prefix}.path",
+                "missing: a model directory (or model.from_scratch=true with model.tokenizer)")
+        if self.from_scratch:
+            require(self.tokenizer is not None or self.path is not None, f"{prefix}.tokenizer",
+                    "training from scratch needs a tokenizer directory")
+            require(self.hidden_size % self.num_heads == 0, f"{prefix}.hidden_size",
+                    f"{self.hidden_size} is not divisible by num_heads={self.num_heads}")
+
+
+@dataclasses.dataclass
+class TrainLoopConfig:
+    """Optimiser and loop of the supervised stages (SFT, reward model)."""
+
+    epochs: float = 1.0
+    """Passes over the training data (fractions allowed); ignored when max_steps is set."""
+    max_steps: Optional[int] = None
+    """Stop after this many optimizer steps."""
+    batch_size: int = 16
+    """Examples (pairs for the reward model) per optimizer step."""
+    lr: float = 1e-4
+    """Peak learning rate (AdamW)."""
+    warmup_steps: int = 0
+    """Linear warm-up steps, then linear decay to 0 (or constant, below)."""
+    lr_schedule: Literal["linear", "constant"] = "linear"
+    """Schedule after warm-up."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    max_grad_norm: Optional[float] = 1.0
+    """Global gradient-norm clip; null = none."""
+    max_len: int = 128
+    """Longest prompt + response in tokens; longer examples are an error naming file and line."""
+    eval_every: int = 0
+    """Evaluate every N steps (0: only at the end)."""
+    log_every: int = 10
+    """Write a metrics row every N steps."""
+
+    def validate(self, prefix: str = "train") -> None:
+        require(self.epochs > 0 or self.max_steps is not None, f"{prefix}.epochs", "must be > 0")
+        require(self.max_steps is None or self.max_steps >= 1, f"{prefix}.max_steps", "must be >= 1 or null")
+        require(self.batch_size >= 1, f"{prefix}.batch_size", "must be >= 1")
+        require(self.lr > 0, f"{prefix}.lr", "must be > 0")
+        require(self.warmup_steps >= 0, f"{prefix}.warmup_steps", "must be >= 0")
+        require(self.max_len >= 2, f"{prefix}.max_len", "must be >= 2")
+        require(self.log_every >= 1, f"{prefix}.log_every", "must be >= 1")
+        require(self.max_grad_norm is None or self.max_grad_norm > 0, f"{prefix}.max_grad_norm", "must be > 0 or null")
+
+
+@dataclasses.dataclass
+class SFTDataConfig:
+    """SFT data: prompt/completion pairs, whole texts or chat messages."""
+
+    train: Optional[str] = None
+    """JSONL or Parquet with `prompt` + `completion` (or `response`), `text`, or `messages`."""
+    eval: Optional[str] = None
+    """Optional held-out file in the same format."""
+    on_error: Literal["raise", "skip"] = "raise"
+    """Bad rows: error naming file and line, or skip and count."""
+
+    def validate(self, prefix: str = "data") -> None:
+        require(self.train is not None, f"{prefix}.train", "missing: path to the training file")
+
+
+@dataclasses.dataclass
+class SFTConfig:
+    """`fourfold sft`: next-token loss on the response part (prompt tokens masked)."""
+
+    model: InitModelConfig = dataclasses.field(default_factory=InitModelConfig)
+    data: SFTDataConfig = dataclasses.field(default_factory=SFTDataConfig)
+    train: TrainLoopConfig = dataclasses.field(default_factory=TrainLoopConfig)
+    run: RunConfig = dataclasses.field(default_factory=lambda: RunConfig(output_dir="runs/sft"))
+
+    def validate(self, prefix: str = "") -> None:
+        if self.model.from_scratch:
+            require(self.train.max_len <= self.model.max_positions, "train.max_len",
+                    f"{self.train.max_len} is more than model.max_positions={self.model.max_positions}")
