@@ -31,9 +31,13 @@ def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
 
 
 def accepts_kwarg(model: nn.Module, name: str) -> bool:
+    """Whether ``model.forward`` takes the keyword ``name``. A wrapper that hands its keywords on to
+    another module (a LoRA role over a shared base) names that module ``forwards_to``; its forward's
+    signature answers."""
     cache = model.__dict__.setdefault("_fourfold_kwargs", {})
     if name not in cache:
-        cache[name] = name in inspect.signature(model.forward).parameters
+        target = getattr(model, "forwards_to", model)
+        cache[name] = name in inspect.signature(target.forward).parameters
     return cache[name]
 
 
@@ -67,42 +71,31 @@ def response_logprobs(
     return logprobs, entropy
 
 
-class ScalarModel(nn.Module):
-    """Backbone + linear head -> one float per position (reward model and critic).
+def per_position_scalars(backbone: nn.Module, head: nn.Linear, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                         keep_last: Optional[int] = None, shift: Optional[float] = None) -> torch.Tensor:
+    """``head(backbone(...).last_hidden_state)`` [B, L] (or [B, keep_last]) in float32, plus ``shift``.
 
-    Wraps an ``AutoModelForSequenceClassification`` with ``num_labels=1`` (``.hf``); the head is
-    its ``score`` (or ``classifier``) layer applied to every position instead of only the last.
+    The hidden states are cast to the head's dtype (a no-op when they already match, as in a plain
+    :class:`ScalarModel`; a float32 head over a bf16 shared base in LoRA mode).
     """
+    hidden = backbone(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        position_ids=position_ids_from_mask(attention_mask),
+        use_cache=False,
+    ).last_hidden_state  # (B, L, H)
+    if keep_last is not None:
+        hidden = hidden[:, -keep_last:]
+    values = head(hidden.to(head.weight.dtype)).squeeze(-1).float()  # (B, L)
+    return values + float(shift) if shift else values
 
-    def __init__(self, hf_model: nn.Module):
-        super().__init__()
-        self.hf = hf_model
-        head = getattr(hf_model, "score", None) or getattr(hf_model, "classifier", None)
-        if not isinstance(head, nn.Linear) or head.out_features != 1:
-            raise TypeError(f"{type(hf_model).__name__}: expected a linear head with one output (score/classifier)")
-        self.head = head
 
-    @property
-    def backbone(self) -> nn.Module:
-        return self.hf.base_model
+class ScalarRole:
+    """What the reward model and the critic offer on top of ``forward`` (per-position scalars [B, L])
+    and ``head`` (the linear layer with one output): :class:`ScalarModel` and the LoRA roles of
+    :mod:`fourfold.models.lora` share it."""
 
-    @property
-    def config(self):
-        return self.hf.config
-
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, keep_last: Optional[int] = None) -> torch.Tensor:
-        """Per-position scalars [B, L] (or [B, keep_last] for the last positions), float32."""
-        hidden = self.backbone(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            position_ids=position_ids_from_mask(attention_mask),
-            use_cache=False,
-        ).last_hidden_state  # (B, L, H)
-        if keep_last is not None:
-            hidden = hidden[:, -keep_last:]
-        values = self.head(hidden).squeeze(-1).float()  # (B, L)
-        shift = getattr(self.hf.config, "fourfold_score_shift", None)  # see set_affine
-        return values + float(shift) if shift else values
+    head: nn.Linear
 
     def score(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         """Scalar [B] at the last valid (attention_mask == 1) position of each row."""
@@ -123,6 +116,37 @@ class ScalarModel(nn.Module):
             self.head.weight.normal_(0.0, std)
         if self.head.bias is not None:
             self.head.bias.zero_()
+
+
+class ScalarModel(ScalarRole, nn.Module):
+    """Backbone + linear head -> one float per position (reward model and critic).
+
+    Wraps an ``AutoModelForSequenceClassification`` with ``num_labels=1`` (``.hf``); the head is
+    its ``score`` (or ``classifier``) layer applied to every position instead of only the last.
+    ``head`` overrides that lookup (a peft model keeps the trained head inside a wrapper).
+    """
+
+    def __init__(self, hf_model: nn.Module, head: Optional[nn.Linear] = None):
+        super().__init__()
+        self.hf = hf_model
+        if head is None:
+            head = getattr(hf_model, "score", None) or getattr(hf_model, "classifier", None)
+        if not isinstance(head, nn.Linear) or head.out_features != 1:
+            raise TypeError(f"{type(hf_model).__name__}: expected a linear head with one output (score/classifier)")
+        self.head = head
+
+    @property
+    def backbone(self) -> nn.Module:
+        return self.hf.base_model
+
+    @property
+    def config(self):
+        return self.hf.config
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, keep_last: Optional[int] = None) -> torch.Tensor:
+        """Per-position scalars [B, L] (or [B, keep_last] for the last positions), float32."""
+        shift = getattr(self.hf.config, "fourfold_score_shift", None)  # see set_affine
+        return per_position_scalars(self.backbone, self.head, input_ids, attention_mask, keep_last, shift)
 
     @torch.no_grad()
     def set_affine(self, scale: float, shift: float) -> None:
@@ -209,17 +233,23 @@ class FrozenReference:
 
 
 class AdapterDisabledReference:
-    """Shared-backbone mode: the reference is the policy with its (PEFT/LoRA) adapter disabled."""
+    """Shared-base (LoRA) mode: the reference is the base model with every adapter disabled.
 
-    def __init__(self, policy_model: nn.Module):
-        if not hasattr(policy_model, "disable_adapter"):
-            raise TypeError("AdapterDisabledReference needs a PEFT model with disable_adapter()")
-        self.model = policy_model
+    No second copy of the weights: ``base`` is the :class:`~fourfold.models.lora.SharedBase` the
+    policy's adapter sits on; its ``adapters_disabled()`` context runs the causal LM (``base.lm``)
+    exactly as the base model, whatever the adapters hold. Same interface as :class:`FrozenReference`.
+    """
+
+    def __init__(self, base):
+        if not hasattr(base, "adapters_disabled") or not hasattr(base, "lm"):
+            raise TypeError("AdapterDisabledReference needs a shared base with adapters_disabled() and lm "
+                            "(fourfold.models.lora.SharedBase)")
+        self.base = base
 
     @torch.no_grad()
     def logprobs(self, input_ids, attention_mask, n_response: int, temperature: float = 1.0) -> torch.Tensor:
-        with self.model.disable_adapter():
-            return response_logprobs(self.model, input_ids, attention_mask, n_response, temperature)[0]
+        with self.base.adapters_disabled():
+            return response_logprobs(self.base.lm, input_ids, attention_mask, n_response, temperature)[0]
 
 
 def freeze(model: nn.Module) -> nn.Module:
