@@ -106,9 +106,9 @@ def apply_quick(cfg: ExperimentsConfig) -> ExperimentsConfig:
 
 
 def _key(obj: Any) -> str:
-    from fourfold.demo import _key as demo_key
+    from fourfold.stages import digest
 
-    return demo_key(obj)
+    return digest(obj)
 
 
 def _read_json(path: Path) -> dict | None:
@@ -149,8 +149,9 @@ def _duration(s: float) -> str:
 
 
 def _stage_key(demo_dir: Path, stage: str) -> str | None:
-    rec = _read_json(demo_dir / "stages" / stage / "DONE")
-    return rec.get("key") if rec else None
+    from fourfold.stages import done_key
+
+    return done_key(demo_dir, stage)
 
 
 def _tail(path: Path, n: int = 8) -> str:
@@ -260,10 +261,9 @@ def unbiased_demo_config(cfg: ExperimentsConfig) -> DemoConfig:
 
 def _sft_stage_key(demo_cfg: DemoConfig) -> str:
     """The key fourfold.demo gives its SFT stage (its settings come from demo.sft_stage_settings)."""
-    from fourfold import demo
+    from fourfold.demo import sft_stage_key
 
-    c = demo.apply_quick(demo_cfg) if demo_cfg.quick else demo_cfg
-    return demo._key({"settings": demo.sft_stage_settings(c), "upstream": {}})
+    return sft_stage_key(demo_cfg)
 
 
 def seed_sft_stage(src: DemoConfig, dst: DemoConfig) -> bool:
@@ -320,7 +320,7 @@ def evaluate_spec(spec: Mapping[str, Any]) -> dict:
     """
     import torch
 
-    from fourfold.demo import evaluate_policy
+    from fourfold.evaluation import evaluate_policy
     from fourfold.models.loading import load_causal_lm, load_sequence_scorer, load_tokenizer
     from fourfold.models.roles import FrozenReference, ScalarModel
     from fourfold.tasks import get_task
