@@ -73,6 +73,17 @@ def fake_run(tmp_path_factory):
         "run": {"output_dir": str(root), "seed": 0},
     }, sort_keys=False))
 
+    # the PPO stage's own config (the per-token view reads its ppo, generation and data sections)
+    from fourfold.config import PPOConfig, config_from_dict, save_config
+
+    save_config(config_from_dict(PPOConfig, {
+        "model": {"policy": str(root / "sft"), "reward": str(root / "reward"), "critic_init": "reward"},
+        "data": {"prompts": str(root / "data" / "ppo_prompts.jsonl"), "task": "review", "max_prompt_len": 16},
+        "generation": {"max_new_tokens": 8, "temperature": 1.0, "missing_eos_score": None, "stop_at_eos": True},
+        "ppo": {"iterations": 6, "gamma": 1.0, "lam": 0.95, "kl_coef": 0.05, "kl_estimator": "k1", "whiten_rewards": False},
+        "run": {"output_dir": str(root / "stages" / "ppo"), "seed": 0},
+    }), root / "stages" / "ppo" / "config.yaml")
+
     # stage results (DONE) and eval.json, with recognisable numbers
     summary = {
         "sft": {"eval_loss": 1.91, "wall_s": 109.48},
