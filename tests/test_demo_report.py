@@ -192,3 +192,27 @@ def test_report_without_critic_and_without_eval_files(fake_run, tmp_path):
     page = _render(run, summary)
     assert "could not be computed" in page
     assert page.count("data:image/png;base64,") >= 3
+
+
+def test_credit_view_runs_under_the_ppo_stage_config(fake_run, tmp_path):
+    """The per-token view takes its settings from stages/ppo/config.yaml (typed) and its models from
+    the run directory; without that config it says so instead of guessing defaults."""
+    import dataclasses
+
+    from fourfold.config import PPOConfig, load_config, save_config
+    from fourfold.demo_credit import credit_config
+
+    root, summary, _ = fake_run
+    run = tmp_path / "run"
+    shutil.copytree(root, run)
+    cfg = credit_config(run)
+    assert cfg.ppo.kl_coef == 0.05 and cfg.generation.max_new_tokens == 8 and cfg.data.max_prompt_len == 16
+    assert (cfg.model.policy, cfg.model.reference, cfg.model.critic) == (
+        str(run / "policy"), str(run / "sft"), str(run / "critic"))
+    stage_cfg = run / "stages" / "ppo" / "config.yaml"
+    loaded = load_config(PPOConfig, stage_cfg)
+    save_config(dataclasses.replace(loaded, ppo=dataclasses.replace(loaded.ppo, kl_coef=0.125)), stage_cfg)
+    assert "&minus;0.125&middot;KL" in _render(run, summary)
+    stage_cfg.unlink()
+    page = _render(run, summary)
+    assert "could not be computed" in page and "config file not found" in page

@@ -309,3 +309,14 @@ def test_quick_end_to_end(tmp_path):
     assert any(after[i] != before[i] for i in range(21, 25))  # and only the rest was trained again
     log = (out / "logs" / "ppo-beta-high_seed0.log").read_text()
     assert log.count("fourfold.cli ppo") == 2
+
+
+def test_subprocess_entry_point_usage():
+    """`python -m fourfold.experiments` is the jobs' entry point; anything but its two commands is a
+    usage error (status 2)."""
+    import subprocess
+
+    for argv in ([], ["evaluate"], ["train", "x.json"]):
+        p = subprocess.run([sys.executable, "-m", "fourfold.experiments", *argv], capture_output=True, text=True,
+                           cwd=ROOT, timeout=120)
+        assert p.returncode == 2 and "usage: python -m fourfold.experiments evaluate" in p.stderr, p.stderr
