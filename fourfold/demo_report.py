@@ -335,8 +335,9 @@ def _headline(ev: Mapping, by_model: Mapping[str, list[dict]], pairs: Mapping, n
     return "\n".join(out)
 
 
-def _reward_section(summary: Mapping, by_model: Mapping[str, list[dict]], task, rm_rows: list[dict]) -> str:
-    rm, pairs = summary.get("reward") or {}, summary.get("pairs") or {}
+def _reward_rows(rm: Mapping, pairs: Mapping, by_model: Mapping[str, list[dict]], task,
+                 rm_rows: list[dict]) -> tuple[list[list[str]], tuple[float | None, float | None]]:
+    """The reward model's table, and the correlations of RM score and of gold with length (SFT responses)."""
     tcfg = getattr(task, "config", None)
     bias = getattr(tcfg, "labeler_length_bias", None)
     rows = [
@@ -371,6 +372,13 @@ def _reward_section(summary: Mapping, by_model: Mapping[str, list[dict]], task, 
             rows += [["Correlation of RM score with length (SFT responses)", signed(c_pl)],
                      ["Correlation of gold with length (SFT responses)", signed(c_gl)],
                      ["Correlation of RM score with gold (SFT responses)", signed(c_pg)]]
+    return rows, (c_pl, c_gl)
+
+
+def _reward_section(summary: Mapping, by_model: Mapping[str, list[dict]], task, rm_rows: list[dict]) -> str:
+    rm, pairs = summary.get("reward") or {}, summary.get("pairs") or {}
+    rows, (c_pl, c_gl) = _reward_rows(rm, pairs, by_model, task, rm_rows)
+    slips_g = num(rm.get("slips_accuracy_vs_gold"))
     acc_l, acc_g = num(rm.get("accuracy_vs_labelers")), num(rm.get("accuracy_vs_gold"))
     agree = num(pairs.get("labels_agree_with_gold"))
     text = ["<h2>2. The reward model: an imperfect proxy</h2>",
