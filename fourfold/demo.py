@@ -23,13 +23,10 @@ Outputs under ``run.output_dir`` (default ``runs/demo``): ``sft/``, ``reward/``,
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import random
-import shutil
 import time
 from pathlib import Path
-from typing import Any, Callable
 
 import torch
 
@@ -37,7 +34,6 @@ from fourfold.atomic import write_text_atomic
 from fourfold.checkpoint import save_pretrained_atomic
 from fourfold.config import (
     DemoConfig,
-    GenerationConfig,
     InitModelConfig,
     LMModelConfig,
     PPOConfig,
@@ -52,6 +48,9 @@ from fourfold.config import (
     config_to_dict,
     save_config,
 )
+from fourfold.evaluation import evaluate_policy, pair_accuracy, sample_texts
+from fourfold.seeds import stream_seed
+from fourfold.stages import Stages, publish, stage_key
 
 STAGES = ("sft", "pairs", "reward", "ppo", "eval", "report")
 
@@ -72,7 +71,7 @@ def apply_quick(cfg: DemoConfig) -> DemoConfig:
 
 
 # ---------------------------------------------------------------------------------------------
-# small helpers: atomic JSON/JSONL writes and the stage cache
+# small helpers: JSONL writes and the SFT stage's cache key
 # ---------------------------------------------------------------------------------------------
 
 
@@ -92,93 +91,11 @@ def sft_stage_settings(cfg: DemoConfig) -> dict:
     return {"sft": config_to_dict(cfg.sft), "model": config_to_dict(cfg.model), "task": corpus, "seed": cfg.run.seed}
 
 
-def _key(obj: Any) -> str:
-    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:16]
-
-
-class Stages:
-    """``stages/<name>/DONE`` holds the key (config + upstream keys) a finished stage was run with."""
-
-    def __init__(self, out: Path, fresh: bool):
-        self.out, self.fresh = out, fresh
-        self.keys: dict[str, str] = {}
-
-    def dir(self, name: str) -> Path:
-        return self.out / "stages" / name
-
-    def run(self, name: str, settings: Any, fn: Callable[[Path], dict], log: Callable[[str], None]) -> dict:
-        upstream = {k: v for k, v in self.keys.items()}
-        key = _key({"settings": settings, "upstream": upstream})
-        self.keys[name] = key
-        d = self.dir(name)
-        done = d / "DONE"
-        if not self.fresh and done.is_file():
-            record = json.loads(done.read_text())
-            if record.get("key") == key:
-                log(f"\\[{name}] cached ({d})")  # escaped: [name] is not rich markup
-                return record.get("result", {})
-        if d.exists() and (self.fresh or (done.is_file() and json.loads(done.read_text()).get("key") != key)):
-            shutil.rmtree(d)  # stale outputs of another config: never resume across configs
-        d.mkdir(parents=True, exist_ok=True)
-        t0 = time.perf_counter()
-        result = fn(d)
-        result["wall_s"] = round(time.perf_counter() - t0, 2)
-        write_text_atomic(done, json.dumps({"key": key, "result": result}, sort_keys=True))
-        return result
-
-
-def publish(src: Path, dst: Path) -> None:
-    """Copy a finished HF directory to its public name, atomically (temp copy, fsync, swap)."""
-    save_pretrained_atomic(lambda tmp: shutil.copytree(src, tmp, dirs_exist_ok=True), dst)
-
-
-# ---------------------------------------------------------------------------------------------
-# sampling and evaluation with a saved policy
-# ---------------------------------------------------------------------------------------------
-
-
-@torch.no_grad()
-def sample_texts(model, tokenizer, prompts: list[str], *, max_new_tokens: int, temperature: float,
-                 max_prompt_len: int = 16, batch_size: int = 128):
-    """Responses (text) and the Samples of each batch for a list of prompts."""
-    from fourfold.data import left_pad, tokenize_prompts
-    from fourfold.rollout.lm import decode_responses, sample
-
-    ids = tokenize_prompts(prompts, tokenizer, max_prompt_len)
-    texts, batches = [], []
-    model.eval()
-    for i in range(0, len(prompts), batch_size):
-        pid, pmask = left_pad(ids[i : i + batch_size], tokenizer.pad_token_id)
-        s = sample(model, pid, pmask, max_new_tokens=max_new_tokens, temperature=temperature,
-                   eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
-        texts += decode_responses(tokenizer, s)
-        batches.append(s)
-    return texts, batches
-
-
-@torch.no_grad()
-def evaluate_policy(policy, reference, rm, tokenizer, task, prompts: list[str], gen: GenerationConfig) -> tuple[dict, list[dict]]:
-    """Proxy, gold, KL to the reference, length, well-formed share, repetition on ``prompts``."""
-    from fourfold.core import kl_estimate
-
-    texts, batches = sample_texts(policy, tokenizer, prompts, max_new_tokens=gen.max_new_tokens,
-                                  temperature=gen.temperature)
-    proxy, kl = [], []
-    for s in batches:
-        proxy += rm.score(s.sequences, s.attention_mask).tolist()
-        ref_lp = reference.logprobs(s.sequences, s.attention_mask, s.n_response, gen.temperature)
-        kl += (kl_estimate(s.logprobs, ref_lp, "k1") * s.response_mask).sum(1).tolist()
-    gold = task.gold_reward(prompts, texts)
-    m = task.response_metrics(prompts, texts)
-    n = len(prompts)
-    summary = {
-        "proxy": sum(proxy) / n, "gold": sum(gold) / n, "kl": sum(kl) / n,
-        "gold_std": float(torch.tensor(gold).std()), "proxy_std": float(torch.tensor(proxy).std()),
-        "length": m["length"], "well_formed": m["well_formed"], "repetition": m["repetition"],
-    }
-    rows = [{"prompt": p, "response": r, "proxy": a, "gold": g, "kl": k}
-            for p, r, a, g, k in zip(prompts, texts, proxy, gold, kl)]
-    return summary, rows
+def sft_stage_key(cfg: DemoConfig) -> str:
+    """The key :func:`run` gives its SFT stage (the first stage: nothing upstream) for ``cfg``
+    (``--quick`` is applied here when ``cfg.quick``)."""
+    c = apply_quick(cfg) if cfg.quick else cfg
+    return stage_key(sft_stage_settings(c), {})
 
 
 # ---------------------------------------------------------------------------------------------
@@ -226,9 +143,9 @@ def run(cfg: DemoConfig, *, stop_after: str | None = None) -> dict:
 
     # 1. corpus, tokenizer, SFT from scratch -> sft/ (the reference)
     def stage_sft(d: Path) -> dict:
-        rng = random.Random(seed)
+        rng = random.Random(stream_seed(seed, "sft_corpus"))
         write_jsonl(data / "sft_train.jsonl", task.sft_examples(cfg.sft.examples, rng))
-        write_jsonl(data / "sft_eval.jsonl", task.sft_examples(500, random.Random(seed + 1)))
+        write_jsonl(data / "sft_eval.jsonl", task.sft_examples(500, random.Random(stream_seed(seed, "sft_eval"))))
         build_word_tokenizer(task.tokenizer_corpus(), out / "tokenizer")
         sft_cfg = SFTConfig(
             model=InitModelConfig(from_scratch=True, tokenizer=str(out / "tokenizer"), hidden_size=cfg.model.hidden_size,
@@ -251,8 +168,8 @@ def run(cfg: DemoConfig, *, stop_after: str | None = None) -> dict:
     def stage_pairs(d: Path) -> dict:
         tok = load_tokenizer(str(out / "sft"))
         model = load_causal_lm(str(out / "sft"), device="cpu")
-        torch.manual_seed(seed + 2)
-        rng = random.Random(seed + 2)
+        torch.manual_seed(stream_seed(seed, "pairs"))
+        rng = random.Random(stream_seed(seed, "pairs"))
         n = cfg.pairs.pairs + cfg.pairs.eval_pairs
         prompts = task.sample_prompts(n, rng)
         a, _ = sample_texts(model, tok, prompts, max_new_tokens=gen.max_new_tokens, temperature=cfg.pairs.temperature)
@@ -284,7 +201,7 @@ def run(cfg: DemoConfig, *, stop_after: str | None = None) -> dict:
         if cfg.reward.extra_layers:  # a deeper RM, grown from the SFT model (same function at the start)
             init = d / "init"
             if not (init / "config.json").is_file():
-                _grow_sft(out / "sft", init, cfg.reward.extra_layers, seed + 8)
+                _grow_sft(out / "sft", init, cfg.reward.extra_layers, stream_seed(seed, "rm_growth"))
         rm_cfg = RewardConfig(
             model=InitModelConfig(path=str(init)),
             data=PreferenceDataConfig(train=str(data / "preferences.jsonl"), eval=str(data / "preferences_eval.jsonl")),
@@ -298,11 +215,11 @@ def run(cfg: DemoConfig, *, stop_after: str | None = None) -> dict:
         # accuracy on held-out pairs against the labelers and against the hidden gold reward
         rm = ScalarModel(load_sequence_scorer(str(out / "reward")))
         tok = load_tokenizer(str(out / "reward"))
-        result = {**_pair_accuracy(rm, tok, data / "preferences_eval.jsonl", max_len),
+        result = {**pair_accuracy(rm, tok, data / "preferences_eval.jsonl", max_len),
                   "eval_loss": res["final"].get("rm/eval_loss")}
         slips_file = data / "preferences_eval_slips.jsonl"
         if slips_file.is_file() and slips_file.stat().st_size > 0:  # none asked for (or a run cached before)
-            slips = _pair_accuracy(rm, tok, slips_file, max_len)
+            slips = pair_accuracy(rm, tok, slips_file, max_len)
             result.update({f"slips_{k}": v for k, v in slips.items()})
         return result
 
@@ -318,8 +235,9 @@ def run(cfg: DemoConfig, *, stop_after: str | None = None) -> dict:
 
     # 4. PPO against the frozen RM, KL to the frozen SFT reference, critic from the RM
     def stage_ppo(d: Path) -> dict:
-        write_jsonl(data / "ppo_prompts.jsonl",
-                    [{"prompt": p} for p in task.sample_prompts(max(1024, 2 * cfg.ppo.rollout_batch_size), random.Random(seed + 3))])
+        n_prompts = max(1024, 2 * cfg.ppo.rollout_batch_size)
+        prompt_rng = random.Random(stream_seed(seed, "ppo_prompts"))
+        write_jsonl(data / "ppo_prompts.jsonl", [{"prompt": p} for p in task.sample_prompts(n_prompts, prompt_rng)])
         ppo_cfg = PPOConfig(
             model=LMModelConfig(policy=str(out / "sft"), reward=str(out / "reward"), critic_init="reward"),
             data=PromptDataConfig(prompts=str(data / "ppo_prompts.jsonl"), task="review", max_prompt_len=16),
@@ -335,11 +253,11 @@ def run(cfg: DemoConfig, *, stop_after: str | None = None) -> dict:
 
     # 5. before/after evaluation on held-out prompts
     def stage_eval(d: Path) -> dict:
-        torch.manual_seed(seed + 5)
+        torch.manual_seed(stream_seed(seed, "eval_sampling"))
         tok = load_tokenizer(str(out / "sft"))
         ref = FrozenReference(load_causal_lm(str(out / "sft")))
         rm = ScalarModel(load_sequence_scorer(str(out / "reward"))).eval()
-        prompts = task.sample_prompts(cfg.eval.prompts, random.Random(seed + 4))
+        prompts = task.sample_prompts(cfg.eval.prompts, random.Random(stream_seed(seed, "eval_prompts")))
         before, rows_b = evaluate_policy(ref.model, ref, rm, tok, task, prompts, gen)
         after, rows_a = evaluate_policy(load_causal_lm(str(out / "policy")), ref, rm, tok, task, prompts, gen)
         sd = max(before["gold_std"], 1e-6)
@@ -398,8 +316,8 @@ def _slip_pairs(task, model, tokenizer, cfg: DemoConfig, seed: int) -> tuple[lis
     reward model sees grammar at all; ``pairs.slip_pairs`` more are added to its training data.
     Each set has its own random streams, so neither changes with the other's size, and the
     natural pairs change with neither."""
-    return (_slip_rows(task, model, tokenizer, cfg, cfg.pairs.slip_pairs, seed + 7),
-            _slip_rows(task, model, tokenizer, cfg, cfg.pairs.slip_eval_pairs, seed + 6))
+    return (_slip_rows(task, model, tokenizer, cfg, cfg.pairs.slip_pairs, stream_seed(seed, "slip_pairs")),
+            _slip_rows(task, model, tokenizer, cfg, cfg.pairs.slip_eval_pairs, stream_seed(seed, "slip_eval_pairs")))
 
 
 def _slip_rows(task, model, tokenizer, cfg: DemoConfig, n: int, seed: int) -> list[dict]:
@@ -432,28 +350,3 @@ def _labelled_rows(task, prompts: list[str], a: list[str], b: list[str], rng: ra
                      **(extra[i] if extra else {})})
     return rows
 
-
-def _pair_accuracy(rm, tokenizer, path: Path, max_len: int) -> dict:
-    """The RM's accuracy on a preference file against its labels and against gold (pairs whose
-    gold differs)."""
-    rows = [json.loads(line) for line in open(path)]
-    sc = _score_texts(rm, tokenizer, [r["prompt"] for r in rows], [r["chosen"] for r in rows], max_len)
-    sr = _score_texts(rm, tokenizer, [r["prompt"] for r in rows], [r["rejected"] for r in rows], max_len)
-    decided = [(c > r) == (row["gold_chosen"] > row["gold_rejected"]) for c, r, row in zip(sc, sr, rows)
-               if row["gold_chosen"] != row["gold_rejected"]]
-    return {"accuracy_vs_labelers": sum(c > r for c, r in zip(sc, sr)) / max(1, len(rows)),
-            "accuracy_vs_gold": sum(decided) / max(1, len(decided))}
-
-
-@torch.no_grad()
-def _score_texts(rm, tokenizer, prompts, responses, max_len: int, batch_size: int = 128) -> list[float]:
-    """RM scores of prompt + response + EOS (the same encoding the reward stage trains on)."""
-    from fourfold.data import SFTRecord, collate_sft, encode_sft
-
-    recs = [SFTRecord(p, r, i + 1, "eval") for i, (p, r) in enumerate(zip(prompts, responses))]
-    ex = encode_sft(recs, tokenizer, max_len)
-    out: list[float] = []
-    for i in range(0, len(ex), batch_size):
-        batch = collate_sft(ex[i : i + batch_size], tokenizer.pad_token_id)
-        out += rm.score(batch["input_ids"], batch["attention_mask"]).tolist()
-    return out

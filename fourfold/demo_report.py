@@ -3,32 +3,33 @@
 Sections: what ran (stages and wall times) and the SFT -> PPO headline table; the reward model
 (accuracy vs labelers and vs gold, the labelers' length bias); curves over PPO iterations (plus
 SFT loss and RM accuracy); before/after samples; "which tokens got the credit" (per-token GAE
-advantages of freshly sampled PPO responses, computed here); how to read it / what to try next.
+advantages of freshly sampled PPO responses, :mod:`fourfold.demo_credit`); how to read it / what
+to try next.
 
 Everything is read from the run directory (``config.yaml``, ``eval.json``, ``stages/*/DONE``,
 ``stages/*/metrics.jsonl``, ``stages/eval/samples.jsonl``, the ``sft/ reward/ policy/ critic/``
 model directories), so the page is a deterministic function of that directory: plots are PNGs
 embedded as data URIs (matplotlib's Figure API, no pyplot), CSS is inline, and the per-token view
-samples with a fixed torch generator.
+samples with a fixed seed (:mod:`fourfold.demo_credit`). The demo's config and the PPO stage's
+config are read as typed configs (``DemoConfig``, ``PPOConfig``).
 """
 
 from __future__ import annotations
 
-import html
-import json
-import logging
 import math
 import random
 import shlex
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Mapping, Sequence
 
 from fourfold.atomic import write_text_atomic
-from fourfold.reporting import fig_to_data_uri, html_image, html_page, read_metrics, token_heatmap_html
+from fourfold.config import DemoConfig, load_config
+from fourfold.demo import STAGES
+from fourfold.demo_credit import credit_section
+from fourfold.demo_format import esc, fmt, html_table, mean, num, pct, signed, std
+from fourfold.reporting import fig_to_data_uri, html_image, html_page, read_metrics
+from fourfold.stages import read_done, read_json
 
-log = logging.getLogger(__name__)
-
-STAGE_NAMES = ("sft", "pairs", "reward", "ppo", "eval", "report")
 STAGE_WHAT = {
     "sft": "generate the review corpus, build the word-level tokenizer, train a tiny Llama from scratch (supervised)",
     "pairs": "sample two responses per prompt from the SFT model; simulated labelers pick the better one",
@@ -38,8 +39,6 @@ STAGE_WHAT = {
     "report": "this page",
 }
 DPI = 80
-CREDIT_SEED = 1234  # the per-token view samples with torch.Generator().manual_seed(CREDIT_SEED)
-CREDIT_BATCH = 32  # responses sampled for the per-token statistics (the first N are drawn)
 
 _EXTRA_CSS = """
 <style>
@@ -63,77 +62,11 @@ code{background:#f3f3f3;padding:0 .25em;border-radius:3px}
 # ---------------------------------------------------------------------------------------------
 
 
-def _e(x: Any) -> str:
-    return html.escape(str(x))
-
-
-def _read_json(path: Path) -> dict | None:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-
-
-def _read_config(out: Path) -> dict:
-    try:
-        import yaml
-
-        data = yaml.safe_load((out / "config.yaml").read_text(encoding="utf-8"))
-        return data if isinstance(data, dict) else {}
-    except Exception:  # no/odd config: every use below has a default
-        return {}
-
-
-def _cfg(cfg: Mapping, dotted: str, default: Any) -> Any:
-    node: Any = cfg
-    for part in dotted.split("."):
-        if not isinstance(node, Mapping) or node.get(part) is None:
-            return default
-        node = node[part]
-    return node
-
-
-def _num(x: Any) -> float | None:
-    if isinstance(x, bool) or x is None:
-        return None
-    try:
-        v = float(x)
-    except (TypeError, ValueError):
-        return None
-    return v if math.isfinite(v) else None
-
-
-def _f(x: Any, digits: int = 3) -> str:
-    v = _num(x)
-    return "n/a" if v is None else f"{v:.{digits}f}"
-
-
-def _pct(x: Any, digits: int = 0) -> str:
-    v = _num(x)
-    return "n/a" if v is None else f"{100 * v:.{digits}f}%"
-
-
-def _signed(x: Any, digits: int = 2) -> str:
-    v = _num(x)
-    return "n/a" if v is None else f"{v:+.{digits}f}"
-
-
-def _mean(xs: Sequence[float]) -> float:
-    return sum(xs) / len(xs) if xs else float("nan")
-
-
-def _std(xs: Sequence[float]) -> float:
-    if len(xs) < 2:
-        return float("nan")
-    m = _mean(xs)
-    return math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1))
-
-
 def _corr(xs: Sequence[float], ys: Sequence[float]) -> float | None:
     n = len(xs)
     if n < 3:
         return None
-    mx, my = _mean(xs), _mean(ys)
+    mx, my = mean(xs), mean(ys)
     sxy = sum((a - mx) * (b - my) for a, b in zip(xs, ys))
     sxx = sum((a - mx) ** 2 for a in xs)
     syy = sum((b - my) ** 2 for b in ys)
@@ -142,23 +75,12 @@ def _corr(xs: Sequence[float], ys: Sequence[float]) -> float | None:
     return sxy / math.sqrt(sxx * syy)
 
 
-def _table(header: Sequence[str], rows: Sequence[Sequence[str]], cls: str = "", num_cols: Sequence[int] = ()) -> str:
-    """A table of pre-rendered (already escaped) cells."""
-    c = f' class="{cls}"' if cls else ""
-    head = "".join(f"<th>{h}</th>" for h in header)
-    body = []
-    for r in rows:
-        cells = "".join(f'<td class="num">{v}</td>' if i in num_cols else f"<td>{v}</td>" for i, v in enumerate(r))
-        body.append(f"<tr>{cells}</tr>")
-    return f"<table{c}>\n<thead><tr>{head}</tr></thead>\n<tbody>\n" + "\n".join(body) + "\n</tbody>\n</table>"
-
-
 def _series(rows: Sequence[Mapping], key: str, x: str = "step") -> tuple[list[float], list[float]]:
     xs, ys = [], []
     for r in rows:
-        if key in r and _num(r.get(x)) is not None:
+        if key in r and num(r.get(x)) is not None:
             xs.append(float(r[x]))
-            v = _num(r[key])
+            v = num(r[key])
             ys.append(float("nan") if v is None else v)
     return xs, ys
 
@@ -207,17 +129,17 @@ def _ppo_figure(rows: list[dict], ev: Mapping) -> str:
         if key == "reward/gold_mean" and len(ys) >= 8:  # noisy (few, discrete values): add a running mean
             w = 5
             windows = [[v for v in ys[max(0, i - w + 1): i + 1] if math.isfinite(v)] for i in range(len(ys))]
-            run = [_mean(v) if v else float("nan") for v in windows]
+            run = [mean(v) if v else float("nan") for v in windows]
             ax.plot(xs, run, color="#08306b", linewidth=2, label=f"running mean ({w})")
         if band_key:
             _, sd = _series(rows, band_key, xkey)
             if len(sd) == len(ys):
                 ax.fill_between(xs, [y - s for y, s in zip(ys, sd)], [y + s for y, s in zip(ys, sd)],
                                 color="#1f77b4", alpha=0.15, linewidth=0, label="± 1 sd in batch")
-        if base_key and _num(sft.get(base_key)) is not None:
+        if base_key and num(sft.get(base_key)) is not None:
             ax.axhline(float(sft[base_key]), color="#d62728", linestyle="--", linewidth=1, label="SFT (held-out eval)")
         if key == "rollout/response_length":
-            tok_len = _num(sft.get("length"))
+            tok_len = num(sft.get("length"))
             if tok_len is not None:  # eval length is in words; a word is one token for the review task
                 ax.axhline(tok_len, color="#d62728", linestyle="--", linewidth=1, label="SFT (held-out eval, words)")
         _style(ax, title, "PPO iteration")
@@ -248,10 +170,10 @@ def _training_figure(sft_rows: list[dict], rm_rows: list[dict], pairs: Mapping, 
         ex, ey = _series(rm_rows, "rm/eval_accuracy")
         if ex:
             a2.plot(ex, ey, "s", color="#d62728", markersize=5, label="held-out (vs labelers)")
-            vs_gold = _num(rm.get("accuracy_vs_gold"))
+            vs_gold = num(rm.get("accuracy_vs_gold"))
             if vs_gold is not None:
                 a2.plot([ex[-1]], [vs_gold], "D", color="#ff7f0e", markersize=5, label="held-out (vs gold)")
-        agree = _num(pairs.get("labels_agree_with_gold"))
+        agree = num(pairs.get("labels_agree_with_gold"))
         if agree is not None:
             a2.axhline(agree, color="#2ca02c", linestyle=":", linewidth=1, label="labelers agree with gold")
         a2.axhline(0.5, color="#888", linestyle="--", linewidth=0.8, label="chance")
@@ -273,9 +195,9 @@ def _eval_figure(by_model: Mapping[str, list[dict]]) -> str:
     lengths = {}
     for name in ("sft", "ppo"):
         rows = by_model.get(name) or []
-        px = [float(r["proxy"]) for r in rows if _num(r.get("proxy")) is not None and _num(r.get("gold")) is not None]
+        px = [float(r["proxy"]) for r in rows if num(r.get("proxy")) is not None and num(r.get("gold")) is not None]
         gy = [float(r["gold"]) + rng.uniform(-0.06, 0.06)
-              for r in rows if _num(r.get("proxy")) is not None and _num(r.get("gold")) is not None]
+              for r in rows if num(r.get("proxy")) is not None and num(r.get("gold")) is not None]
         if px:
             a1.scatter(px, gy, s=9, alpha=0.6, color=colors[name], label=name.upper(), linewidths=0)
         lengths[name] = [len(str(r.get("response", "")).split()) for r in rows]
@@ -294,182 +216,15 @@ def _eval_figure(by_model: Mapping[str, list[dict]]) -> str:
 
 
 # ---------------------------------------------------------------------------------------------
-# per-token credit: GAE advantages of freshly sampled PPO responses
-# ---------------------------------------------------------------------------------------------
-
-
-def _token_pieces(tokenizer, ids: list[int]) -> list[str]:
-    """The text each token adds (incremental decoding), so spaces land where the tokenizer puts them."""
-    pieces, prev = [], ""
-    for i in range(len(ids)):
-        text = tokenizer.decode(ids[: i + 1], skip_special_tokens=False)
-        pieces.append(text[len(prev):] if text.startswith(prev) else tokenizer.decode([ids[i]], skip_special_tokens=False))
-        prev = text
-    return pieces
-
-
-def compute_token_credit(out: Path, cfg: Mapping, prompts: list[str], task=None) -> dict:
-    """Sample PPO responses for ``prompts`` and return their per-token advantages (not whitened).
-
-    Mirrors one PPO rollout (:func:`fourfold.trainers.lm.collect` + GAE): policy samples, the
-    reference gives log-probs, the RM scores, the critic gives V(s_t); per-token rewards are
-    ``-kl_coef * KL_t`` plus the score on the last token; advantages are GAE(gamma, lambda).
-    Deterministic: torch generator seeded with ``CREDIT_SEED``.
-    """
-    import torch
-
-    from fourfold.core import gae, masked_whiten, token_rewards
-    from fourfold.data import left_pad, tokenize_prompts
-    from fourfold.models.loading import ensure_pad_embedding, load_causal_lm, load_sequence_scorer, load_tokenizer
-    from fourfold.models.roles import FrozenReference, ModelReward, ScalarModel
-    from fourfold.rollout.lm import decode_responses, sample, score
-
-    kl_coef = float(_cfg(cfg, "ppo.kl_coef", 0.05))
-    kl_kind = str(_cfg(cfg, "ppo.kl_estimator", "k1"))
-    gamma = float(_cfg(cfg, "ppo.gamma", 1.0))
-    lam = float(_cfg(cfg, "ppo.lam", 0.95))
-    temperature = float(_cfg(cfg, "generation.temperature", 1.0))
-    max_new = int(_cfg(cfg, "generation.max_new_tokens", 40))
-    stop_at_eos = bool(_cfg(cfg, "generation.stop_at_eos", True))
-    missing_eos_score = _cfg(cfg, "generation.missing_eos_score", None)
-    max_prompt_len = int(_cfg(cfg, "data.max_prompt_len", 16))
-
-    with torch.no_grad():
-        tok = load_tokenizer(str(out / "policy"))
-        policy = load_causal_lm(str(out / "policy")).eval()
-        ensure_pad_embedding(policy, tok)
-        ref_model = load_causal_lm(str(out / "sft"))
-        ensure_pad_embedding(ref_model, tok)
-        reference = FrozenReference(ref_model)
-        rm = ScalarModel(load_sequence_scorer(str(out / "reward")))
-        ensure_pad_embedding(rm.hf, tok)
-        reward = ModelReward(rm)
-        critic = None
-        if (out / "critic" / "config.json").is_file():
-            critic = ScalarModel(load_sequence_scorer(str(out / "critic"))).eval()
-            ensure_pad_embedding(critic.hf, tok)
-
-        ids = tokenize_prompts(prompts, tok, max_prompt_len, truncate=True)
-        pid, pmask = left_pad(ids, tok.pad_token_id)
-        gen = torch.Generator().manual_seed(CREDIT_SEED)
-        s = sample(policy, pid, pmask, max_new_tokens=max_new, temperature=temperature,
-                   eos_token_id=tok.eos_token_id if stop_at_eos else None, pad_token_id=tok.pad_token_id,
-                   generator=gen)
-        responses = decode_responses(tok, s)
-        sc = score(s, reference=reference, reward=reward, critic=critic, temperature=temperature,
-                   prompts=prompts, responses=responses)
-        scores = sc.scores
-        if missing_eos_score is not None and stop_at_eos:
-            scores = torch.where(~s.finished, torch.full_like(scores, float(missing_eos_score)), scores)
-        mask = s.response_mask
-        rewards, kl = token_rewards(scores, s.logprobs, sc.ref_logprobs, mask, kl_coef, kind=kl_kind)
-        if bool(_cfg(cfg, "ppo.whiten_rewards", False)):
-            rewards = masked_whiten(rewards, mask, shift_mean=False)  # as the trainer does
-        adv, _ = gae(rewards, sc.values, mask, gamma, lam)
-
-    gold = task.gold_reward(list(prompts), responses) if task is not None and hasattr(task, "gold_reward") else None
-    items = []
-    for b, prompt in enumerate(prompts):
-        n = int(mask[b].sum())
-        rid = s.responses[b, :n].tolist()
-        items.append({
-            "prompt": prompt,
-            "response": responses[b],
-            "tokens": _token_pieces(tok, rid),
-            "token_ids": rid,
-            "advantages": [float(a) for a in adv[b, :n]],
-            "values": [float(v) for v in sc.values[b, :n]],
-            "kl": [float(k) for k in kl[b, :n]],
-            "score": float(scores[b]),
-            "gold": None if gold is None else float(gold[b]),
-            "kl_sum": float(kl[b, :n].sum()),
-            "finished": bool(s.finished[b]),
-        })
-    return {"items": items, "kl_coef": kl_coef, "gamma": gamma, "lam": lam, "critic": critic is not None,
-            "kl_kind": kl_kind, "whiten_rewards": bool(_cfg(cfg, "ppo.whiten_rewards", False))}
-
-
-def _credit_section(out: Path, cfg: Mapping, eval_prompts: list[str], n_show: int, task) -> str:
-    parts = ["<h2>5. Which tokens got the credit</h2>"]
-    want = max(n_show, CREDIT_BATCH)
-    prompts = list(eval_prompts[:want])
-    if len(prompts) < want and task is not None and hasattr(task, "sample_prompts"):
-        seed = int(_cfg(cfg, "run.seed", 0))
-        prompts += task.sample_prompts(want - len(prompts), random.Random(seed + 6))
-    if not prompts:
-        return parts[0] + '<p class="note">No prompts to sample from.</p>'
-    try:
-        credit = compute_token_credit(out, cfg, prompts, task)
-    except Exception as e:  # the report must not take a finished run down; say what failed
-        log.warning("demo report: per-token credit view skipped: %s", e)
-        return parts[0] + f'<p class="warn">The per-token view could not be computed: {_e(type(e).__name__)}: {_e(e)}</p>'
-    items = credit["items"]
-    shown = items[:n_show]
-    finite = [abs(a) for it in shown for a in it["advantages"] if math.isfinite(a)]
-    scale = max(finite) if finite else 1.0
-    kl_coef, gamma, lam = credit["kl_coef"], credit["gamma"], credit["lam"]
-    parts.append(
-        "<p>PPO does not reward a response as a whole: it turns the sequence reward into per-token "
-        f"rewards r<sub>t</sub> = &minus;{kl_coef:g}&middot;KL<sub>t</sub> (a penalty for each token's drift from the SFT "
-        "model), plus the reward model's score on the last token, and then asks the <em>critic</em> how much "
-        "better each token turned out than expected. That is the <em>advantage</em> "
-        f"A<sub>t</sub> = &sum;<sub>k</sub> ({gamma:g}&middot;{lam:g})<sup>k</sup> &delta;<sub>t+k</sub> with "
-        "&delta;<sub>t</sub> = r<sub>t</sub> + &gamma;V(s<sub>t+1</sub>) &minus; V(s<sub>t</sub>) (GAE). "
-        "The policy gradient raises the probability of tokens with A &gt; 0 and lowers it for A &lt; 0.</p>"
-    )
-    parts.append(
-        f'<p class="note">Below: {len(shown)} responses freshly sampled from the PPO policy for held-out prompts '
-        f"(fixed seed {CREDIT_SEED}), scored exactly as in a PPO iteration"
-        + ("" if credit["critic"] else " (no critic directory found: V = 0, so A is the reward-to-go)")
-        + ". The advantages are <em>not</em> whitened (training whitens them per batch), so the colours are on "
-        f"the scale of the reward: one common scale for all rows, full colour at |A| = {scale:.3g}. "
-        "Hover a token for its value. <code>&lt;eos&gt;</code> is the end-of-sequence token: the RM score arrives there.</p>"
-        '<p class="legend"><span style="background:rgba(0,170,60,.7)">A &gt; 0: better than the critic expected</span>'
-        '<span style="background:rgba(220,30,30,.7)">A &lt; 0: worse than expected</span></p>'
-    )
-    for it in shown:
-        meta = (f"RM score {it['score']:+.2f} &middot; gold {_signed(it['gold'])} &middot; KL {it['kl_sum']:.2f} nats &middot; "
-                f"{len(it['tokens'])} tokens{'' if it['finished'] else ' (no EOS: hit the length limit)'}")
-        toks = list(it["tokens"])
-        if toks and not toks[0].startswith(" "):
-            toks[0] = " " + toks[0]  # a space between the prompt and the response
-        heat = token_heatmap_html(toks, it["advantages"], scale=scale)
-        parts.append(f'<div class="credit"><span class="prompt">{_e(it["prompt"])}</span>{heat}'
-                     f'<div class="meta">{meta}</div></div>')
-    # which words get credit on average, over the whole sampled batch
-    per_tok: dict[str, list[float]] = {}
-    for it in items:
-        for t, a in zip(it["tokens"], it["advantages"]):
-            if math.isfinite(a):
-                per_tok.setdefault(t.strip() or t, []).append(a)
-    common = [(t, _mean(v), len(v)) for t, v in per_tok.items() if len(v) >= 3]
-    if len(common) >= 6:
-        common.sort(key=lambda x: (-x[1], x[0]))
-        k = min(8, len(common) // 2)
-        top, bottom = common[:k], common[-k:][::-1]
-        rows = []
-        for i in range(k):
-            rows.append([f"<code>{_e(top[i][0])}</code>", f"{top[i][1]:+.3f}", str(top[i][2]),
-                         f"<code>{_e(bottom[i][0])}</code>", f"{bottom[i][1]:+.3f}", str(bottom[i][2])])
-        parts.append(
-            f"<h3>Average credit per token over {len(items)} sampled responses</h3>"
-            '<p class="note">Tokens seen at least 3 times. Small samples: read this as a hint of what the reward '
-            "model and critic like, not as a measurement.</p>"
-            + _table(["most credited", "mean A", "n", "least credited", "mean A", "n"], rows, num_cols=(1, 2, 4, 5))
-        )
-    return "\n".join(parts)
-
-
-# ---------------------------------------------------------------------------------------------
 # the page
 # ---------------------------------------------------------------------------------------------
 
 
 def _stage_results(out: Path) -> dict[str, dict]:
     res = {}
-    for name in STAGE_NAMES:
-        rec = _read_json(out / "stages" / name / "DONE")
-        if isinstance(rec, dict):
+    for name in STAGES:
+        rec = read_done(out, name)
+        if rec is not None:
             res[name] = rec.get("result") or {}
     return res
 
@@ -478,10 +233,10 @@ def _paired(by_model: Mapping[str, list[dict]], key: str) -> tuple[float, float,
     """(mean difference PPO - SFT, its standard error, n) over prompts present in both (paired by order)."""
     a, b = by_model.get("sft") or [], by_model.get("ppo") or []
     diffs = [float(y[key]) - float(x[key]) for x, y in zip(a, b)
-             if x.get("prompt") == y.get("prompt") and _num(x.get(key)) is not None and _num(y.get(key)) is not None]
+             if x.get("prompt") == y.get("prompt") and num(x.get(key)) is not None and num(y.get(key)) is not None]
     if len(diffs) < 2:
         return None
-    return _mean(diffs), _std(diffs) / math.sqrt(len(diffs)), len(diffs)
+    return mean(diffs), std(diffs) / math.sqrt(len(diffs)), len(diffs)
 
 
 def _labelers(task) -> str:
@@ -491,11 +246,11 @@ def _labelers(task) -> str:
     return "noisy and biased towards longer reviews" if float(bias) > 0 else "noisy (their length bias is off in this run)"
 
 
-def _intro(cfg: Mapping, stages: dict[str, dict], task) -> str:
+def _intro(cfg: DemoConfig, stages: dict[str, dict], task) -> str:
     rows = []
     total = 0.0
-    for i, name in enumerate(STAGE_NAMES, 1):
-        w = _num((stages.get(name) or {}).get("wall_s"))
+    for i, name in enumerate(STAGES, 1):
+        w = num((stages.get(name) or {}).get("wall_s"))
         if name == "report":
             wall = "(now)"
         elif name not in stages:
@@ -503,11 +258,9 @@ def _intro(cfg: Mapping, stages: dict[str, dict], task) -> str:
         else:
             wall = "n/a" if w is None else f"{w:.1f} s"
             total += w or 0.0
-        rows.append([str(i), f"<code>{name}</code>", _e(STAGE_WHAT[name]), wall])
-    m = cfg.get("model") or {}
-    sizes = (f"a {m.get('num_layers', '?')}-layer Llama with hidden size {m.get('hidden_size', '?')} "
-             f"and a word-level tokenizer") if m else "a tiny Llama with a word-level tokenizer"
-    quick = " (the <code>--quick</code> budget)" if cfg.get("quick") else ""
+        rows.append([str(i), f"<code>{name}</code>", esc(STAGE_WHAT[name]), wall])
+    sizes = f"a {cfg.model.num_layers}-layer Llama with hidden size {cfg.model.hidden_size} and a word-level tokenizer"
+    quick = " (the <code>--quick</code> budget)" if cfg.quick else ""
     return (
         "<h2>1. What ran</h2>"
         '<p class="lead">This run trained the classic RLHF stack from nothing, on a synthetic world of product '
@@ -518,7 +271,7 @@ def _intro(cfg: Mapping, stages: dict[str, dict], task) -> str:
         f"the truth, and what did it cost?</em></p><p>Every model is {sizes}{quick}. "
         "Stages are cached: a stage whose settings did not change is reused, and its time is that of the run that "
         "produced it.</p>"
-        + _table(["#", "stage", "what it does", "wall time"], rows, num_cols=(3,))
+        + html_table(["#", "stage", "what it does", "wall time"], rows, num_cols=(3,))
         + f'<p class="note">Total {total:.0f} s of stage time.</p>'
     )
 
@@ -534,20 +287,20 @@ def _headline(ev: Mapping, by_model: Mapping[str, list[dict]], pairs: Mapping, n
         ("repetition", "Repetition", "share of responses that repeat themselves", 0, True),
     ]
     rows = []
-    for key, label, what, d, pct in spec:
-        a, b = _num(sft.get(key)), _num(ppo.get(key))
-        if pct:
-            cells = [_pct(a), _pct(b), "n/a" if a is None or b is None else f"{100 * (b - a):+.{d}f} pts"]
+    for key, label, what, d, as_pct in spec:
+        a, b = num(sft.get(key)), num(ppo.get(key))
+        if as_pct:
+            cells = [pct(a), pct(b), "n/a" if a is None or b is None else f"{100 * (b - a):+.{d}f} pts"]
         else:
-            cells = [_f(a, d), _f(b, d), "n/a" if a is None or b is None else f"{b - a:+.{d}f}"]
-        rows.append([_e(label), *cells, _e(what)])
-    table = _table(["metric", "SFT", "PPO", "change", "meaning"], rows, num_cols=(1, 2, 3))
-    gg, pg = _num(ev.get("gold_gain_sd")), _num(ev.get("proxy_gain_sd"))
+            cells = [fmt(a, d), fmt(b, d), "n/a" if a is None or b is None else f"{b - a:+.{d}f}"]
+        rows.append([esc(label), *cells, esc(what)])
+    table = html_table(["metric", "SFT", "PPO", "change", "meaning"], rows, num_cols=(1, 2, 3))
+    gg, pg = num(ev.get("gold_gain_sd")), num(ev.get("proxy_gain_sd"))
     n_txt = f" on {n_prompts} held-out prompts" if n_prompts else " on held-out prompts"
     out = [f"<h3>SFT vs PPO{n_txt}</h3>", table,
-           f'<p class="box"><b>Gold gain: {_signed(gg)} SFT standard deviations</b> '
-           f"(proxy gain: {_signed(pg)} SFT standard deviations). One SFT standard deviation of gold is "
-           f"{_f(sft.get('gold_std'), 2)}; of the proxy, {_f(sft.get('proxy_std'), 2)}.</p>"]
+           f'<p class="box"><b>Gold gain: {signed(gg)} SFT standard deviations</b> '
+           f"(proxy gain: {signed(pg)} SFT standard deviations). One SFT standard deviation of gold is "
+           f"{fmt(sft.get('gold_std'), 2)}; of the proxy, {fmt(sft.get('proxy_std'), 2)}.</p>"]
     # an honest reading of the numbers
     notes = []
     gp = _paired(by_model, "gold")
@@ -563,17 +316,17 @@ def _headline(ev: Mapping, by_model: Mapping[str, list[dict]], pairs: Mapping, n
     if gg is not None and pg is not None and pg > 0 and pg > 2 * max(gg, 0.0) + 0.25:
         notes.append("The proxy rose much more than gold: part of what PPO learned pleases the reward model "
                      "without being better by the gold standard (Goodhart's law, in miniature).")
-    la, lb = _num(sft.get("length")), _num(ppo.get("length"))
-    longer = _num(pairs.get("labels_prefer_longer"))
+    la, lb = num(sft.get("length")), num(ppo.get("length"))
+    longer = num(pairs.get("labels_prefer_longer"))
     if la and lb and lb > 1.15 * la:
-        extra = (f" The labelers preferred the longer response in {_pct(longer)} of their pairs, so the reward "
+        extra = (f" The labelers preferred the longer response in {pct(longer)} of their pairs, so the reward "
                  "model learned to pay for length." if longer is not None and longer > 0.55 else "")
         notes.append(f"Responses grew from {la:.1f} to {lb:.1f} words.{extra}")
-    wa, wb = _num(sft.get("well_formed")), _num(ppo.get("well_formed"))
+    wa, wb = num(sft.get("well_formed")), num(ppo.get("well_formed"))
     if wa is not None and wb is not None and wb < wa - 0.03:
-        notes.append(f"The share of well-formed reviews fell ({_pct(wa)} to {_pct(wb)}): more text is more chances to "
+        notes.append(f"The share of well-formed reviews fell ({pct(wa)} to {pct(wb)}): more text is more chances to "
                      "break the grammar, and ill-formed reviews get gold &minus;1.")
-    ka = _num(ppo.get("kl"))
+    ka = num(ppo.get("kl"))
     if ka is not None:
         notes.append(f"The policy paid {ka:.2f} nats of KL per response to get there; the KL penalty is what keeps "
                      "it from drifting arbitrarily far from the SFT model.")
@@ -582,56 +335,64 @@ def _headline(ev: Mapping, by_model: Mapping[str, list[dict]], pairs: Mapping, n
     return "\n".join(out)
 
 
-def _reward_section(summary: Mapping, by_model: Mapping[str, list[dict]], task, rm_rows: list[dict]) -> str:
-    rm, pairs = summary.get("reward") or {}, summary.get("pairs") or {}
+def _reward_rows(rm: Mapping, pairs: Mapping, by_model: Mapping[str, list[dict]], task,
+                 rm_rows: list[dict]) -> tuple[list[list[str]], tuple[float | None, float | None]]:
+    """The reward model's table, and the correlations of RM score and of gold with length (SFT responses)."""
     tcfg = getattr(task, "config", None)
     bias = getattr(tcfg, "labeler_length_bias", None)
     rows = [
         ["Preference pairs (train / held-out)", f"{pairs.get('pairs', 'n/a')} / {pairs.get('eval_pairs', 'n/a')}"],
-        ["Labelers agree with gold", _pct(pairs.get("labels_agree_with_gold"), 1)],
-        ["Labelers prefer the longer response", _pct(pairs.get("labels_prefer_longer"), 1)],
+        ["Labelers agree with gold", pct(pairs.get("labels_agree_with_gold"), 1)],
+        ["Labelers prefer the longer response", pct(pairs.get("labels_prefer_longer"), 1)],
     ]
     if bias is not None:
         rows.append(["Labelers' built-in length bias", f"+{float(bias):g} utility per word"])
-    final_train = [r for r in rm_rows if _num(r.get("rm/accuracy")) is not None]
+    final_train = [r for r in rm_rows if num(r.get("rm/accuracy")) is not None]
     if final_train:
-        rows.append(["RM accuracy on its last training batch", _pct(final_train[-1]["rm/accuracy"], 1)])
+        rows.append(["RM accuracy on its last training batch", pct(final_train[-1]["rm/accuracy"], 1)])
     rows += [
-        ["<b>RM held-out accuracy vs labelers</b>", "<b>" + _pct(rm.get("accuracy_vs_labelers"), 1) + "</b>"],
-        ["<b>RM held-out accuracy vs gold</b>", "<b>" + _pct(rm.get("accuracy_vs_gold"), 1) + "</b>"],
-        ["RM held-out loss (Bradley-Terry)", _f(rm.get("eval_loss"), 3)],
+        ["<b>RM held-out accuracy vs labelers</b>", "<b>" + pct(rm.get("accuracy_vs_labelers"), 1) + "</b>"],
+        ["<b>RM held-out accuracy vs gold</b>", "<b>" + pct(rm.get("accuracy_vs_gold"), 1) + "</b>"],
+        ["RM held-out loss (Bradley-Terry)", fmt(rm.get("eval_loss"), 3)],
     ]
-    slips_g = _num(rm.get("slips_accuracy_vs_gold"))
+    slips_g = num(rm.get("slips_accuracy_vs_gold"))
     if slips_g is not None:
         rows += [["Held-out one-slip pairs (a sample vs the same sample with one word broken)",
                   str(pairs.get("slip_eval_pairs", "n/a"))],
-                 ["Labelers choose the intact response", _pct(pairs.get("slips_labels_choose_intact"), 1)],
-                 ["<b>RM accuracy on one-slip pairs vs gold</b>", "<b>" + _pct(slips_g, 1) + "</b>"]]
+                 ["Labelers choose the intact response", pct(pairs.get("slips_labels_choose_intact"), 1)],
+                 ["<b>RM accuracy on one-slip pairs vs gold</b>", "<b>" + pct(slips_g, 1) + "</b>"]]
     sft_rows = by_model.get("sft") or []
     c_pl = c_gl = c_pg = None
     if sft_rows:
         lens = [float(len(str(r.get("response", "")).split())) for r in sft_rows]
-        prox = [float(r["proxy"]) for r in sft_rows if _num(r.get("proxy")) is not None]
-        gold = [float(r["gold"]) for r in sft_rows if _num(r.get("gold")) is not None]
+        prox = [float(r["proxy"]) for r in sft_rows if num(r.get("proxy")) is not None]
+        gold = [float(r["gold"]) for r in sft_rows if num(r.get("gold")) is not None]
         if len(prox) == len(lens) == len(gold):
             c_pl, c_gl, c_pg = _corr(prox, lens), _corr(gold, lens), _corr(prox, gold)
-            rows += [["Correlation of RM score with length (SFT responses)", _signed(c_pl)],
-                     ["Correlation of gold with length (SFT responses)", _signed(c_gl)],
-                     ["Correlation of RM score with gold (SFT responses)", _signed(c_pg)]]
-    acc_l, acc_g = _num(rm.get("accuracy_vs_labelers")), _num(rm.get("accuracy_vs_gold"))
-    agree = _num(pairs.get("labels_agree_with_gold"))
+            rows += [["Correlation of RM score with length (SFT responses)", signed(c_pl)],
+                     ["Correlation of gold with length (SFT responses)", signed(c_gl)],
+                     ["Correlation of RM score with gold (SFT responses)", signed(c_pg)]]
+    return rows, (c_pl, c_gl)
+
+
+def _reward_section(summary: Mapping, by_model: Mapping[str, list[dict]], task, rm_rows: list[dict]) -> str:
+    rm, pairs = summary.get("reward") or {}, summary.get("pairs") or {}
+    rows, (c_pl, c_gl) = _reward_rows(rm, pairs, by_model, task, rm_rows)
+    slips_g = num(rm.get("slips_accuracy_vs_gold"))
+    acc_l, acc_g = num(rm.get("accuracy_vs_labelers")), num(rm.get("accuracy_vs_gold"))
+    agree = num(pairs.get("labels_agree_with_gold"))
     text = ["<h2>2. The reward model: an imperfect proxy</h2>",
             "<p>The reward model (RM) was trained to predict which of two responses the simulated labelers "
             "chose. Its accuracy on held-out pairs says how well it learned the labelers, and its agreement "
             "with gold says how well it tracks what we actually want. Those are different things: the labelers "
             f"themselves are {_labelers(task)}.</p>",
-            _table(["quantity", "value"], rows, num_cols=(1,))]
+            html_table(["quantity", "value"], rows, num_cols=(1,))]
     reading = []
     if acc_l is not None and acc_g is not None:
-        reading.append(f"The RM picks the labelers' choice {_pct(acc_l)} of the time and the gold-better response "
-                       f"{_pct(acc_g)} of the time (50% is chance).")
+        reading.append(f"The RM picks the labelers' choice {pct(acc_l)} of the time and the gold-better response "
+                       f"{pct(acc_g)} of the time (50% is chance).")
     if agree is not None:
-        reading.append(f"Even the labelers agree with gold on only {_pct(agree)} of pairs: the RM learns their "
+        reading.append(f"Even the labelers agree with gold on only {pct(agree)} of pairs: the RM learns their "
                        "preferences, flaws included.")
     if c_pl is not None and c_gl is not None and c_pl > c_gl + 0.1:
         reading.append(f"On SFT responses the RM score correlates with length ({c_pl:+.2f}) much more than gold "
@@ -640,7 +401,7 @@ def _reward_section(summary: Mapping, by_model: Mapping[str, list[dict]], task, 
         seen = ("it barely sees grammar, so nothing but the KL penalty keeps the policy's text well formed"
                 if slips_g < 0.7 else "it has learned to see most grammar slips")
         reading.append(f"Shown a review and the same review with one word broken, the RM ranks them as gold does "
-                       f"{_pct(slips_g)} of the time: {seen}.")
+                       f"{pct(slips_g)} of the time: {seen}.")
     reading.append("So the RM is a <em>proxy</em>. Pushing hard on it (PPO) finds the places where proxy and truth "
                    "disagree; the KL penalty to the SFT model is what limits how far that goes.")
     text.append("<p>" + " ".join(reading) + "</p>")
@@ -660,9 +421,9 @@ def _samples_section(by_model: Mapping[str, list[dict]], n: int) -> str:
         if q is None:
             continue
         rows.append([
-            f'<span class="prompt">{_e(r.get("prompt", ""))}</span>',
-            f'<span class="resp">{_e(r.get("response", ""))}</span>', _f(r.get("proxy"), 2), _f(r.get("gold"), 2),
-            f'<span class="resp">{_e(q.get("response", ""))}</span>', _f(q.get("proxy"), 2), _f(q.get("gold"), 2),
+            f'<span class="prompt">{esc(r.get("prompt", ""))}</span>',
+            f'<span class="resp">{esc(r.get("response", ""))}</span>', fmt(r.get("proxy"), 2), fmt(r.get("gold"), 2),
+            f'<span class="resp">{esc(q.get("response", ""))}</span>', fmt(q.get("proxy"), 2), fmt(q.get("gold"), 2),
         ])
     head = ("<h2>4. Samples: before and after</h2>"
             f"<p>The first {len(rows)} held-out prompts (not cherry-picked), with one sampled response from the SFT "
@@ -670,15 +431,14 @@ def _samples_section(by_model: Mapping[str, list[dict]], n: int) -> str:
             "true reward (&minus;1 for a review that does not parse or repeats itself).</p>")
     if not rows:
         return head + '<p class="note">No samples found (stages/eval/samples.jsonl).</p>'
-    return head + _table(["prompt", "SFT response", "proxy", "gold", "PPO response", "proxy", "gold"], rows,
+    return head + html_table(["prompt", "SFT response", "proxy", "gold", "PPO response", "proxy", "gold"], rows,
                          cls="samples", num_cols=(2, 3, 5, 6))
 
 
-def _next_section(cfg: Mapping) -> str:
-    kl = _cfg(cfg, "ppo.kl_coef", 0.05)
-    out_dir = _cfg(cfg, "run.output_dir", "runs/demo")
-    quick = bool(cfg.get("quick"))
-    cmd = _e("fourfold demo" + (" --quick" if quick else "") + (f" --output-dir {shlex.quote(str(out_dir))}" if out_dir != "runs/demo" else ""))
+def _next_section(cfg: DemoConfig) -> str:
+    kl, out_dir, quick = cfg.ppo.kl_coef, cfg.run.output_dir, cfg.quick
+    cmd = esc("fourfold demo" + (" --quick" if quick else "")
+              + (f" --output-dir {shlex.quote(str(out_dir))}" if out_dir != "runs/demo" else ""))
     return (
         "<h2>6. How to read this, and what to try next</h2><ul>"
         "<li><b>Proxy up, gold up</b>: RLHF working. <b>Proxy up, gold flat or down</b>: the policy is exploiting "
@@ -691,14 +451,14 @@ def _next_section(cfg: Mapping) -> str:
         "(see the standard errors in section 1).</li></ul>"
         "<p>Try (in the same output directory, unchanged stages are reused from cache, so only what changed "
         "reruns; copy this <code>report.html</code> first if you want to compare):</p><ul>"
-        f"<li><code>{cmd} ppo.kl_coef=0</code>: no KL penalty (this run: {_e(kl)}); the proxy typically keeps "
+        f"<li><code>{cmd} ppo.kl_coef=0</code>: no KL penalty (this run: {esc(kl)}); the proxy typically keeps "
         "climbing while gold stalls or falls and length and KL run away: reward hacking.</li>"
         f"<li><code>{cmd} ppo.kl_coef=0.2</code>: a stronger leash; less KL, and less gain.</li>"
         f"<li><code>{cmd} task_options.labeler_length_bias=0</code>: unbiased labelers (reruns every stage); does "
         "the length growth go away?</li>"
         + ("<li><code>fourfold demo</code> without <code>--quick</code>: the full budget.</li>" if quick else "")
         + "<li><code>fourfold experiments</code>: these comparisons run systematically, over several seeds.</li></ul>"
-        f'<p class="note">Every number on this page is read from the run directory <code>{_e(out_dir)}</code> '
+        f'<p class="note">Every number on this page is read from the run directory <code>{esc(out_dir)}</code> '
         "(<code>eval.json</code>, <code>metrics.jsonl</code>, <code>stages/</code>); the models are plain "
         "Hugging Face directories (<code>sft/</code>, <code>reward/</code>, <code>policy/</code>, <code>critic/</code>).</p>"
     )
@@ -708,12 +468,12 @@ def write_report(out: Path, *, task, summary: dict) -> Path:
     """Write ``out/report.html`` (self-contained) for a finished demo run directory and return its path."""
     out = Path(out)
     summary = dict(summary or {})
-    cfg = _read_config(out)
+    cfg = load_config(DemoConfig, out / "config.yaml")
     stages = _stage_results(out)
     for name in ("sft", "pairs", "reward"):
         if not summary.get(name) and name in stages:
             summary[name] = stages[name]
-    ev = _read_json(out / "eval.json") or summary.get("eval") or stages.get("eval") or {}
+    ev = read_json(out / "eval.json") or summary.get("eval") or stages.get("eval") or {}
     samples = read_metrics(out / "stages" / "eval" / "samples.jsonl")
     by_model: dict[str, list[dict]] = {}
     for r in samples:
@@ -721,8 +481,8 @@ def write_report(out: Path, *, task, summary: dict) -> Path:
     ppo_rows = read_metrics(out / "stages" / "ppo" / "metrics.jsonl")
     sft_rows = read_metrics(out / "stages" / "sft" / "metrics.jsonl")
     rm_rows = read_metrics(out / "stages" / "reward" / "metrics.jsonl")
-    n_show = int(_cfg(cfg, "eval.samples_in_report", 8))
-    n_prompts = len(by_model.get("sft") or []) or _cfg(cfg, "eval.prompts", None)
+    n_show = cfg.eval.samples_in_report
+    n_prompts = len(by_model.get("sft") or []) or cfg.eval.prompts
 
     body = [_EXTRA_CSS, _intro(cfg, stages, task), _headline(ev, by_model, summary.get("pairs") or {}, n_prompts)]
     body.append(_reward_section(summary, by_model, task, rm_rows))
@@ -743,7 +503,7 @@ def write_report(out: Path, *, task, summary: dict) -> Path:
     )
     body.append(_samples_section(by_model, n_show))
     eval_prompts = [str(r.get("prompt")) for r in by_model.get("ppo") or by_model.get("sft") or [] if r.get("prompt")]
-    body.append(_credit_section(out, cfg, eval_prompts, n_show, task))
+    body.append(credit_section(out, cfg, eval_prompts, n_show, task))
     body.append(_next_section(cfg))
     page = html_page("fourfold demo: RLHF from zero on product reviews", "\n".join(body))
     return write_text_atomic(out / "report.html", page)

@@ -73,6 +73,17 @@ def fake_run(tmp_path_factory):
         "run": {"output_dir": str(root), "seed": 0},
     }, sort_keys=False))
 
+    # the PPO stage's own config (the per-token view reads its ppo, generation and data sections)
+    from fourfold.config import PPOConfig, config_from_dict, save_config
+
+    save_config(config_from_dict(PPOConfig, {
+        "model": {"policy": str(root / "sft"), "reward": str(root / "reward"), "critic_init": "reward"},
+        "data": {"prompts": str(root / "data" / "ppo_prompts.jsonl"), "task": "review", "max_prompt_len": 16},
+        "generation": {"max_new_tokens": 8, "temperature": 1.0, "missing_eos_score": None, "stop_at_eos": True},
+        "ppo": {"iterations": 6, "gamma": 1.0, "lam": 0.95, "kl_coef": 0.05, "kl_estimator": "k1", "whiten_rewards": False},
+        "run": {"output_dir": str(root / "stages" / "ppo"), "seed": 0},
+    }), root / "stages" / "ppo" / "config.yaml")
+
     # stage results (DONE) and eval.json, with recognisable numbers
     summary = {
         "sft": {"eval_loss": 1.91, "wall_s": 109.48},
@@ -181,3 +192,27 @@ def test_report_without_critic_and_without_eval_files(fake_run, tmp_path):
     page = _render(run, summary)
     assert "could not be computed" in page
     assert page.count("data:image/png;base64,") >= 3
+
+
+def test_credit_view_runs_under_the_ppo_stage_config(fake_run, tmp_path):
+    """The per-token view takes its settings from stages/ppo/config.yaml (typed) and its models from
+    the run directory; without that config it says so instead of guessing defaults."""
+    import dataclasses
+
+    from fourfold.config import PPOConfig, load_config, save_config
+    from fourfold.demo_credit import credit_config
+
+    root, summary, _ = fake_run
+    run = tmp_path / "run"
+    shutil.copytree(root, run)
+    cfg = credit_config(run)
+    assert cfg.ppo.kl_coef == 0.05 and cfg.generation.max_new_tokens == 8 and cfg.data.max_prompt_len == 16
+    assert (cfg.model.policy, cfg.model.reference, cfg.model.critic) == (
+        str(run / "policy"), str(run / "sft"), str(run / "critic"))
+    stage_cfg = run / "stages" / "ppo" / "config.yaml"
+    loaded = load_config(PPOConfig, stage_cfg)
+    save_config(dataclasses.replace(loaded, ppo=dataclasses.replace(loaded.ppo, kl_coef=0.125)), stage_cfg)
+    assert "&minus;0.125&middot;KL" in _render(run, summary)
+    stage_cfg.unlink()
+    page = _render(run, summary)
+    assert "could not be computed" in page and "config file not found" in page

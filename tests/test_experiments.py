@@ -179,7 +179,8 @@ def test_run_jobs_dependencies_failures_and_cache(tmp_path):
 def test_unbiased_demo_reuses_the_sft_stage(tmp_path, monkeypatch):
     """The copied SFT stage carries the key fourfold.demo computes, so demo.run skips SFT."""
     from fourfold import demo
-    from fourfold.experiments import _sft_stage_key, seed_sft_stage, unbiased_demo_config
+    from fourfold.demo import sft_stage_key
+    from fourfold.experiments import seed_sft_stage, unbiased_demo_config
 
     src = DemoConfig()
     src.run.output_dir = str(tmp_path / "demo")
@@ -190,7 +191,7 @@ def test_unbiased_demo_reuses_the_sft_stage(tmp_path, monkeypatch):
     (s / "sft" / "config.json").write_text("{}")
     (s / "data" / "sft_train.jsonl").write_text("")
     (s / "data" / "sft_eval.jsonl").write_text("")
-    (s / "stages" / "sft" / "DONE").write_text(json.dumps({"key": _sft_stage_key(src), "result": {"eval_loss": 1.5}}))
+    (s / "stages" / "sft" / "DONE").write_text(json.dumps({"key": sft_stage_key(src), "result": {"eval_loss": 1.5}}))
     cfg = ExperimentsConfig(demo=src)
     dst = unbiased_demo_config(cfg)
     assert dst.run.output_dir == str(tmp_path / "demo") + "-unbiased"
@@ -308,3 +309,14 @@ def test_quick_end_to_end(tmp_path):
     assert any(after[i] != before[i] for i in range(21, 25))  # and only the rest was trained again
     log = (out / "logs" / "ppo-beta-high_seed0.log").read_text()
     assert log.count("fourfold.cli ppo") == 2
+
+
+def test_subprocess_entry_point_usage():
+    """`python -m fourfold.experiments` is the jobs' entry point; anything but its two commands is a
+    usage error (status 2)."""
+    import subprocess
+
+    for argv in ([], ["evaluate"], ["train", "x.json"]):
+        p = subprocess.run([sys.executable, "-m", "fourfold.experiments", *argv], capture_output=True, text=True,
+                           cwd=ROOT, timeout=120)
+        assert p.returncode == 2 and "usage: python -m fourfold.experiments evaluate" in p.stderr, p.stderr

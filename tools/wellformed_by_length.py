@@ -32,7 +32,7 @@ def main(argv=None) -> dict:
 
     import torch
 
-    from fourfold.demo import sample_texts
+    from fourfold.evaluation import sample_texts
     from fourfold.models.loading import load_causal_lm, load_tokenizer
     from fourfold.tasks import get_task
     from fourfold.trainers.common import quiet_transformers

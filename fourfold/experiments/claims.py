@@ -1,0 +1,247 @@
+"""The claims, computed from the final evaluations (:func:`compute_claims`), with their statistics:
+per-seed pairing of arms, standard errors of an evaluation mean, differences in SFT sd units.
+
+Each claim group (``claims.groups``) has its own function; a group whose arms did not run (or share
+no seed) is not checked and says why in the notes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Mapping, Sequence
+
+from fourfold.config import ExperimentsClaimsConfig
+from fourfold.experiments.results import fmt, mean, sd, signed
+
+
+def _by_seed(rows: Sequence[Mapping]) -> dict[int, Mapping]:
+    return {int(r.get("seed", i)): r for i, r in enumerate(rows)}
+
+
+def _paired(finals: Mapping[str, Sequence[Mapping]], *arms: str) -> list[tuple[int, tuple[Mapping, ...]]]:
+    """Seeds present in every named arm, with each arm's row for that seed."""
+    maps = [_by_seed(finals[a]) for a in arms]
+    seeds = sorted(set.intersection(*(set(m) for m in maps)))
+    return [(s, tuple(m[s] for m in maps)) for s in seeds]
+
+
+def _se(row: Mapping, key: str) -> float:
+    """Standard error of an evaluation mean (per-sample sd / sqrt(n); a share uses p(1-p))."""
+    n = max(int(row.get("n", 1)), 1)
+    if key in ("well_formed", "repetition"):
+        p = float(row[key])
+        return math.sqrt(max(p * (1 - p), 0.0) / n)
+    return float(row.get(f"{key}_std", 0.0)) / math.sqrt(n)
+
+
+def _seeds_txt(ok: Sequence[bool]) -> str:
+    return f"{sum(ok)}/{len(ok)} seeds"
+
+
+def _list(xs: Sequence[float], digits: int = 2, signed_: bool = True) -> str:
+    return ", ".join(signed(x, digits) if signed_ else fmt(x, digits) for x in xs)
+
+
+def _lr_of(arm: str) -> float:
+    try:
+        return float(arm[len("reinforce-lr"):].rstrip("x"))
+    except ValueError:
+        return math.nan
+
+
+@dataclasses.dataclass
+class _Table:
+    """The claims table being built, and what every group's check needs."""
+
+    finals: Mapping[str, Sequence[Mapping]]
+    sft: Mapping
+    c: ExperimentsClaimsConfig
+    proxy_sft: Mapping[str, Mapping]
+    kl_coef: float
+    ppo_epochs: int
+    rows: list[dict] = dataclasses.field(default_factory=list)
+    notes: list[str] = dataclasses.field(default_factory=list)
+
+    @property
+    def gsd(self) -> float:
+        """One SFT sd of gold (the unit of every gold difference)."""
+        return self.sft["gold_std"] if self.sft.get("gold_std") else math.nan
+
+    def need(self, group: str, *arms: str) -> bool:
+        """Whether ``group`` is asked for and its arms have results on a common seed (a note if not)."""
+        if group not in self.c.groups:
+            return False
+        missing = [a for a in arms if not self.finals.get(a)]
+        if missing:
+            self.notes.append(f"claims '{group}' not checked: arm {', '.join(missing)} did not run or has no results")
+            return False
+        if not _paired(self.finals, *arms):
+            self.notes.append(f"claims '{group}' not checked: arms {', '.join(arms)} share no seed")
+            return False
+        return True
+
+    def add(self, group: str, claim: str, measured: str, threshold: str, holds: bool) -> None:
+        self.rows.append({"group": group, "claim": claim, "measured": measured, "threshold": threshold,
+                          "holds": "yes" if holds else "no"})
+
+    def gold_u(self, row: Mapping) -> float:
+        return (row["gold"] - self.sft["gold"]) / self.gsd
+
+    def beats(self, a: str, b: str) -> tuple[list[float], list[float], list[bool]]:
+        """Per seed: gold difference a - b (sd), its noise threshold (sd), and whether it is beyond."""
+        diffs, thr, ok = [], [], []
+        for _, (ra, rb) in _paired(self.finals, a, b):
+            d = (ra["gold"] - rb["gold"]) / self.gsd
+            t = self.c.noise_z * math.hypot(_se(ra, "gold"), _se(rb, "gold")) / self.gsd
+            diffs.append(d), thr.append(t), ok.append(d > t)
+        return diffs, thr, ok
+
+    def spread(self, arm: str) -> str:
+        g = [self.gold_u(r) for r in self.finals[arm]]
+        return f"{arm} {signed(mean(g))} +- {fmt(sd(g), 2)} sd"
+
+    def add_beats(self, group: str, claim: str, a: str, b: str, spread_label: str = "") -> None:
+        """A claim that ``a`` beats ``b`` on gold beyond the evaluation's noise, in every seed."""
+        d, t, ok = self.beats(a, b)
+        self.add(group, claim,
+                 f"gold difference {_list(d)} sd ({_seeds_txt(ok)}); {spread_label}{self.spread(a)}, {self.spread(b)}",
+                 f"> {self.c.noise_z:g} evaluation standard errors ({_list(t, 2, False)} sd) in every seed", all(ok))
+
+
+def _ppo_claims(t: _Table) -> None:
+    c, sft = t.c, t.sft
+    ppo = sorted(t.finals["ppo"], key=lambda r: r.get("seed", 0))
+    gains = [t.gold_u(r) for r in ppo]
+    t.add("ppo", "ppo raises gold reward above the SFT model's",
+          f"gold gain {_list(gains)} sd ({_seeds_txt([g >= c.ppo_min_gold_gain_sd for g in gains])})",
+          f">= {c.ppo_min_gold_gain_sd:g} sd in every seed", all(g >= c.ppo_min_gold_gain_sd for g in gains))
+    psft = t.proxy_sft.get("ppo", sft)
+    bounds = [(r["proxy"] - psft["proxy"]) / t.kl_coef if t.kl_coef > 0 else math.inf for r in ppo]
+    kls = [r["kl"] for r in ppo]
+    ok = [k <= b for k, b in zip(kls, bounds)]
+    t.add("ppo", "ppo's KL to the reference stays bounded by the penalty (its KL-regularised objective "
+                 "proxy - beta*KL is not below the SFT model's)",
+          f"KL {_list(kls, 1, False)} nats; proxy gain / beta {_list(bounds, 1, False)} nats ({_seeds_txt(ok)})",
+          "KL <= proxy gain / beta in every seed", all(ok))
+    ratios = [r["well_formed"] / sft["well_formed"] if sft["well_formed"] > 0 else math.inf for r in ppo]
+    t.add("ppo", "ppo keeps responses well formed",
+          f"well-formed {_list([r['well_formed'] for r in ppo], 2, False)} vs SFT {fmt(sft['well_formed'], 2)} "
+          f"(ratio {_list(ratios, 2, False)})",
+          f">= {c.ppo_min_well_formed_ratio:g} x SFT's in every seed",
+          all(x >= c.ppo_min_well_formed_ratio for x in ratios))
+
+
+def _beta0_claims(t: _Table) -> None:
+    c = t.c
+    pairs = _paired(t.finals, "ppo-beta0", "ppo")
+    below_sft = [-t.gold_u(b) for _, (b, p) in pairs]
+    below_ppo = [(p["gold"] - b["gold"]) / t.gsd for _, (b, p) in pairs]
+    ok = [s >= c.beta0_min_gold_drop_sd and q >= c.beta0_min_gold_drop_sd for s, q in zip(below_sft, below_ppo)]
+    t.add("beta0", "beta = 0 hacks the reward model: gold falls below the SFT model's and ppo's",
+          f"below SFT by {_list(below_sft)} sd, below ppo by {_list(below_ppo)} sd ({_seeds_txt(ok)})",
+          f">= {c.beta0_min_gold_drop_sd:g} sd below both in every seed", all(ok))
+    ratios = [b["kl"] / p["kl"] if p["kl"] > 0 else math.inf for _, (b, p) in pairs]
+    kl_b0, kl_ppo = [b["kl"] for _, (b, p) in pairs], [p["kl"] for _, (b, p) in pairs]
+    t.add("beta0", "beta = 0 drifts far from the reference",
+          f"KL {_list(kl_b0, 1, False)} vs ppo {_list(kl_ppo, 1, False)} nats (ratio {_list(ratios, 1, False)})",
+          f">= {c.beta0_min_kl_ratio:g} x ppo's in every seed", all(r >= c.beta0_min_kl_ratio for r in ratios))
+    wf = [p["well_formed"] - b["well_formed"] for _, (b, p) in pairs]
+    rep = [b["repetition"] - p["repetition"] for _, (b, p) in pairs]
+    ok = [max(w, r) >= c.beta0_min_degeneration for w, r in zip(wf, rep)]
+    t.add("beta0", "beta = 0 degenerates (well-formed share or repetition clearly worse than ppo's)",
+          f"well-formed lower by {_list(wf)}, repetition higher by {_list(rep)} ({_seeds_txt(ok)})",
+          f"either >= {c.beta0_min_degeneration:g} in every seed", all(ok))
+    psft = t.proxy_sft.get("ppo", t.sft)
+    psd = psft.get("proxy_std") or math.nan
+    dp = [(b["proxy"] - p["proxy"]) / psd for _, (b, p) in pairs]
+    t.add("beta0", "beta = 0 still scores as high on the proxy (the RM is fooled)",
+          f"proxy minus ppo's {_list(dp)} sd ({_seeds_txt([d >= -c.beta0_proxy_margin_sd for d in dp])})",
+          f">= -{c.beta0_proxy_margin_sd:g} sd in every seed", all(d >= -c.beta0_proxy_margin_sd for d in dp))
+
+
+def _beta_high_claims(t: _Table) -> None:
+    c, sft = t.c, t.sft
+    hi = sorted(t.finals["ppo-beta-high"], key=lambda r: r.get("seed", 0))
+    kls = [r["kl"] for r in hi]
+    t.add("beta-high", "a very high beta keeps the policy at the SFT model (KL)",
+          f"KL {_list(kls, 3, False)} nats per response",
+          f"< {c.beta_high_max_kl:g} nats in every seed", all(k < c.beta_high_max_kl for k in kls))
+    for key, unit in (("gold", "sd"), ("length", "words")):
+        m = mean([r[key] for r in hi])
+        n_all = sum(int(r.get("n", 1)) for r in hi)
+        var = mean([float(r.get(f"{key}_std", 0.0)) ** 2 for r in hi])
+        se = math.hypot(math.sqrt(var / max(n_all, 1)), _se(sft, key))
+        diff, thr = m - sft[key], c.noise_z * se
+        scale = t.gsd if key == "gold" else 1.0
+        t.add("beta-high", f"a very high beta keeps the policy at the SFT model ({key})",
+              f"{key} {signed(diff / scale)} {unit} from SFT's (mean over {len(hi)} seeds)",
+              f"within +-{fmt(thr / scale, 2)} {unit} ({c.noise_z:g} standard errors of the evaluation)",
+              abs(diff) <= thr)
+
+
+def _reinforce_claims(t: _Table, rf: list[str]) -> None:
+    c, finals = t.c, t.finals
+    same = [a for a in rf if _lr_of(a) == 1.0]
+    if same:
+        a = same[0]
+        diffs = [(p["gold"] - r["gold"]) / t.gsd for _, (p, r) in _paired(finals, "ppo", a)]
+        ok = [x >= c.clear_margin_sd for x in diffs]
+        t.add("reinforce", "ppo clearly beats naive REINFORCE at the same learning rate",
+              f"gold difference {_list(diffs)} sd ({_seeds_txt(ok)}); {t.spread('ppo')}, {t.spread(a)}",
+              f">= {c.clear_margin_sd:g} sd in every seed", all(ok))
+    else:
+        t.notes.append("claim 'ppo clearly beats REINFORCE at the same learning rate' not checked: "
+                       "reinforce_lr_multipliers has no 1.0")
+    best = max(rf, key=lambda a: mean([r["gold"] for r in finals[a]]))
+    t.add_beats("reinforce", f"ppo beats REINFORCE at its best learning rate tried ({best}, of {', '.join(rf)})",
+                "ppo", best, spread_label="spread over seeds: ")
+
+
+def _length_claims(t: _Table) -> None:
+    c, sft = t.c, t.sft
+    pairs = _paired(t.finals, "ppo", "ppo-unbiased-rm")
+    drift_b = [p["length"] - sft["length"] for _, (p, u) in pairs]
+    drift_u = [u["length"] - sft["length"] for _, (p, u) in pairs]
+    thr = [c.noise_z * math.hypot(_se(p, "length"), _se(u, "length")) for _, (p, u) in pairs]
+    ok = [b - u > th for b, u, th in zip(drift_b, drift_u, thr)]
+    t.add("length", "the labelers' length bias makes ppo verbose: its length drift exceeds "
+                    "ppo-unbiased-rm's",
+          f"length drift vs SFT: ppo {_list(drift_b, 1)}, unbiased RM {_list(drift_u, 1)} words ({_seeds_txt(ok)})",
+          f"difference > {c.noise_z:g} evaluation standard errors ({_list(thr, 1, False)} words) in every seed",
+          all(ok))
+
+
+def compute_claims(finals: Mapping[str, Sequence[Mapping]], sft: Mapping, claims: ExperimentsClaimsConfig, *,
+                   kl_coef: float, ppo_epochs: int = 4,
+                   proxy_sft: Mapping[str, Mapping] | None = None) -> tuple[list[dict], list[str]]:
+    """The claims table from the final evaluations.
+
+    finals: {arm: [per-seed summary]} with keys seed, n, proxy, gold, kl, length, well_formed,
+    repetition, gold_std, length_std; sft: the SFT model's summary on the same prompts (plus
+    proxy_std); proxy_sft: {arm: SFT summary under that arm's RM} (default: sft) for proxy units;
+    kl_coef, ppo_epochs: ppo's beta and epochs. Returns (rows, notes): rows have claim, measured,
+    threshold, holds ('yes' or 'no') and group; notes say which claim groups could not be checked
+    and why.
+    """
+    t = _Table(finals, sft, claims, proxy_sft or {}, kl_coef, ppo_epochs)
+    if t.need("ppo", "ppo"):
+        _ppo_claims(t)
+    if t.need("beta0", "ppo", "ppo-beta0"):
+        _beta0_claims(t)
+    if t.need("beta-high", "ppo-beta-high"):
+        _beta_high_claims(t)
+    if t.need("epochs", "ppo", "ppo-1epoch"):
+        t.add_beats("epochs", f"{ppo_epochs} epochs per batch beat 1 epoch on gold at equal samples",
+                    "ppo", "ppo-1epoch")
+    rf = sorted((a for a in finals if a.startswith("reinforce-lr") and finals[a]), key=_lr_of)
+    if "reinforce" in claims.groups:
+        if not rf:
+            t.notes.append("claims 'reinforce' not checked: no reinforce arm has results")
+        elif t.need("reinforce", "ppo", *rf):
+            _reinforce_claims(t, rf)
+    if t.need("critic", "ppo", "ppo-no-critic"):
+        t.add_beats("critic", "the critic's baseline helps: ppo beats ppo-no-critic on gold", "ppo", "ppo-no-critic")
+    if t.need("length", "ppo", "ppo-unbiased-rm"):
+        _length_claims(t)
+    return t.rows, t.notes
