@@ -1,27 +1,22 @@
 """Pieces every trainer shares: run set-up, optimisers and schedules, guarded optimizer steps,
-saving HF directories, loading a reward function. A trainer never imports another trainer; what
-two of them need lives here.
+saving HF directories. A trainer never imports another trainer; what two of them need lives here.
 """
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import math
-import os
 import random
-import re
 import signal
 import sys
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable, Optional
+from typing import Iterable, Optional
 
 import torch
 
 from fourfold.config import RunConfig, save_config
-from fourfold.errors import ConfigError, NonFiniteError
+from fourfold.errors import NonFiniteError
 
 
 def seed_everything(seed: int) -> torch.Generator:
@@ -174,12 +169,6 @@ def num_steps(max_steps: Optional[int], epochs: float, batches_per_epoch: int) -
     return max(1, math.ceil(epochs * batches_per_epoch))
 
 
-def line_of(message: str) -> int:
-    """The line number of a ``file:line: problem`` message (0 when it has none)."""
-    m = re.match(r"^.*?:(\d+): ", message)
-    return int(m.group(1)) if m else 0
-
-
 def guarded_step(loss: torch.Tensor, model, optimizer, scheduler, max_grad_norm: Optional[float],
                  guard: NonFiniteGuard, what: str, where: str) -> tuple[float, bool]:
     """Backward, clip, optimizer step and schedule, unless the loss or the gradient norm is not
@@ -204,29 +193,6 @@ def log_skips(logger, guard: NonFiniteGuard, step: int) -> None:
     """Write the guard's new non-finite events to the run's events.jsonl (which quantity, where)."""
     for event in guard.take_new_events():
         logger.event("nonfinite_skip", step=step, **event)
-
-
-def load_reward_fn(spec: str) -> Callable[[list[str], list[str]], list[float]]:
-    """'package.module:function' or 'path/to/file.py:function' -> the function."""
-    target, _, name = spec.rpartition(":")
-    if not target or not name:
-        raise ConfigError(f"model.reward_fn: {spec!r}: expected 'module:function' or 'file.py:function'")
-    try:
-        if target.endswith(".py"):
-            path = Path(target)
-            if not path.is_file():
-                raise ConfigError(f"model.reward_fn: {target}: no such file")
-            mod_spec = importlib.util.spec_from_file_location(f"fourfold_user_reward_{path.stem}", path)
-            module = importlib.util.module_from_spec(mod_spec)
-            mod_spec.loader.exec_module(module)
-        else:
-            module = importlib.import_module(target)
-    except ImportError as e:
-        raise ConfigError(f"model.reward_fn: cannot import {target!r} ({e})") from None
-    fn = getattr(module, name, None)
-    if not callable(fn):
-        raise ConfigError(f"model.reward_fn: {target} has no function {name!r}")
-    return fn
 
 
 def save_hf(model, tokenizer, out_dir: str | Path) -> Path:
@@ -275,23 +241,3 @@ def last_metrics_row(out: Path) -> dict:
 
     rows = read_metrics(out / "metrics.jsonl")
     return {k: v for k, v in rows[-1].items() if k != "step"} if rows else {}
-
-
-def cycle_batches(n: int, batch_size: int, generator: torch.Generator) -> Iterable[torch.Tensor]:
-    """Shuffled index batches over n items (drop_last), a fresh permutation per pass."""
-    while True:
-        perm = torch.randperm(n, generator=generator)
-        for i in range(0, n - batch_size + 1, batch_size):
-            yield perm[i : i + batch_size]
-
-
-def fmt_secs(s: float) -> str:
-    return f"{s:.1f}s" if s < 120 else f"{s / 60:.1f}min"
-
-
-def is_finite_number(x: float) -> bool:
-    return isinstance(x, (int, float)) and math.isfinite(x)
-
-
-def env_flag(name: str) -> bool:
-    return os.environ.get(name, "").lower() in ("1", "true", "yes")

@@ -15,10 +15,10 @@ from fourfold.config import GenerationConfig, LMModelConfig, PromptDataConfig
 from fourfold.core import Rollout, kl_estimate, masked_mean, token_rewards
 from fourfold.data import EpochSampler, chat_template_renderer, left_pad, load_prompts, tokenize_prompts
 from fourfold.errors import ConfigError
+from fourfold.models import load_reward_fn
 from fourfold.models.loading import ensure_pad_embedding, load_causal_lm, load_sequence_scorer, load_tokenizer
 from fourfold.models.roles import FrozenReference, FunctionReward, ModelReward, ScalarModel
 from fourfold.rollout.lm import Samples, decode_responses, sample, score
-from fourfold.trainers.common import load_reward_fn
 
 
 @dataclass

@@ -39,6 +39,7 @@ from fourfold.data import (
     chat_template_renderer,
     collate_preferences,
     encode_preferences,
+    line_of,
     load_preferences,
 )
 from fourfold.errors import DataError, NonFiniteError
@@ -50,7 +51,6 @@ from fourfold.trainers.common import (
     guarded_step,
     install_stop_handler,
     last_metrics_row,
-    line_of,
     log_skips,
     make_optimizer,
     make_schedule,

@@ -27,7 +27,7 @@ import torch
 
 from fourfold.config import InitModelConfig, SFTConfig
 from fourfold.core import sft_loss
-from fourfold.data import EpochSampler, SFTExample, chat_template_renderer, collate_sft, encode_sft, load_sft
+from fourfold.data import EpochSampler, SFTExample, chat_template_renderer, collate_sft, encode_sft, line_of, load_sft
 from fourfold.errors import DataError, NonFiniteError
 from fourfold.models.factory import llama_config, random_causal_lm
 from fourfold.models.loading import ensure_pad_embedding, load_causal_lm, load_tokenizer, resolve_dtype
@@ -36,7 +36,6 @@ from fourfold.trainers.common import (
     guarded_step,
     install_stop_handler,
     last_metrics_row,
-    line_of,
     log_skips,
     make_optimizer,
     make_schedule,
