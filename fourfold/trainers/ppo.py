@@ -22,7 +22,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence
 
 import torch
 
@@ -52,7 +52,7 @@ from fourfold.trainers.common import (
     seed_everything,
     setup_run,
 )
-from fourfold.trainers.lm import PromptStream, Roles, collect, load_roles
+from fourfold.trainers.lm import Probe, PromptStream, Roles, collect, load_roles
 
 
 def compute_advantages(rollout: Rollout, algo: PPOAlgoConfig) -> Rollout:
@@ -221,8 +221,13 @@ def _save_state(out: Path, it: int, roles: Roles, opt: Optim, kl_ctl, stream: Pr
     save_checkpoint(out, it, modules=modules, optimizers=optimizers, schedulers=schedulers, state=state, keep=keep)
 
 
-def train(cfg: PPOConfig, *, task=None, roles: Optional[Roles] = None) -> dict:
-    """Run PPO; returns a summary dict (final metrics, output paths)."""
+def train(cfg: PPOConfig, *, prompts: Optional[Sequence[str]] = None, probe: Optional[Probe] = None,
+          roles: Optional[Roles] = None) -> dict:
+    """Run PPO; returns a summary dict (final metrics, output paths).
+
+    ``prompts``: the prompts to train on (else the ``data.prompts`` file); ``probe(prompts,
+    responses) -> {name: value}``: extra measurements logged every iteration; ``roles``: models
+    already loaded (else loaded from ``cfg.model``)."""
     from fourfold.checkpoint import latest_checkpoint, load_checkpoint
     from fourfold.reporting import MetricsLogger
 
@@ -230,13 +235,9 @@ def train(cfg: PPOConfig, *, task=None, roles: Optional[Roles] = None) -> dict:
     # 0. set-up: seed, run directory, roles, optimisers, prompt stream, KL controller, resume
     seed_everything(run.seed)
     out, device = setup_run(cfg, run)
-    if task is None and cfg.data.task is not None:
-        from fourfold.tasks import get_task
-
-        task = get_task(cfg.data.task)
     roles = roles or load_roles(cfg.model, device, with_critic=algo.use_critic)
     opt = make_optim(roles, algo)
-    stream = PromptStream(cfg.data, roles.tokenizer, algo.rollout_batch_size, run.seed, task=task)
+    stream = PromptStream(cfg.data, roles.tokenizer, algo.rollout_batch_size, run.seed, prompts=prompts)
     kl_ctl = (AdaptiveKLController(algo.kl_coef, algo.kl_target, algo.kl_horizon) if algo.adaptive_kl
               else FixedKLController(algo.kl_coef))
     guard = NonFiniteGuard(limit=run.max_consecutive_skips)
@@ -260,10 +261,10 @@ def train(cfg: PPOConfig, *, task=None, roles: Optional[Roles] = None) -> dict:
         for it in range(start + 1, algo.iterations + 1):
             t_iter = time.perf_counter()
             # 1. sample prompts
-            prompts, prompt_ids, prompt_mask = stream.next(device)
+            texts, prompt_ids, prompt_mask = stream.next(device)
             # 2-4. generate (pi_old), score (reference, critic, reward), per-token rewards
-            col = collect(roles, prompts, prompt_ids, prompt_mask, gen, kl_coef=kl_ctl.value,
-                          kl_estimator=algo.kl_estimator, task=task, concurrent=run.concurrent_roles)
+            col = collect(roles, texts, prompt_ids, prompt_mask, gen, kl_coef=kl_ctl.value,
+                          kl_estimator=algo.kl_estimator, probe=probe, concurrent=run.concurrent_roles)
             rollout = col.rollout
             if not guard.ok("reward_score", rollout.scores, f"iteration {it}"):
                 log_skips(logger, guard, it)

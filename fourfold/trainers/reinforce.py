@@ -13,6 +13,7 @@ return-to-go of the token rewards and ``b`` = 0 or the batch-mean return.
 from __future__ import annotations
 
 import time
+from typing import Optional, Sequence
 
 from fourfold.config import ReinforceConfig
 from fourfold.core import FixedKLController, discounted_returns, masked_mean, reinforce_loss
@@ -29,10 +30,13 @@ from fourfold.trainers.common import (
     seed_everything,
     setup_run,
 )
-from fourfold.trainers.lm import PromptStream, collect, load_roles
+from fourfold.trainers.lm import Probe, PromptStream, Roles, collect, load_roles
 
 
-def train(cfg: ReinforceConfig, *, task=None, roles=None) -> dict:
+def train(cfg: ReinforceConfig, *, prompts: Optional[Sequence[str]] = None, probe: Optional[Probe] = None,
+          roles: Optional[Roles] = None) -> dict:
+    """Run REINFORCE; returns a summary dict (final metrics, output paths). ``prompts``, ``probe``
+    and ``roles`` as for :func:`fourfold.trainers.ppo.train`."""
     from fourfold.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
     from fourfold.reporting import MetricsLogger
 
@@ -40,14 +44,10 @@ def train(cfg: ReinforceConfig, *, task=None, roles=None) -> dict:
     # 0. set-up
     seed_everything(run.seed)
     out, device = setup_run(cfg, run)
-    if task is None and cfg.data.task is not None:
-        from fourfold.tasks import get_task
-
-        task = get_task(cfg.data.task)
     roles = roles or load_roles(cfg.model, device, with_critic=False)
     optimizer = make_optimizer(roles.policy.parameters(), algo.lr)
     schedule = make_schedule(optimizer, algo.iterations, algo.lr_schedule)
-    stream = PromptStream(cfg.data, roles.tokenizer, algo.rollout_batch_size, run.seed, task=task)
+    stream = PromptStream(cfg.data, roles.tokenizer, algo.rollout_batch_size, run.seed, prompts=prompts)
     kl_ctl = FixedKLController(algo.kl_coef)
     guard = NonFiniteGuard(limit=run.max_consecutive_skips)
     start = 0
@@ -67,10 +67,10 @@ def train(cfg: ReinforceConfig, *, task=None, roles=None) -> dict:
             for it in range(start + 1, algo.iterations + 1):
                 t_iter = time.perf_counter()
                 # 1. sample prompts
-                prompts, prompt_ids, prompt_mask = stream.next(device)
+                texts, prompt_ids, prompt_mask = stream.next(device)
                 # 2-4. generate, score, per-token rewards (KL penalty on every token, score on the last)
-                col = collect(roles, prompts, prompt_ids, prompt_mask, gen, kl_coef=kl_ctl.value,
-                              kl_estimator=algo.kl_estimator, task=task)
+                col = collect(roles, texts, prompt_ids, prompt_mask, gen, kl_coef=kl_ctl.value,
+                              kl_estimator=algo.kl_estimator, probe=probe)
                 r = col.rollout
                 # 5. returns-to-go and the optional baseline
                 returns = discounted_returns(r.rewards, r.mask, 1.0)
