@@ -43,7 +43,6 @@ import json
 import math
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Optional, Sequence
 
 import gymnasium as gym
@@ -51,8 +50,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from fourfold.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
-from fourfold.config import GymConfig, save_config
+from fourfold.config import GymConfig
 from fourfold.core import (
     Rollout,
     discounted_returns,
@@ -69,16 +67,9 @@ from fourfold.core import (
 )
 from fourfold.errors import ConfigError, NonFiniteError
 from fourfold.gym_plots import plot_run
-from fourfold.reporting import MetricsLogger
 from fourfold.rollout.gym import EpisodeStats, VecEnvRunner, collect, collect_episodes, greedy_returns, make_vec_env
-from fourfold.trainers.common import (
-    NonFiniteGuard,
-    clip_and_step,
-    install_stop_handler,
-    make_optimizer,
-    restore_signal_handlers,
-    seed_everything,
-)
+from fourfold.trainers.common import NonFiniteGuard, guarded_step, make_optimizer
+from fourfold.trainers.scaffold import RunScaffold
 
 __all__ = [
     "train",
@@ -187,9 +178,9 @@ def ppo_update(agent: nn.ModuleDict, optimizer: torch.optim.Optimizer, batch: Ro
         epoch_stats: list[dict] = []
         for idx in torch.randperm(batch.batch_size).tensor_split(cfg.num_minibatches):
             loss, stats = _ppo_minibatch_loss(agent["actor"], agent["critic"], batch.select(idx), cfg)
-            loss.backward()
-            norm = clip_and_step(agent, optimizer, None, cfg.max_grad_norm, guard, "gym ppo minibatch")
-            if math.isfinite(norm):
+            norm, taken = guarded_step(agent, optimizer, None, cfg.max_grad_norm, guard, "gym ppo minibatch",
+                                       [(loss, {})])
+            if taken:
                 guard.good_step()
                 epoch_stats.append({**stats, "policy/grad_norm": torch.tensor(norm)})
             guard.check_limit()
@@ -210,9 +201,8 @@ def reinforce_update(actor: nn.Module, optimizer: torch.optim.Optimizer, rollout
     logits = actor(rollout.context["obs"])  # (E, T, A)
     logprobs = logprobs_from_logits(logits, rollout.actions)  # (E, T)
     loss, loss_stats = reinforce_loss(logprobs, returns, rollout.mask, baseline=baseline)
-    loss.backward()
-    norm = clip_and_step(actor, optimizer, None, cfg.max_grad_norm, guard, "gym reinforce step")
-    if not math.isfinite(norm):
+    norm, taken = guarded_step(actor, optimizer, None, cfg.max_grad_norm, guard, "gym reinforce step", [(loss, {})])
+    if not taken:
         guard.check_limit()
         return {}
     guard.good_step()
@@ -337,13 +327,7 @@ def train(cfg: GymConfig) -> dict:
     t_start = time.perf_counter()
     if _device(cfg.run.device).type != "cpu":
         raise ConfigError("run.device: the gym trainer runs on the CPU (tiny MLPs); use 'cpu' or 'auto'")
-    if cfg.run.threads is not None:
-        torch.set_num_threads(cfg.run.threads)
-    seed_everything(cfg.run.seed)
-    run_dir = Path(cfg.run.output_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    save_config(cfg, run_dir / "config.yaml")
-
+    run = RunScaffold(cfg)  # seed, run directory, config.yaml, threads
     envs = make_vec_env(cfg.env.id, cfg.env.num_envs, autoreset_mode=cfg.env.autoreset_mode, env_kwargs=cfg.env.kwargs)
     try:
         agent = _make_agent(cfg, envs)
@@ -352,18 +336,12 @@ def train(cfg: GymConfig) -> dict:
         raise
     algo_cfg = cfg.ppo if cfg.algo == "ppo" else cfg.reinforce
     optimizer = make_optimizer(agent.parameters(), lr=algo_cfg.lr, eps=algo_cfg.adam_eps)  # detail 3
-    guard = NonFiniteGuard(limit=cfg.run.max_consecutive_skips)
-
+    guard = run.guard
     progress = _Progress()
-    ckpt = latest_checkpoint(run_dir) if cfg.run.resume else None
-    if ckpt is not None:
-        # Weights, optimizer, counters and RNG continue; the envs restart with fresh episodes.
-        progress = _Progress(**load_checkpoint(ckpt, modules={"agent": agent}, optimizers={"adam": optimizer}))
-
-    def checkpoint() -> None:
-        save_checkpoint(run_dir, progress.env_steps, modules={"agent": agent}, optimizers={"adam": optimizer},
-                        state=vars(progress), keep=cfg.run.keep_checkpoints)
-
+    run.track(modules={"agent": agent}, optimizers={"adam": optimizer}, state=lambda step: vars(progress))
+    state = run.resume()
+    if state is not None:  # weights, optimizer, counters and RNG continue; the envs restart with fresh episodes
+        progress = _Progress(**state)
     runner = VecEnvRunner(envs, seed=cfg.run.seed + progress.iteration)
     threshold = solved_threshold(cfg)
     evaluate = _Evaluator(cfg, agent["actor"], threshold)
@@ -374,13 +352,9 @@ def train(cfg: GymConfig) -> dict:
             return progress.iteration >= num_iterations
         return progress.env_steps >= cfg.reinforce.total_timesteps
 
-    logger = MetricsLogger(run_dir, progress=cfg.run.progress, tensorboard=cfg.run.tensorboard,
-                           total=algo_cfg.total_timesteps, desc=f"{cfg.algo} {cfg.env.id}",
-                           key_metrics=("gym/eval_return", "gym/episodic_return"),
-                           resume_step=progress.env_steps if ckpt is not None else None)
-    stop, previous_handlers = install_stop_handler()
     try:
-        with logger:
+        with run.loop(total=algo_cfg.total_timesteps, desc=f"{cfg.algo} {cfg.env.id}",
+                      key_metrics=("gym/eval_return", "gym/episodic_return")) as logger:
             while not finished():
                 t_iter = time.perf_counter()
                 progress.iteration += 1
@@ -401,31 +375,33 @@ def train(cfg: GymConfig) -> dict:
                 metrics.update({"time/iteration_s": elapsed,
                                 "time/env_steps_per_s": (progress.env_steps - prev_steps) / max(elapsed, 1e-9)})
                 logger.log(progress.env_steps, metrics)
-                if (cfg.run.save_every and progress.iteration % cfg.run.save_every == 0) or stop["stop"]:
-                    checkpoint()
-                if stop["stop"]:  # SIGTERM/SIGINT: checkpointed above, exit
-                    raise KeyboardInterrupt
+                run.checkpoint_if_due(progress.env_steps, count=progress.iteration)
                 if cfg.stop_when_solved and progress.first_solved_step is not None:
                     break
             if not progress.evals or progress.evals[-1][0] != progress.env_steps:
                 logger.log(progress.env_steps, evaluate(progress))  # e.g. resumed at the very end
-        checkpoint()
+            run.save(progress.env_steps)
     except NonFiniteError:
-        checkpoint()  # skipped steps never touched the weights: this is the last good state
+        run.save(progress.env_steps)  # skipped steps never touched the weights: this is the last good state
         raise
     finally:
-        restore_signal_handlers(previous_handlers)
         envs.close()
         evaluate.close()
 
+    return _finish(run, cfg, progress, threshold, time.perf_counter() - t_start)
+
+
+def _finish(run: RunScaffold, cfg: GymConfig, progress: _Progress, threshold: Optional[float], wall_s: float) -> dict:
+    """The run's summary (see :func:`train`), also written as ``summary.json`` next to
+    ``learning_curve.png`` and printed as one JSON line."""
     last_eval = progress.evals[-1]
     summary = {
         "algo": cfg.algo, "env": cfg.env.id, "seed": cfg.run.seed, "env_steps": progress.env_steps,
         "eval_return_mean": last_eval[1], "eval_return_std": last_eval[2],
         "first_solved_step": progress.first_solved_step, "solved_threshold": threshold,
-        "wall_s": round(time.perf_counter() - t_start, 2), "run_dir": str(run_dir), "evals": progress.evals,
+        "wall_s": round(wall_s, 2), "run_dir": str(run.out), "evals": progress.evals,
     }
-    plot_run(run_dir, progress.evals, f"{cfg.algo} on {cfg.env.id}, seed {cfg.run.seed}", threshold)
-    (run_dir / "summary.json").write_text(json.dumps(summary) + "\n", encoding="utf-8")
+    run.write(plot_run, run.out, progress.evals, f"{cfg.algo} on {cfg.env.id}, seed {cfg.run.seed}", threshold)
+    run.write((run.out / "summary.json").write_text, json.dumps(summary) + "\n", encoding="utf-8")
     print(json.dumps(summary), flush=True)
     return summary
