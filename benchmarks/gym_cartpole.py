@@ -73,7 +73,8 @@ def main(argv=None) -> dict:
 
     torch.set_num_threads(1)
     from fourfold.config import GymConfig, load_config
-    from fourfold.trainers.gym import plot_seeds, solved_threshold, train
+    from fourfold.gym_plots import plot_seeds
+    from fourfold.trainers.gym import solved_threshold, train
 
     results, groups, threshold = {}, {}, None
     for config in args.configs:

@@ -32,6 +32,21 @@ def _resolve(spec: str) -> Callable:
     return getattr(importlib.import_module(module), name)
 
 
+def task_inputs(stage: str, cfg) -> dict:
+    """The trainer arguments a PPO or REINFORCE config's ``data.task`` names: the task's gold-reward
+    probe and, when ``data.prompts`` is null, its prompts (the trainers never see the task)."""
+    if stage not in ("ppo", "reinforce") or cfg.data.task is None:
+        return {}
+    from fourfold.tasks import get_task, task_probe, task_prompts
+
+    task = get_task(cfg.data.task)
+    inputs = {"probe": task_probe(task)}
+    if cfg.data.prompts is None:
+        batch_size = cfg.ppo.rollout_batch_size if stage == "ppo" else cfg.reinforce.rollout_batch_size
+        inputs["prompts"] = task_prompts(task, batch_size, cfg.run.seed)
+    return inputs
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="fourfold", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="stage", metavar="STAGE")
@@ -71,7 +86,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         config_cls = _resolve(config_spec)
         cfg = load_config(config_cls, args.config, overrides)
-        _resolve(fn_spec)(cfg)
+        _resolve(fn_spec)(cfg, **task_inputs(args.stage, cfg))
     except FourfoldError as e:
         print(f"fourfold {args.stage}: error: {e}", file=sys.stderr)
         return 2

@@ -111,7 +111,7 @@ def run(cfg: DemoConfig, *, stop_after: str | None = None) -> dict:
     from fourfold.models.loading import load_causal_lm, load_sequence_scorer, load_tokenizer
     from fourfold.models.roles import FrozenReference, ScalarModel
     from fourfold.reporting import read_metrics
-    from fourfold.tasks import get_task
+    from fourfold.tasks import get_task, task_probe
     from fourfold.tasks.tokenizer import build_word_tokenizer
     from fourfold.trainers import ppo as ppo_trainer
     from fourfold.trainers import reward as reward_trainer
@@ -243,7 +243,7 @@ def run(cfg: DemoConfig, *, stop_after: str | None = None) -> dict:
             data=PromptDataConfig(prompts=str(data / "ppo_prompts.jsonl"), task="review", max_prompt_len=16),
             generation=gen, ppo=cfg.ppo, run=sub_run(d),
         )
-        res = ppo_trainer.train(ppo_cfg, task=task)
+        res = ppo_trainer.train(ppo_cfg, probe=task_probe(task))
         publish(Path(res["policy"]), out / "policy")
         publish(d / "critic", out / "critic")
         return {"final": {k: v for k, v in res["final"].items() if k.startswith(("reward/", "kl/", "rollout/"))}}

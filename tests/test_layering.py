@@ -1,16 +1,26 @@
-"""Layering: ``fourfold.core`` imports torch and the standard library only.
+"""Layering: ``fourfold.core`` imports torch and the standard library only; the trainers never
+import the embedded tasks; reporting never imports models or rollout.
 
-A fresh interpreter blocks the heavy third-party packages with a meta-path finder (any attempt to
-import them is recorded and fails), imports the module under test, then reports (a) every blocked
-import attempted, (b) every ``fourfold.<x>`` module other than ``fourfold`` and ``fourfold.core*``,
-and (c) every new top-level module that is neither torch nor the standard library (torch itself
-imports numpy, so what torch loads is the baseline). The second test runs the same check on small
-fake modules that break each rule, so the check is known to fail when it should.
+For ``fourfold.core``, a fresh interpreter blocks the heavy third-party packages with a meta-path
+finder (any attempt to import them is recorded and fails), imports the module under test, then
+reports (a) every blocked import attempted, (b) every ``fourfold.<x>`` module other than
+``fourfold`` and ``fourfold.core*``, and (c) every new top-level module that is neither torch nor
+the standard library (torch itself imports numpy, so what torch loads is the baseline).
+
+For the rules between fourfold's own packages (``RULES``), two checks: every import statement in
+the importer's files, at the top or inside a function, names no forbidden module; and a fresh
+interpreter that imports each of the importer's modules loads no forbidden one through another
+module. Each check also runs on small fake modules that break the rules, so it is known to fail
+when it should.
 """
 
+import ast
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
+
+import fourfold
 
 BLOCKED = ("transformers", "datasets", "gymnasium", "tokenizers", "safetensors", "matplotlib", "rich",
            "yaml", "numpy")
@@ -93,3 +103,127 @@ def test_check_detects_violations(tmp_path):
     assert lines["fake_clean"] == "OK", result.stdout
     for name, (_, expected) in VIOLATORS.items():
         assert expected in lines[name], result.stdout + result.stderr
+
+
+# ---- rules between fourfold's own packages ---------------------------------------------------------
+
+PACKAGE = Path(fourfold.__file__).parent
+RULES = {  # importer (a module, or a package and everything in it) -> modules it must never import
+    "fourfold.trainers": ("fourfold.tasks",),
+    "fourfold.reporting": ("fourfold.models", "fourfold.rollout"),
+    "fourfold.gym_plots": ("fourfold.models", "fourfold.rollout"),  # the gym plots are reporting
+}
+
+
+def _module_files(root: Path, prefix: str) -> dict[str, Path]:
+    """{module name: file} of the module ``prefix`` or the package of that name under ``root``."""
+    parts = prefix.split(".")
+    single = root.joinpath(*parts[:-1], parts[-1] + ".py")
+    if single.is_file():
+        return {prefix: single}
+    package = root.joinpath(*parts)
+    files = {}
+    for path in sorted(package.rglob("*.py")):
+        rel = path.relative_to(root).with_suffix("").parts
+        files[".".join(rel[:-1] if rel[-1] == "__init__" else rel)] = path
+    return files
+
+
+def _imported(module: str, path: Path) -> list[tuple[int, str]]:
+    """(line, module name) of every import statement in ``path`` (top level or inside a function);
+    ``from a import b`` names both ``a`` and ``a.b``; relative imports are resolved."""
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, a.name) for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+                base = f"{anchor}.{base}" if base else anchor
+            found += [(node.lineno, base)] + [(node.lineno, f"{base}.{a.name}") for a in node.names]
+    return found
+
+
+def _is_under(name: str, prefixes) -> bool:
+    return any(name == p or name.startswith(p + ".") for p in prefixes)
+
+
+def static_violations(root: Path, rules: dict) -> list[str]:
+    """``file:line: imports X`` for every import statement that breaks a rule, in file order."""
+    out = {}  # one message per statement: the first forbidden name it imports
+    for importer, forbidden in rules.items():
+        for module, path in _module_files(root, importer).items():
+            for line, name in _imported(module, path):
+                if _is_under(name, forbidden):
+                    out.setdefault(f"{path.relative_to(root)}:{line}", f"imports {name}")
+    return [f"{where}: {what}" for where, what in out.items()]
+
+
+RULE_CHECK = textwrap.dedent(
+    """
+    import importlib, sys
+    extra_path, forbidden, targets = sys.argv[1], tuple(sys.argv[2].split(",")), sys.argv[3:]
+    if extra_path:
+        sys.path.insert(0, extra_path)
+    for target in targets:
+        before = set(sys.modules)
+        importlib.import_module(target)
+        bad = sorted(m for m in set(sys.modules) - before if any(m == f or m.startswith(f + ".") for f in forbidden))
+        print(f"{target}: " + (", ".join(bad) if bad else "OK"))
+    """
+)
+
+
+def loaded_violations(root: Path, rules: dict, extra_path: str = "") -> list[str]:
+    """``module: X, Y`` for every importer module whose import loads forbidden modules (one fresh
+    interpreter per rule; a module is named by the first importer that loads it)."""
+    out = []
+    for importer, forbidden in rules.items():
+        modules = list(_module_files(root, importer))
+        result = subprocess.run([sys.executable, "-c", RULE_CHECK, extra_path, ",".join(forbidden), *modules],
+                                capture_output=True, text=True, timeout=300)
+        assert result.returncode == 0, result.stdout + result.stderr
+        out += [line for line in result.stdout.splitlines() if not line.endswith(": OK")]
+    return out
+
+
+def test_trainers_never_import_tasks_and_reporting_never_imports_models_or_rollout():
+    assert static_violations(PACKAGE.parent, RULES) == []
+    assert loaded_violations(PACKAGE.parent, RULES) == []
+
+
+def test_rule_checks_detect_violations(tmp_path):
+    """A fake package whose modules break the rules directly, lazily, through ``from x import y``,
+    through a relative import and through another module has each one reported; its clean modules
+    are not."""
+    files = {
+        "fake/__init__.py": "",
+        "fake/tasks.py": "x = 1\n",
+        "fake/trainers/__init__.py": "",
+        "fake/trainers/clean.py": "import fourfold.config\n",
+        "fake/trainers/direct.py": "import fourfold.tasks.review\n",
+        "fake/trainers/from_import.py": "from fourfold.tasks import get_task\n",
+        "fake/trainers/lazy.py": "def f():\n    from fourfold import tasks\n",
+        "fake/trainers/relative.py": "from ..tasks import x\n",
+        "fake/trainers/rollout_user.py": "import fourfold.rollout.lm\n",
+        "fake/reporting.py": "from fake.trainers import rollout_user\n",
+    }
+    for name, source in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(source)
+    rules = {"fake.trainers": ("fourfold.tasks", "fake.tasks"),
+             "fake.reporting": ("fourfold.models", "fourfold.rollout")}
+    found = static_violations(tmp_path, rules)
+    assert found == [
+        "fake/trainers/direct.py:1: imports fourfold.tasks.review",
+        "fake/trainers/from_import.py:1: imports fourfold.tasks",
+        "fake/trainers/lazy.py:2: imports fourfold.tasks",
+        "fake/trainers/relative.py:1: imports fake.tasks",
+    ], found
+    loaded = loaded_violations(tmp_path, rules, extra_path=str(tmp_path))
+    assert any(v.startswith("fake.trainers.direct: fourfold.tasks") for v in loaded), loaded
+    assert any(v.startswith("fake.reporting: ") and "fourfold.rollout.lm" in v and "fourfold.models" in v
+               for v in loaded), loaded
+    assert not any(v.startswith(("fake.trainers.clean:", "fake.trainers.lazy:")) for v in loaded), loaded

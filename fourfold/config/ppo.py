@@ -47,8 +47,8 @@ class PromptDataConfig:
     prompts: Optional[str] = None
     """JSONL or Parquet file with a `prompt` (or chat `messages`) field per row."""
     task: Optional[str] = None
-    """An embedded task name (e.g. 'review'): prompts are sampled from it when `prompts` is null,
-    and its hidden gold reward is logged as reward/gold_mean."""
+    """An embedded task name (e.g. 'review'), resolved by the CLI: prompts are sampled from it when
+    `prompts` is null, and its hidden gold reward is logged as reward/gold_mean."""
     max_prompt_len: int = 64
     """Prompts longer than this many tokens are an error naming the file and line."""
     on_error: Literal["raise", "skip"] = "raise"

@@ -39,10 +39,11 @@ from fourfold.data.formats import (
     load_sft,
     plain_chat_render,
 )
-from fourfold.data.io import read_records
+from fourfold.data.io import line_of, read_records
 
 __all__ = [
     "read_records",
+    "line_of",
     "PromptRecord",
     "SFTRecord",
     "PreferenceRecord",

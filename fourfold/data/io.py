@@ -18,11 +18,12 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 from fourfold.errors import DataError
 
-__all__ = ["read_records", "JSONL_SUFFIXES", "PARQUET_SUFFIXES", "json_type_name", "one_line"]
+__all__ = ["read_records", "JSONL_SUFFIXES", "PARQUET_SUFFIXES", "json_type_name", "one_line", "line_of"]
 
 JSONL_SUFFIXES = (".jsonl", ".ndjson")
 PARQUET_SUFFIXES = (".parquet",)
@@ -52,6 +53,13 @@ def one_line(text: object, limit: int = 200) -> str:
     """``text`` squeezed onto one line (newlines escaped) and cut to ``limit`` characters."""
     s = str(text).replace("\r", "\\r").replace("\n", "\\n")
     return s if len(s) <= limit else s[: limit - 3] + "..."
+
+
+def line_of(message: str) -> int:
+    """The line number of a ``file:line: problem`` message (0 when it has none): sorts skipped rows
+    into file order."""
+    m = re.match(r"^.*?:(\d+): ", message)
+    return int(m.group(1)) if m else 0
 
 
 def check_on_error(on_error: str) -> None:

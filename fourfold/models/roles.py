@@ -16,7 +16,6 @@ ids come from the attention mask (``cumsum - 1``), so left padding does not shif
 from __future__ import annotations
 
 import inspect
-from contextlib import nullcontext
 from typing import Callable, Optional, Protocol, Sequence
 
 import torch
@@ -256,10 +255,3 @@ def freeze(model: nn.Module) -> nn.Module:
     model.eval()
     model.requires_grad_(False)
     return model
-
-
-def maybe_autocast(device: torch.device, dtype: torch.dtype):
-    """bf16 autocast on CUDA when asked for, nothing otherwise."""
-    if device.type == "cuda" and dtype in (torch.bfloat16, torch.float16):
-        return torch.autocast("cuda", dtype=dtype)
-    return nullcontext()

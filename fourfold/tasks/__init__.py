@@ -4,6 +4,8 @@
 - :class:`ReviewTask` / :class:`ReviewTaskConfig`: the embedded product-review world.
 - :func:`get_task`: build a registered task by name; :func:`register_task` adds your own.
 - :func:`build_word_tokenizer`: a word-level ``transformers`` tokenizer over a task's words.
+- :func:`task_prompts` / :func:`task_probe`: a task as the RL trainers take it (prompts, and a probe
+  logging its gold reward).
 
 Nothing here imports torch; the tokenizer builder imports ``transformers`` only when called.
 """
@@ -12,7 +14,7 @@ from __future__ import annotations
 from typing import Callable
 
 from fourfold.errors import ConfigError
-from fourfold.tasks.base import Task
+from fourfold.tasks.base import Task, task_probe, task_prompts
 from fourfold.tasks.review import ReviewTask, ReviewTaskConfig, has_repetition, is_well_formed
 from fourfold.tasks.tokenizer import build_word_tokenizer
 
@@ -53,4 +55,6 @@ __all__ = [
     "build_word_tokenizer",
     "is_well_formed",
     "has_repetition",
+    "task_prompts",
+    "task_probe",
 ]

@@ -25,11 +25,14 @@ Conventions shared by every method:
 
 To add your own task, write a class with these attributes and methods (no base class needed: the
 protocol is structural) and register it with :func:`fourfold.tasks.register_task`.
+
+The RL trainers never see a task: :func:`task_prompts` and :func:`task_probe` turn one into what
+they take (prompts, and a probe that logs the gold reward); the CLI and the demo use both.
 """
 from __future__ import annotations
 
 import random
-from typing import Iterable, Protocol, runtime_checkable
+from typing import Callable, Iterable, Protocol, runtime_checkable
 
 
 @runtime_checkable
@@ -86,3 +89,20 @@ class Task(Protocol):
     def tokenizer_corpus(self) -> Iterable[str]:
         """Every word the task can produce (prompts and responses), for building the vocabulary."""
         ...
+
+
+def task_prompts(task: Task, batch_size: int, seed: int) -> list[str]:
+    """The prompts a PPO or REINFORCE run trains on when it names a task but no prompts file:
+    ``max(512, 4 * batch_size)`` of the task's prompts, drawn with ``random.Random(seed + 7919)``."""
+    return task.sample_prompts(max(512, 4 * batch_size), random.Random(seed + 7919))
+
+
+def task_probe(task: Task) -> Callable[[list[str], list[str]], dict[str, float]]:
+    """A trainer's probe for ``task``: ``probe(prompts, responses)`` returns the responses' mean
+    hidden gold reward as ``{"reward/gold_mean": value}`` (logged, never trained on)."""
+
+    def probe(prompts: list[str], responses: list[str]) -> dict[str, float]:
+        gold = task.gold_reward(prompts, responses)
+        return {"reward/gold_mean": float(sum(gold) / len(gold))}
+
+    return probe

@@ -1,27 +1,21 @@
-"""Pieces every trainer shares: run set-up, optimisers and schedules, guarded optimizer steps,
-saving HF directories, loading a reward function. A trainer never imports another trainer; what
-two of them need lives here.
+"""Pieces every trainer shares: seeding, optimisers and schedules, the non-finite guard and the
+one guarded optimizer step, saving HF directories. A trainer never imports another trainer; what
+two of them need lives here (the run around the loop lives in :mod:`fourfold.trainers.scaffold`).
 """
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import math
-import os
 import random
-import re
-import signal
 import sys
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable, Optional
+from typing import Iterable, Optional
 
 import torch
 
-from fourfold.config import RunConfig, save_config
-from fourfold.errors import ConfigError, NonFiniteError
+from fourfold.errors import NonFiniteError
 
 
 def seed_everything(seed: int) -> torch.Generator:
@@ -35,19 +29,6 @@ def seed_everything(seed: int) -> torch.Generator:
     gen = torch.Generator()
     gen.manual_seed(seed)
     return gen
-
-
-def setup_run(cfg, run: RunConfig) -> tuple[Path, torch.device]:
-    """Create the run directory, write the resolved config, set threads; return (dir, device)."""
-    from fourfold.models.loading import resolve_device
-
-    quiet_transformers()
-    out = Path(run.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    save_config(cfg, out / "config.yaml")
-    if run.threads is not None:
-        torch.set_num_threads(run.threads)
-    return out, resolve_device(run.device)
 
 
 def quiet_transformers() -> None:
@@ -143,28 +124,36 @@ def clip_and_step(model, optimizer, scheduler, max_grad_norm: Optional[float], g
     return float(norm)
 
 
-def install_stop_handler() -> tuple[dict, dict]:
-    """SIGTERM/SIGINT set ``flag["stop"]``; the loop checkpoints at the end of its step and exits.
+def guarded_step(model, optimizer, scheduler, max_grad_norm: Optional[float], guard: NonFiniteGuard, where: str,
+                 losses: Iterable[tuple[torch.Tensor, dict]], *, schedule_on_skip: bool = True
+                 ) -> tuple[Optional[float], bool]:
+    """The one guarded optimizer step of every trainer (SFT, reward model, PPO's policy and critic,
+    REINFORCE, gym).
 
-    Returns ``(flag, previous)``; pass ``previous`` to :func:`restore_signal_handlers` when done.
+    ``losses`` yields ``(loss, checks)`` per micro-batch (a list of one for a plain step), lazily:
+    each item's ``checks`` (``{quantity: value}``, asked of ``guard`` in order, stopping at the
+    first non-finite one) come before its ``loss.backward()``; gradients accumulate over the items.
+    Then the global grad-norm clip, the optimizer step unless the norm is not finite, and the
+    schedule (:func:`clip_and_step`).
+
+    A non-finite checked quantity skips the whole step: the gradients are zeroed, later items are
+    never computed, and the schedule still counts the step (so a resumed or a clean run sees the
+    same learning rates) unless ``schedule_on_skip`` is False (PPO's policy and critic steps).
+
+    Returns ``(grad_norm, taken)``: ``grad_norm`` is None when a checked quantity skipped the step,
+    else the norm before clipping (not finite: the step was skipped); ``taken``: the weights moved.
+    The guard's consecutive count is the caller's to reset (``guard.good_step()``), because what
+    counts as one update is the caller's: a step, or PPO's whole iteration.
     """
-    flag = {"stop": False}
-
-    def handler(signum, frame):
-        flag["stop"] = True
-
-    previous = {}
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        try:
-            previous[sig] = signal.signal(sig, handler)
-        except ValueError:  # not the main thread: no handler, the caller's own signals apply
-            pass
-    return flag, previous
-
-
-def restore_signal_handlers(previous: dict) -> None:
-    for sig, h in previous.items():
-        signal.signal(sig, h)
+    for loss, checks in losses:
+        if not all(guard.ok(what, value, where) for what, value in checks.items()):
+            optimizer.zero_grad(set_to_none=True)
+            if scheduler is not None and schedule_on_skip:
+                scheduler.step()
+            return None, False
+        loss.backward()
+    grad_norm = clip_and_step(model, optimizer, scheduler, max_grad_norm, guard, where)
+    return grad_norm, math.isfinite(grad_norm)
 
 
 def num_steps(max_steps: Optional[int], epochs: float, batches_per_epoch: int) -> int:
@@ -172,61 +161,6 @@ def num_steps(max_steps: Optional[int], epochs: float, batches_per_epoch: int) -
     if max_steps is not None:
         return max_steps
     return max(1, math.ceil(epochs * batches_per_epoch))
-
-
-def line_of(message: str) -> int:
-    """The line number of a ``file:line: problem`` message (0 when it has none)."""
-    m = re.match(r"^.*?:(\d+): ", message)
-    return int(m.group(1)) if m else 0
-
-
-def guarded_step(loss: torch.Tensor, model, optimizer, scheduler, max_grad_norm: Optional[float],
-                 guard: NonFiniteGuard, what: str, where: str) -> tuple[float, bool]:
-    """Backward, clip, optimizer step and schedule, unless the loss or the gradient norm is not
-    finite: then the update is skipped (the schedule still counts the step, so a resumed or a
-    clean run sees the same learning rates). Returns (grad_norm, taken)."""
-    skips_before = guard.total
-    if guard.ok(what, loss.detach(), where):
-        loss.backward()
-        grad_norm = clip_and_step(model, optimizer, scheduler, max_grad_norm, guard, where)
-    else:
-        optimizer.zero_grad(set_to_none=True)
-        if scheduler is not None:
-            scheduler.step()
-        grad_norm = float("nan")
-    taken = guard.total == skips_before
-    if taken:
-        guard.good_step()
-    return grad_norm, taken
-
-
-def log_skips(logger, guard: NonFiniteGuard, step: int) -> None:
-    """Write the guard's new non-finite events to the run's events.jsonl (which quantity, where)."""
-    for event in guard.take_new_events():
-        logger.event("nonfinite_skip", step=step, **event)
-
-
-def load_reward_fn(spec: str) -> Callable[[list[str], list[str]], list[float]]:
-    """'package.module:function' or 'path/to/file.py:function' -> the function."""
-    target, _, name = spec.rpartition(":")
-    if not target or not name:
-        raise ConfigError(f"model.reward_fn: {spec!r}: expected 'module:function' or 'file.py:function'")
-    try:
-        if target.endswith(".py"):
-            path = Path(target)
-            if not path.is_file():
-                raise ConfigError(f"model.reward_fn: {target}: no such file")
-            mod_spec = importlib.util.spec_from_file_location(f"fourfold_user_reward_{path.stem}", path)
-            module = importlib.util.module_from_spec(mod_spec)
-            mod_spec.loader.exec_module(module)
-        else:
-            module = importlib.import_module(target)
-    except ImportError as e:
-        raise ConfigError(f"model.reward_fn: cannot import {target!r} ({e})") from None
-    fn = getattr(module, name, None)
-    if not callable(fn):
-        raise ConfigError(f"model.reward_fn: {target} has no function {name!r}")
-    return fn
 
 
 def save_hf(model, tokenizer, out_dir: str | Path) -> Path:
@@ -241,30 +175,19 @@ def save_hf(model, tokenizer, out_dir: str | Path) -> Path:
     return save_pretrained_atomic(_save, out_dir)
 
 
-def save_step_state(out: Path, step: int, name: str, module, optimizer, scheduler, sampler, window: dict,
-                    guard: NonFiniteGuard, keep: int) -> None:
-    """Checkpoint of a step-based trainer (SFT, reward model): the module (under ``name``), its
-    optimizer and schedule, the sampler's position, the metrics window and the non-finite count."""
-    from fourfold.checkpoint import save_checkpoint
-
-    state = {"step": step, "sampler": sampler.state_dict(), "window": dict(window), "nonfinite_total": guard.total}
-    save_checkpoint(out, step, modules={name: module}, optimizers={name: optimizer}, schedulers={name: scheduler},
-                    state=state, keep=keep)
-
-
-def resume_step_state(out: Path, run: RunConfig, name: str, module, optimizer, scheduler, sampler, window: dict,
-                      guard: NonFiniteGuard) -> Optional[int]:
-    """Load the latest checkpoint :func:`save_step_state` wrote into these objects (``window`` is
-    updated in place) when ``run.resume`` and one exists; returns its step, or None."""
-    from fourfold.checkpoint import latest_checkpoint, load_checkpoint
-
-    ckpt = latest_checkpoint(out) if run.resume else None
-    if ckpt is None:
-        return None
-    state = load_checkpoint(ckpt, modules={name: module}, optimizers={name: optimizer}, schedulers={name: scheduler})
+def track_steps(run, name: str, module, optimizer, scheduler, sampler, window: dict) -> int:
+    """The checkpoint of a step-based trainer (SFT, reward model) and its resume: ``module``, its
+    optimizer and schedule (under ``name``), the sampler's position, the metrics ``window``
+    (updated in place on resume) and the non-finite count, on the :class:`RunScaffold` ``run``.
+    Returns the step the loop continues after (0 for a fresh run)."""
+    run.track(modules={name: module}, optimizers={name: optimizer}, schedulers={name: scheduler},
+              state=lambda step: {"step": step, "sampler": sampler.state_dict(), "window": dict(window),
+                                  "nonfinite_total": run.guard.total})
+    state = run.resume()
+    if state is None:
+        return 0
     sampler.load_state_dict(state["sampler"])
     window.update(state["window"])
-    guard.total = state.get("nonfinite_total", 0)
     return state["step"]
 
 
@@ -275,23 +198,3 @@ def last_metrics_row(out: Path) -> dict:
 
     rows = read_metrics(out / "metrics.jsonl")
     return {k: v for k, v in rows[-1].items() if k != "step"} if rows else {}
-
-
-def cycle_batches(n: int, batch_size: int, generator: torch.Generator) -> Iterable[torch.Tensor]:
-    """Shuffled index batches over n items (drop_last), a fresh permutation per pass."""
-    while True:
-        perm = torch.randperm(n, generator=generator)
-        for i in range(0, n - batch_size + 1, batch_size):
-            yield perm[i : i + batch_size]
-
-
-def fmt_secs(s: float) -> str:
-    return f"{s:.1f}s" if s < 120 else f"{s / 60:.1f}min"
-
-
-def is_finite_number(x: float) -> bool:
-    return isinstance(x, (int, float)) and math.isfinite(x)
-
-
-def env_flag(name: str) -> bool:
-    return os.environ.get(name, "").lower() in ("1", "true", "yes")

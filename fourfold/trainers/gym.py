@@ -43,16 +43,14 @@ import json
 import math
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Optional, Sequence, Union
+from typing import Optional, Sequence
 
 import gymnasium as gym
 import numpy as np
 import torch
 from torch import Tensor, nn
 
-from fourfold.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
-from fourfold.config import GymConfig, save_config
+from fourfold.config import GymConfig
 from fourfold.core import (
     Rollout,
     discounted_returns,
@@ -68,16 +66,10 @@ from fourfold.core import (
     value_loss,
 )
 from fourfold.errors import ConfigError, NonFiniteError
-from fourfold.reporting import MetricsLogger, read_metrics
+from fourfold.gym_plots import plot_run
 from fourfold.rollout.gym import EpisodeStats, VecEnvRunner, collect, collect_episodes, greedy_returns, make_vec_env
-from fourfold.trainers.common import (
-    NonFiniteGuard,
-    clip_and_step,
-    install_stop_handler,
-    make_optimizer,
-    restore_signal_handlers,
-    seed_everything,
-)
+from fourfold.trainers.common import NonFiniteGuard, guarded_step, make_optimizer
+from fourfold.trainers.scaffold import RunScaffold
 
 __all__ = [
     "train",
@@ -87,7 +79,6 @@ __all__ = [
     "flatten_valid",
     "ppo_update",
     "reinforce_update",
-    "plot_seeds",
     "solved_threshold",
 ]
 
@@ -187,9 +178,9 @@ def ppo_update(agent: nn.ModuleDict, optimizer: torch.optim.Optimizer, batch: Ro
         epoch_stats: list[dict] = []
         for idx in torch.randperm(batch.batch_size).tensor_split(num_minibatches):
             loss, stats = _ppo_minibatch_loss(agent["actor"], agent["critic"], batch.select(idx), cfg)
-            loss.backward()
-            norm = clip_and_step(agent, optimizer, None, cfg.max_grad_norm, guard, "gym ppo minibatch")
-            if math.isfinite(norm):
+            norm, taken = guarded_step(agent, optimizer, None, cfg.max_grad_norm, guard, "gym ppo minibatch",
+                                       [(loss, {})])
+            if taken:
                 guard.good_step()
                 epoch_stats.append({**stats, "policy/grad_norm": torch.tensor(norm)})
             guard.check_limit()
@@ -210,9 +201,8 @@ def reinforce_update(actor: nn.Module, optimizer: torch.optim.Optimizer, rollout
     logits = actor(rollout.context["obs"])  # (E, T, A)
     logprobs = logprobs_from_logits(logits, rollout.actions)  # (E, T)
     loss, loss_stats = reinforce_loss(logprobs, returns, rollout.mask, baseline=baseline)
-    loss.backward()
-    norm = clip_and_step(actor, optimizer, None, cfg.max_grad_norm, guard, "gym reinforce step")
-    if not math.isfinite(norm):
+    norm, taken = guarded_step(actor, optimizer, None, cfg.max_grad_norm, guard, "gym reinforce step", [(loss, {})])
+    if not taken:
         guard.check_limit()
         return {}
     guard.good_step()
@@ -337,13 +327,7 @@ def train(cfg: GymConfig) -> dict:
     t_start = time.perf_counter()
     if _device(cfg.run.device).type != "cpu":
         raise ConfigError("run.device: the gym trainer runs on the CPU (tiny MLPs); use 'cpu' or 'auto'")
-    if cfg.run.threads is not None:
-        torch.set_num_threads(cfg.run.threads)
-    seed_everything(cfg.run.seed)
-    run_dir = Path(cfg.run.output_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    save_config(cfg, run_dir / "config.yaml")
-
+    run = RunScaffold(cfg)  # seed, run directory, config.yaml, threads
     envs = make_vec_env(cfg.env.id, cfg.env.num_envs, autoreset_mode=cfg.env.autoreset_mode, env_kwargs=cfg.env.kwargs)
     try:
         agent = _make_agent(cfg, envs)
@@ -352,18 +336,12 @@ def train(cfg: GymConfig) -> dict:
         raise
     algo_cfg = cfg.ppo if cfg.algo == "ppo" else cfg.reinforce
     optimizer = make_optimizer(agent.parameters(), lr=algo_cfg.lr, eps=algo_cfg.adam_eps)  # detail 3
-    guard = NonFiniteGuard(limit=cfg.run.max_consecutive_skips)
-
+    guard = run.guard
     progress = _Progress()
-    ckpt = latest_checkpoint(run_dir) if cfg.run.resume else None
-    if ckpt is not None:
-        # Weights, optimizer, counters and RNG continue; the envs restart with fresh episodes.
-        progress = _Progress(**load_checkpoint(ckpt, modules={"agent": agent}, optimizers={"adam": optimizer}))
-
-    def checkpoint() -> None:
-        save_checkpoint(run_dir, progress.env_steps, modules={"agent": agent}, optimizers={"adam": optimizer},
-                        state=vars(progress), keep=cfg.run.keep_checkpoints)
-
+    run.track(modules={"agent": agent}, optimizers={"adam": optimizer}, state=lambda step: vars(progress))
+    state = run.resume()
+    if state is not None:  # weights, optimizer, counters and RNG continue; the envs restart with fresh episodes
+        progress = _Progress(**state)
     runner = VecEnvRunner(envs, seed=cfg.run.seed + progress.iteration)
     threshold = solved_threshold(cfg)
     evaluate = _Evaluator(cfg, agent["actor"], threshold)
@@ -374,13 +352,9 @@ def train(cfg: GymConfig) -> dict:
             return progress.iteration >= num_iterations
         return progress.env_steps >= cfg.reinforce.total_timesteps
 
-    logger = MetricsLogger(run_dir, progress=cfg.run.progress, tensorboard=cfg.run.tensorboard,
-                           total=algo_cfg.total_timesteps, desc=f"{cfg.algo} {cfg.env.id}",
-                           key_metrics=("gym/eval_return", "gym/episodic_return"),
-                           resume_step=progress.env_steps if ckpt is not None else None)
-    stop, previous_handlers = install_stop_handler()
     try:
-        with logger:
+        with run.loop(total=algo_cfg.total_timesteps, desc=f"{cfg.algo} {cfg.env.id}",
+                      key_metrics=("gym/eval_return", "gym/episodic_return")) as logger:
             while not finished():
                 t_iter = time.perf_counter()
                 progress.iteration += 1
@@ -401,127 +375,33 @@ def train(cfg: GymConfig) -> dict:
                 metrics.update({"time/iteration_s": elapsed,
                                 "time/env_steps_per_s": (progress.env_steps - prev_steps) / max(elapsed, 1e-9)})
                 logger.log(progress.env_steps, metrics)
-                if (cfg.run.save_every and progress.iteration % cfg.run.save_every == 0) or stop["stop"]:
-                    checkpoint()
-                if stop["stop"]:  # SIGTERM/SIGINT: checkpointed above, exit
-                    raise KeyboardInterrupt
+                run.checkpoint_if_due(progress.env_steps, count=progress.iteration)
                 if cfg.stop_when_solved and progress.first_solved_step is not None:
                     break
             if not progress.evals or progress.evals[-1][0] != progress.env_steps:
                 logger.log(progress.env_steps, evaluate(progress))  # e.g. resumed at the very end
-        checkpoint()
+            run.save(progress.env_steps)
     except NonFiniteError:
-        checkpoint()  # skipped steps never touched the weights: this is the last good state
+        run.save(progress.env_steps)  # skipped steps never touched the weights: this is the last good state
         raise
     finally:
-        restore_signal_handlers(previous_handlers)
         envs.close()
         evaluate.close()
 
+    return _finish(run, cfg, progress, threshold, time.perf_counter() - t_start)
+
+
+def _finish(run: RunScaffold, cfg: GymConfig, progress: _Progress, threshold: Optional[float], wall_s: float) -> dict:
+    """The run's summary (see :func:`train`), also written as ``summary.json`` next to
+    ``learning_curve.png`` and printed as one JSON line."""
     last_eval = progress.evals[-1]
     summary = {
         "algo": cfg.algo, "env": cfg.env.id, "seed": cfg.run.seed, "env_steps": progress.env_steps,
         "eval_return_mean": last_eval[1], "eval_return_std": last_eval[2],
         "first_solved_step": progress.first_solved_step, "solved_threshold": threshold,
-        "wall_s": round(time.perf_counter() - t_start, 2), "run_dir": str(run_dir), "evals": progress.evals,
+        "wall_s": round(wall_s, 2), "run_dir": str(run.out), "evals": progress.evals,
     }
-    _plot_run(run_dir, progress.evals, f"{cfg.algo} on {cfg.env.id}, seed {cfg.run.seed}", threshold)
-    (run_dir / "summary.json").write_text(json.dumps(summary) + "\n", encoding="utf-8")
+    run.write(plot_run, run.out, progress.evals, f"{cfg.algo} on {cfg.env.id}, seed {cfg.run.seed}", threshold)
+    run.write((run.out / "summary.json").write_text, json.dumps(summary) + "\n", encoding="utf-8")
     print(json.dumps(summary), flush=True)
     return summary
-
-
-# ---- plots -----------------------------------------------------------------------------------
-
-
-def _read_metric(run_dir: Union[str, Path], key: str) -> tuple[np.ndarray, np.ndarray]:
-    """(steps, values) of ``key`` in ``run_dir/metrics.jsonl`` (rows without it skipped)."""
-    rows = [r for r in read_metrics(Path(run_dir) / "metrics.jsonl") if r.get(key) is not None]
-    return np.asarray([r["step"] for r in rows], dtype=float), np.asarray([r[key] for r in rows], dtype=float)
-
-
-def _plot_run(run_dir: Path, evals: list, title: str, threshold: Optional[float]) -> None:
-    """``run_dir/learning_curve.png``: greedy eval return (mean +- std over the eval episodes) and
-    the sampled training episodes' return vs env steps."""
-    from matplotlib.figure import Figure  # object API: no pyplot global state
-
-    fig = Figure(figsize=(6, 3.5), dpi=80)
-    ax = fig.add_subplot(1, 1, 1)
-    s, r = _read_metric(run_dir, "gym/episodic_return")
-    if len(s):
-        ax.plot(s, r, color="0.6", lw=0.8, label="training episodes (sampled actions)")
-    ev = np.asarray(evals, dtype=float).reshape(-1, 3)
-    ax.plot(ev[:, 0], ev[:, 1], "o-", ms=3, label="greedy evaluation (mean)")
-    ax.fill_between(ev[:, 0], ev[:, 1] - ev[:, 2], ev[:, 1] + ev[:, 2], alpha=0.2)
-    if threshold is not None:
-        ax.axhline(threshold, color="k", ls="--", lw=0.8, label=f"solved ({threshold:g})")
-    ax.set(xlabel="environment steps", ylabel="episodic return", title=title)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, loc="best")
-    fig.tight_layout()
-    fig.savefig(run_dir / "learning_curve.png")
-
-
-_YLABELS = {"gym/eval_return": "greedy evaluation return", "gym/episodic_return": "training episode return"}
-
-
-def _smooth(steps: np.ndarray, values: np.ndarray, window: int) -> np.ndarray:
-    """Mean of the values logged in the trailing window (step - window, step]."""
-    if window <= 0:
-        return values
-    csum = np.concatenate([[0.0], np.cumsum(values)])
-    start = np.searchsorted(steps, steps - window, side="right")
-    end = np.arange(1, len(steps) + 1)
-    return (csum[end] - csum[start]) / (end - start)
-
-
-def plot_seeds(
-    run_dirs: Union[Sequence[Union[str, Path]], dict[str, Sequence[Union[str, Path]]]],
-    out_png: Union[str, Path],
-    *,
-    keys: Sequence[str] = ("gym/eval_return",),
-    threshold: Optional[float] = None,
-    title: str = "",
-    smooth_steps: int = 0,
-) -> dict[str, dict[str, dict[str, list]]]:
-    """Mean and spread (min-max band) over seeds of each metric in ``keys`` vs env steps: one
-    panel per key, one line per group.
-
-    ``run_dirs``: a list of run directories (one group) or ``{label: [run dirs]}``. Each run's
-    curve (``smooth_steps`` > 0: a trailing mean over that many env steps) is interpolated onto the
-    union of its group's logged steps, within the range every run covers. Writes ``out_png``
-    (small: 80 dpi) and returns ``{key: {label: {"steps", "mean", "min", "max"}}}``.
-    """
-    from matplotlib.figure import Figure
-
-    groups = run_dirs if isinstance(run_dirs, dict) else {"": list(run_dirs)}
-    fig = Figure(figsize=(5 * len(keys), 3.5), dpi=80)
-    out: dict[str, dict[str, dict[str, list]]] = {}
-    for k, key in enumerate(keys):
-        ax = fig.add_subplot(1, len(keys), k + 1)
-        out[key] = {}
-        for g, (label, dirs) in enumerate(groups.items()):
-            curves = [_read_metric(d, key) for d in dirs]
-            curves = [(st, _smooth(st, v, smooth_steps)) for st, v in curves if len(st)]
-            if not curves:
-                continue
-            lo, hi = max(st[0] for st, _ in curves), min(st[-1] for st, _ in curves)
-            grid = np.unique(np.concatenate([st[(st >= lo) & (st <= hi)] for st, _ in curves]))
-            ys = np.stack([np.interp(grid, st, v) for st, v in curves])
-            mean, ymin, ymax = ys.mean(0), ys.min(0), ys.max(0)
-            color = f"C{g}"
-            ax.plot(grid, mean, lw=1.5, color=color, label=f"{label + ' ' if label else ''}mean of {len(curves)} seeds")
-            ax.fill_between(grid, ymin, ymax, alpha=0.2, color=color, lw=0)
-            out[key][label] = {"steps": grid.tolist(), "mean": mean.tolist(), "min": ymin.tolist(), "max": ymax.tolist()}
-        if threshold is not None:
-            ax.axhline(threshold, color="k", ls="--", lw=0.8, label=f"solved ({threshold:g})")
-        ax.set(xlabel="environment steps", ylabel=_YLABELS.get(key, key))
-        ax.grid(alpha=0.3)
-        if k == 0:
-            ax.legend(fontsize=7, loc="best")
-    if title:
-        fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    Path(out_png).parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out_png)
-    return out

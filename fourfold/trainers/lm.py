@@ -1,5 +1,9 @@
 """Shared pieces of the language-model RL stages (PPO and REINFORCE): loading the roles, the prompt
 stream, and one call that turns a batch of prompts into a scored :class:`~fourfold.core.Rollout`.
+
+A trainer never knows an embedded task: it gets prompts (a file or a list) and an optional
+:data:`Probe`, ``probe(prompts, responses) -> {metric name: value}``, logged every iteration. The
+CLI and the demo build both from a task (``task_prompts`` and ``task_probe`` in the tasks package).
 """
 
 from __future__ import annotations
@@ -7,7 +11,7 @@ from __future__ import annotations
 import copy
 import time
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Callable, Optional, Sequence
 
 import torch
 
@@ -15,10 +19,15 @@ from fourfold.config import GenerationConfig, LMModelConfig, PromptDataConfig
 from fourfold.core import Rollout, kl_estimate, masked_mean, token_rewards
 from fourfold.data import EpochSampler, chat_template_renderer, left_pad, load_prompts, tokenize_prompts
 from fourfold.errors import ConfigError
+from fourfold.models import load_reward_fn
 from fourfold.models.loading import ensure_pad_embedding, load_causal_lm, load_sequence_scorer, load_tokenizer
 from fourfold.models.roles import FrozenReference, FunctionReward, ModelReward, ScalarModel
 from fourfold.rollout.lm import Samples, decode_responses, sample, score
-from fourfold.trainers.common import load_reward_fn
+
+Probe = Callable[[list[str], list[str]], dict[str, float]]
+"""``probe(prompts, responses) -> {metric name: value}``: extra measurements of each batch of
+responses (e.g. a task's hidden gold reward as ``reward/gold_mean``), logged every iteration
+under the names it returns; it never affects training."""
 
 
 @dataclass
@@ -68,10 +77,17 @@ def load_roles(model: LMModelConfig, device: torch.device, *, with_critic: bool)
 
 
 class PromptStream:
-    """Prompts tokenised once, served in shuffled batches; resumable through ``state_dict()``."""
+    """Prompts tokenised once, served in shuffled batches; resumable through ``state_dict()``.
 
-    def __init__(self, data: PromptDataConfig, tokenizer, batch_size: int, seed: int, task=None):
-        if data.prompts is not None:
+    The prompts are ``prompts`` when given (a list of strings, used as they are), else the rows of
+    the ``data.prompts`` file."""
+
+    def __init__(self, data: PromptDataConfig, tokenizer, batch_size: int, seed: int,
+                 prompts: Optional[Sequence[str]] = None):
+        if prompts is not None:
+            self.texts = list(prompts)
+            lines, self.skipped, source = None, 0, "prompts"
+        elif data.prompts is not None:
             # chat `messages` are rendered exactly as the SFT and reward stages render them
             loaded = load_prompts(data.prompts, on_error=data.on_error, chat_template=chat_template_renderer(tokenizer))
             self.texts = [r.prompt for r in loaded]
@@ -79,10 +95,7 @@ class PromptStream:
             self.skipped = loaded.num_skipped
             source = data.prompts
         else:
-            import random
-
-            self.texts = task.sample_prompts(max(512, 4 * batch_size), random.Random(seed + 7919))
-            lines, self.skipped, source = None, 0, f"task:{data.task}"
+            raise ConfigError("data.prompts: missing: a prompts file (or prompts passed to the trainer)")
         self.ids = tokenize_prompts(self.texts, tokenizer, data.max_prompt_len, lines=lines, source=source)
         self.pad_id = tokenizer.pad_token_id
         self.sampler = EpochSampler(len(self.texts), batch_size, seed=seed, drop_last=True)
@@ -122,12 +135,14 @@ def collect(
     *,
     kl_coef: float,
     kl_estimator: str = "k1",
-    task=None,
+    probe: Optional[Probe] = None,
     concurrent: bool = False,
 ) -> Collected:
     """Steps 2-4 of an iteration: generate (pi_old), score (reference, critic, reward), token rewards.
 
     rewards_t = -kl_coef * KL_t on every valid token, plus the sequence score on the last one.
+    Responses are decoded to text only when the reward reads text or a ``probe`` is given; the
+    probe's measurements join the metrics under their own names.
     """
     tok = roles.tokenizer
     # 2. generate with the policy; its log-probs are pi_old
@@ -142,7 +157,7 @@ def collect(
     t_gen = time.perf_counter() - t0
     # 3. score with the frozen reference and reward model, and the critic
     t0 = time.perf_counter()
-    need_text = getattr(roles.reward, "needs_text", False) or task is not None
+    need_text = getattr(roles.reward, "needs_text", False) or probe is not None
     responses = decode_responses(tok, samples) if need_text else []
     if roles.critic is not None:
         roles.critic.eval()
@@ -185,7 +200,6 @@ def collect(
         "time/score_s": t_score,
         "time/gen_tokens_per_s": n_tokens / max(t_gen, 1e-9),
     }
-    if task is not None:
-        gold = task.gold_reward(prompts, responses)
-        metrics["reward/gold_mean"] = float(sum(gold) / len(gold))
+    if probe is not None:
+        metrics.update(probe(prompts, responses))
     return Collected(rollout, samples, prompts, responses, kl, metrics)

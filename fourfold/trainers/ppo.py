@@ -21,8 +21,7 @@ from __future__ import annotations
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Callable, Optional
+from typing import Optional, Sequence
 
 import torch
 
@@ -40,19 +39,9 @@ from fourfold.core import (
     value_loss,
 )
 from fourfold.models.roles import ScalarModel, response_logprobs
-from fourfold.trainers.common import (
-    NonFiniteGuard,
-    clip_and_step,
-    install_stop_handler,
-    log_skips,
-    make_optimizer,
-    make_schedule,
-    restore_signal_handlers,
-    save_hf,
-    seed_everything,
-    setup_run,
-)
-from fourfold.trainers.lm import PromptStream, Roles, collect, load_roles
+from fourfold.trainers.common import NonFiniteGuard, guarded_step, make_optimizer, make_schedule, save_hf
+from fourfold.trainers.lm import Probe, PromptStream, Roles, collect, load_roles
+from fourfold.trainers.scaffold import RunScaffold
 
 
 def compute_advantages(rollout: Rollout, algo: PPOAlgoConfig) -> Rollout:
@@ -97,6 +86,13 @@ class Optim:
     critic_opt: Optional[torch.optim.Optimizer]
     critic_sched: object
 
+    def lrs(self) -> dict:
+        """The learning rates the next update starts with: policy/lr (and value/lr with a critic)."""
+        lrs = {"policy/lr": self.policy_sched.get_last_lr()[0]}
+        if self.critic_sched is not None:
+            lrs["value/lr"] = self.critic_sched.get_last_lr()[0]
+        return lrs
+
 
 def make_optim(roles: Roles, algo: PPOAlgoConfig) -> Optim:
     total = algo.iterations * algo.steps_per_iteration
@@ -121,22 +117,25 @@ def _micro(mb: Rollout, micro: Optional[int]):
 def policy_step(policy, mb: Rollout, algo: PPOAlgoConfig, opt: Optim, temperature: float, guard: NonFiniteGuard, where: str) -> dict:
     """One optimizer step of the clipped surrogate on a minibatch (accumulated over micro-batches)."""
     stats_sum: dict[str, float] = {}
-    for part, weight in _micro(mb, algo.micro_batch_size):
-        T = part.mask.shape[1]
-        logprobs, entropy = response_logprobs(
-            policy, part.context["input_ids"], part.context["attention_mask"], T, temperature,
-            with_entropy=algo.entropy_coef > 0,
-        )
-        loss, stats = ppo_policy_loss(logprobs, part.logprobs, part.advantages, part.mask, algo.clip_eps)
-        if algo.entropy_coef > 0:
-            loss = loss - algo.entropy_coef * masked_mean(entropy, part.mask)
-        if not guard.ok("policy_loss", loss.detach(), where):
-            opt.policy_opt.zero_grad(set_to_none=True)
-            return {"policy/loss": float("nan")}
-        (loss * weight).backward()
-        for k, v in {"loss": loss.detach(), **stats}.items():
-            stats_sum[k] = stats_sum.get(k, 0.0) + float(v) * weight
-    norm = clip_and_step(policy, opt.policy_opt, opt.policy_sched, algo.max_grad_norm, guard, where)
+
+    def micro_losses():
+        for part, weight in _micro(mb, algo.micro_batch_size):
+            T = part.mask.shape[1]
+            logprobs, entropy = response_logprobs(
+                policy, part.context["input_ids"], part.context["attention_mask"], T, temperature,
+                with_entropy=algo.entropy_coef > 0,
+            )
+            loss, stats = ppo_policy_loss(logprobs, part.logprobs, part.advantages, part.mask, algo.clip_eps)
+            if algo.entropy_coef > 0:
+                loss = loss - algo.entropy_coef * masked_mean(entropy, part.mask)
+            yield loss * weight, {"policy_loss": loss.detach()}
+            for k, v in {"loss": loss.detach(), **stats}.items():
+                stats_sum[k] = stats_sum.get(k, 0.0) + float(v) * weight
+
+    norm, _ = guarded_step(policy, opt.policy_opt, opt.policy_sched, algo.max_grad_norm, guard, where,
+                           micro_losses(), schedule_on_skip=False)
+    if norm is None:
+        return {"policy/loss": float("nan")}
     return {"policy/loss": stats_sum["loss"], "policy/clipfrac": stats_sum["clipfrac"],
             "policy/approx_kl": stats_sum["approx_kl"], "policy/grad_norm": norm}
 
@@ -144,17 +143,20 @@ def policy_step(policy, mb: Rollout, algo: PPOAlgoConfig, opt: Optim, temperatur
 def critic_step(critic: ScalarModel, mb: Rollout, algo: PPOAlgoConfig, opt: Optim, guard: NonFiniteGuard, where: str) -> dict:
     """One optimizer step of the (clipped) value loss to the returns."""
     stats_sum: dict[str, float] = {}
-    for part, weight in _micro(mb, algo.micro_batch_size):
-        T = part.mask.shape[1]
-        values = critic.response_values(part.context["input_ids"], part.context["attention_mask"], T)
-        loss, stats = value_loss(values, part.values, part.returns, part.mask, algo.vf_clip_eps)
-        if not guard.ok("value_loss", loss.detach(), where):
-            opt.critic_opt.zero_grad(set_to_none=True)
-            return {"value/loss": float("nan")}
-        (loss * weight).backward()
-        for k, v in {"loss": loss.detach(), "clipfrac": stats["clipfrac"]}.items():
-            stats_sum[k] = stats_sum.get(k, 0.0) + float(v) * weight
-    norm = clip_and_step(critic, opt.critic_opt, opt.critic_sched, algo.max_grad_norm, guard, where)
+
+    def micro_losses():
+        for part, weight in _micro(mb, algo.micro_batch_size):
+            T = part.mask.shape[1]
+            values = critic.response_values(part.context["input_ids"], part.context["attention_mask"], T)
+            loss, stats = value_loss(values, part.values, part.returns, part.mask, algo.vf_clip_eps)
+            yield loss * weight, {"value_loss": loss.detach()}
+            for k, v in {"loss": loss.detach(), "clipfrac": stats["clipfrac"]}.items():
+                stats_sum[k] = stats_sum.get(k, 0.0) + float(v) * weight
+
+    norm, _ = guarded_step(critic, opt.critic_opt, opt.critic_sched, algo.max_grad_norm, guard, where,
+                           micro_losses(), schedule_on_skip=False)
+    if norm is None:
+        return {"value/loss": float("nan")}
     return {"value/loss": stats_sum["loss"], "value/clipfrac": stats_sum["clipfrac"], "value/grad_norm": norm}
 
 
@@ -199,95 +201,73 @@ def ppo_update(roles: Roles, rollout: Rollout, algo: PPOAlgoConfig, opt: Optim, 
     return {**policy_epochs(), **critic_epochs()}
 
 
-def _stop_if_stuck(guard: NonFiniteGuard, save_last_good: Callable[[], None]) -> None:
-    """After run.max_consecutive_skips skipped updates in a row: checkpoint, then NonFiniteError."""
-    if guard.consecutive >= guard.limit:
-        save_last_good()
-        guard.check_limit()
-
-
-def _save_state(out: Path, it: int, roles: Roles, opt: Optim, kl_ctl, stream: PromptStream, guard: NonFiniteGuard, keep: int):
-    from fourfold.checkpoint import save_checkpoint
-
-    modules = {"policy": roles.policy}
-    optimizers = {"policy": opt.policy_opt}
-    schedulers = {"policy": opt.policy_sched}
-    if roles.critic is not None:
-        modules["critic"] = roles.critic
-        optimizers["critic"] = opt.critic_opt
-        schedulers["critic"] = opt.critic_sched
-    state = {"iteration": it, "kl_ctl": kl_ctl.state_dict(), "prompts": stream.state_dict(),
-             "nonfinite_total": guard.total}
-    save_checkpoint(out, it, modules=modules, optimizers=optimizers, schedulers=schedulers, state=state, keep=keep)
-
-
-def train(cfg: PPOConfig, *, task=None, roles: Optional[Roles] = None) -> dict:
-    """Run PPO; returns a summary dict (final metrics, output paths)."""
-    from fourfold.checkpoint import latest_checkpoint, load_checkpoint
-    from fourfold.reporting import MetricsLogger
-
-    algo, gen, run = cfg.ppo, cfg.generation, cfg.run
-    # 0. set-up: seed, run directory, roles, optimisers, prompt stream, KL controller, resume
-    seed_everything(run.seed)
-    out, device = setup_run(cfg, run)
-    if task is None and cfg.data.task is not None:
-        from fourfold.tasks import get_task
-
-        task = get_task(cfg.data.task)
-    roles = roles or load_roles(cfg.model, device, with_critic=algo.use_critic)
+def _set_up(cfg: PPOConfig, run: RunScaffold, roles: Roles, prompts: Optional[Sequence[str]]):
+    """Step 0 after the roles: optimisers, prompt stream and KL controller, named for the run's
+    checkpoints and resumed from the latest one when asked. Returns (opt, stream, kl_ctl, start)."""
+    algo = cfg.ppo
     opt = make_optim(roles, algo)
-    stream = PromptStream(cfg.data, roles.tokenizer, algo.rollout_batch_size, run.seed, task=task)
+    stream = PromptStream(cfg.data, roles.tokenizer, algo.rollout_batch_size, cfg.run.seed, prompts=prompts)
     kl_ctl = (AdaptiveKLController(algo.kl_coef, algo.kl_target, algo.kl_horizon) if algo.adaptive_kl
               else FixedKLController(algo.kl_coef))
-    guard = NonFiniteGuard(limit=run.max_consecutive_skips)
-    start = 0
-    ckpt = latest_checkpoint(out) if run.resume else None
-    if ckpt is not None:
-        modules = {"policy": roles.policy, **({"critic": roles.critic} if roles.critic is not None else {})}
-        optimizers = {"policy": opt.policy_opt, **({"critic": opt.critic_opt} if roles.critic is not None else {})}
-        schedulers = {"policy": opt.policy_sched, **({"critic": opt.critic_sched} if roles.critic is not None else {})}
-        state = load_checkpoint(ckpt, modules=modules, optimizers=optimizers, schedulers=schedulers)
-        start = state["iteration"]
-        kl_ctl.load_state_dict(state["kl_ctl"])
-        stream.load_state_dict(state["prompts"])
-        guard.total = state.get("nonfinite_total", 0)
-    flag, previous = install_stop_handler()
+    modules, optimizers, schedulers = {"policy": roles.policy}, {"policy": opt.policy_opt}, {"policy": opt.policy_sched}
+    if roles.critic is not None:
+        modules["critic"], optimizers["critic"], schedulers["critic"] = roles.critic, opt.critic_opt, opt.critic_sched
+    run.track(modules=modules, optimizers=optimizers, schedulers=schedulers,
+              state=lambda it: {"iteration": it, "kl_ctl": kl_ctl.state_dict(), "prompts": stream.state_dict(),
+                                "nonfinite_total": run.guard.total})
+    state = run.resume()
+    if state is None:
+        return opt, stream, kl_ctl, 0
+    kl_ctl.load_state_dict(state["kl_ctl"])
+    stream.load_state_dict(state["prompts"])
+    return opt, stream, kl_ctl, state["iteration"]
+
+
+def train(cfg: PPOConfig, *, prompts: Optional[Sequence[str]] = None, probe: Optional[Probe] = None,
+          roles: Optional[Roles] = None) -> dict:
+    """Run PPO; returns a summary dict (final metrics, output paths).
+
+    ``prompts``: the prompts to train on (else the ``data.prompts`` file); ``probe(prompts,
+    responses) -> {name: value}``: extra measurements logged every iteration; ``roles``: models
+    already loaded (else loaded from ``cfg.model``)."""
+    algo, gen = cfg.ppo, cfg.generation
+    # 0. set-up: seed, run directory, roles, optimisers, prompt stream, KL controller, resume
+    run = RunScaffold(cfg)
+    device = run.hf_device()
+    roles = roles or load_roles(cfg.model, device, with_critic=algo.use_critic)
+    opt, stream, kl_ctl, start = _set_up(cfg, run, roles, prompts)
+    guard = run.guard
     last: dict = {}
-    logger = MetricsLogger(out, progress=run.progress, tensorboard=run.tensorboard, total=algo.iterations,
-                           desc="ppo", key_metrics=("reward/score_mean", "kl/k1"),
-                           resume_step=start if ckpt is not None else None)
-    try:
+    with run.loop(total=algo.iterations, desc="ppo", key_metrics=("reward/score_mean", "kl/k1")) as logger:
         for it in range(start + 1, algo.iterations + 1):
             t_iter = time.perf_counter()
             # 1. sample prompts
-            prompts, prompt_ids, prompt_mask = stream.next(device)
+            texts, prompt_ids, prompt_mask = stream.next(device)
             # 2-4. generate (pi_old), score (reference, critic, reward), per-token rewards
-            col = collect(roles, prompts, prompt_ids, prompt_mask, gen, kl_coef=kl_ctl.value,
-                          kl_estimator=algo.kl_estimator, task=task, concurrent=run.concurrent_roles)
+            col = collect(roles, texts, prompt_ids, prompt_mask, gen, kl_coef=kl_ctl.value,
+                          kl_estimator=algo.kl_estimator, probe=probe, concurrent=cfg.run.concurrent_roles)
             rollout = col.rollout
             if not guard.ok("reward_score", rollout.scores, f"iteration {it}"):
-                log_skips(logger, guard, it)
-                _stop_if_stuck(guard, lambda: _save_state(out, it - 1, roles, opt, kl_ctl, stream, guard, run.keep_checkpoints))
+                run.log_skips(it)
+                run.stop_if_stuck(it - 1)
                 continue
             # 5. advantages (GAE with the critic) and returns
             rollout = compute_advantages(rollout, algo)
             if not guard.ok("advantages", rollout.advantages, f"iteration {it}"):
-                log_skips(logger, guard, it)
-                _stop_if_stuck(guard, lambda: _save_state(out, it - 1, roles, opt, kl_ctl, stream, guard, run.keep_checkpoints))
+                run.log_skips(it)
+                run.stop_if_stuck(it - 1)
                 continue
             # 6. PPO epochs: clipped surrogate (policy) and clipped value loss (critic)
             t0 = time.perf_counter()
             skips_before = guard.total
-            lrs = {"policy/lr": opt.policy_sched.get_last_lr()[0]}  # the rates this update starts with
-            if roles.critic is not None:
-                lrs["value/lr"] = opt.critic_sched.get_last_lr()[0]
-            stats = ppo_update(roles, rollout, algo, opt, gen.temperature, guard, it, concurrent=run.concurrent_roles)
+            lrs = opt.lrs()  # the rates this update starts with
+            stats = ppo_update(roles, rollout, algo, opt, gen.temperature, guard, it,
+                               concurrent=cfg.run.concurrent_roles)
             t_train = time.perf_counter() - t0
-            if guard.total == skips_before:
+            if guard.total == skips_before:  # one good update: the whole iteration went through
                 guard.good_step()
-            log_skips(logger, guard, it)
-            # skipped updates never touched the weights: what is saved is the last good state
-            _stop_if_stuck(guard, lambda: _save_state(out, it, roles, opt, kl_ctl, stream, guard, run.keep_checkpoints))
+            run.log_skips(it)
+            run.stop_if_stuck(it)
             # 7. KL controller, metrics, checkpoint
             kl_used = kl_ctl.value  # the coefficient this iteration's rewards used
             kl_ctl.update(col.metrics["kl/k1"], algo.rollout_batch_size)
@@ -309,16 +289,10 @@ def train(cfg: PPOConfig, *, task=None, roles: Optional[Roles] = None) -> dict:
                 metrics["value/mean"] = float(masked_mean(rollout.values, rollout.mask))
             logger.log(it, metrics)
             last = metrics
-            if (run.save_every and it % run.save_every == 0) or flag["stop"]:
-                _save_state(out, it, roles, opt, kl_ctl, stream, guard, run.keep_checkpoints)
-            if flag["stop"]:
-                logger.close()
-                raise KeyboardInterrupt
+            run.checkpoint_if_due(it)
         # the final models, loadable with plain transformers
-        save_hf(roles.policy, roles.tokenizer, out / "policy")
+        run.write(save_hf, roles.policy, roles.tokenizer, run.out / "policy")
         if roles.critic is not None:
-            save_hf(roles.critic.hf, roles.tokenizer, out / "critic")
-    finally:
-        logger.close()
-        restore_signal_handlers(previous)
-    return {"output_dir": str(out), "policy": str(out / "policy"), "final": last}
+            run.write(save_hf, roles.critic.hf, roles.tokenizer, run.out / "critic")
+    return {"output_dir": str(run.out), "policy": str(run.out / "policy"), "final": last}
+

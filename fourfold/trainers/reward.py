@@ -39,29 +39,23 @@ from fourfold.data import (
     chat_template_renderer,
     collate_preferences,
     encode_preferences,
+    line_of,
     load_preferences,
 )
-from fourfold.errors import DataError, NonFiniteError
+from fourfold.errors import DataError
 from fourfold.models.factory import llama_config, random_scalar_model
 from fourfold.models.loading import ensure_pad_embedding, load_sequence_scorer, load_tokenizer, resolve_dtype
 from fourfold.models.roles import ScalarModel
 from fourfold.trainers.common import (
-    NonFiniteGuard,
     guarded_step,
-    install_stop_handler,
     last_metrics_row,
-    line_of,
-    log_skips,
     make_optimizer,
     make_schedule,
     num_steps,
-    restore_signal_handlers,
-    resume_step_state,
     save_hf,
-    save_step_state,
-    seed_everything,
-    setup_run,
+    track_steps,
 )
+from fourfold.trainers.scaffold import RunScaffold
 
 _WINDOW_KEYS = ("steps", "good_steps", "loss", "correct", "pairs", "margin", "score_sum", "score_sq",
                 "scores", "grad_norm", "seconds")
@@ -132,6 +126,21 @@ def encode(records, tokenizer, max_len: int, on_error: str, skipped: list[str], 
     return examples
 
 
+def load_examples(cfg: RewardConfig, tokenizer
+                  ) -> tuple[list[PreferenceExample], Optional[list[PreferenceExample]], list[str]]:
+    """(training pairs, held-out pairs or None, messages of the skipped rows in file order), each
+    pair tokenised once."""
+    data, max_len = cfg.data, cfg.train.max_len
+    train_recs, held_recs, loaded = split_records(data, tokenizer, cfg.run.seed)
+    skipped = loaded.skipped
+    train_ex = encode(train_recs, tokenizer, max_len, data.on_error, skipped, data.train)
+    eval_ex = None
+    if held_recs:
+        eval_ex = encode(held_recs, tokenizer, max_len, data.on_error, skipped, data.eval or data.train)
+    skipped.sort(key=lambda msg: (not msg.startswith(f"{data.train}:"), line_of(msg)))  # file order
+    return train_ex, eval_ex, skipped
+
+
 def pair_scores(rm: ScalarModel, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
     """Steps 1-2: (chosen [N], rejected [N]) scores from one stacked ``[2N, L]`` forward."""
     ids = torch.cat([batch["chosen_input_ids"], batch["rejected_input_ids"]])  # (2N, L)
@@ -182,6 +191,23 @@ def normalize(rm: ScalarModel, examples: list[PreferenceExample], batch_size: in
     return {"mean": mean, "std": std}
 
 
+def _add_step(window: dict, loss: torch.Tensor, stats: dict, chosen: torch.Tensor, rejected: torch.Tensor,
+              grad_norm: Optional[float], seconds: float) -> None:
+    """Add one step to the metrics window (``grad_norm`` None: the update was skipped)."""
+    both = torch.cat([chosen, rejected]).detach().double()
+    window["steps"] += 1
+    window["good_steps"] += int(grad_norm is not None)
+    window["loss"] += float(loss.detach())
+    window["correct"] += float(stats["accuracy"]) * chosen.shape[0]
+    window["pairs"] += chosen.shape[0]
+    window["margin"] += float(stats["margin_mean"])
+    window["score_sum"] += float(both.sum())
+    window["score_sq"] += float((both * both).sum())
+    window["scores"] += both.numel()
+    window["grad_norm"] += grad_norm if grad_norm is not None else 0.0
+    window["seconds"] += seconds
+
+
 def _window_row(window: dict) -> dict:
     """Means over the steps (and pairs, and scores) since the previous metrics row."""
     steps, n = max(window["steps"], 1), max(window["scores"], 1)
@@ -206,39 +232,26 @@ def _window_row(window: dict) -> dict:
 def train(cfg: RewardConfig) -> dict:
     """Train a reward model; returns ``{"output_dir", "model", "final": last metrics row (with
     rm/eval_* when there is a held-out split), "normalization": {"mean", "std"} or None}``."""
-    from fourfold.reporting import MetricsLogger
-
-    tc, run, margin = cfg.train, cfg.run, cfg.reward.margin
+    tc, margin = cfg.train, cfg.reward.margin
     # 0. set-up: seed, run directory, model, data (split and tokenised once), optimiser, resume
-    seed_everything(run.seed)
-    out, device = setup_run(cfg, run)
+    run = RunScaffold(cfg)
+    device = run.hf_device()
     tok, rm = load_model(cfg.model, device)
-    train_recs, held_recs, loaded = split_records(cfg.data, tok, run.seed)
-    skipped = loaded.skipped
-    train_ex = encode(train_recs, tok, tc.max_len, cfg.data.on_error, skipped, cfg.data.train)
-    eval_ex = None
-    if held_recs:
-        eval_ex = encode(held_recs, tok, tc.max_len, cfg.data.on_error, skipped, cfg.data.eval or cfg.data.train)
-    skipped.sort(key=lambda msg: (not msg.startswith(f"{cfg.data.train}:"), line_of(msg)))  # file order
-    sampler = EpochSampler(len(train_ex), tc.batch_size, seed=run.seed)
+    train_ex, eval_ex, skipped = load_examples(cfg, tok)
+    sampler = EpochSampler(len(train_ex), tc.batch_size, seed=cfg.run.seed)
     total = num_steps(tc.max_steps, tc.epochs, len(sampler))
     opt = make_optimizer(rm.hf.parameters(), tc.lr, tc.weight_decay)
     sched = make_schedule(opt, total, tc.lr_schedule, tc.warmup_steps)
-    guard = NonFiniteGuard(limit=run.max_consecutive_skips)
     window = dict.fromkeys(_WINDOW_KEYS, 0.0)
-    resumed = resume_step_state(out, run, "reward_model", rm.hf, opt, sched, sampler, window, guard)
-    start = 0 if resumed is None else resumed
+    start = track_steps(run, "reward_model", rm.hf, opt, sched, sampler, window)
     rm.train()
     pad_id = tok.pad_token_id
-    logger = MetricsLogger(out, progress=run.progress, tensorboard=run.tensorboard, total=total, desc="reward",
-                           key_metrics=("rm/loss", "rm/eval_accuracy"), resume_step=resumed)
-    if skipped and resumed is None:
-        logger.warn(f"{len(skipped)} bad rows skipped (data.on_error=skip); first: {skipped[0]}", step=0)
-    flag, previous = install_stop_handler()
     batches = sampler.batches()
     last: dict = {}
     stats_norm = None
-    try:
+    with run.loop(total=total, desc="reward", key_metrics=("rm/loss", "rm/eval_accuracy")) as logger:
+        if skipped and run.resumed_step is None:
+            logger.warn(f"{len(skipped)} bad rows skipped (data.on_error=skip); first: {skipped[0]}", step=0)
         for step in range(start + 1, total + 1):
             t0 = time.perf_counter()
             where = f"step {step}"
@@ -248,49 +261,31 @@ def train(cfg: RewardConfig) -> dict:
             # 3. Bradley-Terry loss, backward, clip, guarded AdamW step, schedule
             loss, stats = bradley_terry_loss(chosen, rejected, margin)
             lr = opt.param_groups[0]["lr"]  # the rate this step uses
-            grad_norm, good = guarded_step(loss, rm.hf, opt, sched, tc.max_grad_norm, guard, "rm_loss", where)
-            log_skips(logger, guard, step)
-            both = torch.cat([chosen, rejected]).detach().double()
-            window["steps"] += 1
-            window["good_steps"] += int(good)
-            window["loss"] += float(loss.detach())
-            window["correct"] += float(stats["accuracy"]) * chosen.shape[0]
-            window["pairs"] += chosen.shape[0]
-            window["margin"] += float(stats["margin_mean"])
-            window["score_sum"] += float(both.sum())
-            window["score_sq"] += float((both * both).sum())
-            window["scores"] += both.numel()
-            window["grad_norm"] += grad_norm if good else 0.0
-            window["seconds"] += time.perf_counter() - t0
-            try:
-                guard.check_limit()
-            except NonFiniteError:  # keep the last good weights (skipped steps never changed them)
-                save_step_state(out, step, "reward_model", rm.hf, opt, sched, sampler, window, guard, run.keep_checkpoints)
-                raise
+            grad_norm, good = guarded_step(rm.hf, opt, sched, tc.max_grad_norm, run.guard, where,
+                                           [(loss, {"rm_loss": loss.detach()})])
+            if good:
+                run.guard.good_step()
+            run.log_skips(step)
+            _add_step(window, loss, stats, chosen, rejected, grad_norm if good else None, time.perf_counter() - t0)
+            run.stop_if_stuck(step)
             # 4. metrics (means since the previous row) and held-out loss / accuracy
             row: dict = {}
             if step % tc.log_every == 0 or step == total:
-                row.update(_window_row(window), **{"rm/lr": lr, "train/nonfinite_skips": guard.total})
-                window = dict.fromkeys(_WINDOW_KEYS, 0.0)
+                row.update(_window_row(window), **{"rm/lr": lr, "train/nonfinite_skips": run.guard.total})
+                window.update(dict.fromkeys(_WINDOW_KEYS, 0.0))  # the same dict: checkpoints read it
             if eval_ex is not None and ((tc.eval_every and step % tc.eval_every == 0) or step == total):
                 row.update(evaluate(rm, eval_ex, tc.batch_size, pad_id, device, margin))
             if row:
                 logger.log(step, row)
                 last = row
             # 5. checkpoint (every save_every steps, at the end, and when asked to stop)
-            if (run.save_every and step % run.save_every == 0) or step == total or flag["stop"]:
-                save_step_state(out, step, "reward_model", rm.hf, opt, sched, sampler, window, guard, run.keep_checkpoints)
-            if flag["stop"]:
-                raise KeyboardInterrupt
+            run.checkpoint_if_due(step, final=step == total)
         # normalise on the training responses (after the last checkpoint: a resume never sees it)
         if cfg.reward.normalize:
             stats_norm = normalize(rm, train_ex, tc.batch_size, pad_id, device)
             logger.event("normalize", step=total, **stats_norm)
         # the final model, loadable with plain transformers (AutoModelForSequenceClassification)
-        save_hf(rm.hf, tok, out / "model")
-    finally:
-        logger.close()
-        restore_signal_handlers(previous)
+        run.write(save_hf, rm.hf, tok, run.out / "model")
     if not last:  # resumed a run that had already finished: report its last row
-        last = last_metrics_row(out)
-    return {"output_dir": str(out), "model": str(out / "model"), "final": last, "normalization": stats_norm}
+        last = last_metrics_row(run.out)
+    return {"output_dir": str(run.out), "model": str(run.out / "model"), "final": last, "normalization": stats_norm}

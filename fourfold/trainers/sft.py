@@ -22,32 +22,26 @@ Hugging Face directory (safetensors + tokenizer) that ``AutoModelForCausalLM.fro
 from __future__ import annotations
 
 import time
+from typing import Optional
 
 import torch
 
 from fourfold.config import InitModelConfig, SFTConfig
 from fourfold.core import sft_loss
-from fourfold.data import EpochSampler, SFTExample, chat_template_renderer, collate_sft, encode_sft, load_sft
-from fourfold.errors import DataError, NonFiniteError
+from fourfold.data import EpochSampler, SFTExample, chat_template_renderer, collate_sft, encode_sft, line_of, load_sft
+from fourfold.errors import DataError
 from fourfold.models.factory import llama_config, random_causal_lm
 from fourfold.models.loading import ensure_pad_embedding, load_causal_lm, load_tokenizer, resolve_dtype
 from fourfold.trainers.common import (
-    NonFiniteGuard,
     guarded_step,
-    install_stop_handler,
     last_metrics_row,
-    line_of,
-    log_skips,
     make_optimizer,
     make_schedule,
     num_steps,
-    restore_signal_handlers,
-    resume_step_state,
     save_hf,
-    save_step_state,
-    seed_everything,
-    setup_run,
+    track_steps,
 )
+from fourfold.trainers.scaffold import RunScaffold
 
 _WINDOW_KEYS = ("steps", "good_steps", "loss", "token_accuracy", "grad_norm", "tokens", "seconds")
 
@@ -86,6 +80,17 @@ def encode_file(path: str, tokenizer, max_len: int, on_error: str) -> tuple[list
     if not examples:
         raise DataError(f"{path}: no usable examples ({len(skipped)} skipped; first: {skipped[0]})")
     return examples, skipped
+
+
+def load_examples(cfg: SFTConfig, tokenizer) -> tuple[list[SFTExample], Optional[list[SFTExample]], list[str]]:
+    """(training examples, held-out examples or None, messages of the skipped rows of both files)."""
+    tc, data = cfg.train, cfg.data
+    train_ex, skipped = encode_file(data.train, tokenizer, tc.max_len, data.on_error)
+    eval_ex = None
+    if data.eval is not None:
+        eval_ex, eval_skipped = encode_file(data.eval, tokenizer, tc.max_len, data.on_error)
+        skipped += eval_skipped
+    return train_ex, eval_ex, skipped
 
 
 def to_device(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
@@ -135,36 +140,25 @@ def _window_row(window: dict) -> dict:
 
 def train(cfg: SFTConfig) -> dict:
     """Run SFT; returns ``{"output_dir", "model": path of the HF directory, "final": last metrics row}``."""
-    from fourfold.reporting import MetricsLogger
-
-    tc, run = cfg.train, cfg.run
+    tc = cfg.train
     # 0. set-up: seed, run directory, model, data (tokenised once), optimiser, schedule, resume
-    seed_everything(run.seed)
-    out, device = setup_run(cfg, run)
+    run = RunScaffold(cfg)
+    device = run.hf_device()
     tok, model = load_model(cfg.model, device)
-    train_ex, skipped = encode_file(cfg.data.train, tok, tc.max_len, cfg.data.on_error)
-    eval_ex = None
-    if cfg.data.eval is not None:
-        eval_ex, eval_skipped = encode_file(cfg.data.eval, tok, tc.max_len, cfg.data.on_error)
-        skipped += eval_skipped
-    sampler = EpochSampler(len(train_ex), tc.batch_size, seed=run.seed)
+    train_ex, eval_ex, skipped = load_examples(cfg, tok)
+    sampler = EpochSampler(len(train_ex), tc.batch_size, seed=cfg.run.seed)
     total = num_steps(tc.max_steps, tc.epochs, len(sampler))
     opt = make_optimizer(model.parameters(), tc.lr, tc.weight_decay)
     sched = make_schedule(opt, total, tc.lr_schedule, tc.warmup_steps)
-    guard = NonFiniteGuard(limit=run.max_consecutive_skips)
     window = dict.fromkeys(_WINDOW_KEYS, 0.0)
-    resumed = resume_step_state(out, run, "model", model, opt, sched, sampler, window, guard)
-    start = 0 if resumed is None else resumed
+    start = track_steps(run, "model", model, opt, sched, sampler, window)
     model.train()
     pad_id = tok.pad_token_id
-    logger = MetricsLogger(out, progress=run.progress, tensorboard=run.tensorboard, total=total, desc="sft",
-                           key_metrics=("sft/loss", "sft/eval_loss"), resume_step=resumed)
-    if skipped and resumed is None:
-        logger.warn(f"{len(skipped)} bad rows skipped (data.on_error=skip); first: {skipped[0]}", step=0)
-    flag, previous = install_stop_handler()
     batches = sampler.batches()
     last: dict = {}
-    try:
+    with run.loop(total=total, desc="sft", key_metrics=("sft/loss", "sft/eval_loss")) as logger:
+        if skipped and run.resumed_step is None:
+            logger.warn(f"{len(skipped)} bad rows skipped (data.on_error=skip); first: {skipped[0]}", step=0)
         for step in range(start + 1, total + 1):
             t0 = time.perf_counter()
             where = f"step {step}"
@@ -174,8 +168,11 @@ def train(cfg: SFTConfig) -> dict:
             loss, stats = batch_loss(model, batch)
             lr = opt.param_groups[0]["lr"]  # the rate this step uses
             # 3. backward, clip, guarded AdamW step, schedule
-            grad_norm, good = guarded_step(loss, model, opt, sched, tc.max_grad_norm, guard, "sft_loss", where)
-            log_skips(logger, guard, step)
+            grad_norm, good = guarded_step(model, opt, sched, tc.max_grad_norm, run.guard, where,
+                                           [(loss, {"sft_loss": loss.detach()})])
+            if good:
+                run.guard.good_step()
+            run.log_skips(step)
             window["steps"] += 1
             window["good_steps"] += int(good)
             window["loss"] += float(loss.detach())
@@ -183,31 +180,21 @@ def train(cfg: SFTConfig) -> dict:
             window["grad_norm"] += grad_norm if good else 0.0
             window["tokens"] += float(batch["loss_mask"][:, 1:].sum())
             window["seconds"] += time.perf_counter() - t0
-            try:
-                guard.check_limit()
-            except NonFiniteError:  # keep the last good weights (skipped steps never changed them)
-                save_step_state(out, step, "model", model, opt, sched, sampler, window, guard, run.keep_checkpoints)
-                raise
+            run.stop_if_stuck(step)
             # 4. metrics (means since the previous row) and the held-out loss
             row: dict = {}
             if step % tc.log_every == 0 or step == total:
-                row.update(_window_row(window), **{"sft/lr": lr, "train/nonfinite_skips": guard.total})
-                window = dict.fromkeys(_WINDOW_KEYS, 0.0)
+                row.update(_window_row(window), **{"sft/lr": lr, "train/nonfinite_skips": run.guard.total})
+                window.update(dict.fromkeys(_WINDOW_KEYS, 0.0))  # the same dict: checkpoints read it
             if eval_ex is not None and ((tc.eval_every and step % tc.eval_every == 0) or step == total):
                 row["sft/eval_loss"] = evaluate(model, eval_ex, tc.batch_size, pad_id, device)
             if row:
                 logger.log(step, row)
                 last = row
             # 5. checkpoint (every save_every steps, at the end, and when asked to stop)
-            if (run.save_every and step % run.save_every == 0) or step == total or flag["stop"]:
-                save_step_state(out, step, "model", model, opt, sched, sampler, window, guard, run.keep_checkpoints)
-            if flag["stop"]:
-                raise KeyboardInterrupt
+            run.checkpoint_if_due(step, final=step == total)
         # the final model, loadable with plain transformers
-        save_hf(model, tok, out / "model")
-    finally:
-        logger.close()
-        restore_signal_handlers(previous)
+        run.write(save_hf, model, tok, run.out / "model")
     if not last:  # resumed a run that had already finished: report its last row
-        last = last_metrics_row(out)
-    return {"output_dir": str(out), "model": str(out / "model"), "final": last}
+        last = last_metrics_row(run.out)
+    return {"output_dir": str(run.out), "model": str(run.out / "model"), "final": last}

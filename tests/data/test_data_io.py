@@ -2,7 +2,7 @@
 import pytest
 
 from datatest_utils import write_jsonl
-from fourfold.data import read_records
+from fourfold.data import line_of, read_records
 from fourfold.errors import DataError, FourfoldError
 
 
@@ -99,3 +99,9 @@ def test_parquet_not_parquet_and_empty(tmp_path):
     empty = tmp_path / "empty.parquet"
     pq.write_table(pa.table({"prompt": pa.array([], pa.string())}), empty)
     assert f"{empty}: no records" in _err(empty)
+
+
+def test_line_of_reads_the_line_of_a_message():
+    assert line_of("data.jsonl:12: field 'prompt' missing") == 12
+    assert line_of(r"C:\runs\data.jsonl:4: prompt is 70 tokens") == 4
+    assert line_of("data.jsonl: no usable rows") == 0
