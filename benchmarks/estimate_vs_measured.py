@@ -15,7 +15,7 @@ figures are those of the last one (AdamW state allocated). Beside them, what
   the C heap, so from the second iteration on each phase starts at the previous one's high-water
   mark and the phases cannot be told apart in RSS. The estimate counts live tensors; the RSS adds
   the allocator's retention and fragmentation on top (W, fp32, 1 thread: predicted 180 MiB,
-  measured 218 MiB).
+  measured 210-218 MiB in two runs).
 * CUDA: ``torch.cuda.max_memory_allocated`` per phase (reset before each).
 
     python benchmarks/estimate_vs_measured.py                   # workload W, fp32 on CPU

@@ -47,6 +47,14 @@ exist only during a role's optimizer step, they are freed with ``zero_grad(set_t
   both at once with ``concurrent_roles``): its gradients, the activations and logits of one
   micro-batch, and under bf16-mixed the bf16 copies of its weights that the Linears save for
   backward. See :func:`layer_activation_bytes_per_token` for the per-layer activation formula.
+  Logits: fourfold applies the LM head only at the ``T + 1`` positions that score the response
+  (``logits_to_keep``), so a micro-batch of b rows holds ``b * (T + 1) * V * c`` of logits (kept for
+  backward by :mod:`fourfold.core.logprobs`, which never makes a float32 copy of them: it works on
+  float32 blocks of at most 2^24 elements) and, in backward, two more tensors of that size (the
+  gradient of the response slice and of the whole logits; three with an entropy bonus).
+  (A peft ``PeftModel`` takes ``logits_to_keep`` only through ``**kwargs``, so
+  :func:`~fourfold.models.roles.response_logits`, which looks for it in the signature, computes
+  logits at every position of a PeftModel today; the estimate assumes response positions only.)
 
 Not counted: the allocator's caching and fragmentation, CUDA/cuBLAS workspaces, the tokenizer,
 the rollout buffers (a few ``[B, P + T]`` tensors), and a pad token added to the vocabulary at load.
@@ -59,6 +67,7 @@ import os
 from dataclasses import dataclass
 from typing import Optional, Sequence, Union
 
+from fourfold.core.logprobs import _BLOCK_ELEMENTS  # elements of one float32 log-prob block
 from fourfold.models.param_count import (
     LoraCount,
     ModelSource,
@@ -72,7 +81,6 @@ from fourfold.models.param_count import (
 ROLES = ("policy", "reference", "reward", "critic")
 PRECISIONS = ("fp32", "bf16-mixed", "bf16")
 _DTYPE_BYTES = {"float32": 4, "fp32": 4, "bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2}
-_BLOCK_ELEMENTS = 1 << 24  # fourfold.core.logprobs block size (elements of one float32 block)
 GiB = 1 << 30
 
 
@@ -170,7 +178,6 @@ class Estimate:
     generate: dict[str, int]
     train: dict[str, int]
     description: str
-    nproc: int = 1
 
     @property
     def generate_peak_bytes(self) -> int:
@@ -208,7 +215,7 @@ class Estimate:
         for phase, terms, total in (("generation", self.generate, self.generate_peak_bytes),
                                     ("training", self.train, self.train_peak_bytes)):
             lines += ["", f"{phase} peak per device: {fmt_bytes(total)}"]
-            lines += [f"  {k:<34}{fmt_bytes(v):>12}" for k, v in terms.items() if v]
+            lines += [f"  {k:<40}{fmt_bytes(v):>12}" for k, v in terms.items() if v]
         if device_bytes is not None:
             cap = f"{device_name} ({device_bytes / GiB:.1f} GiB)"
             margin = device_bytes - self.peak_bytes
@@ -552,7 +559,7 @@ def estimate_from_settings(settings: EstimateSettings) -> Estimate:
         name, terms = max(trained.items(), key=lambda kv: sum(kv[1].values()))
         live = {f"{k} ({name})": v for k, v in terms.items()}
     train = {**resident, **live, "FSDP gather/reduce buffers": _fsdp_bytes(roles, s, training=True)}
-    return Estimate(memory, generate, train, _describe(s), s.nproc)
+    return Estimate(memory, generate, train, _describe(s))
 
 
 def _describe(s: EstimateSettings) -> str:

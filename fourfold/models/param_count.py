@@ -18,7 +18,6 @@ import torch
 ModelSource = Union[str, os.PathLike, "PretrainedConfig"]  # noqa: F821  (a transformers config object)
 
 
-
 @dataclass(frozen=True)
 class Shape:
     """A decoder's sizes, read from its config."""
@@ -47,6 +46,9 @@ class ModelCount:
 
 @dataclass
 class LoraCount:
+    """What LoRA adds to a model: trainable parameters and tensors, and per decoder layer the sizes
+    that set its activations."""
+
     params: int
     tensors: int
     per_layer_rank_elems: int  # sum of r over the adapted Linears of one layer
@@ -102,7 +104,7 @@ def _count(model, scorer: bool) -> ModelCount:
     layer, layer_linear = max(((sum(p.numel() for p in b.parameters()),
                                 sum(p.numel() for p in b.parameters() if id(p) in linear_ids)) for b in blocks),
                               default=(0, 0))
-    head = getattr(model, "score", None) or getattr(model, "classifier", None) if scorer else None
+    head = (getattr(model, "score", None) or getattr(model, "classifier", None)) if scorer else None
     head_params = list(head.parameters()) if head is not None else []
     return ModelCount(total=sum(p.numel() for p in params), tensors=len(params),
                       linear=sum(p.numel() for p in params if id(p) in linear_ids), layer=layer,
