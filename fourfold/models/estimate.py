@@ -122,11 +122,15 @@ class EstimateSettings:
     gradient_checkpointing: bool = False
     """Recompute each decoder layer in backward instead of keeping its activations."""
     rollout_batch_size: int = 64
+    """Prompts sampled per iteration (global: split across devices)."""
     minibatch_size: int = 16
+    """Responses per optimizer step (global)."""
     micro_batch_size: Optional[int] = None
-    """None = the whole minibatch in one forward/backward."""
+    """Responses per forward/backward (global); None = the whole minibatch at once."""
     max_prompt_len: int = 64
+    """P: prompt tokens (left-padded to the longest)."""
     max_new_tokens: int = 32
+    """T: response tokens (the estimate assumes every response reaches it)."""
     with_entropy: bool = False
     """The policy loss has an entropy bonus (entropy_coef > 0): one more logits-sized gradient."""
     concurrent_roles: bool = False
@@ -136,6 +140,7 @@ class EstimateSettings:
     shard_frozen: bool = False
     """FSDP also shards the frozen weights (else replicated on every device)."""
     trust_remote_code: bool = False
+    """Allow a config.json that needs the model repository's own code."""
 
     def validate(self) -> None:
         """Raise ValueError on an inconsistent combination."""
