@@ -78,10 +78,13 @@ def main(argv=None) -> dict:
     dtype = torch.bfloat16 if args.precision == "bf16" else torch.float32  # trained roles
     frozen_dtype = torch.float32 if args.precision == "fp32" else torch.bfloat16  # reference, reward
 
-    def autocast():
+    def autocast(cache: bool = True):
+        """bf16 autocast for bf16-mixed. The cast cache lives as long as the autocast region: fine
+        for generation and scoring (weights fixed), wrong across optimizer steps (every forward
+        after the first step would reuse bf16 copies of the old weights), so training turns it off."""
         if args.precision != "bf16-mixed":
             return contextlib.nullcontext()
-        return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+        return torch.autocast(device_type=device.type, dtype=torch.bfloat16, cache_enabled=cache)
 
     seed_everything(0)
     cfg = llama_config(args.vocab, args.hidden, args.layers, args.heads, args.intermediate,
@@ -115,7 +118,7 @@ def main(argv=None) -> dict:
         if cuda:
             torch.cuda.synchronize(device)
         t1 = time.perf_counter()
-        with autocast():
+        with autocast(cache=False):
             ppo_update(roles, rollout, algo, opt, gen.temperature, guard, it, concurrent=args.concurrent)
         if cuda:
             torch.cuda.synchronize(device)
