@@ -1,6 +1,6 @@
 # Two commands do all set-up on a fresh machine with only Python 3.11:
 #   make demo   -> creates .venv, installs fourfold, runs the embedded default (fourfold demo)
-#   make test   -> creates .venv, installs fourfold with its test extras, runs the suite
+#   make test   -> creates .venv, installs fourfold with its test extras, runs ruff and the suite
 # CPU machines get the pinned CPU wheel of torch (a bare `torch` could pull a multi-GB CUDA
 # build); on a GPU machine install your own torch into .venv first, or set TORCH_SPEC.
 PYTHON ?= python3
@@ -24,6 +24,7 @@ demo: $(STAMP)
 	HF_HUB_OFFLINE=1 $(VENV)/bin/fourfold demo $(ARGS)
 
 test: $(STAMP)
+	$(PY) -m ruff check fourfold tests benchmarks tools
 	HF_HUB_OFFLINE=1 $(PY) -m pytest -q -n 2 --dist loadfile $(ARGS)
 
 test-slow: $(STAMP)

@@ -23,7 +23,8 @@ STAGES: dict[str, tuple[str, str, str]] = {
     "reinforce": ("fourfold.config:ReinforceConfig", "fourfold.trainers.reinforce:train", "naive REINFORCE baseline"),
     "gym": ("fourfold.config:GymConfig", "fourfold.trainers.gym:train", "PPO / REINFORCE on a Gymnasium environment"),
     "demo": ("fourfold.config:DemoConfig", "fourfold.demo:run", "the embedded default: SFT -> RM -> PPO on the review task"),
-    "experiments": ("fourfold.config:ExperimentsConfig", "fourfold.experiments:run", "the seed's claims as experiments"),
+    "experiments": ("fourfold.experiments.config:ExperimentsConfig", "fourfold.experiments:run",
+                    "the method's claims as measured experiments"),
 }
 
 

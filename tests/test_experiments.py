@@ -12,9 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from fourfold.config import DemoConfig, ExperimentsClaimsConfig, ExperimentsConfig, load_config
+from fourfold.config import DemoConfig, load_config
 from fourfold.errors import ConfigError
 from fourfold.experiments import Job, build_arms, compute_claims, run_jobs
+from fourfold.experiments.config import ExperimentsClaimsConfig, ExperimentsConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 N = 256

@@ -28,7 +28,6 @@ from fourfold.config.demo import (
     DemoRewardConfig,
     DemoSFTConfig,
 )
-from fourfold.config.experiments import CLAIM_GROUPS, EXPERIMENT_ARMS, ExperimentsClaimsConfig, ExperimentsConfig
 from fourfold.config.gym import (
     GymAgentConfig,
     GymConfig,
@@ -98,8 +97,4 @@ __all__ = [
     "DemoEvalConfig",
     "DemoConfig",
     # experiments
-    "EXPERIMENT_ARMS",
-    "CLAIM_GROUPS",
-    "ExperimentsClaimsConfig",
-    "ExperimentsConfig",
 ]

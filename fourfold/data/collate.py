@@ -141,7 +141,7 @@ def _encode(tokenizer: Any, texts: Sequence[str], wheres: Sequence[str], what: s
     except Exception:  # find the text it choked on, and say which line that was
         pass
     result: list[list[int] | str] = []
-    for text, where in zip(texts, wheres):
+    for text, _where in zip(texts, wheres):
         try:
             result.append(list(map(int, tokenizer(text, add_special_tokens=False)["input_ids"])))
         except Exception as e:

@@ -1,6 +1,6 @@
 """The arms: which trainer each runs, how its config differs from the demo's PPO, which RM it uses.
 
-The arms are named in one list, ``fourfold.config.EXPERIMENT_ARMS`` (the names
+The arms are named in one list, ``fourfold.experiments.config.EXPERIMENT_ARMS`` (the names
 ``ExperimentsConfig.arms`` accepts); :data:`ARM_ORDER` is that list, the order the arms run and
 are reported in.
 """
@@ -11,17 +11,8 @@ import dataclasses
 from pathlib import Path
 from typing import Any, Mapping
 
-from fourfold.config import (
-    EXPERIMENT_ARMS,
-    ExperimentsConfig,
-    LMModelConfig,
-    PPOConfig,
-    PromptDataConfig,
-    ReinforceAlgoConfig,
-    ReinforceConfig,
-    RunConfig,
-    config_to_dict,
-)
+from fourfold.config import LMModelConfig, PPOConfig, PromptDataConfig, ReinforceAlgoConfig, ReinforceConfig, RunConfig, config_to_dict
+from fourfold.experiments.config import EXPERIMENT_ARMS, ExperimentsConfig
 from fourfold.stages import digest
 
 ARM_ORDER = EXPERIMENT_ARMS

@@ -11,7 +11,7 @@ import dataclasses
 import math
 from typing import Mapping, Sequence
 
-from fourfold.config import ExperimentsClaimsConfig
+from fourfold.experiments.config import ExperimentsClaimsConfig
 from fourfold.experiments.results import fmt, mean, sd, signed
 
 

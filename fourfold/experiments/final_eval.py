@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from fourfold.atomic import write_text_atomic
-from fourfold.config import DemoConfig, ExperimentsConfig, GenerationConfig
+from fourfold.config import DemoConfig, GenerationConfig
+from fourfold.experiments.config import ExperimentsConfig
 from fourfold.experiments.results import sd
 from fourfold.seeds import stream_seed
 

@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from fourfold.atomic import write_text_atomic
-from fourfold.config import ExperimentsConfig
 from fourfold.experiments.arms import Arm
+from fourfold.experiments.config import ExperimentsConfig
 from fourfold.experiments.results import duration, fmt, mean
 
 RESULT_COLUMNS = (

@@ -12,9 +12,10 @@ from pathlib import Path
 from typing import Any, Callable
 
 from fourfold.atomic import write_text_atomic
-from fourfold.config import DemoConfig, ExperimentsConfig, config_to_dict, save_config
+from fourfold.config import DemoConfig, config_to_dict, save_config
 from fourfold.experiments.arms import Arm, build_arms, run_config, run_key
 from fourfold.experiments.claims import compute_claims
+from fourfold.experiments.config import ExperimentsConfig
 from fourfold.experiments.final_eval import eval_prompts, eval_sample_seed
 from fourfold.experiments.jobs import ExperimentError, Job, run_jobs
 from fourfold.experiments.report import summary_header, write_report, write_summary_md

@@ -11,8 +11,9 @@ import dataclasses
 import shutil
 from pathlib import Path
 
-from fourfold.config import DemoConfig, ExperimentsConfig
+from fourfold.config import DemoConfig
 from fourfold.demo import sft_stage_key
+from fourfold.experiments.config import ExperimentsConfig
 from fourfold.stages import read_done, stage_dir, write_done
 
 

@@ -97,7 +97,8 @@ def load_tokenizer(path: str, *, trust_remote_code: bool = False, padding_side: 
         raise _offline_hint(path, e) from None
     added = False
     if tok.pad_token_id is None or (tok.eos_token_id is not None and tok.pad_token_id == tok.eos_token_id):
-        warnings.warn(f"{path}: tokenizer has no dedicated pad token; adding {PAD_TOKEN!r} (embeddings are resized)")
+        warnings.warn(f"{path}: tokenizer has no dedicated pad token; adding {PAD_TOKEN!r} (embeddings are resized)",
+                      stacklevel=2)
         tok.add_special_tokens({"pad_token": PAD_TOKEN})
         added = True
     if tok.eos_token_id is None:

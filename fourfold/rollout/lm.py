@@ -21,7 +21,7 @@ from typing import Optional, Sequence
 
 import torch
 
-from fourfold.models.roles import position_ids_from_mask, accepts_kwarg
+from fourfold.models.roles import accepts_kwarg, position_ids_from_mask
 
 
 @dataclass

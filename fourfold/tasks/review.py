@@ -48,26 +48,26 @@ from dataclasses import dataclass
 from typing import Iterable
 
 from fourfold.errors import ConfigError
-
 from fourfold.tasks.review_grammar import (  # noqa: F401  (re-exported: tests and tasks import them from here)
+    _CLAUSES,
+    _FIRST_CLAUSES,
     COMMA,
     CONNECTIVES,
     PRODUCTS,
     PROMPT_ADJS,
     PROMPT_DETS,
-    ReviewParse,
     STARS,
     TERMINATORS,
+    ReviewParse,
+    _clause_polarity,
+    _join,
+    _Pattern,
     has_repetition,
     is_well_formed,
     parse_review,
     vocabulary,
-    _CLAUSES,
-    _FIRST_CLAUSES,
-    _Pattern,
-    _clause_polarity,
-    _join,
 )
+
 # --------------------------------------------------------------------------------------------
 # Config and task
 # --------------------------------------------------------------------------------------------

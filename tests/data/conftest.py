@@ -1,6 +1,5 @@
 """Fixtures for tests/data."""
 import pytest
-
 from datatest_utils import make_tokenizer
 
 

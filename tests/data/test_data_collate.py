@@ -1,8 +1,8 @@
 """Tokenisation boundaries, padding and masks (1 = valid), with a tiny in-memory word-level tokenizer."""
 import pytest
 import torch
-
 from datatest_utils import write_jsonl
+
 from fourfold.data import (
     PreferenceRecord,
     PromptRecord,

@@ -1,7 +1,7 @@
 """Loaders: typed records, one-line errors naming file, line and problem; skip mode; chat rendering."""
 import pytest
-
 from datatest_utils import write_jsonl
+
 from fourfold.data import (
     LoadResult,
     PreferenceRecord,

@@ -1,7 +1,7 @@
 """read_records: JSONL and Parquet rows with line numbers; every bad file is a one-line DataError."""
 import pytest
-
 from datatest_utils import write_jsonl
+
 from fourfold.data import line_of, read_records
 from fourfold.errors import DataError, FourfoldError
 

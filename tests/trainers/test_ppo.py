@@ -165,8 +165,8 @@ def test_cli_runs_from_the_example_yaml(tiny_lm, tmp_path, stage):
 
 def test_missing_eos_score_replaces_the_score(tiny_lm, tmp_path):
     """Responses cut at max_new_tokens without EOS get generation.missing_eos_score."""
-    from fourfold.trainers.lm import collect, load_roles
     from fourfold.config import GenerationConfig
+    from fourfold.trainers.lm import collect, load_roles
 
     cfg = load_config(PPOConfig, None, _ppo_overrides(tiny_lm, tmp_path / "x"))
     roles = load_roles(cfg.model, torch.device("cpu"), with_critic=False)
