@@ -24,6 +24,8 @@ STAGES: dict[str, tuple[str, str, str]] = {
     "gym": ("fourfold.config:GymConfig", "fourfold.trainers.gym:train", "PPO / REINFORCE on a Gymnasium environment"),
     "demo": ("fourfold.config:DemoConfig", "fourfold.demo:run", "the embedded default: SFT -> RM -> PPO on the review task"),
     "experiments": ("fourfold.config:ExperimentsConfig", "fourfold.experiments:run", "the seed's claims as experiments"),
+    "generate": ("fourfold.config:GenerateConfig", "fourfold.inference:generate", "completions of a prompts file with a trained model (JSONL out)"),
+    "score": ("fourfold.config:ScoreConfig", "fourfold.inference:score", "scores of prompt/response rows by a reward model or reward_fn (JSONL out)"),
 }
 
 
