@@ -259,3 +259,25 @@ def test_an_output_directory_that_is_a_file_is_one_line(tiny_lm, tmp_path, capsy
                              f"data.rows={_write(tmp_path / 'rows.jsonl', [{'prompt': 'w1', 'response': 'w2'}])}"],
                    tmp_path / "file", capsys)
     assert rc == 2 and err.count("\n") == 1 and f"run.output_dir: {tmp_path / 'file'}: cannot write there" in err
+
+
+def test_reward_stage_reads_implicit_prompts_from_a_datasets_directory(tiny_lm, tmp_path, capsys):
+    """`fourfold reward` on a DatasetDict of implicit-prompt pairs (one bad row skipped and counted),
+    then `fourfold score` with the model it wrote."""
+    datasets = pytest.importorskip("datasets")
+    datasets.disable_progress_bars()
+    pairs = [{"chosen": f"w{i} w{i + 1} w7", "rejected": f"w{i} w{i + 1} w8"} for i in range(10)]
+    pairs.append({"chosen": "w1 w7", "rejected": "w2 w8"})  # shares nothing: skipped, named by row
+    data = tmp_path / "prefs"
+    datasets.DatasetDict({"train": datasets.Dataset.from_list(pairs)}).save_to_disk(str(data))
+    rc = main(["reward", "model.from_scratch=true", f"model.tokenizer={tiny_lm / 'sft'}", "model.hidden_size=16",
+               "model.num_layers=1", "model.num_heads=2", f"data.train={data}", "data.on_error=skip",
+               "data.eval_fraction=0", "train.max_steps=2", "train.batch_size=4", "run.progress=false",
+               "run.tensorboard=false", "run.threads=1", "--output-dir", str(tmp_path / "rm")])
+    captured = capsys.readouterr()
+    assert rc == 0, captured.err
+    events = [json.loads(line) for line in (tmp_path / "rm" / "events.jsonl").read_text().splitlines()]
+    [warning] = [e for e in events if e["kind"] == "warning"]
+    assert f"1 bad rows skipped (data.on_error=skip); first: {data}[train]:row 10: missing field 'prompt'" in warning["message"]
+    rows = _write(tmp_path / "rows.jsonl", [{"prompt": "w1 w2", "response": " w7"}])
+    assert len(_score(tmp_path / "s", capsys, rows, f"model.reward={tmp_path / 'rm' / 'model'}")) == 1
