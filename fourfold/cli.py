@@ -25,6 +25,10 @@ STAGES: dict[str, tuple[str, str, str]] = {
     "demo": ("fourfold.config:DemoConfig", "fourfold.demo:run", "the embedded default: SFT -> RM -> PPO on the review task"),
     "experiments": ("fourfold.experiments.config:ExperimentsConfig", "fourfold.experiments:run",
                     "the method's claims as measured experiments"),
+    "generate": ("fourfold.config:GenerateConfig", "fourfold.inference:generate",
+                 "completions of a prompts file with a trained model (JSONL out)"),
+    "score": ("fourfold.config:ScoreConfig", "fourfold.inference:score",
+              "scores of prompt/response rows by a reward model or reward_fn (JSONL out)"),
 }
 
 

@@ -15,7 +15,8 @@ Layout: ``loader`` reads YAML, applies overrides and builds/validates any config
 schema module per stage holds its sections (``run``: the shared RunConfig; ``sft``: the SFT stage
 and the initial-model and training-loop sections the reward stage reuses; ``reward``; ``ppo``: the
 language-model sections shared with ``reinforce`` and ``demo``; ``reinforce``; ``gym``; ``demo``;
-``experiments``). Every name is importable from ``fourfold.config`` itself.
+``inference``: ``generate`` and ``score``). Every name is importable from ``fourfold.config``
+itself. The experiments' own settings live with them, in ``fourfold.experiments.config``.
 
 This package imports only the standard library and PyYAML.
 """
@@ -35,6 +36,15 @@ from fourfold.config.gym import (
     GymEvalConfig,
     GymPPOConfig,
     GymReinforceConfig,
+)
+from fourfold.config.inference import (
+    GenerateConfig,
+    GenerateDataConfig,
+    GenerateModelConfig,
+    GenerateSamplingConfig,
+    ScoreConfig,
+    ScoreDataConfig,
+    ScoreModelConfig,
 )
 from fourfold.config.loader import (
     apply_overrides,
@@ -96,5 +106,12 @@ __all__ = [
     "DemoRewardConfig",
     "DemoEvalConfig",
     "DemoConfig",
-    # experiments
+    # inference: generate and score
+    "GenerateModelConfig",
+    "GenerateDataConfig",
+    "GenerateSamplingConfig",
+    "GenerateConfig",
+    "ScoreModelConfig",
+    "ScoreDataConfig",
+    "ScoreConfig",
 ]

@@ -39,7 +39,7 @@ from typing import Any
 import torch
 
 from fourfold.data.formats import PreferenceRecord, PromptRecord, SFTRecord
-from fourfold.data.io import check_on_error, one_line
+from fourfold.data.io import check_on_error, location, one_line
 from fourfold.errors import DataError
 
 __all__ = [
@@ -116,7 +116,7 @@ class _Sink:
 def _where(rec: Any, i: int, default_source: str | None = None, line: int | None = None) -> str:
     source = getattr(rec, "source", "") or default_source or "<records>"
     ln = getattr(rec, "line", None) if line is None else line
-    return f"{source}:{ln if ln is not None else i + 1}"
+    return location(source, ln if ln is not None else i + 1)
 
 
 def _special(tokenizer: Any, name: str) -> int | None:

@@ -8,10 +8,22 @@ Field names (one JSON object per line, or one Parquet row; other keys are ignore
   alias of ``"completion"``); ``{"text": str}`` (the whole text is trained on, prompt ""); or
   ``{"messages": [...]}``: the last message must be the assistant's and is the completion, the
   messages before it make the prompt.
+* ``load_responses`` -> :class:`ResponseRecord` (rows to score): ``{"prompt": str, "response": str}``
+  (the response may be empty) or ``{"messages": [...]}`` ending with the assistant's reply, each
+  with an optional ``"finished": bool`` (default true: the response ended, so EOS follows it; false:
+  it was cut at the length limit) - the completions ``fourfold generate`` writes.
 * ``load_preferences`` -> :class:`PreferenceRecord`: ``{"prompt": str, "chosen": str, "rejected":
   str}``; chat form: ``chosen`` and ``rejected`` are message lists ending with an assistant message,
   and the prompt is ``prompt`` (a message list) and/or the messages before that last one (which
   must be the same in chosen and rejected; a ``prompt`` repeated at their start is taken once).
+  Implicit prompt (no ``prompt`` field, as in many public preference sets): the prompt is what
+  ``chosen`` and ``rejected`` share at their start. Message lists: all messages but the last (which
+  must be the same in both); the last ones are the replies. Strings: their longest common prefix,
+  cut back to a word boundary: when it ends inside a word (or where one text ends), that word goes
+  back to the replies, and the whitespace before the first differing word starts each reply (as
+  BPE tokenizers expect: ``"...Assistant: Sure"`` / ``"...Assistant: No"`` give the prompt
+  ``"...Assistant:"`` and the replies ``" Sure"`` / ``" No"``; see :func:`split_common_prefix`).
+  Texts that share no whole word at their start are an error naming the line.
 
 A chat message is ``{"role": str, "content": str}``. ``prompt`` may also be given as a message
 list wherever a string is accepted (``load_sft`` prompt/completion form included).
@@ -36,6 +48,10 @@ rejected, chosen identical to rejected, a malformed message list, text that is n
 (a lone surrogate from a ``\\ud800`` escape). Prompts that are too long in tokens are found at
 tokenisation (``fourfold.data.collate``), where the tokenizer is known.
 
+Sources: a JSONL or Parquet file, a local ``datasets`` directory (``DIR`` or ``DIR:SPLIT``) or a hub
+dataset name (see :func:`fourfold.data.io.read_source`); rows of a ``datasets`` source are named
+``DIR[SPLIT]:row N`` in messages.
+
 ``on_error="raise"`` (default) raises :class:`~fourfold.errors.DataError` at the first bad row;
 ``on_error="skip"`` leaves bad rows out and keeps their messages in ``LoadResult.skipped``. A file
 without a single usable row is an error in both modes. Nothing is written to disk.
@@ -49,23 +65,27 @@ import os
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Generic, TypeVar
 
-from fourfold.data.io import check_on_error, json_type_name, one_line, read_records
+from fourfold.data.io import check_on_error, json_type_name, location, one_line, read_source
 from fourfold.errors import DataError
 
 __all__ = [
     "PromptRecord",
     "SFTRecord",
     "PreferenceRecord",
+    "ResponseRecord",
     "LoadResult",
     "ChatRender",
     "load_prompts",
     "load_sft",
     "load_preferences",
+    "load_responses",
     "plain_chat_render",
     "chat_template_renderer",
+    "split_common_prefix",
     "PROMPT_FIELDS",
     "SFT_FIELDS",
     "PREFERENCE_FIELDS",
+    "RESPONSE_FIELDS",
 ]
 
 ChatRender = Callable[[list[dict[str, Any]]], str]
@@ -73,6 +93,7 @@ ChatRender = Callable[[list[dict[str, Any]]], str]
 
 PROMPT_FIELDS = ("prompt", "messages")
 SFT_FIELDS = ("prompt", "completion", "response", "text", "messages")
+RESPONSE_FIELDS = ("prompt", "response", "messages", "finished")
 PREFERENCE_FIELDS = ("prompt", "chosen", "rejected")
 
 
@@ -105,6 +126,21 @@ class PreferenceRecord:
     rejected: str
     line: int
     source: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class ResponseRecord:
+    """One prompt + response to score (``fourfold score``)."""
+
+    prompt: str
+    response: str
+    """May be empty: a reply that was only EOS."""
+    finished: bool
+    """The response ended (with EOS, which tokenisation appends); false for a reply cut at the length limit."""
+    line: int
+    source: str = ""
+    row: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)
+    """The record as read (written back with its score)."""
 
 
 R = TypeVar("R")
@@ -322,6 +358,46 @@ def _sft_row(rec: dict, render: ChatRender | None) -> tuple[str, str]:
     return prompt, _string(rec, key, SFT_FIELDS)
 
 
+def split_common_prefix(a: str, b: str) -> tuple[str, str, str]:
+    """``(prompt, reply_a, reply_b)`` with ``a == prompt + reply_a`` and ``b == prompt + reply_b``:
+    the prompt is the longest common prefix of ``a`` and ``b`` cut back to a word boundary.
+
+    When the common prefix ends inside a word (the next character of either text is not
+    whitespace, or a text ends there), that partial word goes back to both replies; trailing
+    whitespace moves to the replies too, so the prompt ends on a word and each reply begins with
+    the whitespace before its first word. The prompt is ``""`` when the texts share no whole word.
+    """
+    n, limit = 0, min(len(a), len(b))
+    while n < limit and a[n] == b[n]:
+        n += 1
+    cut = n
+    if cut and not a[cut - 1].isspace():
+        inside_word = not (a[cut : cut + 1].isspace() and b[cut : cut + 1].isspace())
+        if inside_word:
+            while cut and not a[cut - 1].isspace():
+                cut -= 1
+    while cut and a[cut - 1].isspace():
+        cut -= 1
+    return a[:cut], a[cut:], b[cut:]
+
+
+def _implicit_prompt(rec: dict) -> tuple[str, str, str]:
+    """A row without ``prompt`` whose ``chosen`` and ``rejected`` are full texts: ``(prompt, chosen,
+    rejected)`` split at their common start. A near-miss key (``promt``) stays an error."""
+    hint = _missing("prompt", rec, PREFERENCE_FIELDS)
+    if "did you mean 'prompt'" in hint:
+        raise _Bad(hint)
+    chosen, rejected = rec["chosen"], rec["rejected"]
+    if not (isinstance(chosen, str) and isinstance(rejected, str)):  # reply-only message lists
+        raise _Bad("missing field 'prompt' (and 'chosen' and 'rejected' hold only their replies, "
+                   "no shared conversation to take it from)")
+    prompt, chosen, rejected = split_common_prefix(chosen, rejected)
+    if not prompt.strip():
+        raise _Bad("missing field 'prompt' (and 'chosen' and 'rejected' share no words at their start "
+                   "to take it from)")
+    return prompt, chosen, rejected
+
+
 def _preference_row(rec: dict, render: ChatRender | None) -> tuple[str, str, str]:
     for key in ("chosen", "rejected"):
         if key not in rec:
@@ -348,7 +424,7 @@ def _preference_row(rec: dict, render: ChatRender | None) -> tuple[str, str, str
     elif chosen_ctx:
         prompt = _render(render, chosen_ctx)
     else:
-        raise _Bad(_missing("prompt", rec, PREFERENCE_FIELDS))
+        prompt, chosen, rejected = _implicit_prompt(rec)
 
     if not prompt.strip():
         raise _Bad("field 'prompt' is empty")
@@ -361,29 +437,53 @@ def _preference_row(rec: dict, render: ChatRender | None) -> tuple[str, str, str
     return prompt, chosen, rejected
 
 
+def _response_row(rec: dict, render: ChatRender | None) -> tuple[str, str, bool]:
+    finished = rec.get("finished", True)
+    if not isinstance(finished, bool):
+        raise _Bad(f"field 'finished' must be true or false (did the response end with EOS?), "
+                   f"got {json_type_name(finished)}{_show(finished)}")
+    if "messages" in rec:
+        _only_one(rec, "messages", ["prompt", "response"])
+        msgs = _messages(rec["messages"], "messages")
+        if msgs[-1]["role"] != "assistant":
+            raise _Bad(f"the last message must have role 'assistant' (it is the response), got {one_line(repr(msgs[-1]['role']), 30)}")
+        if not any(m["content"].strip() for m in msgs[:-1]):
+            raise _Bad("prompt is empty (no message with content before the assistant's reply)")
+        return _render(render, msgs[:-1]), msgs[-1]["content"], finished
+    prompt = _prompt_text(rec, render, RESPONSE_FIELDS)
+    if not prompt.strip():
+        raise _Bad("field 'prompt' is empty")
+    return prompt, _string(rec, "response", RESPONSE_FIELDS, required_nonempty=False), finished
+
+
 # ------------------------------------------------------------------------------------ loaders
 
 
 def _load(path: str | os.PathLike, on_error: str, make: Callable[[dict, int, str], Any]) -> LoadResult:
     check_on_error(on_error)
-    name = os.fspath(path)
     skipped: list[str] = []
-    rows = read_records(path, on_error=on_error, skipped=skipped)
+    name, rows = read_source(path, on_error=on_error, skipped=skipped)
     records = []
     for line, rec in rows:
         try:
             records.append(make(rec, line, name))
         except _Bad as bad:
-            msg = f"{name}:{line}: {bad}"
+            msg = f"{location(name, line)}: {bad}"
             if on_error == "raise":
                 raise DataError(msg) from None
             skipped.append(msg)
-    # Bad JSON lines were collected while reading, bad fields after: list them in file order.
-    skipped.sort(key=lambda msg: int(msg[len(name) + 1 :].split(":", 1)[0]))
+    # Bad JSON lines were collected while reading, bad fields after: list them in row order.
+    skipped.sort(key=lambda msg: _row_number(msg, name))
     if not records:
         first = f"; first: {skipped[0]}" if skipped else ""
         raise DataError(f"{name}: no usable records ({len(skipped)} skipped{first})")
     return LoadResult(records=records, skipped=skipped, source=name)
+
+
+def _row_number(message: str, source: str) -> int:
+    """N of a ``location(source, N): problem`` message."""
+    rest = message[len(source) + 1 :]
+    return int(rest.removeprefix("row ").split(":", 1)[0])
 
 
 def load_prompts(
@@ -408,4 +508,14 @@ def load_preferences(
     """Preference pairs: ``prompt``, ``chosen``, ``rejected`` per row (strings or chat messages)."""
     return _load(
         path, on_error, lambda rec, line, src: PreferenceRecord(*_preference_row(rec, chat_template), line, src)
+    )
+
+
+def load_responses(
+    path: str | os.PathLike, *, on_error: str = "raise", chat_template: ChatRender | None = None
+) -> LoadResult[ResponseRecord]:
+    """Rows to score: ``prompt`` + ``response`` or ``messages``, optional ``finished``, per row."""
+    return _load(
+        path, on_error,
+        lambda rec, line, src: ResponseRecord(*_response_row(rec, chat_template), line, src, row=dict(rec)),
     )

@@ -1,0 +1,79 @@
+"""Tokenising prompt + response rows for scoring, in the layout PPO scores its rollouts in.
+
+During PPO a response is scored as :func:`fourfold.rollout.lm.sample` leaves it: the prompt's ids
+(tokenised as :func:`~fourfold.data.collate.encode_prompts` does: no special tokens, BOS first)
+left-padded to the batch's longest prompt, then the generated ids right-padded to the longest
+response, EOS included when the response ended. :func:`encode_responses` rebuilds those ids from
+text (the response's ids, then EOS when ``finished``) and :func:`collate_responses` lays a batch out
+the same way, so a reward model reads its score at the same token (the last valid one) and,
+for the same rows in the same batches, gets the same inputs as PPO's ``score()``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from fourfold.data.collate import _encode, _need, _Sink, _special, _where, _with_bos, left_pad, right_pad
+from fourfold.data.formats import ResponseRecord
+
+__all__ = ["ResponseExample", "encode_responses", "collate_responses"]
+
+
+@dataclasses.dataclass(frozen=True)
+class ResponseExample:
+    prompt_ids: list[int]
+    """Prompt ids, BOS first when the tokenizer has one."""
+    response_ids: list[int]
+    """Response ids, then EOS when the record is ``finished``."""
+    index: int
+    """Position of the record in the list given to :func:`encode_responses`."""
+    line: int
+
+
+def encode_responses(
+    records: Sequence[ResponseRecord],
+    tokenizer: Any,
+    max_len: int,
+    *,
+    add_bos: bool = True,
+    on_error: str = "raise",
+    skipped: list[str] | None = None,
+) -> list[ResponseExample]:
+    """Tokenise rows to score; prompt + response (with BOS and EOS) over ``max_len`` tokens, or a
+    prompt with no tokens, is a problem naming ``file:line`` (raised, or skipped and collected)."""
+    if max_len < 2:
+        raise ValueError(f"max_len must be >= 2, got {max_len}")
+    sink = _Sink(on_error, skipped, records)
+    bos = _special(tokenizer, "bos_token_id") if add_bos else None
+    eos = _need(tokenizer, "eos_token_id", "a finished response ends with it")
+    wheres = [_where(r, i) for i, r in enumerate(records)]
+    prompts = _encode(tokenizer, [r.prompt for r in records], wheres, "prompt")
+    responses = _encode(tokenizer, [r.response for r in records], wheres, "response")
+    out = []
+    for i, (rec, p, r) in enumerate(zip(records, prompts, responses)):
+        problem = p if isinstance(p, str) else r if isinstance(r, str) else None
+        if problem is None:
+            p = _with_bos(p, bos)
+            r = r + [eos] if rec.finished else r
+            if not p:
+                problem = "prompt is empty after tokenisation (0 tokens)"
+            elif len(p) + len(r) > max_len:
+                problem = f"prompt + response have {len(p) + len(r)} tokens, more than max_len={max_len}"
+        if problem is not None:
+            sink.bad(wheres[i], problem)
+            continue
+        out.append(ResponseExample(prompt_ids=p, response_ids=r, index=i, line=rec.line))
+    return out
+
+
+def collate_responses(examples: Sequence[ResponseExample], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(input_ids [B, P+T], attention_mask [B, P+T])``, long: prompts left-padded to ``P``, responses
+    right-padded to ``T`` (PPO's ``Samples.sequences`` / ``attention_mask`` layout)."""
+    prompt_ids, prompt_mask = left_pad([e.prompt_ids for e in examples], pad_id)  # (B, P)
+    response_ids, response_mask = right_pad([e.response_ids for e in examples], pad_id)  # (B, T); T may be 0
+    return torch.cat([prompt_ids, response_ids], 1), torch.cat([prompt_mask, response_mask], 1)
+
