@@ -56,14 +56,14 @@ log = logging.getLogger(__name__)
 METRICS: dict[str, str] = {
     # counters
     "iteration": "PPO/REINFORCE iteration (one rollout batch + its updates), 1-based.",
-    "samples": "Prompts (LM) or environment steps (gym) consumed so far.",
+    "samples": "Responses (LM: prompts x ppo.samples_per_prompt) or environment steps (gym) consumed so far.",
     # reward
     "reward/score_mean": "Mean reward-model score of the sampled responses (before KL penalty).",
     "reward/score_std": "Standard deviation of the reward-model scores in the batch.",
     "reward/score_min": "Smallest reward-model score in the batch.",
     "reward/score_max": "Largest reward-model score in the batch.",
     "reward/gold_mean": "Mean task-provided gold reward of the responses (only for tasks that have one).",
-    "reward/token_reward_sum_mean": "Mean over sequences of the summed KL-penalised per-token rewards.",
+    "reward/token_reward_sum_mean": "Mean over sequences of the summed per-token rewards (KL-penalised unless ppo.kl_in is loss).",
     "reward/no_eos_penalised": "Share of responses given the missing-EOS penalty instead of their score.",
     # kl
     "kl/k1": "Mean over sequences of the summed k1 estimate (logp_policy - logp_ref) of KL to the reference.",
@@ -77,6 +77,8 @@ METRICS: dict[str, str] = {
     "policy/ratio_mean": "Mean probability ratio new/old over valid tokens.",
     "policy/lr": "Policy learning rate at the end of the iteration.",
     "policy/grad_norm": "Policy gradient norm before clipping, mean over updates.",
+    "policy/kl_loss": ("Mean k3 estimate of KL(policy || reference) per valid token in the updates (ppo.kl_in: loss only; "
+                       "kl_coef times it is part of policy/loss)."),
     # value
     "value/loss": "Clipped value (critic) loss, mean over minibatches.",
     "value/clipfrac": "Share of valid tokens whose value prediction was clipped.",

@@ -5,10 +5,20 @@ The model, prompt and generation sections are shared with REINFORCE and the demo
 from __future__ import annotations
 
 import dataclasses
+import difflib
 from typing import Literal, Optional
 
 from fourfold.config.loader import require
 from fourfold.config.run import RunConfig
+
+# The advantage estimators of fourfold.core's registry (ADVANTAGE_ESTIMATORS), by name: config
+# imports no core, so the names are repeated here and a test keeps the two lists equal.
+ADVANTAGE_NAMES = ("gae", "grpo", "dr_grpo", "rloo", "reinforce_pp")
+CRITIC_ADVANTAGES = ("gae",)
+"""The estimators that read critic values (``needs_critic`` in the registry): only they load a critic."""
+ZERO_AT_ONE_SAMPLE = ("grpo", "dr_grpo")
+"""The estimators whose advantages are all 0 with one sample per prompt (a group of one is its own
+mean): they need ``samples_per_prompt >= 2``."""
 
 
 @dataclasses.dataclass
@@ -84,9 +94,9 @@ class PPOAlgoConfig:
     """PPO hyperparameters, named as in the literature (Ziegler et al. 2019, Ouyang et al. 2022)."""
 
     iterations: int = 100
-    """PPO iterations; each samples rollout_batch_size prompts."""
+    """PPO iterations; each samples rollout_batch_size responses."""
     rollout_batch_size: int = 64
-    """Prompts (= responses) per iteration."""
+    """Responses per iteration (= prompts, unless samples_per_prompt > 1)."""
     minibatch_size: int = 16
     """Responses per optimizer step; rollout_batch_size / minibatch_size steps per epoch."""
     micro_batch_size: Optional[int] = None
@@ -104,7 +114,8 @@ class PPOAlgoConfig:
     kl_coef: float = 0.05
     """beta: weight of the per-token KL penalty to the reference."""
     kl_estimator: Literal["k1", "k2", "k3", "abs"] = "k1"
-    """Per-token KL estimator used in the reward (k1 = log pi - log pi_ref)."""
+    """Per-token KL estimator used in the reward (k1 = log pi - log pi_ref); the loss term of
+    kl_in=loss is always k3."""
     adaptive_kl: bool = False
     """Adapt kl_coef toward kl_target (Ziegler et al.)."""
     kl_target: float = 6.0
@@ -126,9 +137,42 @@ class PPOAlgoConfig:
     whiten_rewards: bool = False
     """Whiten the token rewards over the batch before GAE."""
     whiten_advantages: bool = True
-    """Whiten advantages over the batch (valid tokens) before the epochs."""
+    """Whiten advantages over the batch (valid tokens) before the epochs (advantage: gae only; the
+    critic-free estimators normalise their own)."""
     use_critic: bool = True
-    """False: no value baseline; advantages are the whitened returns (ablation 'ppo-no-critic')."""
+    """False: no value baseline; advantages are the whitened returns (ablation 'ppo-no-critic').
+    Applies to `advantage: gae` only, where false replaces GAE by the discounted returns (whitened
+    when whiten_advantages: the same advantages as `advantage: reinforce_pp`). The critic-free
+    estimators never load a critic, whatever this says."""
+    advantage: str = "gae"
+    """Advantage estimator, a name registered in fourfold.core.estimators: 'gae' (GAE with the
+    critic; PPO), or one that loads no critic (vf_clip_eps, critic_lr, lam and whiten_advantages do
+    not apply; each normalises its own advantages): 'grpo' (group mean and std of the K samples of a
+    prompt; Shao et al. 2024: K = 8 or so with kl_in=loss, kl_coef=0.04, seq-mean-token-mean),
+    'dr_grpo' (group mean, no std; Liu et al. 2025: with loss_agg=seq-mean-token-sum), 'rloo'
+    (leave-one-out mean of the other K - 1 samples; Ahmadian et al. 2024: K = 2-4, KL in the
+    reward; K = 1 is REINFORCE without a baseline), 'reinforce_pp' (discounted returns whitened
+    over the batch; Hu 2025: KL in the reward, K = 1)."""
+    samples_per_prompt: int = 1
+    """K responses sampled per prompt, on K consecutive rows (the group of grpo, dr_grpo and rloo).
+    rollout_batch_size stays the responses per iteration, so an iteration draws
+    rollout_batch_size / K prompts (K must divide it) and budgets compare at equal samples."""
+    kl_in: Literal["reward", "loss"] = "reward"
+    """Where the KL to the reference goes. 'reward': -kl_coef * KL_t (kl_estimator) on every token
+    of the rewards (Ziegler et al. 2019; PPO, RLOO, REINFORCE++). 'loss': the rewards carry the score
+    alone and kl_coef * the k3 estimate of KL(pi || pi_ref) joins the policy loss, aggregated like it
+    (GRPO: Shao et al. 2024, kl_coef 0.04); kl_coef stays fixed (adaptive_kl steers the reward's KL)."""
+    loss_agg: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"] = "token-mean"
+    """How the per-token policy loss (and the entropy bonus and KL term) is averaged: over every
+    valid token (token-mean: PPO as in TRL; DAPO, Yu et al. 2025), per response then over responses
+    (seq-mean-token-mean: GRPO's formula, a length bias), or summed per response then averaged
+    (seq-mean-token-sum: Dr. GRPO, Liu et al. 2025). Micro-batches are weighted to give the
+    minibatch's aggregate."""
+    clip_eps_low: Optional[float] = None
+    """Lower clip range of the ratio (1 - clip_eps_low); null = clip_eps."""
+    clip_eps_high: Optional[float] = None
+    """Upper clip range of the ratio (1 + clip_eps_high); null = clip_eps. DAPO's clip-higher (Yu et
+    al. 2025) uses 0.2 low / 0.28 high: low-probability tokens with a positive advantage grow further."""
 
     def validate(self, prefix: str = "ppo") -> None:
         require(self.iterations >= 1, f"{prefix}.iterations", "must be >= 1")
@@ -153,6 +197,34 @@ class PPOAlgoConfig:
         require(self.critic_lr > 0, f"{prefix}.critic_lr", "must be > 0")
         require(self.max_grad_norm is None or self.max_grad_norm > 0, f"{prefix}.max_grad_norm", "must be > 0 or null")
         require(self.entropy_coef >= 0, f"{prefix}.entropy_coef", "must be >= 0")
+        self._validate_estimator(prefix)
+
+    def _validate_estimator(self, prefix: str) -> None:
+        """The keys of the estimator and its knobs (advantage ... clip_eps_high)."""
+        if self.advantage not in ADVANTAGE_NAMES:
+            close = difflib.get_close_matches(self.advantage, ADVANTAGE_NAMES, n=1, cutoff=0.6)
+            hint = f" (did you mean '{close[0]}'?)" if close else ""
+            require(False, f"{prefix}.advantage",
+                    f"unknown estimator {self.advantage!r}{hint}; known: {', '.join(ADVANTAGE_NAMES)}")
+        K = self.samples_per_prompt
+        require(K >= 1, f"{prefix}.samples_per_prompt", f"must be >= 1, got {K}")
+        require(self.rollout_batch_size % K == 0, f"{prefix}.samples_per_prompt",
+                f"{K} does not divide rollout_batch_size={self.rollout_batch_size} (the responses per "
+                "iteration: an iteration draws rollout_batch_size / samples_per_prompt prompts)")
+        require(K >= 2 or self.advantage not in ZERO_AT_ONE_SAMPLE, f"{prefix}.samples_per_prompt",
+                f"advantage={self.advantage} needs >= 2 samples per prompt (with 1 every advantage is 0), e.g. 4")
+        require(not self.whiten_rewards or self.advantage in CRITIC_ADVANTAGES, f"{prefix}.whiten_rewards",
+                f"applies to advantage=gae only (advantage={self.advantage} normalises its own advantages)")
+        require(not (self.adaptive_kl and self.kl_in == "loss"), f"{prefix}.adaptive_kl",
+                "steers the KL in the reward; kl_in=loss takes the fixed kl_coef")
+        for key in ("clip_eps_low", "clip_eps_high"):
+            value = getattr(self, key)
+            require(value is None or value > 0, f"{prefix}.{key}", f"must be > 0 or null, got {value}")
+
+    @property
+    def loads_critic(self) -> bool:
+        """The run loads and trains a critic: advantage gae with use_critic."""
+        return self.use_critic and self.advantage in CRITIC_ADVANTAGES
 
     @property
     def steps_per_iteration(self) -> int:
@@ -173,6 +245,6 @@ class PPOConfig:
     def validate(self, prefix: str = "") -> None:
         require((self.model.reward is None) != (self.model.reward_fn is None), "model.reward",
                 "set exactly one of model.reward (a reward-model directory) and model.reward_fn")
-        if self.model.reward is None and self.ppo.use_critic and self.model.critic is None:
+        if self.model.reward is None and self.ppo.loads_critic and self.model.critic is None:
             require(self.model.critic_init == "policy", "model.critic_init",
                     "'reward' needs model.reward; use critic_init=policy with a reward_fn")

@@ -32,7 +32,8 @@ under the names it returns; it never affects training."""
 
 @dataclass
 class Roles:
-    """The four roles of classic RLHF. ``critic`` is None for REINFORCE and the no-critic ablation."""
+    """The four roles of classic RLHF. ``critic`` is None for REINFORCE, the no-critic ablation and
+    the critic-free advantage estimators."""
 
     tokenizer: object
     policy: torch.nn.Module
@@ -112,6 +113,17 @@ class PromptStream:
     def load_state_dict(self, state: dict) -> None:
         self.sampler.load_state_dict(state)
         self._it = self.sampler.batches()
+
+
+def repeat_prompts(texts: list[str], ids: torch.Tensor, mask: torch.Tensor, k: int
+                   ) -> tuple[list[str], torch.Tensor, torch.Tensor]:
+    """Each prompt ``k`` times on consecutive rows (prompt i on rows i*k ... i*k + k - 1), the
+    group of a group-baseline estimator: ``ids``, ``mask`` ``[n, P] -> [n * k, P]``. ``k = 1``
+    returns the inputs themselves."""
+    if k == 1:
+        return texts, ids, mask
+    return ([t for t in texts for _ in range(k)], ids.repeat_interleave(k, dim=0),
+            mask.repeat_interleave(k, dim=0))
 
 
 @dataclass

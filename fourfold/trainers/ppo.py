@@ -2,7 +2,7 @@
 
 One iteration, as numbered in :func:`train`:
 
-1. sample prompts;
+1. sample prompts (rollout_batch_size / K of them, each repeated on K consecutive rows);
 2. generate with the policy, keeping its log-probs as pi_old;
 3. score: reference log-probs, critic values and the frozen reward model's score;
 4. per-token rewards: -kl_coef * KL_t on every token, the score added on the last one;
@@ -10,6 +10,12 @@ One iteration, as numbered in :func:`train`:
 6. several epochs over shuffled minibatches: the clipped surrogate for the policy, the clipped
    value loss for the critic (each with its own AdamW, grad clipping and linear LR decay);
 7. update the KL controller, log, checkpoint.
+
+That is PPO's default (``ppo.advantage: gae``). Step 5 calls the estimator registered under
+``ppo.advantage`` in :mod:`fourfold.core.estimators`; one that needs no critic (grpo, dr_grpo,
+rloo, reinforce_pp) loads none, so step 3 has no critic pass and step 6 no value loss. With
+``ppo.kl_in: loss`` step 4 leaves the KL out of the rewards and step 6 adds kl_coef * k3 KL to the
+policy loss (GRPO's); ``ppo.loss_agg`` and ``ppo.clip_eps_low/high`` shape the surrogate.
 
 Efficiency notes: reference/reward/critic passes run once per iteration (never inside the epochs);
 minibatches are trimmed to their longest valid response; the LM head is applied only at response
@@ -28,33 +34,46 @@ import torch
 from fourfold.config import PPOAlgoConfig, PPOConfig
 from fourfold.core import (
     AdaptiveKLController,
+    AdvantageInputs,
     FixedKLController,
     Rollout,
+    aggregate_loss,
+    aggregation_units,
     discounted_returns,
     explained_variance,
-    gae,
+    get_advantage_estimator,
+    kl_loss,
     masked_mean,
     masked_whiten,
     ppo_policy_loss,
     value_loss,
 )
+from fourfold.errors import ConfigError
 from fourfold.models.roles import ScalarModel, response_logprobs
 from fourfold.trainers.common import NonFiniteGuard, guarded_step, make_optimizer, make_schedule, save_hf
-from fourfold.trainers.lm import Probe, PromptStream, Roles, collect, load_roles
+from fourfold.trainers.lm import Probe, PromptStream, Roles, collect, load_roles, repeat_prompts
 from fourfold.trainers.scaffold import RunScaffold
 
 
 def compute_advantages(rollout: Rollout, algo: PPOAlgoConfig) -> Rollout:
-    """Step 5: GAE advantages and returns (or whitened returns without a critic)."""
+    """Step 5: advantages and returns by the estimator registered under ``algo.advantage`` (GAE
+    with the critic by default; or the whitened returns without a critic, ``use_critic: false``).
+
+    ``whiten_rewards`` and ``whiten_advantages`` apply around an estimator that needs a critic
+    (gae); the critic-free ones normalise their own advantages, and the K samples of a prompt are
+    their ``samples_per_prompt`` consecutive rows."""
     mask, rewards = rollout.mask, rollout.rewards
     if algo.whiten_rewards:
         rewards = masked_whiten(rewards, mask, shift_mean=False)
-    if algo.use_critic:
-        advantages, returns = gae(rewards, rollout.values, mask, algo.gamma, algo.lam)
-    else:  # ablation: no value baseline, the return itself is the advantage signal
+    estimator = get_advantage_estimator(algo.advantage)
+    if estimator.needs_critic and not algo.use_critic:
+        # ablation: no value baseline, the return itself is the advantage signal
         returns = discounted_returns(rewards, mask, algo.gamma)
         advantages = returns
-    if algo.whiten_advantages:
+    else:
+        advantages, returns = estimator(AdvantageInputs(rewards, mask, rollout.values, algo.samples_per_prompt,
+                                                        algo.gamma, algo.lam))
+    if algo.whiten_advantages and estimator.needs_critic:
         advantages = masked_whiten(advantages, mask)
     rollout.advantages, rollout.returns = advantages, returns
     return rollout
@@ -105,39 +124,58 @@ def make_optim(roles: Roles, algo: PPOAlgoConfig) -> Optim:
     return Optim(popt, psched, copt, csched)
 
 
-def _micro(mb: Rollout, micro: Optional[int]):
+def _micro(mb: Rollout, micro: Optional[int], agg: str = "token-mean"):
+    """Row-wise micro-batches of ``micro`` rows (trimmed), each with its weight
+    aggregation_units(part) / aggregation_units(mb) for the loss aggregation ``agg`` (tokens for
+    token-mean, responses for the seq-mean modes): the weighted sum of the parts' aggregates is the
+    minibatch's."""
     n = mb.batch_size
     size = micro or n
-    total_tokens = max(float(mb.mask.sum()), 1.0)
+    total = max(float(aggregation_units(mb.mask, agg)), 1.0)
     for i in range(0, n, size):
         part = trim(mb.select(slice(i, i + size)))
-        yield part, float(part.mask.sum()) / total_tokens
+        yield part, float(aggregation_units(part.mask, agg)) / total
 
 
 def policy_step(policy, mb: Rollout, algo: PPOAlgoConfig, opt: Optim, temperature: float, guard: NonFiniteGuard, where: str) -> dict:
-    """One optimizer step of the clipped surrogate on a minibatch (accumulated over micro-batches)."""
+    """One optimizer step of the policy loss on a minibatch (accumulated over micro-batches): the
+    clipped surrogate (``clip_eps_low/high``), minus the entropy bonus, plus ``kl_coef`` x the k3 KL
+    to the reference under ``kl_in: loss``, each aggregated by ``loss_agg``. The loss is logged as
+    the minibatch's aggregate, the other statistics as means over its valid tokens."""
     stats_sum: dict[str, float] = {}
+    total_tokens = max(float(mb.mask.sum()), 1.0)
 
     def micro_losses():
-        for part, weight in _micro(mb, algo.micro_batch_size):
+        for part, weight in _micro(mb, algo.micro_batch_size, algo.loss_agg):
             T = part.mask.shape[1]
             logprobs, entropy = response_logprobs(
                 policy, part.context["input_ids"], part.context["attention_mask"], T, temperature,
                 with_entropy=algo.entropy_coef > 0,
             )
-            loss, stats = ppo_policy_loss(logprobs, part.logprobs, part.advantages, part.mask, algo.clip_eps)
+            loss, stats = ppo_policy_loss(logprobs, part.logprobs, part.advantages, part.mask, algo.clip_eps,
+                                          clip_eps_low=algo.clip_eps_low, clip_eps_high=algo.clip_eps_high,
+                                          agg=algo.loss_agg)
             if algo.entropy_coef > 0:
-                loss = loss - algo.entropy_coef * masked_mean(entropy, part.mask)
+                loss = loss - algo.entropy_coef * aggregate_loss(entropy, part.mask, algo.loss_agg)
+            if algo.kl_in == "loss":
+                kl, kl_stats = kl_loss(logprobs, part.ref_logprobs, part.mask, "k3", algo.loss_agg)
+                loss = loss + algo.kl_coef * kl
+                stats["kl_loss"] = kl_stats["kl"]
             yield loss * weight, {"policy_loss": loss.detach()}
-            for k, v in {"loss": loss.detach(), **stats}.items():
-                stats_sum[k] = stats_sum.get(k, 0.0) + float(v) * weight
+            stats_sum["loss"] = stats_sum.get("loss", 0.0) + float(loss.detach()) * weight
+            share = float(part.mask.sum()) / total_tokens  # = weight under token-mean
+            for k, v in stats.items():
+                stats_sum[k] = stats_sum.get(k, 0.0) + float(v) * share
 
     norm, _ = guarded_step(policy, opt.policy_opt, opt.policy_sched, algo.max_grad_norm, guard, where,
                            micro_losses(), schedule_on_skip=False)
     if norm is None:
         return {"policy/loss": float("nan")}
-    return {"policy/loss": stats_sum["loss"], "policy/clipfrac": stats_sum["clipfrac"],
-            "policy/approx_kl": stats_sum["approx_kl"], "policy/grad_norm": norm}
+    out = {"policy/loss": stats_sum["loss"], "policy/clipfrac": stats_sum["clipfrac"],
+           "policy/approx_kl": stats_sum["approx_kl"], "policy/grad_norm": norm}
+    if "kl_loss" in stats_sum:
+        out["policy/kl_loss"] = stats_sum["kl_loss"]
+    return out
 
 
 def critic_step(critic: ScalarModel, mb: Rollout, algo: PPOAlgoConfig, opt: Optim, guard: NonFiniteGuard, where: str) -> dict:
@@ -206,7 +244,8 @@ def _set_up(cfg: PPOConfig, run: RunScaffold, roles: Roles, prompts: Optional[Se
     checkpoints and resumed from the latest one when asked. Returns (opt, stream, kl_ctl, start)."""
     algo = cfg.ppo
     opt = make_optim(roles, algo)
-    stream = PromptStream(cfg.data, roles.tokenizer, algo.rollout_batch_size, cfg.run.seed, prompts=prompts)
+    n_prompts = algo.rollout_batch_size // algo.samples_per_prompt
+    stream = PromptStream(cfg.data, roles.tokenizer, n_prompts, cfg.run.seed, prompts=prompts)
     kl_ctl = (AdaptiveKLController(algo.kl_coef, algo.kl_target, algo.kl_horizon) if algo.adaptive_kl
               else FixedKLController(algo.kl_coef))
     modules, optimizers, schedulers = {"policy": roles.policy}, {"policy": opt.policy_opt}, {"policy": opt.policy_sched}
@@ -234,24 +273,27 @@ def train(cfg: PPOConfig, *, prompts: Optional[Sequence[str]] = None, probe: Opt
     # 0. set-up: seed, run directory, roles, optimisers, prompt stream, KL controller, resume
     run = RunScaffold(cfg)
     device = run.hf_device()
-    roles = roles or load_roles(cfg.model, device, with_critic=algo.use_critic)
+    if roles is not None and roles.critic is not None and not get_advantage_estimator(algo.advantage).needs_critic:
+        raise ConfigError(f"ppo.advantage: {algo.advantage} uses no critic, but the roles passed in have one")
+    roles = roles or load_roles(cfg.model, device, with_critic=algo.loads_critic)
     opt, stream, kl_ctl, start = _set_up(cfg, run, roles, prompts)
     guard = run.guard
     last: dict = {}
     with run.loop(total=algo.iterations, desc="ppo", key_metrics=("reward/score_mean", "kl/k1")) as logger:
         for it in range(start + 1, algo.iterations + 1):
             t_iter = time.perf_counter()
-            # 1. sample prompts
-            texts, prompt_ids, prompt_mask = stream.next(device)
+            # 1. sample prompts, each on samples_per_prompt consecutive rows
+            texts, prompt_ids, prompt_mask = repeat_prompts(*stream.next(device), algo.samples_per_prompt)
             # 2-4. generate (pi_old), score (reference, critic, reward), per-token rewards
-            col = collect(roles, texts, prompt_ids, prompt_mask, gen, kl_coef=kl_ctl.value,
+            col = collect(roles, texts, prompt_ids, prompt_mask, gen,
+                          kl_coef=kl_ctl.value if algo.kl_in == "reward" else 0.0,
                           kl_estimator=algo.kl_estimator, probe=probe, concurrent=cfg.run.concurrent_roles)
             rollout = col.rollout
             if not guard.ok("reward_score", rollout.scores, f"iteration {it}"):
                 run.log_skips(it)
                 run.stop_if_stuck(it - 1)
                 continue
-            # 5. advantages (GAE with the critic) and returns
+            # 5. advantages (GAE with the critic, or a critic-free estimator) and returns
             rollout = compute_advantages(rollout, algo)
             if not guard.ok("advantages", rollout.advantages, f"iteration {it}"):
                 run.log_skips(it)

@@ -1,0 +1,83 @@
+"""The PPO section's estimator keys (advantage, samples_per_prompt, kl_in, loss_agg, clip_eps_low/high):
+the names the config repeats match fourfold.core's registry, one-line errors, which runs load a critic."""
+import typing
+from pathlib import Path
+
+import pytest
+import torch
+
+from fourfold.config import ConfigError, PPOAlgoConfig, PPOConfig, load_config
+from fourfold.config.ppo import ADVANTAGE_NAMES, CRITIC_ADVANTAGES, ZERO_AT_ONE_SAMPLE
+from fourfold.core import ADVANTAGE_ESTIMATORS, LOSS_AGG_MODES, AdvantageInputs
+
+ROOT = Path(__file__).resolve().parents[1]
+OK = ["model.policy=sft", "model.reward=rm", "data.prompts=p.jsonl"]
+FN = ["model.policy=sft", "model.reward_fn=rewards.py:score", "data.prompts=p.jsonl"]
+
+
+def err(overrides):
+    with pytest.raises(ConfigError) as e:
+        load_config(PPOConfig, None, overrides)
+    assert "\n" not in str(e.value)
+    return str(e.value)
+
+
+def test_the_config_names_the_registered_estimators():
+    assert sorted(ADVANTAGE_NAMES) == sorted(ADVANTAGE_ESTIMATORS)
+    assert sorted(CRITIC_ADVANTAGES) == sorted(n for n, fn in ADVANTAGE_ESTIMATORS.items() if fn.needs_critic)
+    assert typing.get_args(typing.get_type_hints(PPOAlgoConfig)["loss_agg"]) == LOSS_AGG_MODES
+
+
+def test_zero_at_one_sample_names_the_estimators_that_cannot_learn_from_one_sample():
+    g = torch.Generator().manual_seed(0)
+    mask = torch.ones(6, 5)
+    inputs = AdvantageInputs(torch.randn(6, 5, generator=g), mask, torch.randn(6, 5, generator=g), group_size=1)
+    all_zero = {name for name, fn in ADVANTAGE_ESTIMATORS.items() if torch.all(fn(inputs)[0] == 0)}
+    assert all_zero == set(ZERO_AT_ONE_SAMPLE)
+
+
+@pytest.mark.parametrize("overrides,fragment", [
+    (["ppo.advantage=gpro"], "ppo.advantage: unknown estimator 'gpro' (did you mean 'grpo'?); known: gae, grpo, dr_grpo"),
+    (["ppo.advantage=ppo"], "ppo.advantage: unknown estimator 'ppo'; known:"),
+    (["ppo.samples_per_prompt=3"], "ppo.samples_per_prompt: 3 does not divide rollout_batch_size=64"),
+    (["ppo.samples_per_prompt=0"], "ppo.samples_per_prompt: must be >= 1"),
+    (["ppo.advantage=grpo"], "ppo.samples_per_prompt: advantage=grpo needs >= 2 samples per prompt"),
+    (["ppo.advantage=dr_grpo"], "ppo.samples_per_prompt: advantage=dr_grpo needs >= 2 samples per prompt"),
+    (["ppo.advantage=rloo", "ppo.whiten_rewards=true"], "ppo.whiten_rewards: applies to advantage=gae only"),
+    (["ppo.kl_in=loss", "ppo.adaptive_kl=true"], "ppo.adaptive_kl: steers the KL in the reward"),
+    (["ppo.kl_in=both"], "ppo.kl_in: expected one of 'reward', 'loss'"),
+    (["ppo.loss_agg=seq-mean"], "ppo.loss_agg: expected one of 'token-mean', 'seq-mean-token-mean'"),
+    (["ppo.clip_eps_high=0"], "ppo.clip_eps_high: must be > 0 or null"),
+    (["ppo.clip_eps_low=-0.1"], "ppo.clip_eps_low: must be > 0 or null"),
+])
+def test_impossible_estimator_settings_are_one_line_errors(overrides, fragment):
+    assert fragment in err(OK + overrides)
+
+
+def test_critic_free_estimators_load_no_critic_and_need_no_critic_init():
+    # a reward function and the default critic_init=reward: only a run with a critic needs a fix
+    assert "model.critic_init: 'reward' needs model.reward" in err(FN)
+    for extra in (["ppo.advantage=grpo", "ppo.samples_per_prompt=4"], ["ppo.advantage=rloo"],
+                  ["ppo.advantage=reinforce_pp"], ["ppo.use_critic=false"]):
+        assert not load_config(PPOConfig, None, FN + extra).ppo.loads_critic, extra
+    assert load_config(PPOConfig, None, OK).ppo.loads_critic
+    # use_critic does not bring a critic to an estimator that reads none
+    assert not PPOAlgoConfig(advantage="reinforce_pp", use_critic=True).loads_critic
+
+
+def test_rollout_batch_size_stays_the_responses():
+    cfg = load_config(PPOConfig, None, OK + ["ppo.advantage=grpo", "ppo.samples_per_prompt=8", "ppo.rollout_batch_size=32",
+                                             "ppo.minibatch_size=8"])
+    assert cfg.ppo.rollout_batch_size // cfg.ppo.samples_per_prompt == 4
+    assert cfg.ppo.steps_per_iteration == 4 * 4  # minibatches count responses, as with one sample per prompt
+
+
+@pytest.mark.parametrize("name,advantage,k,kl_in,loss_agg", [
+    ("grpo", "grpo", 8, "loss", "seq-mean-token-mean"),
+    ("rloo", "rloo", 4, "reward", "token-mean"),
+    ("reinforce_pp", "reinforce_pp", 1, "reward", "token-mean"),
+])
+def test_estimator_examples_load(name, advantage, k, kl_in, loss_agg):
+    ppo = load_config(PPOConfig, ROOT / "examples" / f"{name}.yaml").ppo
+    assert (ppo.advantage, ppo.samples_per_prompt, ppo.kl_in, ppo.loss_agg) == (advantage, k, kl_in, loss_agg)
+    assert not ppo.loads_critic
