@@ -21,12 +21,14 @@ from fourfold.core.estimators import (
     register_advantage_estimator,
 )
 from fourfold.core.kl import KL_KINDS, AdaptiveKLController, FixedKLController, kl_estimate, token_rewards
-from fourfold.core.logprobs import entropy_from_logits, logprobs_from_logits
+from fourfold.core.logprobs import entropy_from_logits, logprobs_from_logits, sequence_logprobs
 from fourfold.core.losses import (
+    DPO_LOSSES,
     LOSS_AGG_MODES,
     aggregate_loss,
     aggregation_units,
     bradley_terry_loss,
+    dpo_loss,
     kl_loss,
     ppo_policy_loss,
     reinforce_loss,
@@ -61,6 +63,7 @@ __all__ = [
     "mask_until_eos",
     "logprobs_from_logits",
     "entropy_from_logits",
+    "sequence_logprobs",
     "KL_KINDS",
     "kl_estimate",
     "token_rewards",
@@ -86,4 +89,6 @@ __all__ = [
     "reinforce_loss",
     "bradley_terry_loss",
     "sft_loss",
+    "DPO_LOSSES",
+    "dpo_loss",
 ]

@@ -16,6 +16,8 @@ from typing import Callable
 import torch
 from torch import Tensor
 
+from fourfold.core.masks import masked_sum
+
 _BLOCK_ELEMENTS = 1 << 24  # 16M elements: 64 MiB per float32 block
 
 
@@ -176,3 +178,15 @@ def entropy_from_logits(logits: Tensor, temperature: float = 1.0) -> Tensor:
     """
     _check_temperature(temperature)
     return _Entropy.apply(logits, float(temperature))
+
+
+def sequence_logprobs(token_logprobs: Tensor, mask: Tensor) -> Tensor:
+    """log pi(response | prompt) of each sequence: the sum of its valid tokens' log-probs.
+
+        seq[b] = sum_t mask[b, t] * token_logprobs[b, t]
+
+    Shapes: ``token_logprobs``, ``mask`` ``[B, T]`` (any ``[..., T]``) -> ``[B]``. Masked entries
+    (padding, even -inf) never count, and their gradient is exactly 0; a row without a valid token
+    sums to 0. Differentiable w.r.t. ``token_logprobs``.
+    """
+    return masked_sum(token_logprobs, mask, dim=-1)

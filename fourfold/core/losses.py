@@ -1,5 +1,6 @@
 """Training losses: PPO clipped policy loss, (clipped) value loss, REINFORCE, Bradley-Terry
-reward-model loss, SFT cross-entropy, the KL-to-reference loss term; how a per-token loss is
+reward-model loss, SFT cross-entropy, the KL-to-reference loss term, DPO (and IPO) on sequence
+log-probs; how a per-token loss is
 aggregated over a batch (``aggregate_loss``). Each loss returns ``(loss, stats)``: ``loss`` a 0-d
 tensor to backpropagate, ``stats`` a dict of detached 0-d tensors for logging (no host sync)."""
 
@@ -19,6 +20,9 @@ Stats = dict[str, Tensor]
 
 
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
+
+DPO_LOSSES = ("sigmoid", "ipo")
+"""The preference losses :func:`dpo_loss` knows (``dpo.loss``): DPO's and IPO's."""
 
 
 def _zero(x: Tensor) -> Tensor:
@@ -260,3 +264,61 @@ def sft_loss(logits: Tensor, labels: Tensor, mask: Tensor) -> tuple[Tensor, Stat
         correct = (logits.argmax(dim=-1) == safe_labels).float()
         stats = {"ppl": torch.exp(loss.detach()), "token_accuracy": masked_mean(correct, m)}
     return loss, stats
+
+
+def dpo_loss(
+    policy_chosen_logps: Tensor,
+    policy_rejected_logps: Tensor,
+    ref_chosen_logps: Tensor,
+    ref_rejected_logps: Tensor,
+    beta: float = 0.1,
+    label_smoothing: float = 0.0,
+    kind: str = "sigmoid",
+) -> tuple[Tensor, Stats]:
+    """Direct preference optimisation on sequence log-probs (sums over each response's tokens,
+    :func:`~fourfold.core.logprobs.sequence_logprobs`), with pc, pr the policy's and rc, rr the
+    reference's log-probs of the chosen and the rejected response, and the log-ratio margin
+
+        h = (pc - rc) - (pr - rr)
+
+    kind 'sigmoid' (DPO, Rafailov et al. 2023; eps = ``label_smoothing``, the conservative DPO of
+    Mitchell 2023: each label is taken to be flipped with probability eps):
+
+        loss = mean( -(1 - eps) * log sigmoid(beta * h) - eps * log sigmoid(-beta * h) )
+
+    kind 'ipo' (IPO, Azar et al. 2023: regresses h to a finite target instead of pushing it to
+    infinity; ``label_smoothing`` must be 0):
+
+        loss = mean( (h - 1 / (2 * beta))^2 )
+
+    The implicit rewards are r_c = beta * (pc - rc) and r_r = beta * (pr - rr) (DPO's reward of a
+    response, up to the prompt's constant). ``ref_*`` are constants (detached); gradients flow into
+    ``policy_*``. Shapes: all ``[B]`` (any matching shape). ``beta`` must be > 0; an unknown
+    ``kind`` raises ValueError naming the kinds.
+
+    stats (0-d, detached): ``reward_margin`` mean r_c - r_r (= beta * h); ``accuracy`` share of
+    pairs with r_c > r_r strictly; ``chosen_reward``, ``rejected_reward`` means of r_c and r_r.
+    """
+    if kind not in DPO_LOSSES:
+        raise ValueError(f"unknown DPO loss {kind!r}; expected one of {', '.join(DPO_LOSSES)}")
+    if not beta > 0:
+        raise ValueError(f"beta must be > 0, got {beta}")
+    if kind == "ipo" and label_smoothing != 0:
+        raise ValueError("label_smoothing applies to the sigmoid loss only; ipo has none")
+    chosen_ratio = policy_chosen_logps - ref_chosen_logps.detach()  # (B,) log pi/pi_ref of the chosen
+    rejected_ratio = policy_rejected_logps - ref_rejected_logps.detach()  # (B,)
+    h = chosen_ratio - rejected_ratio
+    if kind == "sigmoid":
+        per_pair = -(1.0 - label_smoothing) * F.logsigmoid(beta * h) - label_smoothing * F.logsigmoid(-beta * h)
+    else:
+        per_pair = (h - 1.0 / (2.0 * beta)) ** 2
+    loss = per_pair.mean()
+    with torch.no_grad():
+        chosen_reward, rejected_reward = beta * chosen_ratio, beta * rejected_ratio
+        stats = {
+            "reward_margin": (chosen_reward - rejected_reward).mean(),
+            "accuracy": (chosen_reward > rejected_reward).to(h.dtype).mean(),
+            "chosen_reward": chosen_reward.mean(),
+            "rejected_reward": rejected_reward.mean(),
+        }
+    return loss, {k: v.detach() for k, v in stats.items()}
