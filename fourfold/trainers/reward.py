@@ -31,18 +31,9 @@ from typing import Optional
 
 import torch
 
-from fourfold.config import InitModelConfig, PreferenceDataConfig, RewardConfig
+from fourfold.config import InitModelConfig, RewardConfig
 from fourfold.core import bradley_terry_loss
-from fourfold.data import (
-    EpochSampler,
-    PreferenceExample,
-    chat_template_renderer,
-    collate_preferences,
-    encode_preferences,
-    line_of,
-    load_preferences,
-)
-from fourfold.errors import DataError
+from fourfold.data import EpochSampler, PreferenceExample, collate_preferences
 from fourfold.models.factory import llama_config, random_scalar_model
 from fourfold.models.loading import ensure_pad_embedding, load_sequence_scorer, load_tokenizer, resolve_dtype
 from fourfold.models.roles import ScalarModel
@@ -55,6 +46,7 @@ from fourfold.trainers.common import (
     save_hf,
     track_steps,
 )
+from fourfold.trainers.pairs import load_examples
 from fourfold.trainers.scaffold import RunScaffold
 
 _WINDOW_KEYS = ("steps", "good_steps", "loss", "correct", "pairs", "margin", "score_sum", "score_sq",
@@ -91,54 +83,6 @@ def load_model(model_cfg: InitModelConfig, device: torch.device) -> tuple[object
         rm.reset_head("normal")  # global RNG: seeded by the caller
     ensure_pad_embedding(rm.hf, tok)
     return tok, rm.to(device)
-
-
-def split_records(data: PreferenceDataConfig, tokenizer, seed: int):
-    """(train records, held-out records or None, LoadResult of train for the skipped rows).
-
-    Held out: ``data.eval`` when given, else ``round(eval_fraction * n)`` pairs (at least one when
-    the fraction is > 0 and there are two or more) drawn by a permutation seeded with ``seed``;
-    both parts keep file order."""
-    render = chat_template_renderer(tokenizer)
-    loaded = load_preferences(data.train, on_error=data.on_error, chat_template=render)
-    records = list(loaded)
-    if data.eval is not None:
-        held = load_preferences(data.eval, on_error=data.on_error, chat_template=render)
-        loaded.skipped.extend(held.skipped)
-        return records, list(held), loaded
-    n = len(records)
-    n_eval = min(n - 1, max(1, round(data.eval_fraction * n))) if data.eval_fraction > 0 and n >= 2 else 0
-    if n_eval == 0:
-        return records, None, loaded
-    g = torch.Generator()
-    g.manual_seed(seed)
-    held_idx = set(torch.randperm(n, generator=g)[:n_eval].tolist())
-    train = [r for i, r in enumerate(records) if i not in held_idx]
-    held = [r for i, r in enumerate(records) if i in held_idx]
-    return train, held, loaded
-
-
-def encode(records, tokenizer, max_len: int, on_error: str, skipped: list[str], what: str) -> list[PreferenceExample]:
-    """Tokenise pairs once: prompt ids (BOS first) + response ids + EOS; over ``max_len`` is an error."""
-    examples = encode_preferences(records, tokenizer, max_len, truncate=False, on_error=on_error, skipped=skipped)
-    if not examples:
-        raise DataError(f"{what}: no usable preference pairs ({len(skipped)} skipped)")
-    return examples
-
-
-def load_examples(cfg: RewardConfig, tokenizer
-                  ) -> tuple[list[PreferenceExample], Optional[list[PreferenceExample]], list[str]]:
-    """(training pairs, held-out pairs or None, messages of the skipped rows in file order), each
-    pair tokenised once."""
-    data, max_len = cfg.data, cfg.train.max_len
-    train_recs, held_recs, loaded = split_records(data, tokenizer, cfg.run.seed)
-    skipped = loaded.skipped
-    train_ex = encode(train_recs, tokenizer, max_len, data.on_error, skipped, data.train)
-    eval_ex = None
-    if held_recs:
-        eval_ex = encode(held_recs, tokenizer, max_len, data.on_error, skipped, data.eval or data.train)
-    skipped.sort(key=lambda msg: (not msg.startswith(f"{data.train}:"), line_of(msg)))  # file order
-    return train_ex, eval_ex, skipped
 
 
 def pair_scores(rm: ScalarModel, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:

@@ -18,7 +18,7 @@ from fourfold.models.loading import load_sequence_scorer, load_tokenizer
 from fourfold.models.roles import ScalarModel
 from fourfold.reporting import is_timing_key, read_metrics
 from fourfold.tasks.tokenizer import build_word_tokenizer
-from fourfold.trainers import reward
+from fourfold.trainers import pairs, reward
 
 WORDS = [f"w{i}" for i in range(20)]
 EXAMPLE = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "reward.yaml")
@@ -188,13 +188,13 @@ def test_resume_after_sigkill_is_exact(toy, tmp_path):
 def test_held_out_split_is_seeded_disjoint_and_complete(toy):
     tok = load_tokenizer(toy["tok"])
     data = PreferenceDataConfig(train=toy["train"], eval_fraction=0.25)
-    train, held, _ = reward.split_records(data, tok, seed=3)
+    train, held, _ = pairs.split_records(data, tok, seed=3)
     assert len(held) == 16 and len(train) == 48
     assert sorted(r.line for r in train + held) == list(range(1, 65))
-    assert [r.line for r in reward.split_records(data, tok, seed=3)[1]] == [r.line for r in held]
-    assert [r.line for r in reward.split_records(data, tok, seed=4)[1]] != [r.line for r in held]
+    assert [r.line for r in pairs.split_records(data, tok, seed=3)[1]] == [r.line for r in held]
+    assert [r.line for r in pairs.split_records(data, tok, seed=4)[1]] != [r.line for r in held]
     none = PreferenceDataConfig(train=toy["train"], eval_fraction=0.0)
-    assert reward.split_records(none, tok, seed=3)[1] is None
+    assert pairs.split_records(none, tok, seed=3)[1] is None
 
 
 def test_bad_pairs_raise_with_file_and_line_or_are_skipped(toy, tmp_path):
