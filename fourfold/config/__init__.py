@@ -13,10 +13,11 @@ Convention (one for every subcommand):
 
 Layout: ``loader`` reads YAML, applies overrides and builds/validates any config dataclass; one
 schema module per stage holds its sections (``run``: the shared RunConfig; ``sft``: the SFT stage
-and the initial-model and training-loop sections the reward stage reuses; ``reward``; ``ppo``: the
-language-model sections shared with ``reinforce`` and ``demo``; ``reinforce``; ``gym``; ``demo``;
-``inference``: ``generate`` and ``score``). Every name is importable from ``fourfold.config``
-itself. The experiments' own settings live with them, in ``fourfold.experiments.config``.
+and the initial-model and training-loop sections the reward stage and DPO reuse; ``reward``;
+``dpo`` (with reward's preference data); ``ppo``: the language-model sections shared with
+``reinforce`` and ``demo``; ``reinforce``; ``gym``; ``demo``; ``inference``: ``generate`` and
+``score``). Every name is importable from ``fourfold.config`` itself. The experiments' own
+settings live with them, in ``fourfold.experiments.config``.
 
 This package imports only the standard library and PyYAML.
 """
@@ -29,6 +30,7 @@ from fourfold.config.demo import (
     DemoRewardConfig,
     DemoSFTConfig,
 )
+from fourfold.config.dpo import DPOAlgoConfig, DPOConfig
 from fourfold.config.gym import (
     GymAgentConfig,
     GymConfig,
@@ -83,6 +85,9 @@ __all__ = [
     "PreferenceDataConfig",
     "RewardLossConfig",
     "RewardConfig",
+    # dpo
+    "DPOAlgoConfig",
+    "DPOConfig",
     # ppo (and the language-model sections shared with reinforce and demo)
     "LMModelConfig",
     "PromptDataConfig",

@@ -4,7 +4,8 @@
   a local ``datasets`` directory (``DIR`` or ``DIR:SPLIT``) or a hub dataset (``NAME:SPLIT``).
 * :mod:`fourfold.data.formats` - typed records and validating loaders (field names documented there).
 * :mod:`fourfold.data.collate` - tokenisation, padding and the resumable :class:`EpochSampler`.
-* :mod:`fourfold.data.responses` - prompt + response rows tokenised and padded as PPO scores them.
+* :mod:`fourfold.data.responses` - prompt + response rows (and preference pairs) tokenised and padded
+  as PPO scores them.
 
 Every problem with a user's file is a one-line :class:`fourfold.errors.DataError` naming the file,
 the line and the problem; loaders and ``encode_*`` take ``on_error="skip"`` to skip and count bad rows.
@@ -46,7 +47,7 @@ from fourfold.data.formats import (
     split_common_prefix,
 )
 from fourfold.data.io import line_of, location, read_records, read_source
-from fourfold.data.responses import ResponseExample, collate_responses, encode_responses
+from fourfold.data.responses import ResponseExample, collate_pair_responses, collate_responses, encode_responses
 
 __all__ = [
     "read_records",
@@ -87,4 +88,5 @@ __all__ = [
     "ResponseExample",
     "encode_responses",
     "collate_responses",
+    "collate_pair_responses",
 ]

@@ -7,6 +7,8 @@ response, EOS included when the response ended. :func:`encode_responses` rebuild
 text (the response's ids, then EOS when ``finished``) and :func:`collate_responses` lays a batch out
 the same way, so a reward model reads its score at the same token (the last valid one) and,
 for the same rows in the same batches, gets the same inputs as PPO's ``score()``.
+:func:`collate_pair_responses` lays out preference pairs that way, so DPO asks its policy and its
+reference role for response log-probs exactly as PPO asks them.
 """
 
 from __future__ import annotations
@@ -17,10 +19,20 @@ from typing import Any
 
 import torch
 
-from fourfold.data.collate import _encode, _need, _Sink, _special, _where, _with_bos, left_pad, right_pad
+from fourfold.data.collate import (
+    PreferenceExample,
+    _encode,
+    _need,
+    _Sink,
+    _special,
+    _where,
+    _with_bos,
+    left_pad,
+    right_pad,
+)
 from fourfold.data.formats import ResponseRecord
 
-__all__ = ["ResponseExample", "encode_responses", "collate_responses"]
+__all__ = ["ResponseExample", "encode_responses", "collate_responses", "collate_pair_responses"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,3 +89,24 @@ def collate_responses(examples: Sequence[ResponseExample], pad_id: int) -> tuple
     response_ids, response_mask = right_pad([e.response_ids for e in examples], pad_id)  # (B, T); T may be 0
     return torch.cat([prompt_ids, response_ids], 1), torch.cat([prompt_mask, response_mask], 1)
 
+
+
+def collate_pair_responses(examples: Sequence[PreferenceExample], pad_id: int) -> dict[str, torch.Tensor]:
+    """Preference pairs in PPO's scoring layout, chosen rows first, then rejected: ``N`` pairs give
+    ``2N`` rows, row ``i`` the prompt + chosen response of pair ``i`` and row ``N + i`` its prompt +
+    rejected response. Prompts left-padded to the longest prompt ``P``, responses (EOS included)
+    right-padded to the longest response ``T``:
+
+    ``input_ids``, ``attention_mask`` ``[2N, P+T]`` and ``response_mask`` ``[2N, T]`` (1 on each
+    response's own tokens), all long."""
+    if len(examples) == 0:
+        raise ValueError("cannot pad an empty batch")
+    rows = [(e.chosen_ids, e.num_prompt_tokens) for e in examples] + [(e.rejected_ids, e.num_prompt_tokens)
+                                                                       for e in examples]
+    prompt_ids, prompt_mask = left_pad([ids[:n] for ids, n in rows], pad_id)  # (2N, P)
+    response_ids, response_mask = right_pad([ids[n:] for ids, n in rows], pad_id)  # (2N, T)
+    return {
+        "input_ids": torch.cat([prompt_ids, response_ids], 1),
+        "attention_mask": torch.cat([prompt_mask, response_mask], 1),
+        "response_mask": response_mask,
+    }
