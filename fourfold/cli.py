@@ -19,6 +19,8 @@ from fourfold.errors import FourfoldError
 STAGES: dict[str, tuple[str, str, str]] = {
     "sft": ("fourfold.config:SFTConfig", "fourfold.trainers.sft:train", "supervised fine-tuning on prompt/completion pairs"),
     "reward": ("fourfold.config:RewardConfig", "fourfold.trainers.reward:train", "reward model from preference pairs (Bradley-Terry)"),
+    "dpo": ("fourfold.config:DPOConfig", "fourfold.trainers.dpo:train",
+            "DPO from preference pairs (no reward model, no sampling; the SFT model is the reference)"),
     "ppo": ("fourfold.config:PPOConfig", "fourfold.trainers.ppo:train", "PPO with policy, reference, reward model and critic"),
     "reinforce": ("fourfold.config:ReinforceConfig", "fourfold.trainers.reinforce:train", "naive REINFORCE baseline"),
     "gym": ("fourfold.config:GymConfig", "fourfold.trainers.gym:train", "PPO / REINFORCE on a Gymnasium environment"),

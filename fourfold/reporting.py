@@ -3,7 +3,7 @@
 Metric names are stable strings documented once, in ``METRICS`` below (the README embeds
 ``metrics_markdown_table()``). Names are ``group/name``; the groups are ``reward/``, ``kl/``,
 ``policy/``, ``value/``, ``rollout/``, ``time/`` for PPO/REINFORCE, ``train/`` for training
-health, ``sft/``, ``rm/`` and ``gym/`` for the other stages, plus the bare counters
+health, ``sft/``, ``rm/``, ``dpo/`` and ``gym/`` for the other stages, plus the bare counters
 ``iteration`` and ``samples``. Timing keys live under ``time/`` and end in ``_s`` (seconds) or
 ``_per_s`` (a rate); ``is_timing_key`` recognises them so that resume-equality tests can drop them.
 
@@ -96,12 +96,14 @@ METRICS: dict[str, str] = {
     "time/train_s": "Seconds spent in optimisation (forward, backward, step) this iteration.",
     "time/iteration_s": "Wall-clock seconds of the whole iteration.",
     "time/checkpoint_s": "Seconds spent writing the last checkpoint.",
-    "time/step_s": "Mean seconds per optimizer step since the previous row (SFT, reward model).",
+    "time/step_s": "Mean seconds per optimizer step since the previous row (SFT, reward model, DPO).",
     "time/gen_tokens_per_s": "Generated response tokens per second of generation time.",
     "time/train_tokens_per_s": "Trained tokens (all epochs) per second of training time.",
     "time/env_steps_per_s": "Environment steps per second of wall-clock time (gym).",
     # training health
     "train/nonfinite_skips": "Updates skipped so far because the loss or gradients were not finite.",
+    "train/lr": "Learning rate of the last optimizer step of the row (DPO).",
+    "train/grad_norm": "Gradient norm before clipping, mean over the row's updates (DPO).",
     # sft
     "sft/loss": "Supervised fine-tuning cross-entropy over response tokens.",
     "sft/token_accuracy": "Share of response tokens whose argmax prediction is the target token.",
@@ -118,6 +120,17 @@ METRICS: dict[str, str] = {
     "rm/grad_norm": "Reward-model gradient norm before clipping.",
     "rm/score_mean": "Mean reward-model score of the training responses (chosen and rejected).",
     "rm/score_std": "Standard deviation of those scores.",
+    # dpo (h = (log pi - log pi_ref)(chosen) - (log pi - log pi_ref)(rejected); implicit reward r = beta (log pi - log pi_ref))
+    "dpo/loss": "DPO loss (dpo.loss: sigmoid or ipo) on the training pairs, mean over steps.",
+    "dpo/reward_margin": "Mean implicit reward margin r_chosen - r_rejected = beta * h over the training pairs.",
+    "dpo/accuracy": "Share of training pairs with r_chosen > r_rejected (strictly).",
+    "dpo/chosen_logps": "Mean policy log-prob of the chosen responses (summed over their tokens).",
+    "dpo/rejected_logps": "Mean policy log-prob of the rejected responses (summed over their tokens).",
+    "dpo/chosen_reward": "Mean implicit reward beta * (log pi - log pi_ref) of the chosen responses.",
+    "dpo/rejected_reward": "Mean implicit reward beta * (log pi - log pi_ref) of the rejected responses.",
+    "dpo/eval_loss": "DPO loss on the held-out pairs.",
+    "dpo/eval_accuracy": "Share of held-out pairs with r_chosen > r_rejected (strictly).",
+    "dpo/eval_reward_margin": "Mean implicit reward margin r_chosen - r_rejected on the held-out pairs.",
     # gym
     "gym/episodic_return": "Mean undiscounted return of the episodes that finished in this rollout.",
     "gym/episodic_length": "Mean length of the episodes that finished in this rollout.",
@@ -139,6 +152,7 @@ METRIC_GROUPS: dict[str, str] = {
     "train": "Training health",
     "sft": "Supervised fine-tuning",
     "rm": "Reward-model training",
+    "dpo": "Direct preference optimisation",
     "gym": "Classic-control PPO",
 }
 

@@ -22,13 +22,15 @@ from fourfold.reporting import (
     token_heatmap_html,
 )
 
-GROUPS = {"reward", "kl", "policy", "value", "rollout", "time", "train", "sft", "rm", "gym"}
+GROUPS = {"reward", "kl", "policy", "value", "rollout", "time", "train", "sft", "rm", "dpo", "gym"}
 REQUIRED = """reward/score_mean reward/score_std reward/gold_mean reward/token_reward_sum_mean
 reward/no_eos_penalised kl/k1 kl/k3 kl/coef policy/loss policy/clipfrac policy/approx_kl policy/entropy
 policy/lr policy/grad_norm value/loss value/clipfrac value/explained_variance value/mean value/lr
 value/grad_norm rollout/response_length rollout/no_eos_share rollout/tokens time/generate_s time/score_s
 time/train_s time/iteration_s time/gen_tokens_per_s time/train_tokens_per_s train/nonfinite_skips sft/loss
-sft/token_accuracy rm/loss rm/accuracy rm/eval_accuracy rm/eval_loss gym/episodic_return
+sft/token_accuracy rm/loss rm/accuracy rm/eval_accuracy rm/eval_loss dpo/loss dpo/reward_margin dpo/accuracy
+dpo/chosen_logps dpo/rejected_logps dpo/chosen_reward dpo/rejected_reward dpo/eval_loss dpo/eval_accuracy
+train/lr train/grad_norm gym/episodic_return
 gym/episodic_length gym/eval_return iteration samples""".split()
 
 

@@ -1,0 +1,248 @@
+"""DPO trainer: the pair layout, learning separable pairs (loss falls from log 2, accuracy rises),
+the exported model under plain transformers, exact resume after SIGKILL, the reference role, IPO,
+config errors and the CLI with examples/dpo.yaml."""
+import json
+import math
+import os
+import random
+import subprocess
+import sys
+import typing
+
+import pytest
+import safetensors.torch
+import torch
+
+from fourfold.checkpoint import latest_checkpoint
+from fourfold.config import ConfigError, DPOAlgoConfig, DPOConfig, load_config
+from fourfold.core import DPO_LOSSES
+from fourfold.data import collate_pair_responses, encode_preferences, load_preferences
+from fourfold.models.factory import llama_config, random_causal_lm
+from fourfold.models.loading import load_causal_lm, load_tokenizer
+from fourfold.models.roles import FrozenReference
+from fourfold.reporting import is_timing_key, read_metrics
+from fourfold.tasks.tokenizer import build_word_tokenizer
+from fourfold.trainers import dpo
+
+WORDS = [f"w{i}" for i in range(20)]
+EXAMPLE = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "dpo.yaml")
+
+
+def _write_jsonl(path, rows):
+    with open(path, "w", encoding="utf-8") as f:
+        for r in rows:
+            f.write(json.dumps(r) + "\n")
+    return str(path)
+
+
+def _pairs(n, seed):
+    """Separable pairs: the chosen response holds 'good', the rejected one 'bad', at a random place
+    among random filler words (responses of different lengths, so padding is exercised)."""
+    rng = random.Random(seed)
+
+    def resp(tag):
+        ws = [rng.choice(WORDS) for _ in range(rng.randrange(2, 5))]
+        ws.insert(rng.randrange(len(ws) + 1), tag)
+        return " ".join(ws)
+
+    return [{"prompt": " ".join(rng.choice(WORDS) for _ in range(rng.randrange(1, 4))),
+             "chosen": resp("good"), "rejected": resp("bad")} for _ in range(n)]
+
+
+def _save_lm(tok, path, seed, vocab=None):
+    lm = random_causal_lm(llama_config(vocab or len(tok), 32, 1, 2, pad_token_id=tok.pad_token_id,
+                                       bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id), seed=seed)
+    lm.save_pretrained(path)
+    tok.save_pretrained(path)
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def toy(tmp_path_factory):
+    """A word tokenizer, a tiny random Llama standing in for the SFT model, separable pairs."""
+    d = tmp_path_factory.mktemp("dpo_toy")
+    build_word_tokenizer(WORDS + ["good", "bad"], d / "tok")
+    tok = load_tokenizer(str(d / "tok"))
+    return {"dir": d, "tok": tok, "sft": _save_lm(tok, d / "sft", seed=0),
+            "train": _write_jsonl(d / "train.jsonl", _pairs(64, 0)), "eval": _write_jsonl(d / "eval.jsonl", _pairs(32, 1))}
+
+
+def _overrides(toy, out, *extra) -> list[str]:
+    return [f"model.path={toy['sft']}", f"data.train={toy['train']}", "train.batch_size=16", "train.lr=1e-2",
+            "train.max_len=16", "train.log_every=1", "run.threads=1", f"run.output_dir={out}", "run.device=cpu",
+            "run.progress=false", "run.tensorboard=false", *extra]
+
+
+def _cfg(toy, out, *extra) -> DPOConfig:
+    return load_config(DPOConfig, None, _overrides(toy, out, *extra))
+
+
+def _rows(out):
+    return [{k: v for k, v in r.items() if not is_timing_key(k)} for r in read_metrics(os.path.join(out, "metrics.jsonl"))]
+
+
+def _weights(path):
+    return safetensors.torch.load_file(str(path))
+
+
+def _plain_logps(model, ids: list[int], n_prompt: int) -> float:
+    """log pi(response | prompt) of one unpadded row with plain transformers: the sum over the
+    response tokens (EOS included) of log_softmax(logits[t - 1])[ids[t]]."""
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([ids])).logits[0].double()  # (L, V)
+    lp = torch.log_softmax(logits[:-1], dim=-1).gather(-1, torch.tensor(ids[1:])[:, None])[:, 0]
+    return float(lp[n_prompt - 1:].sum())
+
+
+def test_pairs_are_laid_out_as_ppo_scores_responses(toy):
+    tok = toy["tok"]
+    examples = encode_preferences(load_preferences(toy["train"]).records[:3], tok, 16)
+    batch = collate_pair_responses(examples, tok.pad_token_id)
+    P = max(e.num_prompt_tokens for e in examples)
+    rows = [(e.chosen_ids, e.num_prompt_tokens) for e in examples] + [(e.rejected_ids, e.num_prompt_tokens)
+                                                                       for e in examples]
+    assert batch["input_ids"].shape == (6, P + batch["response_mask"].shape[1])
+    for b, (ids, n) in enumerate(rows):
+        got = batch["input_ids"][b][batch["attention_mask"][b].bool()].tolist()
+        assert got == ids and ids[0] == tok.bos_token_id and ids[-1] == tok.eos_token_id
+        assert batch["attention_mask"][b, :P].sum() == n  # the prompt, left-padded to P
+        assert batch["response_mask"][b].tolist() == batch["attention_mask"][b, P:].tolist()
+        assert batch["response_mask"][b].sum() == len(ids) - n  # the response + EOS, right-padded
+
+
+def test_loss_falls_and_accuracy_rises_and_the_export_loads_with_plain_transformers(toy, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    out = tmp_path / "run"
+    res = dpo.train(_cfg(toy, out, "train.max_steps=24", f"data.eval={toy['eval']}", "train.eval_every=8"))
+    rows = read_metrics(out / "metrics.jsonl")
+    # step 1 runs the policy at the reference: loss log 2, margin 0
+    assert abs(rows[0]["dpo/loss"] - math.log(2)) < 1e-4 and abs(rows[0]["dpo/reward_margin"]) < 1e-4
+    # measured: eval accuracy 1.0 from step 8 on; eval loss 0.40, 0.24, 0.20 at steps 8, 16, 24;
+    # training loss 0.13 and margin 2.05 at step 24
+    evals = [r for r in rows if "dpo/eval_accuracy" in r]
+    assert [r["step"] for r in evals] == [8, 16, 24]
+    assert evals[0]["dpo/eval_loss"] > evals[1]["dpo/eval_loss"] > evals[2]["dpo/eval_loss"]
+    final = res["final"]
+    assert final["dpo/eval_accuracy"] > 0.9 and final["dpo/accuracy"] > 0.9
+    assert final["dpo/loss"] < 0.25 and final["dpo/eval_loss"] < 0.3
+    assert final["dpo/chosen_reward"] > 0 > final["dpo/rejected_reward"] and final["dpo/eval_reward_margin"] > 1
+    assert final["dpo/chosen_logps"] > final["dpo/rejected_logps"]
+    assert {"train/lr", "train/grad_norm", "train/nonfinite_skips", "time/step_s"} <= set(final)
+
+    # plain transformers loads the export; its sequence log-probs (one unpadded row at a time) are
+    # the trainer's (padded, stacked) and rank the held-out pairs as the trainer's accuracy says
+    policy = AutoModelForCausalLM.from_pretrained(res["model"]).eval()
+    ref = AutoModelForCausalLM.from_pretrained(toy["sft"]).eval()
+    examples = encode_preferences(load_preferences(toy["eval"]).records, load_tokenizer(res["model"]), 16)
+    chosen, rejected = dpo.all_pair_logps(dpo.policy_logprobs(policy), examples, 5, toy["tok"].pad_token_id,
+                                          torch.device("cpu"))
+    plain = [_plain_logps(policy, e.chosen_ids, e.num_prompt_tokens) for e in examples]
+    torch.testing.assert_close(chosen.double(), torch.tensor(plain, dtype=torch.float64), atol=1e-4, rtol=1e-5)
+    wins = [(_plain_logps(policy, e.chosen_ids, e.num_prompt_tokens) - _plain_logps(ref, e.chosen_ids, e.num_prompt_tokens))
+            > (_plain_logps(policy, e.rejected_ids, e.num_prompt_tokens) - _plain_logps(ref, e.rejected_ids, e.num_prompt_tokens))
+            for e in examples]
+    assert sum(wins) / len(wins) == final["dpo/eval_accuracy"]
+    assert bool((chosen > rejected).float().mean() > 0.9)
+
+
+def test_resume_after_sigkill_is_exact(toy, tmp_path):
+    args = ["train.max_steps=14", "data.eval_fraction=0.25", "train.eval_every=5", "train.log_every=3"]
+    full = tmp_path / "full"
+    dpo.train(_cfg(toy, full, *args))
+
+    # a real SIGKILL in the middle of step 11 (no handler runs, no finally): checkpoints at 4 and 8
+    part = tmp_path / "part"
+    script = (
+        "import os, signal, sys\n"
+        "from fourfold.config import DPOConfig, load_config\n"
+        "from fourfold.trainers import common, dpo\n"
+        "real, calls = common.clip_and_step, [0]\n"
+        "def step(*a, **k):\n"
+        "    calls[0] += 1\n"
+        "    if calls[0] == 11:\n"
+        "        os.kill(os.getpid(), signal.SIGKILL)\n"
+        "    return real(*a, **k)\n"
+        "common.clip_and_step = step  # the guarded step calls it through trainers.common\n"
+        "dpo.train(load_config(DPOConfig, None, sys.argv[1:]))\n"
+    )
+    argv = _overrides(toy, part, *args, "run.save_every=4")
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+    proc = subprocess.run([sys.executable, "-c", script, *argv], env=env, capture_output=True, timeout=120)
+    assert proc.returncode == -9, proc.stderr.decode()[-2000:]
+    assert latest_checkpoint(part).name == "step-00000008"
+    assert [r["step"] for r in read_metrics(part / "metrics.jsonl")][-1] == 10  # rows past the checkpoint
+    assert not (part / "model").exists()
+
+    res = dpo.train(_cfg(toy, part, *args, "run.save_every=4", "run.resume=true"))
+    assert _rows(part) == _rows(full)
+    assert "dpo/eval_accuracy" in res["final"]
+    model = [_weights(d / "model" / "model.safetensors") for d in (full, part)]
+    assert model[0].keys() == model[1].keys() and all(torch.equal(model[0][k], model[1][k]) for k in model[0])
+    ck = [_weights(latest_checkpoint(d) / "modules" / "policy.safetensors") for d in (full, part)]
+    assert all(torch.equal(ck[0][k], ck[1][k]) for k in ck[0])
+
+
+def test_a_reference_role_ipo_and_a_reference_of_another_vocabulary(toy, tmp_path):
+    args = ["train.max_steps=2", "data.eval_fraction=0"]
+    dpo.train(_cfg(toy, tmp_path / "default", *args))
+    role = FrozenReference(load_causal_lm(toy["sft"]))
+    dpo.train(_cfg(toy, tmp_path / "role", *args), reference=role)
+    assert _rows(tmp_path / "role") == _rows(tmp_path / "default")
+
+    # IPO at the reference: h = 0, loss = (0 - 1/(2 beta))^2 = 25 for beta 0.1
+    res = dpo.train(_cfg(toy, tmp_path / "ipo", "train.max_steps=1", "data.eval_fraction=0", "dpo.loss=ipo"))
+    assert abs(res["final"]["dpo/loss"] - 25.0) < 1e-3
+
+    other = _save_lm(toy["tok"], tmp_path / "other", seed=1, vocab=len(toy["tok"]) + 3)
+    with pytest.raises(ConfigError, match=r"dpo\.reference: .*other has 29 token embeddings, the policy 26"):
+        dpo.train(_cfg(toy, tmp_path / "bad", *args, f"dpo.reference={other}"))
+
+
+def _err(overrides) -> str:
+    with pytest.raises(ConfigError) as e:
+        load_config(DPOConfig, None, overrides)
+    assert "\n" not in str(e.value)
+    return str(e.value)
+
+
+@pytest.mark.parametrize("overrides,fragment", [
+    (["dpo.beta=0"], "dpo.beta: must be > 0, got 0"),
+    (["dpo.beta=-0.1"], "dpo.beta: must be > 0, got -0.1"),
+    (["dpo.loss=hinge"], "dpo.loss: expected one of 'sigmoid', 'ipo', got 'hinge'"),
+    (["dpo.label_smoothing=0.5"], "dpo.label_smoothing: must be in [0, 0.5), got 0.5"),
+    (["dpo.label_smoothing=-0.1"], "dpo.label_smoothing: must be in [0, 0.5), got -0.1"),
+    (["dpo.loss=ipo", "dpo.label_smoothing=0.1"], "dpo.label_smoothing: applies to loss: sigmoid only"),
+    (["dpo.bta=1"], "dpo.bta: unknown key (did you mean 'dpo.beta'?)"),
+    (["model.path=null", "model.from_scratch=true", "model.tokenizer=t"], "model.from_scratch: DPO starts from a trained"),
+    (["model.path=null"], "model.path: missing"),
+])
+def test_config_errors_are_one_line_and_name_the_key(overrides, fragment):
+    assert fragment in _err(["model.path=sft", "data.train=p.jsonl", *overrides])
+
+
+def test_config_defaults_and_loss_names():
+    cfg = load_config(DPOConfig, None, ["model.path=sft", "data.train=p.jsonl"])
+    assert (cfg.dpo.beta, cfg.dpo.label_smoothing, cfg.dpo.loss, cfg.dpo.reference) == (0.1, 0.0, "sigmoid", None)
+    assert cfg.run.output_dir == "runs/dpo" and cfg.train.lr == 1e-6 and cfg.data.eval_fraction == 0.1
+    assert typing.get_args(typing.get_type_hints(DPOAlgoConfig)["loss"]) == DPO_LOSSES
+
+
+def test_cli_runs_the_example_config(toy, tmp_path, capsys):
+    from fourfold.cli import STAGES, main
+
+    assert STAGES["dpo"][:2] == ("fourfold.config:DPOConfig", "fourfold.trainers.dpo:train")
+    example = load_config(DPOConfig, EXAMPLE)
+    assert example == DPOConfig(model=example.model, data=example.data)  # the example states the defaults
+    assert example.model.path.startswith("path/to/") and example.data.train.startswith("path/to/")
+    out = tmp_path / "cli"
+    overrides = [f"model.path={toy['sft']}", f"data.train={toy['train']}", "train.max_len=16", "train.max_steps=2",
+                 "run.device=cpu", "run.progress=false", "run.tensorboard=false"]
+    assert main(["dpo", "--config", EXAMPLE, "--output-dir", str(out), *overrides]) == 0
+    assert (out / "model" / "model.safetensors").is_file()
+    assert "dpo/eval_accuracy" in read_metrics(out / "metrics.jsonl")[-1]  # default eval_fraction 0.1
+
+    capsys.readouterr()
+    assert main(["dpo", "--config", EXAMPLE, *overrides, "dpo.loss=hinge"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "dpo.loss: expected one of 'sigmoid', 'ipo'" in err
