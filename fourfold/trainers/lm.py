@@ -224,5 +224,5 @@ def sample_rows(col: Collected, tokenizer, probe: Optional[Probe] = None, n: int
     if per_response is not None:
         for name, values in per_response(col.prompts[:n], responses).items():
             for row, value in zip(rows, values):
-                row[name] = float(value)
+                row[name] = value
     return rows
