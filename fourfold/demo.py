@@ -139,7 +139,9 @@ def run(cfg: DemoConfig, *, stop_after: str | None = None) -> dict:
     def sub_run(d: Path, **kw) -> RunConfig:
         return RunConfig(output_dir=str(d), seed=seed, device=cfg.run.device, threads=cfg.run.threads,
                          save_every=kw.get("save_every", cfg.run.save_every), keep_checkpoints=2, resume=True,
-                         progress=cfg.run.progress, tensorboard=False, concurrent_roles=cfg.run.concurrent_roles)
+                         progress=cfg.run.progress, tensorboard=cfg.run.tensorboard,
+                         concurrent_roles=cfg.run.concurrent_roles, report_to=cfg.run.report_to,
+                         samples_every=cfg.run.samples_every)
 
     # 1. corpus, tokenizer, SFT from scratch -> sft/ (the reference)
     def stage_sft(d: Path) -> dict:

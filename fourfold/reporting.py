@@ -12,6 +12,9 @@ the metric keys sorted. Values are JSON numbers (ints stay ints); NaN and +/-inf
 ``null`` (strict JSON that every reader accepts) and therefore read back as ``None``. Every line is
 flushed and fsynced when written, so after a kill at most the last line is partial; readers drop
 it. ``events.jsonl`` holds one object per event: ``{"kind", "step", "wall_time", ...fields}``.
+``samples.jsonl`` (PPO and REINFORCE, every ``run.samples_every`` iterations) holds one object per
+sample completion: ``{"step", "prompt", "response", "score", ...}``. The console lines, the summary
+line and the optional W&B sink are in :mod:`fourfold.sinks`.
 
 Plotting uses matplotlib's object API (``matplotlib.figure.Figure``), imported lazily inside the
 functions: importing this module neither imports matplotlib nor changes its global backend.
@@ -34,6 +37,7 @@ from typing import Any
 
 from fourfold.atomic import write_text_atomic
 from fourfold.errors import DataError
+from fourfold.sinks import fmt_number, plain_line, samples_markdown
 
 __all__ = [
     "METRICS",
@@ -247,14 +251,16 @@ def _jsonable(value: Any) -> Any:
 
 
 class MetricsLogger:
-    """Writes metrics to ``run_dir/metrics.jsonl``, TensorBoard (when installed) and a progress bar.
+    """Writes metrics to ``run_dir/metrics.jsonl``, TensorBoard, extra sinks and the console.
 
-    ``progress``: True shows a rich progress bar when stdout is a TTY; ``"force"`` shows it
-    regardless; False never. ``tensorboard``: write ``run_dir/tensorboard/`` event files when
-    ``torch.utils.tensorboard`` imports (silently skipped otherwise). ``total``: steps of the run,
-    for the bar. ``key_metrics``: shown next to the bar. ``resume_step=N``: keep the complete rows
-    of the existing ``metrics.jsonl`` (and the events) with ``step <= N``, rewritten atomically,
-    then append; ``None``: start both files empty.
+    ``progress``: True shows a rich progress bar when stdout is a TTY and one plain line per
+    logged row otherwise (:func:`fourfold.sinks.plain_line`); ``"force"`` shows the bar regardless;
+    False shows neither. ``tensorboard``: write ``run_dir/tensorboard/`` event files (a one-line
+    warning when ``torch.utils.tensorboard`` does not import). ``sinks``: more sinks (objects with
+    ``log``, ``samples`` and ``close``, see :mod:`fourfold.sinks`). ``total``: steps of the run,
+    for the bar. ``key_metrics``: shown next to the bar and in the plain lines. ``resume_step=N``:
+    keep the complete rows of the existing ``metrics.jsonl`` (and the events and samples) with
+    ``step <= N``, rewritten atomically, then append; ``None``: start the files empty.
     """
 
     def __init__(
@@ -267,18 +273,22 @@ class MetricsLogger:
         desc: str = "",
         key_metrics: Sequence[str] = ("reward/score_mean",),
         resume_step: int | None = None,
+        sinks: Sequence[Any] = (),
     ):
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.metrics_path = self.run_dir / "metrics.jsonl"
         self.events_path = self.run_dir / "events.jsonl"
+        self.samples_path = self.run_dir / "samples.jsonl"
         self.key_metrics = tuple(key_metrics)
         self.resume_step = resume_step
         self.last_step: int | None = resume_step
         self._closed = False
+        self._sinks = list(sinks)
+        self._samples_f = None  # opened by the first samples() call
 
         if resume_step is None:
-            for p in (self.metrics_path, self.events_path):
+            for p in (self.metrics_path, self.events_path, self.samples_path):
                 if p.exists():
                     _rewrite_atomically(p, [])
         else:
@@ -286,22 +296,31 @@ class MetricsLogger:
             _rewrite_atomically(self.metrics_path, kept)
             kept = [line for line, obj in _read_jsonl_lines(self.events_path) if _step_of(obj, keep_none=True) <= resume_step]
             _rewrite_atomically(self.events_path, kept)
+            if self.samples_path.exists():
+                kept = [line for line, obj in _read_jsonl_lines(self.samples_path) if _step_of(obj, keep_none=False) <= resume_step]
+                _rewrite_atomically(self.samples_path, kept)
         self._metrics_f = open(self.metrics_path, "a", encoding="utf-8")
         self._events_f = open(self.events_path, "a", encoding="utf-8")
 
         self._writer = None
+        self.tensorboard_dir: Path | None = None  # set when TensorBoard event files are written
         if tensorboard:
             try:
                 from torch.utils.tensorboard import SummaryWriter
-            except Exception:  # tensorboard not installed (or broken): JSONL is the record
+            except Exception as e:  # tensorboard not installed (or broken): JSONL is the record
+                log.warning("TensorBoard disabled (%s: %s); metrics.jsonl has every metric (pip install tensorboard)",
+                            type(e).__name__, e)
                 SummaryWriter = None
             if SummaryWriter is not None:
                 purge = resume_step + 1 if resume_step is not None else None
-                self._writer = SummaryWriter(log_dir=str(self.run_dir / "tensorboard"), purge_step=purge)
+                self.tensorboard_dir = self.run_dir / "tensorboard"
+                self._writer = SummaryWriter(log_dir=str(self.tensorboard_dir), purge_step=purge)
 
         self._progress = None
         self._task = None
         show = progress == "force" or (progress is True and _stdout_is_tty())
+        self._plain = progress is True and not show  # off a terminal: one plain line per row
+        self._desc, self._total, self._t0 = desc, total, time.perf_counter()
         if show:
             try:
                 from rich.progress import (
@@ -355,11 +374,32 @@ class MetricsLogger:
             for key, value in row.items():
                 if key != "step" and value is not None:
                     self._writer.add_scalar(key, float(value), step)
+        for sink in self._sinks:
+            sink.log(step, row)
         if self._progress is not None:
             shown = "  ".join(
-                f"{k.rsplit('/', 1)[-1]}={row[k]:.4g}" for k in self.key_metrics if isinstance(row.get(k), (int, float))
+                f"{k.rsplit('/', 1)[-1]}={fmt_number(row[k])}" for k in self.key_metrics if isinstance(row.get(k), (int, float))
             )
             self._progress.update(self._task, completed=step, metrics=shown)
+        if self._plain:
+            print(plain_line(self._desc, step, self._total, row, self.key_metrics, time.perf_counter() - self._t0),
+                  flush=True)
+
+    def samples(self, step: int, rows: Sequence[Mapping[str, Any]]) -> None:
+        """Append sample completions (``{"step": step, **row}`` per row, e.g. prompt, response,
+        score) to ``samples.jsonl``, flushed and fsynced, and send them to TensorBoard (a text
+        table) and the sinks."""
+        if self._closed:
+            raise RuntimeError("MetricsLogger.samples after close()")
+        if self._samples_f is None:
+            self._samples_f = open(self.samples_path, "a", encoding="utf-8")
+        rows = [{k: _jsonable(v) for k, v in r.items()} for r in rows]
+        for r in rows:
+            self._write_line(self._samples_f, {"step": int(step), **r})
+        if self._writer is not None:
+            self._writer.add_text("samples", samples_markdown(rows), int(step))
+        for sink in self._sinks:
+            sink.samples(int(step), rows)
 
     def event(self, kind: str, *, step: int | None = None, **fields: Any) -> None:
         """Append ``{"kind", "step", "wall_time", **fields}`` to ``events.jsonl`` (``step``
@@ -399,8 +439,12 @@ class MetricsLogger:
                 pass
         if self._writer is not None:
             self._writer.close()
+        for sink in self._sinks:
+            sink.close()
         self._metrics_f.close()
         self._events_f.close()
+        if self._samples_f is not None:
+            self._samples_f.close()
 
 
 def _step_of(obj: Mapping[str, Any], *, keep_none: bool) -> float:

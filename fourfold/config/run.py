@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional
+from typing import Literal, Optional
 
 from fourfold.config.loader import require
 
@@ -27,21 +27,37 @@ class RunConfig:
     resume: bool = False
     """Continue from the newest complete checkpoint in output_dir when there is one."""
     progress: bool = True
-    """Show a rich progress bar on the terminal."""
+    """Show a rich progress bar on the terminal, and one plain line per logged row when stdout is
+    not a terminal (nohup, Slurm, a pipe); false: neither (the final summary line still prints)."""
     tensorboard: bool = True
-    """Also log to TensorBoard when it is installed."""
+    """Also log to TensorBoard (``run.output_dir/tensorboard/``; a dependency of fourfold, so on by
+    default; a one-line warning when it is not installed)."""
     max_consecutive_skips: int = 3
     """Stop (with a checkpoint of the last good state) after this many non-finite updates in a row."""
     concurrent_roles: bool = False
     """PPO: train the critic in a second thread while the policy trains (and run the reference
     pass beside the critic and reward passes). With threads=1 on a 2-core CPU this keeps both
     cores busy; results are identical to the sequential order."""
+    report_to: list[Literal["tensorboard", "wandb"]] = dataclasses.field(default_factory=list)
+    """More report sinks, e.g. ['wandb'] or ['tensorboard', 'wandb'] (metrics.jsonl is always
+    written). They add to run.tensorboard: TensorBoard is written when run.tensorboard is true or
+    'tensorboard' is listed here (turn it off with run.tensorboard=false and without listing it).
+    'wandb' needs ``pip install 'fourfold[wandb]'``; the project is WANDB_PROJECT (default
+    'fourfold'), WANDB_MODE=offline keeps the run local."""
+    samples_every: int = 10
+    """PPO/REINFORCE: every N iterations (and at the last one) write a few sample completions
+    (prompt, response, score, and the probe's per-response values such as gold) to samples.jsonl
+    and the report sinks; 0: never."""
 
     def validate(self, prefix: str = "run") -> None:
         require(self.save_every >= 0, f"{prefix}.save_every", "must be >= 0")
         require(self.keep_checkpoints >= 1, f"{prefix}.keep_checkpoints", "must be >= 1")
         require(self.threads is None or self.threads >= 1, f"{prefix}.threads", "must be >= 1 or null")
         require(self.max_consecutive_skips >= 1, f"{prefix}.max_consecutive_skips", "must be >= 1")
+        require(self.samples_every >= 0, f"{prefix}.samples_every", "must be >= 0 (0: no samples)")
+        for name in self.report_to:
+            require(name in ("tensorboard", "wandb"), f"{prefix}.report_to",
+                    f"unknown sink {name!r} (known: 'tensorboard', 'wandb')")
         require(
             self.device == "auto" or self.device == "cpu" or self.device.startswith("cuda"),
             f"{prefix}.device",

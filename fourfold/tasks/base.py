@@ -99,10 +99,13 @@ def task_prompts(task: Task, batch_size: int, seed: int) -> list[str]:
 
 def task_probe(task: Task) -> Callable[[list[str], list[str]], dict[str, float]]:
     """A trainer's probe for ``task``: ``probe(prompts, responses)`` returns the responses' mean
-    hidden gold reward as ``{"reward/gold_mean": value}`` (logged, never trained on)."""
+    hidden gold reward as ``{"reward/gold_mean": value}`` (logged, never trained on);
+    ``probe.per_response(prompts, responses)`` gives each response's ``{"gold": [...]}`` for the
+    sample completions."""
 
     def probe(prompts: list[str], responses: list[str]) -> dict[str, float]:
         gold = task.gold_reward(prompts, responses)
         return {"reward/gold_mean": float(sum(gold) / len(gold))}
 
+    probe.per_response = lambda prompts, responses: {"gold": task.gold_reward(prompts, responses)}
     return probe

@@ -5,6 +5,7 @@ two of them need lives here (the run around the loop lives in :mod:`fourfold.tra
 
 from __future__ import annotations
 
+import json
 import math
 import random
 import sys
@@ -164,15 +165,31 @@ def num_steps(max_steps: Optional[int], epochs: float, batches_per_epoch: int) -
 
 
 def save_hf(model, tokenizer, out_dir: str | Path) -> Path:
-    """Write a HF directory (safetensors) atomically: temp sibling dir, swapped into place."""
+    """Write a HF directory (safetensors) atomically: temp sibling dir, swapped into place.
+
+    Next to a generative model (policy, SFT model) the tokenizer is saved with
+    ``padding_side: left``, so that batched ``generate`` works in plain transformers; next to a
+    classifier (reward model, critic) it keeps the library default (right padding, which
+    ``AutoModelForSequenceClassification`` handles: it scores the last non-pad token). fourfold's
+    own loading sets the side itself and pads with its own helpers, so it reads either the same."""
     from fourfold.checkpoint import save_pretrained_atomic
 
     def _save(tmp: Path) -> None:
         model.save_pretrained(tmp, safe_serialization=True)
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
+            if getattr(model, "can_generate", lambda: False)():
+                _set_padding_side(Path(tmp) / "tokenizer_config.json", "left")
 
     return save_pretrained_atomic(_save, out_dir)
+
+
+def _set_padding_side(tokenizer_config: Path, side: str) -> None:
+    """Record ``padding_side`` in a saved ``tokenizer_config.json`` (transformers writes it only
+    when it was an explicit init argument)."""
+    cfg = json.loads(tokenizer_config.read_text(encoding="utf-8"))
+    cfg["padding_side"] = side
+    tokenizer_config.write_text(json.dumps(cfg, indent=2, sort_keys=True, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
 def track_steps(run, name: str, module, optimizer, scheduler, sampler, window: dict) -> int:

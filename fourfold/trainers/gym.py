@@ -403,5 +403,6 @@ def _finish(run: RunScaffold, cfg: GymConfig, progress: _Progress, threshold: Op
     }
     run.write(plot_run, run.out, progress.evals, f"{cfg.algo} on {cfg.env.id}, seed {cfg.run.seed}", threshold)
     run.write((run.out / "summary.json").write_text, json.dumps(summary) + "\n", encoding="utf-8")
-    print(json.dumps(summary), flush=True)
+    run.done("gym", summary=run.out / "summary.json", curve=run.out / "learning_curve.png")
+    print(json.dumps(summary), flush=True)  # the last line: the summary as JSON
     return summary

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import copy
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Optional, Sequence
 
 import torch
@@ -27,7 +27,12 @@ from fourfold.rollout.lm import Samples, decode_responses, sample, score
 Probe = Callable[[list[str], list[str]], dict[str, float]]
 """``probe(prompts, responses) -> {metric name: value}``: extra measurements of each batch of
 responses (e.g. a task's hidden gold reward as ``reward/gold_mean``), logged every iteration
-under the names it returns; it never affects training."""
+under the names it returns; it never affects training. A probe may also carry
+``probe.per_response(prompts, responses) -> {name: [one value per response]}`` (e.g. ``gold``):
+the sample completions (``samples.jsonl``) then show those values next to each response."""
+
+SAMPLE_ROWS = 4
+"""How many completions of a batch (its first rows) a samples log shows."""
 
 
 @dataclass
@@ -215,3 +220,21 @@ def collect(
     if probe is not None:
         metrics.update(probe(prompts, responses))
     return Collected(rollout, samples, prompts, responses, kl, metrics)
+
+
+def sample_rows(col: Collected, tokenizer, probe: Optional[Probe] = None, n: int = SAMPLE_ROWS) -> list[dict]:
+    """The first ``n`` completions of a collected batch as ``samples.jsonl`` rows: ``prompt``,
+    ``response``, ``score`` (the reward the update used, after any missing-EOS penalty) and the
+    probe's ``per_response`` values. Only these ``n`` responses are decoded when ``collect`` did
+    not decode the batch."""
+    n = min(n, len(col.prompts))
+    responses = col.responses[:n] or decode_responses(
+        tokenizer, replace(col.samples, sequences=col.samples.sequences[:n], response_mask=col.samples.response_mask[:n]))
+    rows = [{"prompt": p, "response": r, "score": float(s)}
+            for p, r, s in zip(col.prompts[:n], responses, col.rollout.scores[:n].tolist())]
+    per_response = getattr(probe, "per_response", None)
+    if per_response is not None:
+        for name, values in per_response(col.prompts[:n], responses).items():
+            for row, value in zip(rows, values):
+                row[name] = value
+    return rows

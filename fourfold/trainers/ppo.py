@@ -51,7 +51,7 @@ from fourfold.core import (
 from fourfold.errors import ConfigError
 from fourfold.models.roles import ScalarModel, response_logprobs
 from fourfold.trainers.common import NonFiniteGuard, guarded_step, make_optimizer, make_schedule, save_hf
-from fourfold.trainers.lm import Probe, PromptStream, Roles, collect, load_roles, repeat_prompts
+from fourfold.trainers.lm import Probe, PromptStream, Roles, collect, load_roles, repeat_prompts, sample_rows
 from fourfold.trainers.scaffold import RunScaffold
 
 
@@ -279,7 +279,8 @@ def train(cfg: PPOConfig, *, prompts: Optional[Sequence[str]] = None, probe: Opt
     opt, stream, kl_ctl, start = _set_up(cfg, run, roles, prompts)
     guard = run.guard
     last: dict = {}
-    with run.loop(total=algo.iterations, desc="ppo", key_metrics=("reward/score_mean", "kl/k1")) as logger:
+    with run.loop(total=algo.iterations, desc="ppo",
+                  key_metrics=("reward/score_mean", "reward/gold_mean", "kl/k1")) as logger:
         for it in range(start + 1, algo.iterations + 1):
             t_iter = time.perf_counter()
             # 1. sample prompts, each on samples_per_prompt consecutive rows
@@ -330,11 +331,14 @@ def train(cfg: PPOConfig, *, prompts: Optional[Sequence[str]] = None, probe: Opt
                 metrics["value/explained_variance"] = float(explained_variance(rollout.values, rollout.returns, rollout.mask))
                 metrics["value/mean"] = float(masked_mean(rollout.values, rollout.mask))
             logger.log(it, metrics)
+            if run.samples_due(it, algo.iterations):  # a few completions, decoded only now
+                logger.samples(it, sample_rows(col, roles.tokenizer, probe))
             last = metrics
             run.checkpoint_if_due(it)
         # the final models, loadable with plain transformers
         run.write(save_hf, roles.policy, roles.tokenizer, run.out / "policy")
         if roles.critic is not None:
             run.write(save_hf, roles.critic.hf, roles.tokenizer, run.out / "critic")
+    run.done("ppo", model=run.out / "policy", **({"critic": run.out / "critic"} if roles.critic is not None else {}))
     return {"output_dir": str(run.out), "policy": str(run.out / "policy"), "final": last}
 

@@ -19,7 +19,7 @@ from fourfold.config import ReinforceConfig
 from fourfold.core import FixedKLController, discounted_returns, masked_mean, reinforce_loss
 from fourfold.models.roles import response_logprobs
 from fourfold.trainers.common import guarded_step, make_optimizer, make_schedule, save_hf
-from fourfold.trainers.lm import Probe, PromptStream, Roles, collect, load_roles
+from fourfold.trainers.lm import Probe, PromptStream, Roles, collect, load_roles, sample_rows
 from fourfold.trainers.scaffold import RunScaffold
 
 
@@ -45,7 +45,8 @@ def train(cfg: ReinforceConfig, *, prompts: Optional[Sequence[str]] = None, prob
         start = state["iteration"]
         stream.load_state_dict(state["prompts"])
     last: dict = {}
-    with run.loop(total=algo.iterations, desc="reinforce", key_metrics=("reward/score_mean", "kl/k1")) as logger:
+    with run.loop(total=algo.iterations, desc="reinforce",
+                  key_metrics=("reward/score_mean", "reward/gold_mean", "kl/k1")) as logger:
         for it in range(start + 1, algo.iterations + 1):
             t_iter = time.perf_counter()
             # 1. sample prompts
@@ -81,8 +82,11 @@ def train(cfg: ReinforceConfig, *, prompts: Optional[Sequence[str]] = None, prob
                 "time/iteration_s": time.perf_counter() - t_iter,
             }
             logger.log(it, metrics)
+            if run.samples_due(it, algo.iterations):  # a few completions, decoded only now
+                logger.samples(it, sample_rows(col, roles.tokenizer, probe))
             last = metrics
             run.stop_if_stuck(it)  # skipped steps never touched the weights
             run.checkpoint_if_due(it)
         run.write(save_hf, roles.policy, roles.tokenizer, run.out / "policy")
+    run.done("reinforce", model=run.out / "policy")
     return {"output_dir": str(run.out), "policy": str(run.out / "policy"), "final": last}

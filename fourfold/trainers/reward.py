@@ -232,4 +232,5 @@ def train(cfg: RewardConfig) -> dict:
         run.write(save_hf, rm.hf, tok, run.out / "model")
     if not last:  # resumed a run that had already finished: report its last row
         last = last_metrics_row(run.out)
+    run.done("reward", model=run.out / "model")
     return {"output_dir": str(run.out), "model": str(run.out / "model"), "final": last, "normalization": stats_norm}

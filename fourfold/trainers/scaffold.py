@@ -18,6 +18,7 @@ stays in the trainer, flat and in numbered steps; the scaffold has no hooks::
             logger.log(step, row)
             run.checkpoint_if_due(step, final=step == total)
         run.write(save_hf, model, tokenizer, run.out / "model")
+    run.done("sft", model=run.out / "model")                #    the final summary line
 
 It is shaped for more than one process: ``rank``, ``world_size`` and ``is_main`` are here (one
 process today: rank 0 of 1), and every file the run writes (config, metrics, checkpoints, exported
@@ -28,13 +29,15 @@ belongs.
 from __future__ import annotations
 
 import signal
+import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Iterator, Mapping, Optional, Sequence
 
 import torch
 
-from fourfold.config import save_config
+from fourfold.config import config_to_dict, save_config
+from fourfold.sinks import done_line, open_sinks, require_sinks
 from fourfold.trainers.common import NonFiniteGuard, quiet_transformers, seed_everything
 
 
@@ -53,7 +56,10 @@ class RunScaffold:
 
     def __init__(self, cfg) -> None:
         self.run_cfg = cfg.run
+        self._t0 = time.perf_counter()
         seed_everything(self.run_cfg.seed)  # first: everything after draws from the seeded generators
+        require_sinks(self.run_cfg.report_to)  # before any model loads
+        self._cfg = cfg
         self.out = Path(self.run_cfg.output_dir)
         self.out.mkdir(parents=True, exist_ok=True)
         self.write(save_config, cfg, self.out / "config.yaml")
@@ -151,9 +157,11 @@ class RunScaffold:
         handlers; on the way out the logger is closed and the previous handlers are back."""
         from fourfold.reporting import MetricsLogger
 
-        self.logger = self.write(MetricsLogger, self.out, progress=self.run_cfg.progress,
-                                 tensorboard=self.run_cfg.tensorboard, total=total, desc=desc,
-                                 key_metrics=key_metrics, resume_step=self.resumed_step)
+        rc = self.run_cfg
+        sinks = self.write(open_sinks, rc.report_to, self.out, config=config_to_dict(self._cfg))
+        self.logger = self.write(MetricsLogger, self.out, progress=rc.progress,
+                                 tensorboard=rc.tensorboard or "tensorboard" in rc.report_to, total=total, desc=desc,
+                                 key_metrics=key_metrics, resume_step=self.resumed_step, sinks=sinks)
         previous = _install_stop_handler(self._stop)
         try:
             yield self.logger
@@ -161,6 +169,30 @@ class RunScaffold:
             self.logger.close()
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
+
+    # ---- samples and the end -------------------------------------------------------------------
+
+    def samples_due(self, iteration: int, total: int) -> bool:
+        """Whether ``iteration`` logs sample completions: every ``run.samples_every`` iterations and
+        at the last one (never when it is 0)."""
+        every = self.run_cfg.samples_every
+        return bool(every) and (iteration % every == 0 or iteration == total)
+
+    def done(self, stage: str, **outputs) -> None:
+        """Print the run's final summary line (on every run, terminal or not): the time it took,
+        ``outputs`` (name -> path, e.g. ``model=...``), then the metrics, the samples and
+        TensorBoard files when written, and the checkpoints when there are any."""
+        from fourfold.checkpoint import CHECKPOINTS_DIR, list_checkpoints
+
+        where = dict(outputs, metrics=self.logger.metrics_path)
+        if self.logger.samples_path.is_file() and self.logger.samples_path.stat().st_size:
+            where["samples"] = self.logger.samples_path
+        if self.logger.tensorboard_dir is not None:
+            where["tensorboard"] = self.logger.tensorboard_dir
+        if list_checkpoints(self.out):
+            where["checkpoints"] = self.out / CHECKPOINTS_DIR
+        if self.is_main:
+            print(done_line(stage, time.perf_counter() - self._t0, where), flush=True)
 
 
 def _install_stop_handler(flag: dict) -> dict:

@@ -197,4 +197,5 @@ def train(cfg: SFTConfig) -> dict:
         run.write(save_hf, model, tok, run.out / "model")
     if not last:  # resumed a run that had already finished: report its last row
         last = last_metrics_row(run.out)
+    run.done("sft", model=run.out / "model")
     return {"output_dir": str(run.out), "model": str(run.out / "model"), "final": last}

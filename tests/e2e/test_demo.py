@@ -148,3 +148,17 @@ def test_wellformed_by_length_tool_on_the_quick_demo(quick_demo):
         assert sum(b["n"] for b in buckets.values()) == 48
         wf = sum(b["n"] * b["well_formed"] for b in buckets.values()) / 48
         assert abs(wf - res[name]["well_formed"]) < 1e-3 and 0 <= wf <= 1
+
+
+def test_quick_demo_writes_tensorboard_events_and_samples(quick_demo):
+    """TensorBoard is a dependency and on by default: every trainer stage has event files; the PPO
+    stage logs a few completions with their score and gold every 10 iterations and at the end."""
+    out, _, log = quick_demo
+    for stage in ("sft", "reward", "ppo"):
+        assert list((out / "stages" / stage / "tensorboard").glob("events.out.tfevents.*")), stage
+        assert f"fourfold {stage}: done in " in log
+    rows = read_metrics(out / "stages" / "ppo" / "samples.jsonl")
+    steps = sorted({r["step"] for r in rows})
+    assert steps and all(s % 10 == 0 for s in steps[:-1]) and len(rows) == 4 * len(steps)
+    assert all(isinstance(r["response"], str) and isinstance(r["score"], float) and isinstance(r["gold"], (int, float))
+               for r in rows)
