@@ -82,7 +82,7 @@ def main(argv=None) -> dict:
         runs = []
         for seed in args.seeds:
             out = Path(args.out) / f"{name}_seed{seed}"
-            cfg = load_config(GymConfig, config, [*args.set, f"run.seed={seed}", f"run.output_dir={out}",
+            cfg = load_config(GymConfig, config, ["run.overwrite=true", *args.set, f"run.seed={seed}", f"run.output_dir={out}",
                                                   "run.progress=false", "run.tensorboard=false"])
             threshold = solved_threshold(cfg)
             with contextlib.redirect_stdout(io.StringIO()):  # train() prints its own JSON line

@@ -54,7 +54,9 @@ from fourfold.errors import FourfoldError
 
 __all__ = [
     "CheckpointError",
+    "CorruptCheckpointError",
     "capture_rng_state",
+    "checkpoint_dirs",
     "checkpoint_step",
     "latest_checkpoint",
     "list_checkpoints",
@@ -76,6 +78,11 @@ _KINDS = ("modules", "optimizers", "schedulers")
 
 class CheckpointError(FourfoldError, RuntimeError):
     """A checkpoint is missing, incomplete, or does not hold what the caller asked to load."""
+
+
+class CorruptCheckpointError(CheckpointError):
+    """A checkpoint directory is not whole: no valid manifest, or a file whose sha256 does not match
+    it. Nothing was loaded from it; an older checkpoint may still be good."""
 
 
 # ---- durable file-system primitives --------------------------------------------------------------
@@ -321,6 +328,16 @@ def list_checkpoints(run_dir: str | os.PathLike) -> list[Path]:
     return [p for _, p in sorted(found)]
 
 
+def checkpoint_dirs(run_dir: str | os.PathLike) -> list[Path]:
+    """Every ``step-N`` directory of a run, whole or not, newest (highest step) first: what a
+    resume tries in turn (``.tmp-*`` directories of interrupted saves are not among them)."""
+    root = Path(run_dir) / CHECKPOINTS_DIR
+    if not root.is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in root.iterdir() if (m := _STEP_DIR.match(p.name)) and p.is_dir()]
+    return [p for _, p in sorted(found, reverse=True)]
+
+
 def latest_checkpoint(run_dir: str | os.PathLike) -> Path | None:
     """The newest (highest step) complete checkpoint in ``run_dir/checkpoints``, or None.
     ``.tmp-*`` directories and directories without a valid ``COMPLETE`` manifest are ignored."""
@@ -406,9 +423,9 @@ def save_checkpoint(
             if (tmp / kind).is_dir():
                 _fsync_dir(tmp / kind)
         _fsync_dir(tmp)
-    except BaseException:
+    except BaseException as e:
         _remove(tmp)
-        raise
+        _reraise_naming(e, final)
     _swap_into_place(tmp, final)
     _prune(root, keep)
     return final
@@ -445,18 +462,20 @@ def load_checkpoint(
     path = Path(path)
     manifest = _read_manifest(path)
     if manifest is None:
-        raise CheckpointError(f"{path}: not a complete checkpoint (no valid {COMPLETE} manifest)")
+        raise CorruptCheckpointError(f"{path}: not a complete checkpoint (no valid {COMPLETE} manifest)")
     if verify:
         for rel, info in manifest["files"].items():
             if _sha256(path / rel) != info["sha256"]:
-                raise CheckpointError(f"{path / rel}: sha256 does not match the manifest (corrupted)")
+                raise CorruptCheckpointError(f"{path / rel}: sha256 does not match the manifest (corrupted)")
     groups = {"modules": modules or {}, "optimizers": optimizers or {}, "schedulers": schedulers or {}}
     for kind, objs in groups.items():
         missing = sorted(set(objs) - set(manifest.get(kind, [])))
         if missing:
             raise CheckpointError(f"{path}: no {kind} named {missing} (it has {manifest.get(kind, [])})")
     for name, module in groups["modules"].items():
-        module.load_state_dict(_read_component(path / "modules", name, map_location=map_location))
+        saved = _read_component(path / "modules", name, map_location=map_location)
+        _check_same_shapes(saved, module.state_dict(), f"{path}: modules/{name}")
+        module.load_state_dict(saved)
     for name, opt in groups["optimizers"].items():
         opt.load_state_dict(_read_component(path / "optimizers", name, map_location=map_location))
     for name, sched in groups["schedulers"].items():
@@ -464,6 +483,21 @@ def load_checkpoint(
     if restore_rng:
         restore_rng_state(_read_component(path, "rng", map_location="cpu"))
     return _read_component(path, "state", map_location=map_location)
+
+
+def _check_same_shapes(saved: Mapping[str, Any], current: Mapping[str, Any], where: str) -> None:
+    """One line naming the first key that is missing, extra or of another shape in ``saved``
+    (another architecture than the checkpoint's), instead of torch's multi-line report."""
+    for key, value in current.items():
+        if key not in saved:
+            raise CheckpointError(f"{where}: the checkpoint has no {key} (another architecture?)")
+        old = saved[key]
+        if isinstance(value, torch.Tensor) and isinstance(old, torch.Tensor) and old.shape != value.shape:
+            raise CheckpointError(f"{where}: {key} has shape {list(old.shape)} in the checkpoint but "
+                                  f"{list(value.shape)} in the model (another architecture?)")
+    extra = [key for key in saved if key not in current]
+    if extra:
+        raise CheckpointError(f"{where}: the checkpoint holds {extra[0]}, which the model has not (another architecture?)")
 
 
 # ---- Hugging Face style output directories -------------------------------------------------------
@@ -498,11 +532,28 @@ def save_pretrained_atomic(saver: Callable[[Path], None], out_dir: str | os.Path
     try:
         saver(tmp)
         _fsync_tree(tmp)
-    except BaseException:
+    except BaseException as e:
         _remove(tmp)
-        raise
+        _reraise_naming(e, out)
     _swap_into_place(tmp, out)
     return out
+
+
+_OS_ERROR = re.compile(r"os error (\d+)")
+
+
+def _reraise_naming(error: BaseException, target: Path) -> None:
+    """Re-raise ``error``; a failed write (disk full, the file-size limit) becomes an OSError naming
+    the directory being saved instead of a file in its deleted temporary copy (or no file at all).
+    safetensors reports its write errors as a SafetensorError quoting the OS error number."""
+    errno = None
+    if isinstance(error, OSError) and not isinstance(error, FourfoldError):
+        errno = error.errno
+    elif isinstance(error, safetensors.SafetensorError) and (m := _OS_ERROR.search(str(error))):
+        errno = int(m.group(1))
+    if errno is not None:
+        raise OSError(errno, os.strerror(errno), str(target)) from error
+    raise error
 
 
 def _swap_into_place(tmp: Path, final: Path) -> None:

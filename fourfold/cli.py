@@ -10,9 +10,10 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+import traceback
 from typing import Callable, Sequence
 
-from fourfold.errors import FourfoldError
+from fourfold.errors import FourfoldError, UserCodeError
 
 # stage -> (config class, function(config) -> summary dict, help). Imported lazily so that
 # `fourfold --help` stays fast and a stage's heavy imports load only when it runs.
@@ -32,6 +33,18 @@ STAGES: dict[str, tuple[str, str, str]] = {
     "score": ("fourfold.config:ScoreConfig", "fourfold.inference:score",
               "scores of prompt/response rows by a reward model or reward_fn (JSONL out)"),
 }
+
+
+TRAINER_STAGES = ("sft", "reward", "ppo", "reinforce", "gym")
+"""The stages that train into one run directory (``--overwrite`` replaces a finished run there);
+the demo and the experiments keep their own stage caches (``--fresh``)."""
+
+
+def _print_user_traceback(error: BaseException) -> None:
+    """The traceback of an exception raised in the user's own code, from the user's frame on (the
+    first frame, fourfold's call into the user's function, is left out)."""
+    tb = error.__traceback__.tb_next if error.__traceback__ is not None else None
+    print("".join(traceback.format_exception(type(error), error, tb or error.__traceback__)), end="", file=sys.stderr)
 
 
 def _resolve(spec: str) -> Callable:
@@ -63,6 +76,9 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--output-dir", help="shorthand for run.output_dir=DIR")
         p.add_argument("--seed", type=int, help="shorthand for run.seed=N")
         p.add_argument("--resume", action="store_true", help="shorthand for run.resume=true")
+        if name in TRAINER_STAGES:
+            p.add_argument("--overwrite", action="store_true",
+                           help="shorthand for run.overwrite=true: replace the run already in the output directory")
         if name in ("demo", "experiments"):
             p.add_argument("--quick", action="store_true", help="a short budget for tests and a first look")
             p.add_argument("--fresh", action="store_true", help="ignore cached stage outputs and rerun all")
@@ -84,6 +100,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         overrides.append(f"run.seed={args.seed}")
     if args.resume:
         overrides.append("run.resume=true")
+    if getattr(args, "overwrite", False):
+        overrides.append("run.overwrite=true")
     if getattr(args, "quick", False):
         overrides.insert(0, "quick=true")
     if getattr(args, "fresh", False):
@@ -96,6 +114,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         _resolve(fn_spec)(cfg, **task_inputs(args.stage, cfg))
     except FourfoldError as e:
         print(f"fourfold {args.stage}: error: {e}", file=sys.stderr)
+        if isinstance(e, UserCodeError) and e.__cause__ is not None:
+            _print_user_traceback(e.__cause__)
         return 2
     except KeyboardInterrupt:
         print(f"fourfold {args.stage}: interrupted", file=sys.stderr)

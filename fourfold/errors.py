@@ -20,3 +20,13 @@ class ModelLoadError(FourfoldError, ValueError):
 
 class NonFiniteError(FourfoldError, RuntimeError):
     """Training stopped after too many consecutive non-finite updates."""
+
+
+class OutputError(FourfoldError, OSError):
+    """A run's output cannot be written: the output directory is a file, read-only or not creatable,
+    or the disk (or the file-size limit) is full while saving. Names the path."""
+
+
+class UserCodeError(FourfoldError, RuntimeError):
+    """The user's own code (a ``model.reward_fn``) raised: the message says whose code it was; the
+    original exception is the ``__cause__``, and the CLI prints its traceback under the message."""

@@ -48,8 +48,17 @@ class RunConfig:
     """PPO/REINFORCE: every N iterations (and at the last one) write a few sample completions
     (prompt, response, score, and the probe's per-response values such as gold) to samples.jsonl
     and the report sinks; 0: never."""
+    overwrite: bool = False
+    """Start afresh in an output_dir that already holds a run (metrics.jsonl or checkpoints): its
+    metrics, events, TensorBoard files and checkpoints are removed first. Without it (and without
+    resume) such a directory is refused, so two runs never mix. Trainer stages only (the demo and
+    the experiments have --fresh)."""
 
     def validate(self, prefix: str = "run") -> None:
+        require(self.output_dir.strip() != "", f"{prefix}.output_dir",
+                "must not be empty (it would write into the current directory)")
+        require(not (self.resume and self.overwrite), f"{prefix}.overwrite",
+                "cannot be combined with run.resume (resume continues the run, overwrite replaces it)")
         require(self.save_every >= 0, f"{prefix}.save_every", "must be >= 0")
         require(self.keep_checkpoints >= 1, f"{prefix}.keep_checkpoints", "must be >= 1")
         require(self.threads is None or self.threads >= 1, f"{prefix}.threads", "must be >= 1 or null")

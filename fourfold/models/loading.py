@@ -3,7 +3,14 @@
 * ``trust_remote_code`` stays off unless the caller turns it on; a directory whose config needs
   remote code is refused with a message saying how to allow it.
 * Weights are read with safetensors (``use_safetensors`` where the files exist) and written with
-  ``save_pretrained(safe_serialization=True)``; nothing here unpickles user files.
+  ``save_pretrained(safe_serialization=True)``; nothing here unpickles user files: a local directory
+  with only pickle weights (``pytorch_model.bin``) is refused with the one-line conversion, and a
+  corrupt or truncated ``.safetensors`` file is refused by name before transformers reads it.
+* The loaded model's ``fourfold_missing_keys`` lists the weights the directory did not hold (they
+  were initialised at random): :mod:`fourfold.models.checks` refuses a role whose weights would be
+  random (a causal-LM directory given as a reward model, a classifier given as the policy).
+* A tokenizer without any regular token (a directory without tokenizer files, from which
+  transformers builds an empty tokenizer) is refused.
 * Every tokenizer gets a dedicated pad token (added, with a warning, when it has none): EOS is never
   reused as pad, so loss masks never confuse the two.
 """
@@ -48,7 +55,8 @@ def resolve_dtype(name: str | torch.dtype | None) -> torch.dtype:
 
 
 def _check_source(path: str, trust_remote_code: bool, what: str) -> None:
-    """Refuse a missing local path, and a config that needs remote code when it is not allowed."""
+    """Refuse a missing local path, a config that needs remote code when it is not allowed, and a
+    model directory with pickle-only or corrupt safetensors weights."""
     p = Path(path)
     looks_local = p.is_absolute() or path.startswith(".") or os.sep in path and not _looks_like_hub(path)
     if p.exists():
@@ -66,9 +74,51 @@ def _check_source(path: str, trust_remote_code: bool, what: str) -> None:
                         f"{path}: this model needs custom code from its repository (config.json has auto_map); "
                         f"refusing to run it. Set model.trust_remote_code=true if you trust it"
                     )
+            if what != "tokenizer":
+                _check_weight_files(p, what)
         return
     if looks_local:
         raise ModelLoadError(f"{path}: no such directory for the {what}")
+
+
+def _check_weight_files(directory: Path, what: str) -> None:
+    """Refuse pickle-only weights and corrupt or truncated safetensors files (one line, by name)."""
+    files = sorted(f for f in directory.iterdir() if f.is_file())
+    safetensors_files = [f for f in files if f.suffix == ".safetensors"]
+    pickles = [f.name for f in files if f.name.startswith("pytorch_model") and f.suffix == ".bin"]
+    if pickles and not safetensors_files:
+        auto = "AutoModelForCausalLM" if what == "causal LM" else "AutoModelForSequenceClassification"
+        raise ModelLoadError(
+            f"{directory}: only pickle weights ({pickles[0]}); fourfold loads safetensors only. Convert once with "
+            f"transformers: {auto}.from_pretrained(DIR, use_safetensors=False).save_pretrained(DIR) writes model.safetensors"
+        )
+    for f in safetensors_files:
+        problem = safetensors_problem(f)
+        if problem is not None:
+            raise ModelLoadError(f"{f}: corrupt or truncated safetensors file ({problem}); save or download it again")
+
+
+def safetensors_problem(path: Path) -> str | None:
+    """What is wrong with a ``.safetensors`` file's framing, or None: the 8-byte header length, the
+    JSON header and the data it describes must cover the file exactly (a truncated download or a
+    cut-off write fails here). The tensor bytes themselves are not read."""
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        head = f.read(8)
+        if len(head) < 8:
+            return f"{size} bytes: shorter than the header length field"
+        n = int.from_bytes(head, "little")
+        if n > size - 8:
+            return f"the header claims {n} bytes but the file has {size}"
+        try:
+            header = json.loads(f.read(n))
+            ends = [int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"]
+        except (UnicodeDecodeError, ValueError, TypeError, KeyError, IndexError, AttributeError):
+            return "the header is not a safetensors tensor table"
+    expected = 8 + n + max(ends, default=0)
+    if expected != size:
+        return f"{size} bytes where the header describes {expected}"
+    return None
 
 
 def _looks_like_hub(path: str) -> bool:
@@ -95,6 +145,13 @@ def load_tokenizer(path: str, *, trust_remote_code: bool = False, padding_side: 
         tok = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
     except Exception as e:  # transformers raises many types here; surface one line
         raise _offline_hint(path, e) from None
+    special = set(tok.all_special_ids)
+    if all(i in special for i in tok.get_vocab().values()):
+        # A directory without tokenizer files makes transformers build an empty tokenizer (every
+        # text -> [] or unk). Encoding a test text cannot tell: a small word-level vocabulary maps
+        # any foreign text to unk too; a tokenizer without one regular token is always broken.
+        raise ModelLoadError(f"{path}: the tokenizer has no tokens besides its special ones (no tokenizer files "
+                             "in this directory?); set model.tokenizer to a directory with tokenizer.json")
     added = False
     if tok.pad_token_id is None or (tok.eos_token_id is not None and tok.pad_token_id == tok.eos_token_id):
         warnings.warn(f"{path}: tokenizer has no dedicated pad token; adding {PAD_TOKEN!r} (embeddings are resized)",
@@ -135,8 +192,8 @@ def load_causal_lm(path: str, *, dtype: Any = None, device: Any = "cpu", trust_r
 
     _check_source(path, trust_remote_code, "causal LM")
     try:
-        model = AutoModelForCausalLM.from_pretrained(
-            path, dtype=resolve_dtype(dtype), trust_remote_code=trust_remote_code
+        model, info = AutoModelForCausalLM.from_pretrained(
+            path, dtype=resolve_dtype(dtype), trust_remote_code=trust_remote_code, output_loading_info=True
         )
     except ValueError as e:
         if "Unrecognized configuration class" in str(e) or "does not support" in str(e):
@@ -144,6 +201,7 @@ def load_causal_lm(path: str, *, dtype: Any = None, device: Any = "cpu", trust_r
         raise _offline_hint(path, e) from None
     except (OSError, EnvironmentError) as e:
         raise _offline_hint(path, e) from None
+    model.fourfold_missing_keys = sorted(info["missing_keys"])  # initialised at random: see models.checks
     disable_dropout(model)
     return model.to(resolve_device(device))
 
@@ -160,12 +218,14 @@ def load_sequence_scorer(path: str, *, dtype: Any = None, device: Any = "cpu", t
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            model = AutoModelForSequenceClassification.from_pretrained(
-                path, num_labels=1, dtype=resolve_dtype(dtype), trust_remote_code=trust_remote_code
+            model, info = AutoModelForSequenceClassification.from_pretrained(
+                path, num_labels=1, dtype=resolve_dtype(dtype), trust_remote_code=trust_remote_code,
+                output_loading_info=True,
             )
     except ValueError as e:
         raise ModelLoadError(f"{path}: cannot be used as a reward/value model ({str(e).splitlines()[0][:200]})") from None
     except (OSError, EnvironmentError) as e:
         raise _offline_hint(path, e) from None
+    model.fourfold_missing_keys = sorted(info["missing_keys"])  # initialised at random: see models.checks
     disable_dropout(model)
     return model.to(resolve_device(device))

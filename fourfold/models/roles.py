@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from fourfold.core import entropy_from_logits, logprobs_from_logits
+from fourfold.models.reward_fn import call_reward_fn
 
 
 def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
@@ -200,19 +201,21 @@ class ModelReward:
 
 
 class FunctionReward:
-    """A rule-based / verifiable reward: ``fn(prompts, responses) -> list[float]`` on decoded text."""
+    """A rule-based / verifiable reward: ``fn(prompts, responses) -> list[float]`` on decoded text.
+
+    What ``fn`` returns is checked on every call (one real number per response) and an exception
+    inside it is reported as the user's (:func:`~fourfold.models.reward_fn.call_reward_fn`);
+    ``name`` (default: the function's name) is how messages call it."""
 
     needs_text = True
 
-    def __init__(self, fn: Callable[[list[str], list[str]], Sequence[float]]):
+    def __init__(self, fn: Callable[[list[str], list[str]], Sequence[float]], name: Optional[str] = None):
         self.fn = fn
+        self.name = name or getattr(fn, "__qualname__", repr(fn))
 
     def __call__(self, input_ids, attention_mask, prompts, responses) -> torch.Tensor:
-        scores = self.fn(list(prompts), list(responses))
-        out = torch.as_tensor([float(s) for s in scores], dtype=torch.float32)
-        if out.shape[0] != len(responses):
-            raise ValueError(f"reward_fn returned {out.shape[0]} scores for {len(responses)} responses")
-        return out.to(input_ids.device)
+        scores = call_reward_fn(self.fn, list(prompts), list(responses), self.name)
+        return torch.as_tensor(scores, dtype=torch.float32).to(input_ids.device)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -40,6 +40,7 @@ from gymnasium.vector import AutoresetMode
 from torch import Tensor
 
 from fourfold.core import Rollout, logprobs_from_logits
+from fourfold.errors import ConfigError
 
 __all__ = [
     "AUTORESET_MODES",
@@ -65,14 +66,24 @@ def make_vec_env(
     env_id: str, num_envs: int, *, autoreset_mode: str = "same_step", env_kwargs: Optional[dict] = None
 ) -> gym.vector.VectorEnv:
     """A SyncVectorEnv of ``num_envs`` copies of ``env_id`` (sync: for classic-control envs the
-    per-step cost is microseconds, far below the cost of inter-process messages)."""
-    return gym.make_vec(
-        env_id,
-        num_envs=num_envs,
-        vectorization_mode="sync",
-        vector_kwargs={"autoreset_mode": AUTORESET_MODES[autoreset_mode]},
-        **(env_kwargs or {}),
-    )
+    per-step cost is microseconds, far below the cost of inter-process messages). An unknown env,
+    one whose package is not installed, or keyword arguments it does not take: one ConfigError line."""
+    try:
+        return gym.make_vec(
+            env_id,
+            num_envs=num_envs,
+            vectorization_mode="sync",
+            vector_kwargs={"autoreset_mode": AUTORESET_MODES[autoreset_mode]},
+            **(env_kwargs or {}),
+        )
+    except (gym.error.Error, ImportError) as e:
+        raise ConfigError(f"env.id: {env_id!r} cannot be made ({_first_line(e)})") from None
+    except TypeError as e:
+        raise ConfigError(f"env.kwargs: {env_kwargs!r} for {env_id!r}: {_first_line(e)}") from None
+
+
+def _first_line(e: BaseException) -> str:
+    return str(e).splitlines()[0] if str(e) else type(e).__name__
 
 
 @dataclass

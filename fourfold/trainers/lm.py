@@ -20,6 +20,7 @@ from fourfold.core import Rollout, kl_estimate, masked_mean, token_rewards
 from fourfold.data import EpochSampler, chat_template_renderer, left_pad, load_prompts, tokenize_prompts
 from fourfold.errors import ConfigError
 from fourfold.models import load_reward_fn
+from fourfold.models.checks import RoleChecker
 from fourfold.models.loading import ensure_pad_embedding, load_causal_lm, load_sequence_scorer, load_tokenizer
 from fourfold.models.roles import FrozenReference, FunctionReward, ModelReward, ScalarModel
 from fourfold.rollout.lm import Samples, decode_responses, sample, score
@@ -49,25 +50,32 @@ class Roles:
 
 
 def load_roles(model: LMModelConfig, device: torch.device, *, with_critic: bool) -> Roles:
-    """Tokenizer, trained policy, frozen reference, frozen reward (model or function), critic."""
+    """Tokenizer, trained policy, frozen reference, frozen reward (model or function), critic; each
+    model checked against its role and the tokenizer (:class:`~fourfold.models.checks.RoleChecker`)."""
     tok = load_tokenizer(model.tokenizer or model.policy, trust_remote_code=model.trust_remote_code)
+    check = RoleChecker(tok, "model.tokenizer" if model.tokenizer else "model.policy", model.tokenizer or model.policy,
+                        trust_remote_code=model.trust_remote_code)  # each model fits its role and the vocabulary
     kw = dict(dtype=model.dtype, device=device, trust_remote_code=model.trust_remote_code)
     policy = load_causal_lm(model.policy, **kw)
+    check.causal_lm(policy, "model.policy", model.policy)
     ensure_pad_embedding(policy, tok)
     ref_model = load_causal_lm(model.reference or model.policy, **kw)
+    check.causal_lm(ref_model, "model.reference" if model.reference else "model.policy", model.reference or model.policy)
     ensure_pad_embedding(ref_model, tok)
     reference = FrozenReference(ref_model)
     reward_model = None
     if model.reward is not None:
         reward_model = ScalarModel(load_sequence_scorer(model.reward, **kw))
+        check.scorer(reward_model.hf, "model.reward", model.reward)
         ensure_pad_embedding(reward_model.hf, tok)
         reward = ModelReward(reward_model)
     else:
-        reward = FunctionReward(load_reward_fn(model.reward_fn))
+        reward = FunctionReward(load_reward_fn(model.reward_fn), name=model.reward_fn)
     critic = None
     if with_critic:
         if model.critic is not None:
             critic = ScalarModel(load_sequence_scorer(model.critic, **kw))
+            check.scorer(critic.hf, "model.critic", model.critic)
         elif model.critic_init == "reward":
             if reward_model is None:
                 raise ConfigError("model.critic_init: 'reward' needs model.reward")

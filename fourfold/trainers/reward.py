@@ -34,6 +34,7 @@ import torch
 from fourfold.config import InitModelConfig, RewardConfig
 from fourfold.core import bradley_terry_loss
 from fourfold.data import EpochSampler, PreferenceExample, collate_preferences
+from fourfold.models.checks import checker
 from fourfold.models.factory import llama_config, random_scalar_model
 from fourfold.models.loading import ensure_pad_embedding, load_sequence_scorer, load_tokenizer, resolve_dtype
 from fourfold.models.roles import ScalarModel
@@ -79,6 +80,7 @@ def load_model(model_cfg: InitModelConfig, device: torch.device) -> tuple[object
                                               trust_remote_code=model_cfg.trust_remote_code))
         archs = getattr(rm.config, "architectures", None) or []
         fresh_head = not any(a.endswith("ForSequenceClassification") for a in archs)
+        checker(tok, model_cfg).scorer(rm.hf, "model.path", model_cfg.path, head_required=not fresh_head)
     if fresh_head:
         rm.reset_head("normal")  # global RNG: seeded by the caller
     ensure_pad_embedding(rm.hf, tok)

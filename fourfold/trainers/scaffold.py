@@ -29,24 +29,28 @@ belongs.
 from __future__ import annotations
 
 import signal
+import sys
 import time
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Callable, Iterator, Mapping, Optional, Sequence
 
 import torch
 
 from fourfold.config import config_to_dict, save_config
+from fourfold.errors import FourfoldError, OutputError
 from fourfold.sinks import done_line, open_sinks, require_sinks
 from fourfold.trainers.common import NonFiniteGuard, quiet_transformers, seed_everything
+from fourfold.trainers.run_dir import prepare_run_dir
 
 
 class RunScaffold:
     """Seeding, run directory, resume, non-finite guard, stop signal, logger and checkpoints of one
     run. ``cfg`` is a stage config with a ``run`` section (:class:`fourfold.config.RunConfig`).
 
-    Constructing it seeds python, numpy and torch with ``run.seed`` (a trainer's first act), creates
-    ``run.output_dir`` with the resolved ``config.yaml`` and applies ``run.threads``.
+    Constructing it seeds python, numpy and torch with ``run.seed`` (a trainer's first act), checks
+    and creates ``run.output_dir`` (:func:`~fourfold.trainers.run_dir.prepare_run_dir`: a used one
+    needs ``run.resume`` or ``run.overwrite``), writes the resolved ``config.yaml`` and applies
+    ``run.threads``.
     """
 
     rank: int = 0
@@ -60,8 +64,7 @@ class RunScaffold:
         seed_everything(self.run_cfg.seed)  # first: everything after draws from the seeded generators
         require_sinks(self.run_cfg.report_to)  # before any model loads
         self._cfg = cfg
-        self.out = Path(self.run_cfg.output_dir)
-        self.out.mkdir(parents=True, exist_ok=True)
+        self.out = prepare_run_dir(cfg)  # checked, created; a used one refused unless resume/overwrite
         self.write(save_config, cfg, self.out / "config.yaml")
         if self.run_cfg.threads is not None:
             torch.set_num_threads(self.run_cfg.threads)
@@ -72,6 +75,7 @@ class RunScaffold:
         self._tracked: dict = {"modules": {}, "optimizers": {}, "schedulers": {}}
         self._state: Callable[[int], dict] = lambda step: {}
         self._stop = {"stop": False}
+        self._warnings: list[str] = []  # said on stderr before the logger existed; events once it does
 
     @property
     def is_main(self) -> bool:
@@ -88,8 +92,16 @@ class RunScaffold:
 
     def write(self, fn: Callable, *args, **kwargs):
         """Call ``fn(*args, **kwargs)``, a function that writes into the run directory (or opens a
-        writer there), and return its result."""
-        return fn(*args, **kwargs)
+        writer there), and return its result. A write that fails (disk full, the file-size limit, a
+        read-only file system) is an :class:`~fourfold.errors.OutputError` naming the path; the
+        writers are atomic, so what was saved before (the last good checkpoint) stays whole."""
+        try:
+            return fn(*args, **kwargs)
+        except OSError as e:
+            if isinstance(e, FourfoldError):
+                raise
+            where = e.filename or self.out
+            raise OutputError(f"{where}: cannot write ({e.strerror or e}); earlier checkpoints are intact") from None
 
     # ---- checkpoints ---------------------------------------------------------------------------
 
@@ -102,18 +114,33 @@ class RunScaffold:
         self._state = state
 
     def resume(self) -> Optional[dict]:
-        """With ``run.resume`` and a complete checkpoint in the run directory: load the latest one
-        into the tracked objects (and the global RNG states), restore the guard's skip count from
-        its ``nonfinite_total`` and return its state. Otherwise None (a fresh run)."""
-        from fourfold.checkpoint import checkpoint_step, latest_checkpoint, load_checkpoint
+        """With ``run.resume`` and checkpoints in the run directory: load the newest one that is
+        whole into the tracked objects (and the global RNG states), restore the guard's skip count
+        from its ``nonfinite_total`` and return its state. A corrupt newer checkpoint is passed over
+        with a one-line warning on stderr (and a ``warning`` event in ``events.jsonl``); when every
+        checkpoint is corrupt, a CheckpointError (never a silent restart). Without ``run.resume`` or
+        without checkpoints: None (a fresh run)."""
+        from fourfold.checkpoint import CheckpointError, CorruptCheckpointError, checkpoint_dirs, checkpoint_step, load_checkpoint
 
-        ckpt = latest_checkpoint(self.out) if self.run_cfg.resume else None
-        if ckpt is None:
-            return None
-        state = load_checkpoint(ckpt, **self._tracked)
-        self.guard.total = state.get("nonfinite_total", 0)
-        self.resumed_step = checkpoint_step(ckpt)
-        return state
+        found = checkpoint_dirs(self.out) if self.run_cfg.resume else []
+        problems = []
+        for ckpt in found:  # newest first
+            try:
+                state = load_checkpoint(ckpt, **self._tracked)
+            except CorruptCheckpointError as e:
+                problems.append(str(e))
+                continue
+            for problem in problems:
+                message = f"{problem}; resuming from the older {ckpt.name}"
+                print(f"fourfold: warning: {message}", file=sys.stderr)
+                self._warnings.append(message)
+            self.guard.total = state.get("nonfinite_total", 0)
+            self.resumed_step = checkpoint_step(ckpt)
+            return state
+        if problems:
+            raise CheckpointError(f"run.resume: every checkpoint in {self.out / 'checkpoints'} is corrupt "
+                                  f"(newest: {problems[0]}); nothing to resume from: rerun with --overwrite")
+        return None
 
     def save(self, step: int) -> None:
         """Checkpoint ``step``: the tracked objects, ``state(step)`` and the RNG states, keeping the
@@ -162,6 +189,8 @@ class RunScaffold:
         self.logger = self.write(MetricsLogger, self.out, progress=rc.progress,
                                  tensorboard=rc.tensorboard or "tensorboard" in rc.report_to, total=total, desc=desc,
                                  key_metrics=key_metrics, resume_step=self.resumed_step, sinks=sinks)
+        for message in self._warnings:
+            self.logger.event("warning", step=self.resumed_step, message=message)
         previous = _install_stop_handler(self._stop)
         try:
             yield self.logger

@@ -30,6 +30,7 @@ from fourfold.config import InitModelConfig, SFTConfig
 from fourfold.core import sft_loss
 from fourfold.data import EpochSampler, SFTExample, chat_template_renderer, collate_sft, encode_sft, line_of, load_sft
 from fourfold.errors import DataError
+from fourfold.models.checks import checker
 from fourfold.models.factory import llama_config, random_causal_lm
 from fourfold.models.loading import ensure_pad_embedding, load_causal_lm, load_tokenizer, resolve_dtype
 from fourfold.trainers.common import (
@@ -64,6 +65,7 @@ def load_model(model_cfg: InitModelConfig, device: torch.device):
         model = random_causal_lm(config, dtype=resolve_dtype(model_cfg.dtype))  # global RNG: seeded by the caller
     else:
         model = load_causal_lm(model_cfg.path, dtype=model_cfg.dtype, trust_remote_code=model_cfg.trust_remote_code)
+        checker(tok, model_cfg).causal_lm(model, "model.path", model_cfg.path)  # an LM head, the tokenizer's vocabulary
     ensure_pad_embedding(model, tok)
     return tok, model.to(device)
 
