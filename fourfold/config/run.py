@@ -7,6 +7,9 @@ from typing import Optional
 
 from fourfold.config.loader import require
 
+MAX_SEED = 2**63 - 1
+"""The largest seed: torch takes 64-bit seeds, and the named streams add small offsets to it."""
+
 
 @dataclasses.dataclass
 class RunConfig:
@@ -38,6 +41,7 @@ class RunConfig:
     cores busy; results are identical to the sequential order."""
 
     def validate(self, prefix: str = "run") -> None:
+        require(0 <= self.seed <= MAX_SEED, f"{prefix}.seed", f"must be an integer in [0, 2**63 - 1], got {self.seed}")
         require(self.save_every >= 0, f"{prefix}.save_every", "must be >= 0")
         require(self.keep_checkpoints >= 1, f"{prefix}.keep_checkpoints", "must be >= 1")
         require(self.threads is None or self.threads >= 1, f"{prefix}.threads", "must be >= 1 or null")
