@@ -73,7 +73,8 @@ class DemoPairsConfig:
     is bad; they help only with a deeper RM (reward.extra_layers, see the README)."""
 
     def validate(self, prefix: str = "pairs") -> None:
-        require(self.pairs > 0 and self.eval_pairs > 0, f"{prefix}.pairs", "pairs and eval_pairs must be > 0")
+        require(self.pairs > 0, f"{prefix}.pairs", f"must be > 0, got {self.pairs}")
+        require(self.eval_pairs > 0, f"{prefix}.eval_pairs", f"must be > 0, got {self.eval_pairs}")
         require(self.slip_pairs >= 0, f"{prefix}.slip_pairs", f"must be >= 0, got {self.slip_pairs}")
         require(self.slip_eval_pairs >= 0, f"{prefix}.slip_eval_pairs", f"must be >= 0, got {self.slip_eval_pairs}")
         require(self.temperature > 0, f"{prefix}.temperature", f"must be > 0, got {self.temperature}")

@@ -76,7 +76,7 @@ def _coerce(value: Any, tp: Any, key: str, where: str) -> Any:
         inner = args[0] if args else Any
         items = [_coerce(v, inner, f"{key}[{i}]", where) for i, v in enumerate(value)]
         return tuple(items) if origin is tuple else items
-    if origin is dict:
+    if origin is dict or tp is dict:
         if not isinstance(value, dict):
             raise bad
         return dict(value)
@@ -176,12 +176,13 @@ def _unique_key_loader() -> type:
                     if key_node.tag == "tag:yaml.org,2002:merge":
                         continue
                     key = self.construct_object(key_node, deep=True)
+                    line = key_node.start_mark.line + 1
                     try:
-                        first = seen.setdefault(key, key_node.start_mark.line + 1)
+                        if key in seen:
+                            raise DuplicateKeyError(key, line, seen[key])
+                        seen[key] = line
                     except TypeError:  # an unhashable key: SafeLoader's own error follows
                         continue
-                    if first != key_node.start_mark.line + 1:
-                        raise DuplicateKeyError(key, key_node.start_mark.line + 1, first)
             return super().construct_mapping(node, deep)
 
     return UniqueKeyLoader

@@ -40,12 +40,12 @@ def position_limit(model_dir: Optional[str]) -> Optional[tuple[str, int]]:
 
 
 def require_fits(length: int, what: str, models: Iterable[tuple[str, Optional[str]]]) -> None:
-    """ConfigError unless ``length`` tokens (``what``: the keys and values it adds up, e.g.
-    ``"data.max_prompt_len + generation.max_new_tokens = 64 + 32"``) fit every model of ``models``
+    """ConfigError unless ``length`` tokens (``what``: the key, or the keys and values it adds up,
+    e.g. ``"data.max_prompt_len + generation.max_new_tokens = 64 + 32"``) fit every model of ``models``
     (``(config key, directory)`` pairs, e.g. ``("model.policy", "runs/sft/model")``)."""
     for key, model_dir in models:
         found = position_limit(model_dir)
         if found is not None and length > found[1]:
             name, limit = found
             raise ConfigError(f"{what} = {length} tokens is more than {key}'s {name}={limit} "
-                              f"({Path(model_dir) / 'config.json'}); lower them to fit")
+                              f"({Path(model_dir) / 'config.json'})")

@@ -55,7 +55,7 @@ class InitModelConfig:
             require(max_len <= self.max_positions, "train.max_len",
                     f"{max_len} is more than model.max_positions={self.max_positions}")
         else:
-            require_fits(max_len, f"train.max_len = {max_len}", [("model.path", self.path)])
+            require_fits(max_len, "train.max_len", [("model.path", self.path)])
 
 
 @dataclasses.dataclass

@@ -17,6 +17,13 @@ Choices, documented once:
   sequences are right-padded. Masks are built from lengths, never by comparing ids with ``pad_id``
   (pad and EOS are often the same id). Mask polarity as everywhere in fourfold: 1 = valid. All
   tensors are ``torch.long``.
+* **Special tokens stay out of user text**: a special-token string typed in a prompt, completion or
+  response (``<pad>``, ``<|endoftext|>``) is encoded as text (``split_special_tokens``; where the
+  vocabulary itself holds it as a word, as a word-level one does, it becomes UNK, or the row is an
+  error when UNK is itself special). Only a chat template's own tokens are special
+  (:class:`~fourfold.data.formats.TemplateText`). Text without such strings keeps exactly the ids
+  the tokenizer gives it: only a text whose ids hold a special id is encoded again
+  (:mod:`fourfold.data.literal`).
 * **Too long**: a prompt over ``max_prompt_len`` tokens is a :class:`~fourfold.errors.DataError`
   naming file and line, or, with ``truncate=True``, loses tokens from the left (BOS is kept). An SFT
   or preference sequence over ``max_len`` loses reply tokens from the right when ``truncate=True``
@@ -38,8 +45,9 @@ from typing import Any
 
 import torch
 
-from fourfold.data.formats import PreferenceRecord, PromptRecord, SFTRecord, TemplateText
+from fourfold.data.formats import PreferenceRecord, PromptRecord, SFTRecord
 from fourfold.data.io import check_on_error, one_line
+from fourfold.data.literal import as_text, special_ids
 from fourfold.errors import DataError
 
 __all__ = [
@@ -131,76 +139,22 @@ def _need(tokenizer: Any, name: str, why: str) -> int:
     return value
 
 
-def _special_ids(tokenizer: Any) -> tuple[set[int], int | None]:
-    """(ids of the tokenizer's special tokens that user text must never produce, the id a typed
-    special-token string becomes where the tokenizer has no other way to write it: UNK, unless
-    UNK is itself one of those special tokens, as in GPT-2)."""
-    ids = {int(i) for i in getattr(tokenizer, "all_special_ids", None) or [] if i is not None}
-    unk = _special(tokenizer, "unk_token_id")
-    others = {_special(tokenizer, n) for n in ("bos_token_id", "eos_token_id", "pad_token_id")}
-    if unk is not None and unk not in others:
-        ids.discard(unk)
-        return ids, unk
-    return ids, None
-
-
-def _literal(tokenizer: Any, text: str, special: set[int], unk: int | None, what: str) -> list[int] | str:
-    """Ids of user text in which special-token strings stay text: split_special_tokens, then any
-    special id the vocabulary still maps a typed string to (a word-level vocabulary holds
-    ``<pad>`` as a word) becomes UNK; a problem string when there is no UNK to use."""
-    try:
-        ids = list(map(int, tokenizer(text, add_special_tokens=False, split_special_tokens=True)["input_ids"]))
-    except TypeError:  # a tokenizer without split_special_tokens
-        ids = list(map(int, tokenizer(text, add_special_tokens=False)["input_ids"]))
-    if special.isdisjoint(ids):
-        return ids
-    if unk is None:
-        names = sorted({tokenizer.convert_ids_to_tokens(i) for i in ids if i in special})
-        return f"the {what} contains {', '.join(map(repr, names))}, which this tokenizer can only read as a special token"
-    return [unk if i in special else i for i in ids]
-
-
-def _encode_text(tokenizer: Any, text: str, ids: list[int], special: set[int], unk: int | None,
-                 what: str) -> list[int] | str:
-    """One text's ids with user-typed special-token strings kept as text (``ids``: its plain
-    encoding, returned unchanged in the usual case of no special id in it). In the text a chat
-    template wrote (:class:`TemplateText`) the template's special tokens stay special and only its
-    ``literal_spans`` are encoded as text."""
-    if isinstance(text, TemplateText):
-        if not text.literal_spans:
-            return ids
-        out: list[int] = []
-        pos = 0
-        for start, end in text.literal_spans:
-            if start > pos:
-                out += list(map(int, tokenizer(text[pos:start], add_special_tokens=False)["input_ids"]))
-            piece = _literal(tokenizer, text[start:end], special, unk, what)
-            if isinstance(piece, str):
-                return piece
-            out += piece
-            pos = end
-        if pos < len(text):
-            out += list(map(int, tokenizer(text[pos:], add_special_tokens=False)["input_ids"]))
-        return out
-    return ids if special.isdisjoint(ids) else _literal(tokenizer, text, special, unk, what)
-
-
 def _encode(tokenizer: Any, texts: Sequence[str], wheres: Sequence[str], what: str) -> list[list[int] | str]:
     """Ids per text without added special tokens, a typed special-token string kept as text
-    (:func:`_encode_text`); a problem string where the tokenizer itself failed."""
+    (:func:`fourfold.data.literal.as_text`); a problem string where the tokenizer itself failed."""
     if not texts:
         return []
-    special, unk = _special_ids(tokenizer)
+    special, unk = special_ids(tokenizer)
     try:
         out = tokenizer(list(texts), add_special_tokens=False)["input_ids"]
-        return [_encode_text(tokenizer, t, list(map(int, ids)), special, unk, what) for t, ids in zip(texts, out)]
+        return [as_text(tokenizer, t, list(map(int, ids)), special, unk, what) for t, ids in zip(texts, out)]
     except Exception:  # find the text it choked on, and say which line that was
         pass
     result: list[list[int] | str] = []
     for text, _where in zip(texts, wheres):
         try:
             ids = list(map(int, tokenizer(text, add_special_tokens=False)["input_ids"]))
-            result.append(_encode_text(tokenizer, text, ids, special, unk, what))
+            result.append(as_text(tokenizer, text, ids, special, unk, what))
         except Exception as e:
             result.append(f"tokenizer failed on the {what}: {type(e).__name__}: {one_line(e, 120)}")
     return result

@@ -28,6 +28,9 @@ tokenize=False, add_generation_prompt=True)``) when the tokenizer has a chat tem
 
 The completion/response of a chat record is the *content* of the last assistant message; the
 end-of-turn is the tokenizer's EOS, appended at tokenisation (see ``fourfold.data.collate``).
+A template's rendering is :class:`TemplateText`: at tokenisation its special tokens are special,
+while special-token strings typed in a message (``literal_spans``), and every other text field,
+stay text.
 
 Validation (each failure is one line, ``"<file>:<line>: <problem>"``): a missing field (with a
 "did you mean" hint when a key is a near miss of an accepted name, e.g. ``promt``), a wrong type,

@@ -84,19 +84,25 @@ def _all_finite(params: list[torch.Tensor]) -> bool:
 
 
 def finite_step(optimizer: torch.optim.Optimizer) -> bool:
-    """``optimizer.step()``, undone when it left a non-finite parameter: returns whether the step
+    """``optimizer.step()``, undone when it left a non-finite parameter (or, in torch's non-fused
+    kernels, stopped half-way on a learning rate the dtype cannot hold): returns whether the step
     stands. With no copy kept (see the module docstring) a non-finite result is a NonFiniteError."""
     groups = [[p for p in g["params"] if p.grad is not None] for g in optimizer.param_groups]
     params = [p for g in groups for p in g]
     backup = None
     if may_overflow(optimizer, groups):
         backup = ([p.detach().clone() for p in params], {p: copy.deepcopy(optimizer.state[p]) for p in params})
-    optimizer.step()
-    if _all_finite(params):
-        return True
-    if backup is None:
-        raise NonFiniteError("the optimizer step left non-finite weights and no copy of the previous ones was "
-                             "kept; stopped before saving anything")
+    try:
+        optimizer.step()
+    except RuntimeError as e:  # torch's non-fused kernels refuse an lr that overflows the dtype, mid-step
+        if backup is None or "overflow" not in str(e):
+            raise
+    else:
+        if _all_finite(params):
+            return True
+        if backup is None:
+            raise NonFiniteError("the optimizer step left non-finite weights and no copy of the previous ones "
+                                 "was kept; stopped before saving anything")
     saved, state = backup
     with torch.no_grad():
         torch._foreach_copy_(params, saved)
