@@ -16,6 +16,8 @@ import json
 import typing
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from fourfold.cli import STAGES, _resolve, main
 
@@ -279,3 +281,31 @@ def test_skipped_prompt_rows_run_with_a_warning_that_counts_them(capsys, caplog,
     assert len(warnings) == 1 and "prompts.jsonl:5:" in warnings[0]
     # the same rows without skip: the first bad one is an error naming its line
     _one_line_error(capsys, _rl("ppo", tiny_lm, tmp_path / "strict", rows), "prompts.jsonl:6: invalid JSON")
+
+
+# ---- random values at random keys of every stage (hypothesis) ----------------------------------
+
+_ALL_KEYS = [(stage, key) for stage, (spec, _, _) in STAGES.items() for key, _ in _leaves(_resolve(spec), _resolve(spec)())]
+_VALUES = st.one_of(st.none(), st.booleans(), st.integers(-2**70, 2**70), st.floats(allow_nan=True, allow_infinity=True),
+                    st.text(max_size=6), st.lists(st.one_of(st.integers(-3, 3), st.floats(), st.text(max_size=3)), max_size=3),
+                    st.dictionaries(st.text(max_size=3), st.integers(), max_size=2))
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.sampled_from(_ALL_KEYS), _VALUES)
+def test_random_values_give_a_valid_config_or_one_config_error(entry, value):
+    """Whatever value lands on whatever key: a config, or one ConfigError line naming the key
+    (never another exception; a rejection always says which setting)."""
+    from fourfold.config import ConfigError, load_config
+
+    stage, key = entry
+    tree: dict = {}
+    node = tree
+    for part in key.split(".")[:-1]:
+        node = node.setdefault(part, {})
+    node[key.split(".")[-1]] = value
+    try:
+        load_config(_resolve(STAGES[stage][0]), None, REQUIRED[stage], base=tree)
+    except ConfigError as e:
+        assert "\n" not in str(e)
+        assert key.rsplit(".", 1)[0] in str(e), str(e)  # the key, or its section (a cross-check in it)

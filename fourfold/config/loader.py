@@ -242,12 +242,13 @@ def config_from_dict(cls: type[T], data: dict, where: str = "") -> T:
 
 
 def _unchanged(value: Any, coerced: Any) -> bool:
-    """True when ``value`` already is what the loader made of it (an int for a float included)."""
+    """True when ``value`` already is what the loader made of it (an int for a float included, and
+    an instance of a subclass, e.g. a numpy float)."""
     if coerced is value or (type(value) is int and type(coerced) is float):
         return True
     if isinstance(value, (list, tuple)) and isinstance(coerced, (list, tuple)):
         return len(value) == len(coerced) and all(_unchanged(a, b) for a, b in zip(value, coerced))
-    return isinstance(value, dict) and coerced == value
+    return isinstance(value, type(coerced)) and (value == coerced or value != value)  # nan: the finite check's
 
 
 def _check_value(value: Any, tp: Any, key: str) -> None:
