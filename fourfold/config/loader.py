@@ -159,7 +159,6 @@ class DuplicateKeyError(Exception):
 
     def __init__(self, key: Any, line: int, first_line: int):
         super().__init__(f"line {line}: duplicate key {key!r} (first at line {first_line})")
-        self.line = line
 
 
 def _unique_key_loader() -> type:
@@ -248,7 +247,7 @@ def _unchanged(value: Any, coerced: Any) -> bool:
         return True
     if isinstance(value, (list, tuple)) and isinstance(coerced, (list, tuple)):
         return len(value) == len(coerced) and all(_unchanged(a, b) for a, b in zip(value, coerced))
-    return isinstance(value, type(coerced)) and (value == coerced or value != value)  # nan: the finite check's
+    return isinstance(value, type(coerced)) and (value == coerced or value != value)  # nan: left to the finite check
 
 
 def _check_value(value: Any, tp: Any, key: str) -> None:
