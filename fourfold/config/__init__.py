@@ -8,8 +8,11 @@ Convention (one for every subcommand):
 * YAML gives a mapping of the same shape; ``section.key=value`` overrides are applied after the
   file, values parsed as YAML scalars (``1e-5``, ``true``, ``null``, ``[1, 2]``).
 * Every field has a docstring-style comment in its class; unknown keys are refused with a
-  "did you mean" suggestion, wrong types name the key and the type expected, and each stage's
-  ``validate()`` checks derived sizes once, before any model is loaded.
+  "did you mean" suggestion, a key given twice in one YAML mapping names its line, wrong types
+  name the key and the type expected, every number must be finite, and each stage's
+  ``validate()`` checks ranges and derived sizes (prompt + response against the models'
+  ``config.json``) once, before any model is loaded. Trainers run the same ``validate_tree`` on
+  the config they are given, so the Python API refuses what the CLI refuses.
 
 Layout: ``loader`` reads YAML, applies overrides and builds/validates any config dataclass; one
 schema module per stage holds its sections (``run``: the shared RunConfig; ``sft``: the SFT stage

@@ -9,6 +9,13 @@ from fourfold.config.ppo import GenerationConfig, PPOAlgoConfig
 from fourfold.config.run import RunConfig
 
 
+def _require_steps(section, prefix: str) -> None:
+    """The optimiser settings the demo's SFT and reward stages share: steps, batch_size, lr."""
+    require(section.steps >= 1, f"{prefix}.steps", f"must be >= 1, got {section.steps}")
+    require(section.batch_size >= 1, f"{prefix}.batch_size", f"must be >= 1, got {section.batch_size}")
+    require(section.lr > 0, f"{prefix}.lr", f"must be > 0, got {section.lr}")
+
+
 @dataclasses.dataclass
 class DemoModelConfig:
     """The tiny Llama-shaped model the demo trains from scratch (word-level tokenizer)."""
@@ -23,6 +30,8 @@ class DemoModelConfig:
     """Longest prompt + response in tokens."""
 
     def validate(self, prefix: str = "model") -> None:
+        for name in ("hidden_size", "num_layers", "num_heads", "max_positions"):
+            require(getattr(self, name) >= 1, f"{prefix}.{name}", f"must be >= 1, got {getattr(self, name)}")
         require(self.hidden_size % self.num_heads == 0, f"{prefix}.hidden_size", "must be divisible by num_heads")
 
 
@@ -38,6 +47,10 @@ class DemoSFTConfig:
     """Examples per step."""
     lr: float = 3e-3
     """Peak learning rate (warm-up then linear decay)."""
+
+    def validate(self, prefix: str = "sft") -> None:
+        _require_steps(self, prefix)
+        require(self.examples >= 1, f"{prefix}.examples", f"must be >= 1, got {self.examples}")
 
 
 @dataclasses.dataclass
@@ -60,7 +73,8 @@ class DemoPairsConfig:
     is bad; they help only with a deeper RM (reward.extra_layers, see the README)."""
 
     def validate(self, prefix: str = "pairs") -> None:
-        require(self.pairs > 0 and self.eval_pairs > 0, f"{prefix}.pairs", "pairs and eval_pairs must be > 0")
+        require(self.pairs > 0, f"{prefix}.pairs", f"must be > 0, got {self.pairs}")
+        require(self.eval_pairs > 0, f"{prefix}.eval_pairs", f"must be > 0, got {self.eval_pairs}")
         require(self.slip_pairs >= 0, f"{prefix}.slip_pairs", f"must be >= 0, got {self.slip_pairs}")
         require(self.slip_eval_pairs >= 0, f"{prefix}.slip_eval_pairs", f"must be >= 0, got {self.slip_eval_pairs}")
         require(self.temperature > 0, f"{prefix}.temperature", f"must be > 0, got {self.temperature}")
@@ -83,6 +97,7 @@ class DemoRewardConfig:
     from slip pairs; 0 (the default) keeps the RM the SFT model's size."""
 
     def validate(self, prefix: str = "reward") -> None:
+        _require_steps(self, prefix)
         require(self.extra_layers >= 0, f"{prefix}.extra_layers", f"must be >= 0, got {self.extra_layers}")
 
 
@@ -94,6 +109,10 @@ class DemoEvalConfig:
     """Held-out prompts (never seen in PPO)."""
     samples_in_report: int = 8
     """Rows of the before/after sample table (and of the per-token advantage view)."""
+
+    def validate(self, prefix: str = "eval") -> None:
+        require(self.prompts >= 1, f"{prefix}.prompts", f"must be >= 1, got {self.prompts}")
+        require(self.samples_in_report >= 0, f"{prefix}.samples_in_report", f"must be >= 0, got {self.samples_in_report}")
 
 
 @dataclasses.dataclass

@@ -162,6 +162,7 @@ class GymEvalConfig:
     def validate(self, prefix: str = "eval") -> None:
         require(self.every_steps >= 0, f"{prefix}.every_steps", "must be >= 0")
         require(self.episodes >= 1, f"{prefix}.episodes", "must be >= 1")
+        require(self.seed_offset >= 0, f"{prefix}.seed_offset", f"must be >= 0, got {self.seed_offset}")
 
 
 @dataclasses.dataclass

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import types
 import typing
 from pathlib import Path
@@ -75,7 +76,7 @@ def _coerce(value: Any, tp: Any, key: str, where: str) -> Any:
         inner = args[0] if args else Any
         items = [_coerce(v, inner, f"{key}[{i}]", where) for i, v in enumerate(value)]
         return tuple(items) if origin is tuple else items
-    if origin is dict:
+    if origin is dict or tp is dict:
         if not isinstance(value, dict):
             raise bad
         return dict(value)
@@ -153,6 +154,46 @@ def _set_dotted(tree: dict, dotted: str, value: Any) -> None:
     node[parts[-1]] = value
 
 
+class DuplicateKeyError(Exception):
+    """A mapping in a YAML text names one key twice (YAML would keep the last one silently)."""
+
+    def __init__(self, key: Any, line: int, first_line: int):
+        super().__init__(f"line {line}: duplicate key {key!r} (first at line {first_line})")
+
+
+def _unique_key_loader() -> type:
+    """PyYAML's SafeLoader, except that a key given twice in one mapping (a repeated section or
+    setting) raises :class:`DuplicateKeyError` instead of replacing the first silently. Merge keys
+    (``<<``) keep their meaning: a key that overrides a merged one is not a duplicate."""
+    import yaml
+
+    class UniqueKeyLoader(yaml.SafeLoader):
+        def construct_mapping(self, node, deep=False):
+            if isinstance(node, yaml.MappingNode):
+                seen: dict = {}
+                for key_node, _ in node.value:
+                    if key_node.tag == "tag:yaml.org,2002:merge":
+                        continue
+                    key = self.construct_object(key_node, deep=True)
+                    line = key_node.start_mark.line + 1
+                    try:
+                        if key in seen:
+                            raise DuplicateKeyError(key, line, seen[key])
+                        seen[key] = line
+                    except TypeError:  # an unhashable key: SafeLoader's own error follows
+                        continue
+            return super().construct_mapping(node, deep)
+
+    return UniqueKeyLoader
+
+
+def parse_yaml(text: str) -> Any:
+    """``yaml.safe_load`` that refuses a key repeated in one mapping (:class:`DuplicateKeyError`)."""
+    import yaml
+
+    return yaml.load(text, Loader=_unique_key_loader())  # a SafeLoader subclass: safe
+
+
 def apply_overrides(tree: dict, overrides: Sequence[str]) -> dict:
     """Apply ``a.b=value`` strings to a nested dict (values parsed as YAML scalars)."""
     import yaml
@@ -165,9 +206,11 @@ def apply_overrides(tree: dict, overrides: Sequence[str]) -> dict:
         if not key:
             raise ConfigError(f"override {item!r}: empty key")
         try:
-            value = yaml.safe_load(raw) if raw.strip() else ""
+            value = parse_yaml(raw) if raw.strip() else ""
         except yaml.YAMLError:
             value = raw
+        except DuplicateKeyError as e:
+            raise ConfigError(f"override {item!r}: {e}") from None
         _set_dotted(tree, key, value)
     return tree
 
@@ -197,16 +240,49 @@ def config_from_dict(cls: type[T], data: dict, where: str = "") -> T:
     return cfg
 
 
+def _unchanged(value: Any, coerced: Any) -> bool:
+    """True when ``value`` already is what the loader made of it (an int for a float included, and
+    an instance of a subclass, e.g. a numpy float)."""
+    if coerced is value or (type(value) is int and type(coerced) is float):
+        return True
+    if isinstance(value, (list, tuple)) and isinstance(coerced, (list, tuple)):
+        return len(value) == len(coerced) and all(_unchanged(a, b) for a, b in zip(value, coerced))
+    return isinstance(value, type(coerced)) and (value == coerced or value != value)  # nan: left to the finite check
+
+
+def _check_value(value: Any, tp: Any, key: str) -> None:
+    """A field's value as the loader would have accepted it: of the annotated type (checked with
+    the loader's own rules, so a config built in Python fails as the same file would) and, for
+    every number, finite. No setting means something at inf or nan (null is the "no limit" of
+    the optional ones), so a non-finite float is refused wherever it sits, lists included."""
+    if dataclasses.is_dataclass(tp) and not isinstance(value, tp):
+        raise ConfigError(f"{key}: expected a {tp.__name__} section, got {type(value).__name__}")
+    if not _unchanged(value, _coerce(value, tp, key, "")):
+        raise ConfigError(f"{key}: expected {_type_name(tp)}, got {value!r}")
+    items = value if isinstance(value, (list, tuple)) else [value]
+    for i, item in enumerate(items):
+        if isinstance(item, float) and not math.isfinite(item):
+            where = f"{key}[{i}]" if item is not value else key
+            raise ConfigError(f"{where}: must be a finite number, got {item}")
+
+
 def validate_tree(cfg: Any, prefix: str = "") -> None:
-    """Call ``validate(prefix)`` on every nested section first, then on ``cfg`` itself.
+    """Validate a config: every field's type and finiteness (:func:`_check_value`), then
+    ``validate(prefix)`` on every nested section first, then on ``cfg`` itself.
 
     A section's ``validate(prefix)`` checks its own fields and names them ``prefix.key``; a stage
     config's ``validate("")`` checks combinations across sections (e.g. minibatch vs batch).
+    :func:`config_from_dict` calls it, and so does every trainer at its start (through
+    ``RunScaffold``): a config built in Python is checked exactly as one loaded by the CLI.
     """
+    hints = typing.get_type_hints(type(cfg))
     for f in dataclasses.fields(cfg):
         value = getattr(cfg, f.name)
+        key = f"{prefix}.{f.name}" if prefix else f.name
         if dataclasses.is_dataclass(value) and not isinstance(value, type):
-            validate_tree(value, f"{prefix}.{f.name}" if prefix else f.name)
+            validate_tree(value, key)
+        else:
+            _check_value(value, hints[f.name], key)
     validate = getattr(cfg, "validate", None)
     if callable(validate):
         validate(prefix)
@@ -230,7 +306,9 @@ def load_config(
         if not path.is_file():
             raise ConfigError(f"{path}: config file not found")
         try:
-            loaded = yaml.safe_load(path.read_text(encoding="utf-8"))
+            loaded = parse_yaml(path.read_text(encoding="utf-8"))
+        except DuplicateKeyError as e:
+            raise ConfigError(f"{path}: {e}; give each section and key once") from None
         except yaml.YAMLError as e:
             mark = getattr(e, "problem_mark", None)
             line = f" line {mark.line + 1}" if mark is not None else ""

@@ -9,6 +9,7 @@ import difflib
 from typing import Literal, Optional
 
 from fourfold.config.loader import require
+from fourfold.config.model_limits import require_fits
 from fourfold.config.run import RunConfig
 
 # The advantage estimators of fourfold.core's registry (ADVANTAGE_ESTIMATORS), by name: config
@@ -195,6 +196,7 @@ class PPOAlgoConfig:
         require(self.kl_horizon >= 1, f"{prefix}.kl_horizon", "must be >= 1")
         require(self.lr > 0, f"{prefix}.lr", "must be > 0")
         require(self.critic_lr > 0, f"{prefix}.critic_lr", "must be > 0")
+        require(self.weight_decay >= 0, f"{prefix}.weight_decay", f"must be >= 0, got {self.weight_decay}")
         require(self.max_grad_norm is None or self.max_grad_norm > 0, f"{prefix}.max_grad_norm", "must be > 0 or null")
         require(self.entropy_coef >= 0, f"{prefix}.entropy_coef", "must be >= 0")
         self._validate_estimator(prefix)
@@ -248,3 +250,12 @@ class PPOConfig:
         if self.model.reward is None and self.ppo.loads_critic and self.model.critic is None:
             require(self.model.critic_init == "policy", "model.critic_init",
                     "'reward' needs model.reward; use critic_init=policy with a reward_fn")
+        require_rollout_fits(self.model, self.data, self.generation)
+
+
+def require_rollout_fits(model: LMModelConfig, data: PromptDataConfig, gen: GenerationConfig) -> None:
+    """The longest prompt plus the longest response fits every model directory of the run (read
+    from their config.json, before any model loads): PPO and REINFORCE."""
+    require_fits(data.max_prompt_len + gen.max_new_tokens,
+                 f"data.max_prompt_len + generation.max_new_tokens = {data.max_prompt_len} + {gen.max_new_tokens}",
+                 [(f"model.{role}", getattr(model, role)) for role in ("policy", "reference", "reward", "critic")])

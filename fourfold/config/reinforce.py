@@ -6,7 +6,7 @@ import dataclasses
 from typing import Literal, Optional
 
 from fourfold.config.loader import require
-from fourfold.config.ppo import GenerationConfig, LMModelConfig, PromptDataConfig
+from fourfold.config.ppo import GenerationConfig, LMModelConfig, PromptDataConfig, require_rollout_fits
 from fourfold.config.run import RunConfig
 
 
@@ -52,3 +52,4 @@ class ReinforceConfig:
     def validate(self, prefix: str = "") -> None:
         require((self.model.reward is None) != (self.model.reward_fn is None), "model.reward",
                 "set exactly one of model.reward (a reward-model directory) and model.reward_fn")
+        require_rollout_fits(self.model, self.data, self.generation)

@@ -53,6 +53,4 @@ class RewardConfig:
     run: RunConfig = dataclasses.field(default_factory=lambda: RunConfig(output_dir="runs/reward"))
 
     def validate(self, prefix: str = "") -> None:
-        if self.model.from_scratch:
-            require(self.train.max_len <= self.model.max_positions, "train.max_len",
-                    f"{self.train.max_len} is more than model.max_positions={self.model.max_positions}")
+        self.model.check_max_len(self.train.max_len)

@@ -7,6 +7,9 @@ from typing import Literal, Optional
 
 from fourfold.config.loader import require
 
+MAX_SEED = 2**63 - 1
+"""The largest seed: torch takes 64-bit seeds, and the named streams add small offsets to it."""
+
 
 @dataclasses.dataclass
 class RunConfig:
@@ -55,6 +58,7 @@ class RunConfig:
     the experiments have --fresh)."""
 
     def validate(self, prefix: str = "run") -> None:
+        require(0 <= self.seed <= MAX_SEED, f"{prefix}.seed", f"must be an integer in [0, 2**63 - 1], got {self.seed}")
         require(self.output_dir.strip() != "", f"{prefix}.output_dir",
                 "must not be empty (it would write into the current directory)")
         require(not (self.resume and self.overwrite), f"{prefix}.overwrite",

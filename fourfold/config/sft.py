@@ -6,6 +6,7 @@ import dataclasses
 from typing import Literal, Optional
 
 from fourfold.config.loader import require
+from fourfold.config.model_limits import require_fits
 from fourfold.config.run import RunConfig
 
 
@@ -37,11 +38,24 @@ class InitModelConfig:
     def validate(self, prefix: str = "model") -> None:
         require(self.path is not None or self.from_scratch, f"{prefix}.path",
                 "missing: a model directory (or model.from_scratch=true with model.tokenizer)")
+        for name in ("hidden_size", "num_layers", "num_heads", "max_positions"):
+            require(getattr(self, name) >= 1, f"{prefix}.{name}", f"must be >= 1, got {getattr(self, name)}")
+        require(self.intermediate_size is None or self.intermediate_size >= 1, f"{prefix}.intermediate_size",
+                f"must be >= 1 or null, got {self.intermediate_size}")
         if self.from_scratch:
             require(self.tokenizer is not None or self.path is not None, f"{prefix}.tokenizer",
                     "training from scratch needs a tokenizer directory")
             require(self.hidden_size % self.num_heads == 0, f"{prefix}.hidden_size",
                     f"{self.hidden_size} is not divisible by num_heads={self.num_heads}")
+
+    def check_max_len(self, max_len: int) -> None:
+        """``train.max_len`` tokens fit the model: ``max_positions`` from scratch, else the limit
+        in ``path``'s config.json (read before the model loads)."""
+        if self.from_scratch:
+            require(max_len <= self.max_positions, "train.max_len",
+                    f"{max_len} is more than model.max_positions={self.max_positions}")
+        else:
+            require_fits(max_len, "train.max_len", [("model.path", self.path)])
 
 
 @dataclasses.dataclass
@@ -77,6 +91,8 @@ class TrainLoopConfig:
         require(self.batch_size >= 1, f"{prefix}.batch_size", "must be >= 1")
         require(self.lr > 0, f"{prefix}.lr", "must be > 0")
         require(self.warmup_steps >= 0, f"{prefix}.warmup_steps", "must be >= 0")
+        require(self.weight_decay >= 0, f"{prefix}.weight_decay", f"must be >= 0, got {self.weight_decay}")
+        require(self.eval_every >= 0, f"{prefix}.eval_every", f"must be >= 0 (0: only at the end), got {self.eval_every}")
         require(self.max_len >= 2, f"{prefix}.max_len", "must be >= 2")
         require(self.log_every >= 1, f"{prefix}.log_every", "must be >= 1")
         require(self.max_grad_norm is None or self.max_grad_norm > 0, f"{prefix}.max_grad_norm", "must be > 0 or null")
@@ -107,6 +123,4 @@ class SFTConfig:
     run: RunConfig = dataclasses.field(default_factory=lambda: RunConfig(output_dir="runs/sft"))
 
     def validate(self, prefix: str = "") -> None:
-        if self.model.from_scratch:
-            require(self.train.max_len <= self.model.max_positions, "train.max_len",
-                    f"{self.train.max_len} is more than model.max_positions={self.model.max_positions}")
+        self.model.check_max_len(self.train.max_len)

@@ -17,6 +17,13 @@ Choices, documented once:
   sequences are right-padded. Masks are built from lengths, never by comparing ids with ``pad_id``
   (pad and EOS are often the same id). Mask polarity as everywhere in fourfold: 1 = valid. All
   tensors are ``torch.long``.
+* **Special tokens stay out of user text**: a special-token string typed in a prompt, completion or
+  response (``<pad>``, ``<|endoftext|>``) is encoded as text (``split_special_tokens``; where the
+  vocabulary itself holds it as a word, as a word-level one does, it becomes UNK, or the row is an
+  error when UNK is itself special). Only a chat template's own tokens are special
+  (:class:`~fourfold.data.formats.TemplateText`). Text without such strings keeps exactly the ids
+  the tokenizer gives it: only a text whose ids hold a special id is encoded again
+  (:mod:`fourfold.data.literal`).
 * **Too long**: a prompt over ``max_prompt_len`` tokens is a :class:`~fourfold.errors.DataError`
   naming file and line, or, with ``truncate=True``, loses tokens from the left (BOS is kept). An SFT
   or preference sequence over ``max_len`` loses reply tokens from the right when ``truncate=True``
@@ -40,6 +47,7 @@ import torch
 
 from fourfold.data.formats import PreferenceRecord, PromptRecord, SFTRecord
 from fourfold.data.io import check_on_error, location, one_line
+from fourfold.data.literal import as_text, special_ids
 from fourfold.errors import DataError
 
 __all__ = [
@@ -132,18 +140,21 @@ def _need(tokenizer: Any, name: str, why: str) -> int:
 
 
 def _encode(tokenizer: Any, texts: Sequence[str], wheres: Sequence[str], what: str) -> list[list[int] | str]:
-    """Ids per text without special tokens; a problem string where the tokenizer itself failed."""
+    """Ids per text without added special tokens, a typed special-token string kept as text
+    (:func:`fourfold.data.literal.as_text`); a problem string where the tokenizer itself failed."""
     if not texts:
         return []
+    special, unk = special_ids(tokenizer)
     try:
         out = tokenizer(list(texts), add_special_tokens=False)["input_ids"]
-        return [list(map(int, ids)) for ids in out]
+        return [as_text(tokenizer, t, list(map(int, ids)), special, unk, what) for t, ids in zip(texts, out)]
     except Exception:  # find the text it choked on, and say which line that was
         pass
     result: list[list[int] | str] = []
     for text, _where in zip(texts, wheres):
         try:
-            result.append(list(map(int, tokenizer(text, add_special_tokens=False)["input_ids"])))
+            ids = list(map(int, tokenizer(text, add_special_tokens=False)["input_ids"]))
+            result.append(as_text(tokenizer, text, ids, special, unk, what))
         except Exception as e:
             result.append(f"tokenizer failed on the {what}: {type(e).__name__}: {one_line(e, 120)}")
     return result

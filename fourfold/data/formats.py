@@ -40,11 +40,15 @@ tokenize=False, add_generation_prompt=True)``) when the tokenizer has a chat tem
 
 The completion/response of a chat record is the *content* of the last assistant message; the
 end-of-turn is the tokenizer's EOS, appended at tokenisation (see ``fourfold.data.collate``).
+A template's rendering is :class:`TemplateText`: at tokenisation its special tokens are special,
+while special-token strings typed in a message (``literal_spans``), and every other text field,
+stay text.
 
 Validation (each failure is one line, ``"<file>:<line>: <problem>"``): a missing field (with a
 "did you mean" hint when a key is a near miss of an accepted name, e.g. ``promt``), a wrong type,
 both of two alternative forms at once, an empty (or all-whitespace) prompt, completion, chosen or
-rejected, chosen identical to rejected, a malformed message list, text that is not valid Unicode
+rejected, chosen identical to rejected, ``chosen`` and ``rejected`` in different forms (one a string,
+the other a message list), a malformed message list, text that is not valid Unicode
 (a lone surrogate from a ``\\ud800`` escape). Prompts that are too long in tokens are found at
 tokenisation (``fourfold.data.collate``), where the tokenizer is known.
 
@@ -62,6 +66,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import os
+import re
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Generic, TypeVar
 
@@ -75,6 +80,7 @@ __all__ = [
     "ResponseRecord",
     "LoadResult",
     "ChatRender",
+    "TemplateText",
     "load_prompts",
     "load_sft",
     "load_preferences",
@@ -183,14 +189,66 @@ def plain_chat_render(messages: list[dict[str, Any]]) -> str:
     return "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant: "
 
 
+class TemplateText(str):
+    """Text a chat template wrote. Its special tokens (``<|im_start|>``, a BOS, ...) are read as
+    special tokens at tokenisation, while everything else fourfold tokenises is user text whose
+    special-token strings stay text; ``literal_spans`` are the ``(start, end)`` character ranges
+    of special-token strings a user typed inside a message, which stay text here too."""
+
+    literal_spans: tuple[tuple[int, int], ...]
+
+    def __new__(cls, text: str, literal_spans: Sequence[tuple[int, int]] = ()):
+        obj = super().__new__(cls, text)
+        obj.literal_spans = tuple(literal_spans)
+        return obj
+
+
+_MARK_START, _MARK_END = "\U000f0000", "\U000f0001"  # private-use characters around a marked string
+_MARKED = re.compile(f"{_MARK_START}(\\d+){_MARK_END}")
+
+
+def _mark_specials(messages: list[dict[str, Any]], pattern: re.Pattern) -> tuple[list[dict[str, Any]], list[str]]:
+    """The messages with each special-token string in a content replaced by a numbered marker,
+    and the strings replaced (marker i stands for strings[i])."""
+    found: list[str] = []
+
+    def mark(m: re.Match) -> str:
+        found.append(m.group(0))
+        return f"{_MARK_START}{len(found) - 1}{_MARK_END}"
+
+    marked = [dict(msg, content=pattern.sub(mark, msg["content"])) if isinstance(msg.get("content"), str) else msg
+              for msg in messages]
+    return marked, found
+
+
+def _unmark(text: str, found: list[str]) -> TemplateText:
+    """The rendered text with the markers replaced by the strings they stand for, as TemplateText
+    whose ``literal_spans`` are where those strings now are."""
+    parts, spans, length, pos = [], [], 0, 0
+    for m in _MARKED.finditer(text):
+        before = text[pos : m.start()].replace(_MARK_START, "").replace(_MARK_END, "")
+        literal = found[int(m.group(1))]
+        parts += [before, literal]
+        spans.append((length + len(before), length + len(before) + len(literal)))
+        length += len(before) + len(literal)
+        pos = m.end()
+    parts.append(text[pos:].replace(_MARK_START, "").replace(_MARK_END, ""))
+    return TemplateText("".join(parts), spans)
+
+
 def chat_template_renderer(tokenizer: Any) -> ChatRender | None:
     """``render`` built on the tokenizer's own chat template, or None when it has none (the loaders
-    then use :func:`plain_chat_render`)."""
+    then use :func:`plain_chat_render`). It returns :class:`TemplateText`: the template's special
+    tokens stay special, while a special-token string typed in a message is marked as literal text."""
     if not getattr(tokenizer, "chat_template", None):
         return None
+    specials = sorted({s for s in getattr(tokenizer, "all_special_tokens", []) if s}, key=len, reverse=True)
+    pattern = re.compile("|".join(re.escape(s) for s in specials)) if specials else None
 
     def render(messages: list[dict[str, Any]]) -> str:
-        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        marked, found = _mark_specials(messages, pattern) if pattern is not None else (messages, [])
+        text = tokenizer.apply_chat_template(marked, tokenize=False, add_generation_prompt=True)
+        return _unmark(text, found) if found else TemplateText(text)
 
     return render
 
@@ -281,6 +339,8 @@ def _render(render: ChatRender | None, messages: list[dict[str, Any]]) -> str:
     if not isinstance(text, str):
         raise _Bad(f"chat template returned {type(text).__name__}, expected a string")
     _check_text("rendered chat", text)
+    if render is not None and not isinstance(text, TemplateText):
+        text = TemplateText(text)  # a caller's own template: its special tokens are meant
     return text
 
 
@@ -426,6 +486,9 @@ def _preference_row(rec: dict, render: ChatRender | None) -> tuple[str, str, str
     else:
         prompt, chosen, rejected = _implicit_prompt(rec)
 
+    if isinstance(rec["chosen"], list) != isinstance(rec["rejected"], list):
+        kinds = {k: "a list of messages" if isinstance(rec[k], list) else "a string" for k in ("chosen", "rejected")}
+        raise _Bad(f"'chosen' is {kinds['chosen']} but 'rejected' is {kinds['rejected']}; give both in the same form")
     if not prompt.strip():
         raise _Bad("field 'prompt' is empty")
     if not chosen.strip():

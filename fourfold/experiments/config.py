@@ -9,7 +9,7 @@ from typing import Optional
 
 from fourfold.config.demo import DemoConfig
 from fourfold.config.loader import require
-from fourfold.config.run import RunConfig
+from fourfold.config.run import MAX_SEED, RunConfig
 
 EXPERIMENT_ARMS = ("ppo", "ppo-beta0", "ppo-beta-high", "ppo-1epoch", "ppo-no-critic", "reinforce",
                    "ppo-unbiased-rm", "ppo-adaptive-kl")
@@ -118,6 +118,7 @@ class ExperimentsConfig:
         require(len(self.arms) >= 1, "arms", "must name at least one arm")
         require(len(self.seeds) >= 1, "seeds", "must list at least one seed")
         require(len(set(self.seeds)) == len(self.seeds), "seeds", "a seed is listed twice")
+        require(all(0 <= s <= MAX_SEED for s in self.seeds), "seeds", "each seed must be an integer in [0, 2**63 - 1]")
         require(self.iterations >= 1, "iterations", "must be >= 1")
         require(self.workers >= 1, "workers", "must be >= 1")
         if "reinforce" in self.arms:

@@ -16,7 +16,8 @@ from typing import Iterable, Optional
 
 import torch
 
-from fourfold.errors import NonFiniteError
+from fourfold.errors import ConfigError, NonFiniteError
+from fourfold.trainers.finite_step import finite_step
 
 
 def seed_everything(seed: int) -> torch.Generator:
@@ -71,7 +72,8 @@ class NonFiniteGuard:
     """Counts skipped updates; raises NonFiniteError after ``limit`` consecutive ones.
 
     A NaN/Inf in a loss, a gradient norm, a reward or an advantage never reaches the weights: the
-    caller asks :meth:`ok` before stepping and skips the step when it says no.
+    caller asks :meth:`ok` before stepping and skips the step when it says no; a step that itself
+    leaves a non-finite weight is undone and counted with :meth:`skip` (see :func:`clip_and_step`).
     """
 
     limit: int = 3
@@ -85,11 +87,15 @@ class NonFiniteGuard:
         v = value if isinstance(value, torch.Tensor) else torch.tensor(float(value))
         if bool(torch.isfinite(v).all()):
             return True
+        self.skip(what, where)
+        return False
+
+    def skip(self, what: str, where: str = "") -> None:
+        """Count one skipped update: ``what`` was not finite at ``where``."""
         with self._lock:  # the policy and the critic may update in two threads
             self.consecutive += 1
             self.total += 1
             self.events.append({"quantity": what, "where": where, "consecutive": self.consecutive})
-        return False
 
     def take_new_events(self) -> list[dict]:
         """Events recorded since the last call (for the run's events.jsonl)."""
@@ -110,19 +116,26 @@ class NonFiniteGuard:
             )
 
 
-def clip_and_step(model, optimizer, scheduler, max_grad_norm: Optional[float], guard: NonFiniteGuard, where: str):
-    """Global grad-norm clip, then step only if the norm is finite. Returns the grad norm (float)."""
+def clip_and_step(model, optimizer, scheduler, max_grad_norm: Optional[float], guard: NonFiniteGuard, where: str
+                  ) -> tuple[float, bool]:
+    """Global grad-norm clip, then step only if the norm is finite, and keep the step only if every
+    parameter after it is finite (:func:`fourfold.trainers.finite_step.finite_step`: else the
+    pre-step weights and optimizer state are put back and the guard counts quantity
+    ``parameters``). Returns ``(grad norm, the weights moved)``."""
     params = [p for p in model.parameters() if p.grad is not None]
     if max_grad_norm is not None:
         norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
     else:
         norm = torch.norm(torch.stack([p.grad.detach().norm() for p in params])) if params else torch.zeros(())
+    taken = False
     if guard.ok("grad_norm", norm, where):
-        optimizer.step()
+        taken = finite_step(optimizer)
+        if not taken:  # the step overflowed and was undone
+            guard.skip("parameters", where)
     optimizer.zero_grad(set_to_none=True)
     if scheduler is not None:
         scheduler.step()
-    return float(norm)
+    return float(norm), taken
 
 
 def guarded_step(model, optimizer, scheduler, max_grad_norm: Optional[float], guard: NonFiniteGuard, where: str,
@@ -142,7 +155,8 @@ def guarded_step(model, optimizer, scheduler, max_grad_norm: Optional[float], gu
     same learning rates) unless ``schedule_on_skip`` is False (PPO's policy and critic steps).
 
     Returns ``(grad_norm, taken)``: ``grad_norm`` is None when a checked quantity skipped the step,
-    else the norm before clipping (not finite: the step was skipped); ``taken``: the weights moved.
+    else the norm before clipping (not finite: the step was skipped); ``taken``: the weights moved
+    (False also when the step itself left a non-finite weight and was undone).
     The guard's consecutive count is the caller's to reset (``guard.good_step()``), because what
     counts as one update is the caller's: a step, or PPO's whole iteration.
     """
@@ -153,8 +167,7 @@ def guarded_step(model, optimizer, scheduler, max_grad_norm: Optional[float], gu
                 scheduler.step()
             return None, False
         loss.backward()
-    grad_norm = clip_and_step(model, optimizer, scheduler, max_grad_norm, guard, where)
-    return grad_norm, math.isfinite(grad_norm)
+    return clip_and_step(model, optimizer, scheduler, max_grad_norm, guard, where)
 
 
 def num_steps(max_steps: Optional[int], epochs: float, batches_per_epoch: int) -> int:
@@ -162,6 +175,14 @@ def num_steps(max_steps: Optional[int], epochs: float, batches_per_epoch: int) -
     if max_steps is not None:
         return max_steps
     return max(1, math.ceil(epochs * batches_per_epoch))
+
+
+def require_batch(batch_size: int, examples: int, what: str) -> None:
+    """A ConfigError naming ``train.batch_size`` when one batch needs more than the ``examples``
+    a supervised stage loaded (``what`` says which, e.g. "training examples in data.jsonl")."""
+    if batch_size > examples:
+        raise ConfigError(f"train.batch_size: {batch_size} is more than the {examples} {what}; "
+                          f"lower it to at most {examples}")
 
 
 def save_hf(model, tokenizer, out_dir: str | Path) -> Path:

@@ -17,7 +17,7 @@ import torch
 
 from fourfold.config import GenerationConfig, LMModelConfig, PromptDataConfig
 from fourfold.core import Rollout, kl_estimate, masked_mean, token_rewards
-from fourfold.data import EpochSampler, chat_template_renderer, left_pad, load_prompts, tokenize_prompts
+from fourfold.data import EpochSampler, chat_template_renderer, encode_prompts, left_pad, line_of, load_prompts
 from fourfold.errors import ConfigError
 from fourfold.models import load_reward_fn
 from fourfold.models.checks import RoleChecker
@@ -94,26 +94,40 @@ class PromptStream:
     """Prompts tokenised once, served in shuffled batches; resumable through ``state_dict()``.
 
     The prompts are ``prompts`` when given (a list of strings, used as they are), else the rows of
-    the ``data.prompts`` file."""
+    the ``data.prompts`` file; with ``data.on_error: skip`` its bad rows (unreadable, or longer than
+    ``data.max_prompt_len``) are left out and their messages kept in ``skipped`` (file order).
+    Fewer prompts than one batch is a ConfigError naming ``batch_key``, the batch size's key."""
 
     def __init__(self, data: PromptDataConfig, tokenizer, batch_size: int, seed: int,
-                 prompts: Optional[Sequence[str]] = None):
+                 prompts: Optional[Sequence[str]] = None, batch_key: str = "rollout_batch_size"):
+        on_error = "raise"
         if prompts is not None:
-            self.texts = list(prompts)
-            lines, self.skipped, source = None, 0, "prompts"
+            texts = list(prompts)
+            lines, source, self.skipped = None, "prompts", []
         elif data.prompts is not None:
             # chat `messages` are rendered exactly as the SFT and reward stages render them
             loaded = load_prompts(data.prompts, on_error=data.on_error, chat_template=chat_template_renderer(tokenizer))
-            self.texts = [r.prompt for r in loaded]
-            lines = [r.line for r in loaded]
-            self.skipped = loaded.num_skipped
-            source = data.prompts
+            texts, lines = [r.prompt for r in loaded], [r.line for r in loaded]
+            source, on_error, self.skipped = data.prompts, data.on_error, list(loaded.skipped)
         else:
             raise ConfigError("data.prompts: missing: a prompts file (or prompts passed to the trainer)")
-        self.ids = tokenize_prompts(self.texts, tokenizer, data.max_prompt_len, lines=lines, source=source)
+        examples = encode_prompts(texts, tokenizer, data.max_prompt_len, lines=lines, source=source,
+                                  on_error=on_error, skipped=self.skipped)
+        self.skipped.sort(key=line_of)
+        self.texts = [texts[e.index] for e in examples]
+        self.ids = [e.input_ids for e in examples]
+        if len(self.ids) < batch_size:
+            skipped = f" ({len(self.skipped)} bad rows skipped)" if self.skipped else ""
+            raise ConfigError(f"{batch_key}: {batch_size} is more than the {len(self.ids)} prompts in {source}{skipped}; "
+                              "one batch needs that many different prompts")
         self.pad_id = tokenizer.pad_token_id
         self.sampler = EpochSampler(len(self.texts), batch_size, seed=seed, drop_last=True)
         self._it = self.sampler.batches()
+
+    def warn_skipped(self, logger) -> None:
+        """Say on the console and in events.jsonl how many bad rows were skipped, and the first."""
+        if self.skipped:
+            logger.warn(f"{len(self.skipped)} bad rows skipped (data.on_error=skip); first: {self.skipped[0]}", step=0)
 
     def next(self, device) -> tuple[list[str], torch.Tensor, torch.Tensor]:
         idx = next(self._it)

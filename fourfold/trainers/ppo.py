@@ -245,7 +245,8 @@ def _set_up(cfg: PPOConfig, run: RunScaffold, roles: Roles, prompts: Optional[Se
     algo = cfg.ppo
     opt = make_optim(roles, algo)
     n_prompts = algo.rollout_batch_size // algo.samples_per_prompt
-    stream = PromptStream(cfg.data, roles.tokenizer, n_prompts, cfg.run.seed, prompts=prompts)
+    stream = PromptStream(cfg.data, roles.tokenizer, n_prompts, cfg.run.seed, prompts=prompts,
+                          batch_key="ppo.rollout_batch_size")
     kl_ctl = (AdaptiveKLController(algo.kl_coef, algo.kl_target, algo.kl_horizon) if algo.adaptive_kl
               else FixedKLController(algo.kl_coef))
     modules, optimizers, schedulers = {"policy": roles.policy}, {"policy": opt.policy_opt}, {"policy": opt.policy_sched}
@@ -281,6 +282,8 @@ def train(cfg: PPOConfig, *, prompts: Optional[Sequence[str]] = None, probe: Opt
     last: dict = {}
     with run.loop(total=algo.iterations, desc="ppo",
                   key_metrics=("reward/score_mean", "reward/gold_mean", "kl/k1")) as logger:
+        if run.resumed_step is None:
+            stream.warn_skipped(logger)
         for it in range(start + 1, algo.iterations + 1):
             t_iter = time.perf_counter()
             # 1. sample prompts, each on samples_per_prompt consecutive rows

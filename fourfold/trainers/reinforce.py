@@ -34,7 +34,8 @@ def train(cfg: ReinforceConfig, *, prompts: Optional[Sequence[str]] = None, prob
     roles = roles or load_roles(cfg.model, device, with_critic=False)
     optimizer = make_optimizer(roles.policy.parameters(), algo.lr)
     schedule = make_schedule(optimizer, algo.iterations, algo.lr_schedule)
-    stream = PromptStream(cfg.data, roles.tokenizer, algo.rollout_batch_size, cfg.run.seed, prompts=prompts)
+    stream = PromptStream(cfg.data, roles.tokenizer, algo.rollout_batch_size, cfg.run.seed, prompts=prompts,
+                          batch_key="reinforce.rollout_batch_size")
     kl_ctl = FixedKLController(algo.kl_coef)
     guard = run.guard
     run.track(modules={"policy": roles.policy}, optimizers={"policy": optimizer}, schedulers={"policy": schedule},
@@ -47,6 +48,8 @@ def train(cfg: ReinforceConfig, *, prompts: Optional[Sequence[str]] = None, prob
     last: dict = {}
     with run.loop(total=algo.iterations, desc="reinforce",
                   key_metrics=("reward/score_mean", "reward/gold_mean", "kl/k1")) as logger:
+        if run.resumed_step is None:
+            stream.warn_skipped(logger)
         for it in range(start + 1, algo.iterations + 1):
             t_iter = time.perf_counter()
             # 1. sample prompts

@@ -44,6 +44,7 @@ from fourfold.trainers.common import (
     make_optimizer,
     make_schedule,
     num_steps,
+    require_batch,
     save_hf,
     track_steps,
 )
@@ -184,6 +185,8 @@ def train(cfg: RewardConfig) -> dict:
     device = run.hf_device()
     tok, rm = load_model(cfg.model, device)
     train_ex, eval_ex, skipped = load_examples(cfg, tok)
+    require_batch(tc.batch_size, len(train_ex), f"training pairs from {cfg.data.train}"
+                  + (" (after holding out data.eval_fraction)" if cfg.data.eval is None and eval_ex else ""))
     sampler = EpochSampler(len(train_ex), tc.batch_size, seed=cfg.run.seed)
     total = num_steps(tc.max_steps, tc.epochs, len(sampler))
     opt = make_optimizer(rm.hf.parameters(), tc.lr, tc.weight_decay)

@@ -6,7 +6,7 @@ checkpoint, the non-finite guard, the SIGTERM/SIGINT stop flag (and putting the 
 the metrics logger, and the periodic, final, stop-signal and stuck checkpoints. The loop itself
 stays in the trainer, flat and in numbered steps; the scaffold has no hooks::
 
-    run = RunScaffold(cfg)                                  # 0. seed, run dir, config.yaml
+    run = RunScaffold(cfg)                                  # 0. validate, seed, run dir, config.yaml
     model, optimizer, ... = ...                             #    the trainer's own set-up
     run.track(modules={...}, optimizers={...}, schedulers={...}, state=lambda step: {...})
     state = run.resume()                                    #    None, or the checkpoint's state
@@ -36,7 +36,7 @@ from typing import Callable, Iterator, Mapping, Optional, Sequence
 
 import torch
 
-from fourfold.config import config_to_dict, save_config
+from fourfold.config import config_to_dict, save_config, validate_tree
 from fourfold.errors import FourfoldError, OutputError
 from fourfold.sinks import done_line, open_sinks, require_sinks
 from fourfold.trainers.common import NonFiniteGuard, quiet_transformers, seed_everything
@@ -47,10 +47,12 @@ class RunScaffold:
     """Seeding, run directory, resume, non-finite guard, stop signal, logger and checkpoints of one
     run. ``cfg`` is a stage config with a ``run`` section (:class:`fourfold.config.RunConfig`).
 
-    Constructing it seeds python, numpy and torch with ``run.seed`` (a trainer's first act), checks
-    and creates ``run.output_dir`` (:func:`~fourfold.trainers.run_dir.prepare_run_dir`: a used one
-    needs ``run.resume`` or ``run.overwrite``), writes the resolved ``config.yaml`` and applies
-    ``run.threads``.
+    Constructing it validates ``cfg`` exactly as the CLI does (:func:`fourfold.config.validate_tree`:
+    types, finite numbers, ranges, lengths against the models' config.json; a ConfigError before
+    anything is written), then seeds python, numpy and torch with ``run.seed`` (a trainer's first
+    act), checks and creates ``run.output_dir``
+    (:func:`~fourfold.trainers.run_dir.prepare_run_dir`: a used one needs ``run.resume`` or
+    ``run.overwrite``), writes the resolved ``config.yaml`` and applies ``run.threads``.
     """
 
     rank: int = 0
@@ -59,6 +61,7 @@ class RunScaffold:
     """How many processes run this training together."""
 
     def __init__(self, cfg) -> None:
+        validate_tree(cfg)  # a config built in Python is checked as the CLI checks a loaded one
         self.run_cfg = cfg.run
         self._t0 = time.perf_counter()
         seed_everything(self.run_cfg.seed)  # first: everything after draws from the seeded generators

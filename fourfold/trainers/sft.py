@@ -39,6 +39,7 @@ from fourfold.trainers.common import (
     make_optimizer,
     make_schedule,
     num_steps,
+    require_batch,
     save_hf,
     track_steps,
 )
@@ -148,6 +149,7 @@ def train(cfg: SFTConfig) -> dict:
     device = run.hf_device()
     tok, model = load_model(cfg.model, device)
     train_ex, eval_ex, skipped = load_examples(cfg, tok)
+    require_batch(tc.batch_size, len(train_ex), f"training examples in {cfg.data.train}")
     sampler = EpochSampler(len(train_ex), tc.batch_size, seed=cfg.run.seed)
     total = num_steps(tc.max_steps, tc.epochs, len(sampler))
     opt = make_optimizer(model.parameters(), tc.lr, tc.weight_decay)

@@ -7,6 +7,7 @@ from fourfold.data import (
     PreferenceRecord,
     PromptRecord,
     SFTRecord,
+    TemplateText,
     encode_preferences,
     encode_prompts,
     encode_sft,
@@ -71,7 +72,9 @@ def test_no_bos_tokenizer_and_add_bos_false(tokenizer, tokenizer_no_bos):
     assert tokenize_prompts(["a b"], tokenizer_no_bos, 4) == [ids(tokenizer, "a b")]
     assert tokenize_prompts(["a b"], tokenizer, 4, add_bos=False) == [ids(tokenizer, "a b")]
     # a prompt that already starts with BOS (a chat template writing it) does not get a second one
-    assert tokenize_prompts(["<bos> a b"], tokenizer, 4) == [[BOS] + ids(tokenizer, "a b")]
+    assert tokenize_prompts([TemplateText("<bos> a b")], tokenizer, 4) == [[BOS] + ids(tokenizer, "a b")]
+    # typed by a user, "<bos>" is text (this word-level vocabulary can only write it as UNK)
+    assert tokenize_prompts(["<bos> a b"], tokenizer, 4) == [[BOS, UNK] + ids(tokenizer, "a b")]
     with pytest.raises(DataError, match="empty after tokenisation"):
         tokenize_prompts([""], tokenizer_no_bos, 4)
 

@@ -207,7 +207,7 @@ def test_bad_pairs_raise_with_file_and_line_or_are_skipped(toy, tmp_path):
         reward.train(_cfg(toy, tmp_path / "a", f"data.train={path}", "train.max_steps=1"))
     out = tmp_path / "b"
     res = reward.train(_cfg(toy, out, f"data.train={path}", "data.on_error=skip", "data.eval_fraction=0",
-                            "train.max_steps=1"))
+                            "train.max_steps=1", "train.batch_size=5"))
     assert res["model"] == str(out / "model")
     warnings = [e["message"] for e in read_metrics(out / "events.jsonl") if e["kind"] == "warning"]
     assert len(warnings) == 1 and "1 bad rows skipped" in warnings[0] and "prefs.jsonl:4:" in warnings[0]

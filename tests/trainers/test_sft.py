@@ -127,7 +127,7 @@ def test_skip_mode_trains_on_the_rest_and_warns(toy, tmp_path):
     path = _write_jsonl(tmp_path / "mixed.jsonl", [*toy["rows"][:4], {"prompt": "q1 ask", "completion": " ".join(WORDS)},
                                                    {"prompt": "q2"}])
     out = tmp_path / "run"
-    sft.train(_cfg(toy, out, f"data.train={path}", "data.on_error=skip", "train.max_steps=2"))
+    sft.train(_cfg(toy, out, f"data.train={path}", "data.on_error=skip", "train.max_steps=2", "train.batch_size=4"))
     warnings = [e for e in read_metrics(out / "events.jsonl") if e["kind"] == "warning"]
     assert len(warnings) == 1 and "2 bad rows skipped" in warnings[0]["message"]
     assert "mixed.jsonl:5:" in warnings[0]["message"]
