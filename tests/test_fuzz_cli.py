@@ -29,6 +29,9 @@ REQUIRED = {  # the least each stage needs so that only the fuzzed key can be wr
     "gym": [],
     "demo": [],
     "experiments": [],
+    "dpo": ["model.path=m", "data.train=t.jsonl"],
+    "generate": ["model.path=m", "data.prompts=p.jsonl"],
+    "score": ["model.reward=rm", "data.rows=r.jsonl"],
 }
 
 
@@ -62,6 +65,8 @@ def _bad_values(tp) -> list[str]:
         return ["not-a-choice", "[1]"]
     if origin is list:
         inner = typing.get_args(base)[0]
+        if typing.get_origin(inner) is typing.Literal:
+            return ["[not-a-choice]", "7"]
         return {int: ["[-1]", "[abc]"], float: ["[nan]", "[inf]"], str: ["[not-a-name]"]}[inner] + ["7"]
     raise AssertionError(f"no bad values for {tp}")
 
