@@ -6,6 +6,7 @@ import dataclasses
 from typing import Literal, Optional
 
 from fourfold.config.loader import require
+from fourfold.config.lora import LoraConfig
 from fourfold.config.run import RunConfig
 
 
@@ -33,10 +34,16 @@ class InitModelConfig:
     """Allow model code from the model's repository."""
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     """Weights dtype."""
+    lora: Optional[LoraConfig] = None
+    """Train LoRA adapters (and, for a reward model, its score head) on the frozen `path` model
+    instead of every weight; null = full fine-tuning. The run writes the merged model to
+    `model/` and the adapter to `model-adapter/`."""
 
     def validate(self, prefix: str = "model") -> None:
         require(self.path is not None or self.from_scratch, f"{prefix}.path",
                 "missing: a model directory (or model.from_scratch=true with model.tokenizer)")
+        require(self.lora is None or not self.from_scratch, f"{prefix}.lora",
+                "LoRA adapts a trained model (model.path); a model trained from scratch learns every weight")
         if self.from_scratch:
             require(self.tokenizer is not None or self.path is not None, f"{prefix}.tokenizer",
                     "training from scratch needs a tokenizer directory")
