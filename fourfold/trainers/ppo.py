@@ -39,8 +39,9 @@ from fourfold.core import (
     value_loss,
 )
 from fourfold.models.roles import ScalarModel, response_logprobs
-from fourfold.trainers.common import NonFiniteGuard, guarded_step, make_optimizer, make_schedule, save_hf
+from fourfold.trainers.common import NonFiniteGuard, guarded_step, make_optimizer, make_schedule
 from fourfold.trainers.lm import Probe, PromptStream, Roles, collect, load_roles
+from fourfold.trainers.lora import save_trained
 from fourfold.trainers.scaffold import RunScaffold
 
 
@@ -234,7 +235,7 @@ def train(cfg: PPOConfig, *, prompts: Optional[Sequence[str]] = None, probe: Opt
     # 0. set-up: seed, run directory, roles, optimisers, prompt stream, KL controller, resume
     run = RunScaffold(cfg)
     device = run.hf_device()
-    roles = roles or load_roles(cfg.model, device, with_critic=algo.use_critic)
+    roles = roles or load_roles(cfg.model, device, with_critic=algo.use_critic, concurrent=cfg.run.concurrent_roles)
     opt, stream, kl_ctl, start = _set_up(cfg, run, roles, prompts)
     guard = run.guard
     last: dict = {}
@@ -290,9 +291,10 @@ def train(cfg: PPOConfig, *, prompts: Optional[Sequence[str]] = None, probe: Opt
             logger.log(it, metrics)
             last = metrics
             run.checkpoint_if_due(it)
-        # the final models, loadable with plain transformers
-        run.write(save_hf, roles.policy, roles.tokenizer, run.out / "policy")
+        # the final models, loadable with plain transformers (LoRA: merged, and the adapters beside)
+        written = save_trained(run, roles.policy, roles.tokenizer, run.out / "policy")
         if roles.critic is not None:
-            run.write(save_hf, roles.critic.hf, roles.tokenizer, run.out / "critic")
-    return {"output_dir": str(run.out), "policy": str(run.out / "policy"), "final": last}
+            save_trained(run, roles.critic, roles.tokenizer, run.out / "critic")
+    return {"output_dir": str(run.out), "policy": written["model"], "final": last,
+            **({"policy_adapter": written["adapter"]} if "adapter" in written else {})}
 
