@@ -123,10 +123,9 @@ def ppo_stage_config(cfg: DemoConfig, out: Path, prompts: Path, run: RunConfig) 
     model = LMModelConfig(policy=str(out / "sft"), reward=str(out / "reward"), critic_init="reward")
     algo, lora = cfg.ppo, cfg.lora
     if lora is not None:
-        mult = lora.lr_multiplier
         model = dataclasses.replace(model, lora=lora.adapter(), critic_mode="adapter" if lora.reward else "separate",
                                     reward=str(out / ("reward-adapter" if lora.reward else "reward")))
-        algo = dataclasses.replace(algo, lr=algo.lr * mult, critic_lr=algo.critic_lr * (mult if lora.reward else 1.0))
+        algo = dataclasses.replace(algo, lr=algo.lr * lora.lr_multiplier)
         run = dataclasses.replace(run, concurrent_roles=False)  # roles over one base run one at a time
     return PPOConfig(model=model, data=PromptDataConfig(prompts=str(prompts), task="review", max_prompt_len=16),
                      generation=cfg.generation, ppo=algo, run=run)

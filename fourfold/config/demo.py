@@ -109,9 +109,10 @@ class DemoLoraConfig(LoraConfig):
     false: the reward model stays fully fine-tuned (its cached stage is reused) and PPO's critic is
     a separate full copy of it."""
     lr_multiplier: float = 10.0
-    """Learning rates of the LoRA-trained models (the policy's, the LoRA reward model's and the
-    adapter critic's) are the configured ones times this: at one learning rate a low-rank adapter
-    moves the weights far less than full fine-tuning does, so LoRA wants a higher rate."""
+    """The policy's learning rate (ppo.lr) and the LoRA reward model's (reward.lr) are the
+    configured ones times this: at one learning rate a low-rank adapter moves the weights far less
+    than full fine-tuning does, so LoRA wants a higher rate. The critic keeps ppo.critic_lr (its
+    value head, trained in full, would not stand ten times the rate)."""
 
     def validate(self, prefix: str = "lora") -> None:
         super().validate(prefix)
