@@ -14,6 +14,11 @@ One iteration, as numbered in :func:`train`:
 Efficiency notes: reference/reward/critic passes run once per iteration (never inside the epochs);
 minibatches are trimmed to their longest valid response; the LM head is applied only at response
 positions; log-probs never materialise a float32 copy of the full-vocabulary log-softmax.
+
+With ``model.lora`` the roles are adapters over one frozen base (the reference is the base itself,
+the reward and, with ``critic_mode: adapter``, the critic can be adapters too; see
+:func:`fourfold.trainers.lm.load_shared_roles`): the loop is the same, each role's parameters being
+its adapter (and head) only.
 """
 
 from __future__ import annotations
