@@ -18,6 +18,13 @@ Outputs under ``run.output_dir`` (default ``runs/demo``): ``sft/``, ``reward/``,
 ``critic/`` (HF directories), ``data/`` (JSONL in the user-facing formats), ``metrics.jsonl``
 (every stage's rows, tagged with ``stage``), ``eval.json``, ``report.html``, and ``stages/``
 (each trainer's own run directory with its checkpoints, so a killed demo resumes).
+
+LoRA mode (``lora.r=16``, the ``lora`` section): PPO trains an adapter on the SFT model (the
+reference is that model with adapters off) and, with ``lora.reward`` (the default), the reward stage
+trains a LoRA reward model on the SFT model, published as ``reward/`` (merged) and
+``reward-adapter/``, which PPO loads as a third adapter beside an adapter critic: one base for all
+four roles. ``reward/``, ``policy/`` and ``critic/`` stay merged HF directories, so the eval and
+the report read them as they read a full run's. Without ``lora`` every stage key is unchanged.
 """
 
 from __future__ import annotations
@@ -89,6 +96,39 @@ def sft_stage_settings(cfg: DemoConfig) -> dict:
 
     corpus = {k: v for k, v in cfg.task_options.items() if k in ReviewTaskConfig.CORPUS_FIELDS}
     return {"sft": config_to_dict(cfg.sft), "model": config_to_dict(cfg.model), "task": corpus, "seed": cfg.run.seed}
+
+
+def reward_stage_settings(cfg: DemoConfig) -> dict:
+    """What the reward stage's cache key holds: its section, and the LoRA settings only when the
+    reward model trains with LoRA (``lora.reward``), so a demo without LoRA keeps its keys."""
+    settings = {"reward": config_to_dict(cfg.reward)}
+    if cfg.lora is not None and cfg.lora.reward:
+        settings["lora"] = config_to_dict(cfg.lora)
+    return settings
+
+
+def ppo_stage_settings(cfg: DemoConfig) -> dict:
+    """What the PPO stage's cache key holds: its sections, and the LoRA settings only when set."""
+    settings = {"ppo": config_to_dict(cfg.ppo), "gen": config_to_dict(cfg.generation), "task": cfg.task_options}
+    if cfg.lora is not None:
+        settings["lora"] = config_to_dict(cfg.lora)
+    return settings
+
+
+def ppo_stage_config(cfg: DemoConfig, out: Path, prompts: Path, run: RunConfig) -> PPOConfig:
+    """The PPO stage's config: against the frozen RM, KL to the frozen SFT reference, critic from
+    the RM. With ``lora``: the policy is an adapter on the SFT model (learning rate times
+    ``lora.lr_multiplier``) and the reference that model with adapters off; with ``lora.reward``
+    the RM is the third adapter and the critic a fourth (from the RM's), all on one base."""
+    model = LMModelConfig(policy=str(out / "sft"), reward=str(out / "reward"), critic_init="reward")
+    algo, lora = cfg.ppo, cfg.lora
+    if lora is not None:
+        model = dataclasses.replace(model, lora=lora.adapter(), critic_mode="adapter" if lora.reward else "separate",
+                                    reward=str(out / ("reward-adapter" if lora.reward else "reward")))
+        algo = dataclasses.replace(algo, lr=algo.lr * lora.lr_multiplier)
+        run = dataclasses.replace(run, concurrent_roles=False)  # roles over one base run one at a time
+    return PPOConfig(model=model, data=PromptDataConfig(prompts=str(prompts), task="review", max_prompt_len=16),
+                     generation=cfg.generation, ppo=algo, run=run)
 
 
 def sft_stage_key(cfg: DemoConfig) -> str:
@@ -204,16 +244,20 @@ def run(cfg: DemoConfig, *, stop_after: str | None = None) -> dict:
             init = d / "init"
             if not (init / "config.json").is_file():
                 _grow_sft(out / "sft", init, cfg.reward.extra_layers, stream_seed(seed, "rm_growth"))
+        lora = cfg.lora if cfg.lora is not None and cfg.lora.reward else None
         rm_cfg = RewardConfig(
-            model=InitModelConfig(path=str(init)),
+            model=InitModelConfig(path=str(init), lora=None if lora is None else lora.adapter()),
             data=PreferenceDataConfig(train=str(data / "preferences.jsonl"), eval=str(data / "preferences_eval.jsonl")),
-            train=TrainLoopConfig(max_steps=cfg.reward.steps, batch_size=cfg.reward.batch_size, lr=cfg.reward.lr,
+            train=TrainLoopConfig(max_steps=cfg.reward.steps, batch_size=cfg.reward.batch_size,
+                                  lr=cfg.reward.lr * (1.0 if lora is None else lora.lr_multiplier),
                                   warmup_steps=max(1, cfg.reward.steps // 20), max_len=max_len, log_every=25),
             reward=RewardLossConfig(normalize=True),
             run=sub_run(d, save_every=max(50, cfg.reward.steps // 4)),
         )
         res = reward_trainer.train(rm_cfg)
         publish(Path(res["model"]), out / "reward")
+        if "adapter" in res:  # LoRA: PPO loads the adapter onto its one base
+            publish(Path(res["adapter"]), out / "reward-adapter")
         # accuracy on held-out pairs against the labelers and against the hidden gold reward
         rm = ScalarModel(load_sequence_scorer(str(out / "reward")))
         tok = load_tokenizer(str(out / "reward"))
@@ -226,8 +270,9 @@ def run(cfg: DemoConfig, *, stop_after: str | None = None) -> dict:
         return result
 
     log("[bold]3/6 reward model[/bold] Bradley-Terry on the labels"
-        + (f" (SFT model + {cfg.reward.extra_layers} layers)" if cfg.reward.extra_layers else ""))
-    r_rm = stages.run("reward", {"reward": config_to_dict(cfg.reward)}, stage_reward, log)
+        + (f" (SFT model + {cfg.reward.extra_layers} layers)" if cfg.reward.extra_layers else "")
+        + (f" (LoRA r={cfg.lora.r} on the SFT model)" if cfg.lora is not None and cfg.lora.reward else ""))
+    r_rm = stages.run("reward", reward_stage_settings(cfg), stage_reward, log)
     log(f"    RM: {out / 'reward'}; held-out accuracy vs labelers {r_rm['accuracy_vs_labelers']:.1%}, "
         f"vs gold {r_rm['accuracy_vs_gold']:.1%}")
     if stop_after == "reward":
@@ -240,18 +285,15 @@ def run(cfg: DemoConfig, *, stop_after: str | None = None) -> dict:
         n_prompts = max(1024, 2 * cfg.ppo.rollout_batch_size)
         prompt_rng = random.Random(stream_seed(seed, "ppo_prompts"))
         write_jsonl(data / "ppo_prompts.jsonl", [{"prompt": p} for p in task.sample_prompts(n_prompts, prompt_rng)])
-        ppo_cfg = PPOConfig(
-            model=LMModelConfig(policy=str(out / "sft"), reward=str(out / "reward"), critic_init="reward"),
-            data=PromptDataConfig(prompts=str(data / "ppo_prompts.jsonl"), task="review", max_prompt_len=16),
-            generation=gen, ppo=cfg.ppo, run=sub_run(d),
-        )
+        ppo_cfg = ppo_stage_config(cfg, out, data / "ppo_prompts.jsonl", sub_run(d))
         res = ppo_trainer.train(ppo_cfg, probe=task_probe(task))
         publish(Path(res["policy"]), out / "policy")
         publish(d / "critic", out / "critic")
         return {"final": {k: v for k, v in res["final"].items() if k.startswith(("reward/", "kl/", "rollout/"))}}
 
-    log("[bold]4/6 PPO[/bold] policy vs frozen RM, KL to the frozen SFT reference")
-    stages.run("ppo", {"ppo": config_to_dict(cfg.ppo), "gen": config_to_dict(gen), "task": cfg.task_options}, stage_ppo, log)
+    log("[bold]4/6 PPO[/bold] policy vs frozen RM, KL to the frozen SFT reference"
+        + (f" (LoRA r={cfg.lora.r}{', one base for all four roles' if cfg.lora.reward else ''})" if cfg.lora else ""))
+    stages.run("ppo", ppo_stage_settings(cfg), stage_ppo, log)
 
     # 5. before/after evaluation on held-out prompts
     def stage_eval(d: Path) -> dict:

@@ -38,12 +38,14 @@ def token_pieces(tokenizer, ids: list[int]) -> list[str]:
 def credit_config(out: Path) -> PPOConfig:
     """The PPO stage's config (``stages/ppo/config.yaml`` of the demo run ``out``), its models
     replaced by the run's finished ones: the trained policy, the SFT model as the reference, the
-    reward model and the trained critic (none when ``critic/`` is missing)."""
+    reward model and the trained critic (none when ``critic/`` is missing). These are full (for a
+    LoRA run: merged) models, so the roles load without LoRA."""
     cfg = load_config(PPOConfig, out / "stages" / "ppo" / "config.yaml")
     critic = out / "critic"
     model = dataclasses.replace(cfg.model, policy=str(out / "policy"), reference=str(out / "sft"),
                                 reward=str(out / "reward"), reward_fn=None, tokenizer=None,
-                                critic=str(critic) if (critic / "config.json").is_file() else None)
+                                critic=str(critic) if (critic / "config.json").is_file() else None,
+                                lora=None, critic_mode="separate")
     return dataclasses.replace(cfg, model=model)
 
 

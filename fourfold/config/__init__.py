@@ -15,7 +15,8 @@ Convention (one for every subcommand):
   the config they are given, so the Python API refuses what the CLI refuses.
 
 Layout: ``loader`` reads YAML, applies overrides and builds/validates any config dataclass; one
-schema module per stage holds its sections (``run``: the shared RunConfig; ``sft``: the SFT stage
+schema module per stage holds its sections (``run``: the shared RunConfig; ``lora``: the
+``model.lora`` section of the language-model stages; ``sft``: the SFT stage
 and the initial-model and training-loop sections the reward stage and DPO reuse; ``reward``;
 ``dpo`` (with reward's preference data); ``ppo``: the language-model sections shared with
 ``reinforce`` and ``demo``; ``reinforce``; ``gym``; ``demo``; ``inference``: ``generate`` and
@@ -28,6 +29,7 @@ This package imports only the standard library and PyYAML.
 from fourfold.config.demo import (
     DemoConfig,
     DemoEvalConfig,
+    DemoLoraConfig,
     DemoModelConfig,
     DemoPairsConfig,
     DemoRewardConfig,
@@ -60,6 +62,7 @@ from fourfold.config.loader import (
     save_config,
     validate_tree,
 )
+from fourfold.config.lora import LoraConfig
 from fourfold.config.ppo import GenerationConfig, LMModelConfig, PPOAlgoConfig, PPOConfig, PromptDataConfig
 from fourfold.config.reinforce import ReinforceAlgoConfig, ReinforceConfig
 from fourfold.config.reward import PreferenceDataConfig, RewardConfig, RewardLossConfig
@@ -79,6 +82,8 @@ __all__ = [
     "validate_tree",
     # shared
     "RunConfig",
+    # LoRA (model.lora of sft, reward, ppo and reinforce)
+    "LoraConfig",
     # sft (and the supervised stages' shared sections)
     "InitModelConfig",
     "TrainLoopConfig",
@@ -113,6 +118,7 @@ __all__ = [
     "DemoPairsConfig",
     "DemoRewardConfig",
     "DemoEvalConfig",
+    "DemoLoraConfig",
     "DemoConfig",
     # inference: generate and score
     "GenerateModelConfig",

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import Optional
 
 from fourfold.config.loader import require
+from fourfold.config.lora import LoraConfig
 from fourfold.config.ppo import GenerationConfig, PPOAlgoConfig
 from fourfold.config.run import RunConfig
 
@@ -116,6 +118,31 @@ class DemoEvalConfig:
 
 
 @dataclasses.dataclass
+class DemoLoraConfig(LoraConfig):
+    """The demo in LoRA mode (`fourfold demo lora.r=16`): the adapter settings of `model.lora`, and
+    which stages use them. SFT trains from scratch, so it always learns every weight."""
+
+    reward: bool = True
+    """Train the reward model as a LoRA adapter on the SFT model too; PPO then holds one base in
+    memory for all four roles (critic_mode adapter, the critic starting as the reward adapter).
+    false: the reward model stays fully fine-tuned (its cached stage is reused) and PPO's critic is
+    a separate full copy of it."""
+    lr_multiplier: float = 10.0
+    """The policy's learning rate (ppo.lr) and the LoRA reward model's (reward.lr) are the
+    configured ones times this: at one learning rate a low-rank adapter moves the weights far less
+    than full fine-tuning does, so LoRA wants a higher rate. The critic keeps ppo.critic_lr (its
+    value head, trained in full, would not stand ten times the rate)."""
+
+    def validate(self, prefix: str = "lora") -> None:
+        super().validate(prefix)
+        require(self.lr_multiplier > 0, f"{prefix}.lr_multiplier", f"must be > 0, got {self.lr_multiplier}")
+
+    def adapter(self) -> LoraConfig:
+        """The `model.lora` section of the stages that train with LoRA."""
+        return LoraConfig(**{f.name: getattr(self, f.name) for f in dataclasses.fields(LoraConfig)})
+
+
+@dataclasses.dataclass
 class DemoConfig:
     """`fourfold demo`: RLHF from zero on the embedded review task (SFT -> RM -> PPO -> eval -> report)."""
 
@@ -135,3 +162,11 @@ class DemoConfig:
     eval: DemoEvalConfig = dataclasses.field(default_factory=DemoEvalConfig)
     run: RunConfig = dataclasses.field(default_factory=lambda: RunConfig(
         output_dir="runs/demo", threads=1, save_every=10, concurrent_roles=True))
+    lora: Optional[DemoLoraConfig] = None
+    """LoRA mode for PPO (and the reward model, see lora.reward), e.g. `lora.r=16`; null = full
+    fine-tuning everywhere (the stages' cache keys are then those of a demo without this key)."""
+
+    def validate(self, prefix: str = "") -> None:
+        if self.lora is not None and self.lora.reward:
+            require(self.reward.extra_layers == 0, "lora.reward",
+                    "a LoRA reward model shares the SFT model's base: it cannot have reward.extra_layers")

@@ -9,6 +9,7 @@ import difflib
 from typing import Literal, Optional
 
 from fourfold.config.loader import require
+from fourfold.config.lora import LoraConfig
 from fourfold.config.model_limits import require_fits
 from fourfold.config.run import RunConfig
 
@@ -46,9 +47,24 @@ class LMModelConfig:
     """Allow model code from the model's repository. Off unless you trust the source."""
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     """Weights dtype. float32 on CPU; bfloat16 on recent GPUs."""
+    lora: Optional[LoraConfig] = None
+    """LoRA mode: one frozen copy of `policy` in memory; the policy is an adapter on it, the
+    reference is it with the adapters disabled, a LoRA reward model (the `model-adapter/` of a
+    LoRA `fourfold reward` run on `policy`) is a third adapter. null = full fine-tuning."""
+    critic_mode: Literal["separate", "adapter"] = "separate"
+    """PPO's critic: 'separate', its own model as without LoRA (trained in full), or 'adapter', a
+    second trained adapter plus a value head on the shared base (needs `lora`; with
+    critic_init=reward it starts as the reward adapter, so the reward must be a LoRA adapter)."""
 
     def validate(self, prefix: str = "model") -> None:
         require(self.policy is not None, f"{prefix}.policy", "missing: path to the SFT model directory")
+        if self.lora is not None:
+            require(self.reference is None, f"{prefix}.reference",
+                    "must be null with model.lora: the reference is the policy's base model with adapters disabled")
+        if self.critic_mode == "adapter":
+            require(self.lora is not None, f"{prefix}.critic_mode", "'adapter' needs model.lora (the shared base)")
+            require(self.critic is None, f"{prefix}.critic",
+                    "a ready critic directory is a separate model: use critic_mode=separate")
 
 
 @dataclasses.dataclass

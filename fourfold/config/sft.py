@@ -6,6 +6,7 @@ import dataclasses
 from typing import Literal, Optional
 
 from fourfold.config.loader import require
+from fourfold.config.lora import LoraConfig
 from fourfold.config.model_limits import require_fits
 from fourfold.config.run import RunConfig
 
@@ -34,6 +35,10 @@ class InitModelConfig:
     """Allow model code from the model's repository."""
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     """Weights dtype."""
+    lora: Optional[LoraConfig] = None
+    """Train LoRA adapters (and, for a reward model, its score head) on the frozen `path` model
+    instead of every weight; null = full fine-tuning. The run writes the merged model to
+    `model/` and the adapter to `model-adapter/`."""
 
     def validate(self, prefix: str = "model") -> None:
         require(self.path is not None or self.from_scratch, f"{prefix}.path",
@@ -42,6 +47,8 @@ class InitModelConfig:
             require(getattr(self, name) >= 1, f"{prefix}.{name}", f"must be >= 1, got {getattr(self, name)}")
         require(self.intermediate_size is None or self.intermediate_size >= 1, f"{prefix}.intermediate_size",
                 f"must be >= 1 or null, got {self.intermediate_size}")
+        require(self.lora is None or not self.from_scratch, f"{prefix}.lora",
+                "LoRA adapts a trained model (model.path); a model trained from scratch learns every weight")
         if self.from_scratch:
             require(self.tokenizer is not None or self.path is not None, f"{prefix}.tokenizer",
                     "training from scratch needs a tokenizer directory")

@@ -33,10 +33,13 @@ def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
 def accepts_kwarg(model: nn.Module, name: str) -> bool:
     """Whether ``model.forward`` takes the keyword ``name``. A wrapper that hands its keywords on to
     another module (a LoRA role over a shared base) names that module ``forwards_to``; its forward's
-    signature answers."""
+    signature answers. So does the model inside a peft ``PeftModel`` (``get_base_model()``), whose
+    own forward passes such keywords on through ``**kwargs`` only."""
     cache = model.__dict__.setdefault("_fourfold_kwargs", {})
     if name not in cache:
         target = getattr(model, "forwards_to", model)
+        if hasattr(target, "get_base_model"):
+            target = target.get_base_model()
         cache[name] = name in inspect.signature(target.forward).parameters
     return cache[name]
 

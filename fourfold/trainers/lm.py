@@ -22,8 +22,11 @@ from fourfold.errors import ConfigError
 from fourfold.models import load_reward_fn
 from fourfold.models.checks import RoleChecker
 from fourfold.models.loading import ensure_pad_embedding, load_causal_lm, load_sequence_scorer, load_tokenizer
+from fourfold.models.lora import SharedRoles, build_shared_roles
+from fourfold.models.lora_io import is_adapter_dir
 from fourfold.models.roles import FrozenReference, FunctionReward, ModelReward, ScalarModel
 from fourfold.rollout.lm import Samples, decode_responses, sample, score
+from fourfold.trainers.lora import lora_settings
 
 Probe = Callable[[list[str], list[str]], dict[str, float]]
 """``probe(prompts, responses) -> {metric name: value}``: extra measurements of each batch of
@@ -49,9 +52,17 @@ class Roles:
     reward_model: Optional[ScalarModel] = None
 
 
-def load_roles(model: LMModelConfig, device: torch.device, *, with_critic: bool) -> Roles:
+def load_roles(model: LMModelConfig, device: torch.device, *, with_critic: bool, concurrent: bool = False) -> Roles:
     """Tokenizer, trained policy, frozen reference, frozen reward (model or function), critic; each
-    model checked against its role and the tokenizer (:class:`~fourfold.models.checks.RoleChecker`)."""
+    model checked against its role and the tokenizer (:class:`~fourfold.models.checks.RoleChecker`).
+
+    With ``model.lora``: :func:`load_shared_roles`. ``concurrent``: the trainer will run roles in
+    parallel threads (``run.concurrent_roles``), which roles over one shared base cannot."""
+    if model.lora is not None:
+        return load_shared_roles(model, device, with_critic=with_critic, concurrent=concurrent)
+    if model.reward is not None and is_adapter_dir(model.reward):
+        raise ConfigError(f"model.reward: {model.reward} is a LoRA adapter directory: set model.lora to load it "
+                          f"as an adapter on the policy's base, or give the merged model (model/ of the same run)")
     tok = load_tokenizer(model.tokenizer or model.policy, trust_remote_code=model.trust_remote_code)
     check = RoleChecker(tok, "model.tokenizer" if model.tokenizer else "model.policy", model.tokenizer or model.policy,
                         trust_remote_code=model.trust_remote_code)  # each model fits its role and the vocabulary
@@ -71,23 +82,52 @@ def load_roles(model: LMModelConfig, device: torch.device, *, with_critic: bool)
         reward = ModelReward(reward_model)
     else:
         reward = FunctionReward(load_reward_fn(model.reward_fn), name=model.reward_fn)
-    critic = None
-    if with_critic:
-        if model.critic is not None:
-            critic = ScalarModel(load_sequence_scorer(model.critic, **kw))
-            check.scorer(critic.hf, "model.critic", model.critic)
-        elif model.critic_init == "reward":
-            if reward_model is None:
-                raise ConfigError("model.critic_init: 'reward' needs model.reward")
-            critic = copy.deepcopy(reward_model)  # backbone and head from the reward model
-        else:
-            critic = ScalarModel(load_sequence_scorer(model.policy, **kw))
-            critic.reset_head("zero")  # fresh value head: V = 0 everywhere at the start
-        ensure_pad_embedding(critic.hf, tok)
-        critic.train()
-        critic.requires_grad_(True)
+    critic = separate_critic(model, kw, tok, reward_model, check) if with_critic else None
     policy.train()
     return Roles(tok, policy, reference, reward, critic, reward_model)
+
+
+def separate_critic(model: LMModelConfig, kw: dict, tok, reward_model, check: Optional[RoleChecker] = None) -> ScalarModel:
+    """The critic as a model of its own (trained in full): ``model.critic``, a copy of the reward
+    model (``critic_init: reward``) or the policy's backbone with a zero value head."""
+    if model.critic is not None:
+        critic = ScalarModel(load_sequence_scorer(model.critic, **kw))
+        if check is not None:
+            check.scorer(critic.hf, "model.critic", model.critic)
+    elif model.critic_init == "reward":
+        if reward_model is None:
+            raise ConfigError("model.critic_init: 'reward' needs model.reward")
+        if not isinstance(reward_model, ScalarModel):
+            raise ConfigError("model.critic_init: 'reward' with critic_mode 'separate' copies a full reward model, "
+                              "and model.reward is a LoRA adapter: use critic_mode=adapter (the critic starts as "
+                              "that adapter) or critic_init=policy")
+        critic = copy.deepcopy(reward_model)  # backbone and head from the reward model
+    else:
+        critic = ScalarModel(load_sequence_scorer(model.policy, **kw))
+        critic.reset_head("zero")  # fresh value head: V = 0 everywhere at the start
+    ensure_pad_embedding(critic.hf, tok)
+    critic.train()
+    critic.requires_grad_(True)
+    return critic
+
+
+def load_shared_roles(model: LMModelConfig, device: torch.device, *, with_critic: bool,
+                      concurrent: bool = False) -> SharedRoles:
+    """LoRA mode (``model.lora``): one frozen copy of ``model.policy`` for the policy (adapter
+    ``policy``), the reference (adapters disabled), a LoRA reward model (adapter ``reward``, when
+    ``model.reward`` is an adapter directory) and, with ``critic_mode: adapter``, the critic (adapter
+    ``critic`` + value head); see :func:`fourfold.models.lora.build_shared_roles`. A full reward
+    model and a ``critic_mode: separate`` critic are models of their own, as without LoRA."""
+    adapter_critic = with_critic and model.critic_mode == "adapter"
+    roles = build_shared_roles(
+        model.policy, lora_settings(model.lora), device, tokenizer=model.tokenizer, dtype=model.dtype,
+        trust_remote_code=model.trust_remote_code, reward=model.reward,
+        reward_fn=load_reward_fn(model.reward_fn) if model.reward is None else None,
+        with_critic=adapter_critic, critic_init=model.critic_init, concurrent=concurrent)
+    if with_critic and not adapter_critic:
+        kw = dict(dtype=model.dtype, device=device, trust_remote_code=model.trust_remote_code)
+        roles.critic = separate_critic(model, kw, roles.tokenizer, roles.reward_model)
+    return roles
 
 
 class PromptStream:

@@ -20,6 +20,11 @@ policy loss (GRPO's); ``ppo.loss_agg`` and ``ppo.clip_eps_low/high`` shape the s
 Efficiency notes: reference/reward/critic passes run once per iteration (never inside the epochs);
 minibatches are trimmed to their longest valid response; the LM head is applied only at response
 positions; log-probs never materialise a float32 copy of the full-vocabulary log-softmax.
+
+With ``model.lora`` the roles are adapters over one frozen base (the reference is the base itself,
+the reward and, with ``critic_mode: adapter``, the critic can be adapters too; see
+:func:`fourfold.trainers.lm.load_shared_roles`): the loop is the same, each role's parameters being
+its adapter (and head) only.
 """
 
 from __future__ import annotations
@@ -50,8 +55,9 @@ from fourfold.core import (
 )
 from fourfold.errors import ConfigError
 from fourfold.models.roles import ScalarModel, response_logprobs
-from fourfold.trainers.common import NonFiniteGuard, guarded_step, make_optimizer, make_schedule, save_hf
+from fourfold.trainers.common import NonFiniteGuard, guarded_step, make_optimizer, make_schedule
 from fourfold.trainers.lm import Probe, PromptStream, Roles, collect, load_roles, repeat_prompts, sample_rows
+from fourfold.trainers.lora import save_trained
 from fourfold.trainers.scaffold import RunScaffold
 
 
@@ -276,7 +282,8 @@ def train(cfg: PPOConfig, *, prompts: Optional[Sequence[str]] = None, probe: Opt
     device = run.hf_device()
     if roles is not None and roles.critic is not None and not get_advantage_estimator(algo.advantage).needs_critic:
         raise ConfigError(f"ppo.advantage: {algo.advantage} uses no critic, but the roles passed in have one")
-    roles = roles or load_roles(cfg.model, device, with_critic=algo.loads_critic)
+    roles = roles or load_roles(cfg.model, device, with_critic=algo.loads_critic,
+                               concurrent=cfg.run.concurrent_roles)
     opt, stream, kl_ctl, start = _set_up(cfg, run, roles, prompts)
     guard = run.guard
     last: dict = {}
@@ -338,10 +345,11 @@ def train(cfg: PPOConfig, *, prompts: Optional[Sequence[str]] = None, probe: Opt
                 logger.samples(it, sample_rows(col, roles.tokenizer, probe))
             last = metrics
             run.checkpoint_if_due(it)
-        # the final models, loadable with plain transformers
-        run.write(save_hf, roles.policy, roles.tokenizer, run.out / "policy")
+        # the final models, loadable with plain transformers (LoRA: merged, and the adapters beside)
+        written = save_trained(run, roles.policy, roles.tokenizer, run.out / "policy")
         if roles.critic is not None:
-            run.write(save_hf, roles.critic.hf, roles.tokenizer, run.out / "critic")
+            save_trained(run, roles.critic, roles.tokenizer, run.out / "critic")
     run.done("ppo", model=run.out / "policy", **({"critic": run.out / "critic"} if roles.critic is not None else {}))
-    return {"output_dir": str(run.out), "policy": str(run.out / "policy"), "final": last}
+    return {"output_dir": str(run.out), "policy": written["model"], "final": last,
+            **({"policy_adapter": written["adapter"]} if "adapter" in written else {})}
 

@@ -18,8 +18,9 @@ from typing import Optional, Sequence
 from fourfold.config import ReinforceConfig
 from fourfold.core import FixedKLController, discounted_returns, masked_mean, reinforce_loss
 from fourfold.models.roles import response_logprobs
-from fourfold.trainers.common import guarded_step, make_optimizer, make_schedule, save_hf
+from fourfold.trainers.common import guarded_step, make_optimizer, make_schedule
 from fourfold.trainers.lm import Probe, PromptStream, Roles, collect, load_roles, sample_rows
+from fourfold.trainers.lora import save_trained
 from fourfold.trainers.scaffold import RunScaffold
 
 
@@ -90,6 +91,7 @@ def train(cfg: ReinforceConfig, *, prompts: Optional[Sequence[str]] = None, prob
             last = metrics
             run.stop_if_stuck(it)  # skipped steps never touched the weights
             run.checkpoint_if_due(it)
-        run.write(save_hf, roles.policy, roles.tokenizer, run.out / "policy")
+        written = save_trained(run, roles.policy, roles.tokenizer, run.out / "policy")
     run.done("reinforce", model=run.out / "policy")
-    return {"output_dir": str(run.out), "policy": str(run.out / "policy"), "final": last}
+    return {"output_dir": str(run.out), "policy": written["model"], "final": last,
+            **({"policy_adapter": written["adapter"]} if "adapter" in written else {})}

@@ -21,6 +21,9 @@ The run writes ``output_dir/model/``: an ``AutoModelForSequenceClassification`` 
 (``num_labels=1``) with the tokenizer. Llama's head has no bias, so the normalisation's shift is kept
 in ``config.json`` as ``fourfold_score_shift``: :func:`~fourfold.models.loading.load_sequence_scorer`
 plus ``ScalarModel`` reproduce the normalised scores; plain transformers' logits omit the shift.
+With ``model.lora`` only LoRA adapters and the head train (checkpoints hold those); ``model/`` is then
+the merged model and ``model-adapter/`` the LoRA reward-model directory that ``fourfold ppo`` with
+``model.lora`` loads as an adapter on the same base (:mod:`fourfold.models.lora`).
 """
 
 from __future__ import annotations
@@ -37,6 +40,8 @@ from fourfold.data import EpochSampler, PreferenceExample, collate_preferences
 from fourfold.models.checks import checker
 from fourfold.models.factory import llama_config, random_scalar_model
 from fourfold.models.loading import ensure_pad_embedding, load_sequence_scorer, load_tokenizer, resolve_dtype
+from fourfold.models.lora import LoraScalarModel, lora_scalar_model
+from fourfold.models.lora_export import TrainedParameters
 from fourfold.models.roles import ScalarModel
 from fourfold.trainers.common import (
     guarded_step,
@@ -45,9 +50,9 @@ from fourfold.trainers.common import (
     make_schedule,
     num_steps,
     require_batch,
-    save_hf,
     track_steps,
 )
+from fourfold.trainers.lora import lora_settings, save_trained
 from fourfold.trainers.pairs import load_examples
 from fourfold.trainers.scaffold import RunScaffold
 
@@ -65,7 +70,8 @@ def load_model(model_cfg: InitModelConfig, device: torch.device) -> tuple[object
 
     A reward-model directory keeps its head; a causal-LM directory keeps its backbone and gets a
     fresh head drawn from N(0, 0.02^2); ``from_scratch`` builds a random-init Llama of the configured
-    sizes over the tokenizer's vocabulary.
+    sizes over the tokenizer's vocabulary. With ``model.lora`` it is a
+    :class:`~fourfold.models.lora.LoraScalarModel` over the frozen model.
     """
     tok = load_tokenizer(model_cfg.tokenizer or model_cfg.path, trust_remote_code=model_cfg.trust_remote_code)
     if model_cfg.from_scratch:
@@ -85,7 +91,9 @@ def load_model(model_cfg: InitModelConfig, device: torch.device) -> tuple[object
     if fresh_head:
         rm.reset_head("normal")  # global RNG: seeded by the caller
     ensure_pad_embedding(rm.hf, tok)
-    return tok, rm.to(device)
+    rm = rm.to(device)
+    settings = lora_settings(model_cfg.lora)  # LoRA: adapters and the head train, the backbone is frozen
+    return tok, (rm if settings is None else lora_scalar_model(rm, settings))
 
 
 def pair_scores(rm: ScalarModel, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -192,7 +200,8 @@ def train(cfg: RewardConfig) -> dict:
     opt = make_optimizer(rm.hf.parameters(), tc.lr, tc.weight_decay)
     sched = make_schedule(opt, total, tc.lr_schedule, tc.warmup_steps)
     window = dict.fromkeys(_WINDOW_KEYS, 0.0)
-    start = track_steps(run, "reward_model", rm.hf, opt, sched, sampler, window)
+    tracked = TrainedParameters(rm.hf) if isinstance(rm, LoraScalarModel) else rm.hf  # LoRA: no frozen base
+    start = track_steps(run, "reward_model", tracked, opt, sched, sampler, window)
     rm.train()
     pad_id = tok.pad_token_id
     batches = sampler.batches()
@@ -233,9 +242,10 @@ def train(cfg: RewardConfig) -> dict:
         if cfg.reward.normalize:
             stats_norm = normalize(rm, train_ex, tc.batch_size, pad_id, device)
             logger.event("normalize", step=total, **stats_norm)
-        # the final model, loadable with plain transformers (AutoModelForSequenceClassification)
-        run.write(save_hf, rm.hf, tok, run.out / "model")
+        # the final model, loadable with plain transformers (AutoModelForSequenceClassification;
+        # LoRA: merged, and the adapter beside)
+        written = save_trained(run, rm, tok, run.out / "model")
     if not last:  # resumed a run that had already finished: report its last row
         last = last_metrics_row(run.out)
     run.done("reward", model=run.out / "model")
-    return {"output_dir": str(run.out), "model": str(run.out / "model"), "final": last, "normalization": stats_norm}
+    return {"output_dir": str(run.out), **written, "final": last, "normalization": stats_norm}

@@ -17,6 +17,9 @@ Tokenisation matches generation: a prompt is encoded exactly as
 :func:`fourfold.data.tokenize_prompts` encodes it for PPO (BOS first, no other special tokens), so
 the ids PPO generates after are the ids SFT trained on. The run writes ``output_dir/model/``, a
 Hugging Face directory (safetensors + tokenizer) that ``AutoModelForCausalLM.from_pretrained`` loads.
+With ``model.lora`` only a LoRA adapter over the frozen ``model.path`` trains (checkpoints hold the
+adapter); ``model/`` is then the merged model and ``model-adapter/`` the adapter
+(:mod:`fourfold.trainers.lora`).
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from fourfold.errors import DataError
 from fourfold.models.checks import checker
 from fourfold.models.factory import llama_config, random_causal_lm
 from fourfold.models.loading import ensure_pad_embedding, load_causal_lm, load_tokenizer, resolve_dtype
+from fourfold.models.lora import AdapterLM, SharedBase
 from fourfold.trainers.common import (
     guarded_step,
     last_metrics_row,
@@ -40,9 +44,9 @@ from fourfold.trainers.common import (
     make_schedule,
     num_steps,
     require_batch,
-    save_hf,
     track_steps,
 )
+from fourfold.trainers.lora import lora_settings, save_trained
 from fourfold.trainers.scaffold import RunScaffold
 
 _WINDOW_KEYS = ("steps", "good_steps", "loss", "token_accuracy", "grad_norm", "tokens", "seconds")
@@ -55,7 +59,8 @@ _WINDOW_KEYS = ("steps", "good_steps", "loss", "token_accuracy", "grad_norm", "t
 
 def load_model(model_cfg: InitModelConfig, device: torch.device):
     """(tokenizer with a dedicated pad, causal LM on ``device``): from ``model.path`` or, with
-    ``model.from_scratch``, a random-init Llama of the configured sizes over the tokenizer's vocabulary."""
+    ``model.from_scratch``, a random-init Llama of the configured sizes over the tokenizer's vocabulary.
+    With ``model.lora`` the model is an :class:`~fourfold.models.lora.AdapterLM` over the frozen one."""
     tok = load_tokenizer(model_cfg.tokenizer or model_cfg.path, trust_remote_code=model_cfg.trust_remote_code)
     if model_cfg.from_scratch:
         config = llama_config(
@@ -68,7 +73,9 @@ def load_model(model_cfg: InitModelConfig, device: torch.device):
         model = load_causal_lm(model_cfg.path, dtype=model_cfg.dtype, trust_remote_code=model_cfg.trust_remote_code)
         checker(tok, model_cfg).causal_lm(model, "model.path", model_cfg.path)  # an LM head, the tokenizer's vocabulary
     ensure_pad_embedding(model, tok)
-    return tok, model.to(device)
+    model = model.to(device)
+    settings = lora_settings(model_cfg.lora)  # LoRA: the adapter over the frozen model is what trains
+    return tok, (model if settings is None else AdapterLM(SharedBase(model, settings)))
 
 
 def encode_file(path: str, tokenizer, max_len: int, on_error: str) -> tuple[list[SFTExample], list[str]]:
@@ -197,9 +204,9 @@ def train(cfg: SFTConfig) -> dict:
                 last = row
             # 5. checkpoint (every save_every steps, at the end, and when asked to stop)
             run.checkpoint_if_due(step, final=step == total)
-        # the final model, loadable with plain transformers
-        run.write(save_hf, model, tok, run.out / "model")
+        # the final model, loadable with plain transformers (LoRA: merged, and the adapter beside)
+        written = save_trained(run, model, tok, run.out / "model")
     if not last:  # resumed a run that had already finished: report its last row
         last = last_metrics_row(run.out)
     run.done("sft", model=run.out / "model")
-    return {"output_dir": str(run.out), "model": str(run.out / "model"), "final": last}
+    return {"output_dir": str(run.out), **written, "final": last}

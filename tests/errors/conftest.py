@@ -30,7 +30,7 @@ def zoo(tmp_path_factory):
     other = build_word_tokenizer([f"v{i}" for i in range(20)])
 
     def cfg(vocab, hidden=16):
-        return llama_config(vocab, hidden=hidden, layers=1, heads=2, max_positions=64, pad_token_id=0,
+        return llama_config(vocab, hidden=hidden, layers=1, heads=2, max_positions=128, pad_token_id=0,
                             bos_token_id=1, eos_token_id=2)
 
     z = {

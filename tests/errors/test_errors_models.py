@@ -48,7 +48,7 @@ def test_an_embedding_smaller_than_the_tokenizer(zoo, tmp_path, capsys):
 def test_a_reference_without_tokenizer_files_must_match_the_policys_embedding(zoo, tmp_path, capsys):
     from fourfold.models.factory import llama_config, random_causal_lm
 
-    bigger = llama_config(len(WORDS) + 10, hidden=16, layers=1, heads=2, max_positions=64)
+    bigger = llama_config(len(WORDS) + 10, hidden=16, layers=1, heads=2, max_positions=128)
     random_causal_lm(bigger, seed=0).save_pretrained(tmp_path / "bigger")  # no tokenizer files
     one_line_error(capsys, reinforce_args(zoo, tmp_path / "a", f"model.reward={zoo['rm']}",
                                           f"model.reference={tmp_path / 'bigger'}"),

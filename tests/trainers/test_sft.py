@@ -85,14 +85,16 @@ def test_prompt_tokens_carry_no_loss(toy):
 def test_loss_falls_and_model_reloads_with_plain_transformers(toy, tmp_path, monkeypatch):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from fourfold.trainers import lora  # the final export (save_trained) calls save_hf from there
+
     saved = {}
-    real_save = sft.save_hf
+    real_save = lora.save_hf
 
     def capture(model, tok, path):
         saved["model"] = model
         return real_save(model, tok, path)
 
-    monkeypatch.setattr(sft, "save_hf", capture)
+    monkeypatch.setattr(lora, "save_hf", capture)
     out = tmp_path / "run"
     res = sft.train(_cfg(toy, out, "train.max_steps=150", f"data.eval={toy['train']}"))
     rows = read_metrics(out / "metrics.jsonl")
