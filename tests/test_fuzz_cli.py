@@ -59,7 +59,7 @@ def _bad_values(tp) -> list[str]:
         return ["maybe"]
     if base is str:
         return ["[1, 2]"]
-    if base is dict:
+    if base is dict or dataclasses.is_dataclass(base):  # a mapping or an optional section (model.lora)
         return ["5"]
     if origin is typing.Literal:
         return ["not-a-choice", "[1]"]
