@@ -1,6 +1,7 @@
 """`fourfold experiments`: the claims computed from hand-made numbers (including claims that do not
-hold), the job runner, the unbiased demo's copied SFT stage, and `--quick` end to end (a fresh quick
-demo, three arms, the report, then a rerun that skips everything and one that resumes a run)."""
+hold), the arms' configs, the job runner, the unbiased demo's copied SFT stage, and `--quick` end to
+end (a fresh quick demo, four arms, the report, then a rerun that skips everything and one that
+resumes a run)."""
 import base64
 import dataclasses
 import json
@@ -426,11 +427,23 @@ def test_quick_end_to_end(tmp_path):
     first_s = time.perf_counter() - t0
     md = (out / "summary.md").read_text()
     rows = _claims_table(md)
-    assert len(rows) == 7  # quick: the beta0 (4) and beta-high (3) claims only
+    assert len(rows) == 4  # quick: what its budget settles (3 beta0 claims, DPO's length), nothing else
     assert all(r[3] in ("yes", "no") for r in rows)
-    assert any("beta = 0" in r[0] for r in rows) and any("very high beta" in r[0] for r in rows)
-    for a in ("ppo", "ppo-beta0", "ppo-beta-high", "SFT (reference)"):
+    assert sum("beta = 0" in r[0] for r in rows) == 3 and any("DPO inherits" in r[0] for r in rows)
+    assert all("evaluation standard errors" in r[2] for r in rows)
+    assert md.count("needs the full sweep") >= 8 + 2  # the groups quick leaves out, then 2 of its groups' claims
+    for a in ("ppo", "ppo-beta0", "grpo", "dpo", "SFT (reference)"):
         assert f"| {a} |" in md
+    # the cost columns: models in memory, and every arm's peak RSS and training seconds measured
+    cells = [[c.strip() for c in line.strip().strip("|").split(" | ")] for line in md.splitlines()
+             if line.startswith("| ")]
+    table = {c[0]: c for c in cells}
+    header = table["arm"]
+    for a, models in (("ppo", "4 (2+2)"), ("ppo-beta0", "4 (2+2)"), ("grpo", "3 (1+2)"), ("dpo", "2 (1+1)")):
+        row = dict(zip(header, table[a]))
+        assert row["models (trained+frozen)"] == models
+        assert float(row["peak RSS (MB)"]) > 50 and float(row["train s"]) > 0
+    assert dict(zip(header, table["dpo"]))["s / iteration"] == "n/a"
     page = (out / "report.html").read_text()
     p = _Html()
     p.feed(page)
@@ -441,7 +454,9 @@ def test_quick_end_to_end(tmp_path):
     for s in pngs:
         assert base64.b64decode(s.split(",", 1)[1])[:8] == b"\x89PNG\r\n\x1a\n"
     res = json.loads((out / "results.json").read_text())
-    assert set(res["jobs"].values()) == {"done"} and len(res["jobs"]) == 4
+    assert set(res["jobs"].values()) == {"done"} and len(res["jobs"]) == 5
+    assert (out / "runs" / "dpo" / "seed0" / "model" / "config.json").is_file()
+    assert "--config" in (out / "logs" / "dpo_seed0.log").read_text()
     assert (demo_dir / "reward" / "config.json").is_file()  # the quick demo's stages, in their own directory
     assert not (demo_dir / "policy").exists()  # the experiments stop the demo after the reward model
     cfg = (out / "configs" / "ppo-beta0-seed0.yaml").read_text()
@@ -455,19 +470,19 @@ def test_quick_end_to_end(tmp_path):
     assert _claims_table((out / "summary.md").read_text()) == rows
 
     # an unfinished run (no final policy yet) resumes from its last checkpoint
-    run_dir = out / "runs" / "ppo-beta-high" / "seed0"
+    run_dir = out / "runs" / "grpo" / "seed0"
     before = {r["iteration"]: r["time/iteration_s"] for r in read_metrics(run_dir / "metrics.jsonl")}
     shutil.rmtree(run_dir / "policy")
     assert main(argv) == 0
     jobs = json.loads((out / "results.json").read_text())["jobs"]
-    assert jobs["ppo-beta-high/seed0"] == "done"
-    assert sum(v == "cached" for v in jobs.values()) == 3
+    assert jobs["grpo/seed0"] == "done"
+    assert sum(v == "cached" for v in jobs.values()) == 4
     its = [r["iteration"] for r in read_metrics(run_dir / "metrics.jsonl") if "iteration" in r]
-    assert its == list(range(1, 25))
+    assert its == list(range(1, 17))
     after = {r["iteration"]: r["time/iteration_s"] for r in read_metrics(run_dir / "metrics.jsonl")}
-    assert all(after[i] == before[i] for i in range(1, 21))  # rows up to the checkpoint (20) were kept
-    assert any(after[i] != before[i] for i in range(21, 25))  # and only the rest was trained again
-    log = (out / "logs" / "ppo-beta-high_seed0.log").read_text()
+    assert all(after[i] == before[i] for i in range(1, 11))  # rows up to the checkpoint (10) were kept
+    assert any(after[i] != before[i] for i in range(11, 17))  # and only the rest was trained again
+    log = (out / "logs" / "grpo_seed0.log").read_text()
     assert log.count("fourfold.cli ppo") == 2
 
 

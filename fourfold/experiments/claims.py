@@ -201,10 +201,11 @@ def _beta0_hack_drift(t: _Table, pairs: list) -> None:
     kl_b0, kl_ppo = [b["kl"] for _, (b, p) in pairs], [p["kl"] for _, (b, p) in pairs]
     if q:
         bars = [t.noise(b, p, "kl") for _, (b, p) in pairs]
+        ok = [b - p > bar for b, p, bar in zip(kl_b0, kl_ppo, bars)]
         t.add("beta0", "beta = 0 drifts further from the reference than ppo",
-              f"KL {_list(kl_b0, 1, False)} vs ppo {_list(kl_ppo, 1, False)} nats",
+              f"KL {_list(kl_b0, 1, False)} vs ppo {_list(kl_ppo, 1, False)} nats ({_seeds_txt(ok)})",
               f"higher by > {c.noise_z:g} evaluation standard errors ({_list(bars, 1, False)} nats) in every seed",
-              all(b - p > bar for b, p, bar in zip(kl_b0, kl_ppo, bars)), key="drift")
+              all(ok), key="drift")
         return
     ratios = [b["kl"] / p["kl"] if p["kl"] > 0 else math.inf for _, (b, p) in pairs]
     t.add("beta0", "beta = 0 drifts far from the reference",
