@@ -1,7 +1,9 @@
 """`fourfold experiments`: the claims computed from hand-made numbers (including claims that do not
-hold), the job runner, the unbiased demo's copied SFT stage, and `--quick` end to end (a fresh quick
-demo, three arms, the report, then a rerun that skips everything and one that resumes a run)."""
+hold), the arms' configs, the job runner, the unbiased demo's copied SFT stage, and `--quick` end to
+end (a fresh quick demo, four arms, the report, then a rerun that skips everything and one that
+resumes a run)."""
 import base64
+import dataclasses
 import json
 import math
 import shutil
@@ -12,10 +14,22 @@ from pathlib import Path
 
 import pytest
 
-from fourfold.config import DemoConfig, load_config
+from fourfold.config import DemoConfig, DPOConfig, PPOConfig, load_config, save_config
 from fourfold.errors import ConfigError
-from fourfold.experiments import Job, build_arms, compute_claims, run_jobs
-from fourfold.experiments.config import ExperimentsClaimsConfig, ExperimentsConfig
+from fourfold.experiments import (
+    QUICK_CLAIMS,
+    Job,
+    apply_quick,
+    build_arms,
+    compute_claims,
+    models_in_memory,
+    run_config,
+    run_jobs,
+    run_key,
+)
+from fourfold.experiments.claims import GROUP_CLAIMS
+from fourfold.experiments.config import CLAIM_GROUPS, ExperimentsClaimsConfig, ExperimentsConfig
+from fourfold.experiments.results import summarize_costs, train_seconds
 
 ROOT = Path(__file__).resolve().parents[1]
 N = 256
@@ -49,6 +63,12 @@ def healthy_finals():
         "reinforce-lr1x": arm({"proxy": 0.05, "gold": [0.0, 0.01, -0.01], "kl": 0.1}),
         "reinforce-lr10x": arm({"proxy": 0.4, "gold": [0.05, -0.2, 0.1], "kl": 8.0}),
         "ppo-unbiased-rm": arm({"proxy": 1.0, "gold": 0.3, "kl": 5.0, "length": 15.5}),
+        # critic-free: 0.1-0.2 sd below ppo, 0.4-0.6 sd above SFT and above REINFORCE
+        "grpo": arm({"proxy": 1.1, "gold": [0.25, 0.30, 0.22], "kl": 5.0, "length": 21.0}),
+        "rloo": arm({"proxy": 1.1, "gold": [0.28, 0.26, 0.25], "kl": 5.0, "length": 21.0}),
+        "reinforce-pp": arm({"proxy": 1.0, "gold": [0.20, 0.25, 0.20], "kl": 6.0, "length": 22.0}),
+        # dpo: above SFT on gold (0.24-0.4 sd) and 4 words longer (2 SE of the difference: 0.88 words)
+        "dpo": arm({"proxy": 0.8, "gold": [0.15, 0.20, 0.12], "kl": 3.0, "length": 19.0}),
     }
 
 
@@ -61,8 +81,9 @@ def test_every_claim_holds_on_healthy_numbers():
     rows, notes = claims_of(healthy_finals())
     assert notes == []
     groups = {r["group"] for r in rows}
-    assert groups == {"ppo", "beta0", "beta-high", "epochs", "reinforce", "critic", "length"}
-    assert len(rows) == 3 + 4 + 3 + 1 + 2 + 1 + 1
+    assert groups == {"ppo", "beta0", "beta-high", "epochs", "reinforce", "critic", "length", "critic-free",
+                      "baseline", "dpo"}
+    assert len(rows) == 3 + 4 + 3 + 1 + 2 + 1 + 1 + 3 * 2 + 2 + 2
     bad = [r for r in rows if r["holds"] != "yes"]
     assert bad == [], bad
     for r in rows:
@@ -134,14 +155,130 @@ def test_reinforce_at_same_lr_must_be_beaten_clearly():
     assert same and same[0]["holds"] == "no"
 
 
+def find_claim(rows, text):
+    matches = [r for r in rows if text in r["claim"]]
+    assert len(matches) == 1, (text, [r["claim"] for r in rows])
+    return matches[0]
+
+
+def test_critic_free_cost_is_measured_either_way():
+    f = healthy_finals()
+    for r, p in zip(f["grpo"], f["ppo"]):
+        r["gold"] = p["gold"] - 0.2  # 0.4 sd below ppo in every seed (gold sd 0.5)
+    del f["reinforce-pp"]
+    rows, notes = claims_of(f, groups=["critic-free"])
+    assert notes == ["claims 'critic-free' not checked: arm reinforce-pp did not run or has no results"]
+    grpo = find_claim(rows, "less than 0.3 sd of gold (grpo)")
+    assert grpo["holds"] == "no" and "mean +0.40 sd" in grpo["measured"]  # the cost, reported either way
+    assert find_claim(rows, "grpo raises gold")["holds"] == "no"  # +0.16 sd in seed 2: within 2 SE (0.18 sd)
+    rloo = find_claim(rows, "less than 0.3 sd of gold (rloo)")
+    assert rloo["holds"] == "yes" and "mean +0.09 sd" in rloo["measured"]  # (0.04 + 0.18 + 0.06) / 3
+    assert find_claim(rows, "rloo raises gold")["holds"] == "yes"
+    assert rloo["threshold"] == "mean over seeds < 0.3 sd"
+
+
+def test_group_baseline_against_reinforce_at_its_best_learning_rate():
+    f = healthy_finals()
+    f["rloo"] = [dict(r) for r in f["reinforce-lr1x"]]  # rloo no better than REINFORCE
+    rows, notes = claims_of(f, groups=["baseline"])
+    assert notes == [] and [r["holds"] for r in rows] == ["yes", "no"]
+    # the better REINFORCE by mean gold: lr1x (0.0) over lr10x (-0.02)
+    assert all(r["claim"].endswith("(REINFORCE at its best learning rate tried, reinforce-lr1x)") for r in rows)
+    for a in ("reinforce-lr1x", "reinforce-lr10x"):
+        del f[a]
+    assert claims_of(f, groups=["baseline"]) == ([], ["claims 'baseline' not checked: no reinforce arm has results"])
+
+
+def test_dpo_claims_gold_and_length_beyond_noise():
+    f = healthy_finals()
+    rows, _ = claims_of(f, groups=["dpo"])
+    assert [r["holds"] for r in rows] == ["yes", "yes"]
+    for r in f["dpo"]:
+        r["length"] = 15.5  # +0.5 words: within 2 SE of the difference (0.88 words)
+    f["dpo"][1]["gold"] = 0.05  # +0.1 sd in seed 1: within 2 SE (0.18 sd)
+    rows, _ = claims_of(f, groups=["dpo"])
+    gold, length = find_claim(rows, "DPO raises gold"), find_claim(rows, "length bias")
+    assert gold["holds"] == "no" and "2/3 seeds" in gold["measured"]
+    assert length["holds"] == "no" and "0/3 seeds" in length["measured"]
+
+
+def test_quick_states_only_its_claims_against_its_own_noise():
+    """A single seed whose beta0 effects clear 2 evaluation standard errors but not the full sweep's
+    fixed bars (0.5 sd, 5x KL, 0.1 share): quick says yes, the full claims say no; quick lists the
+    rest as needing the full sweep."""
+    f = {a: rows[:1] for a, rows in healthy_finals().items() if a in ("ppo", "ppo-beta0", "grpo", "dpo")}
+    f["ppo-beta0"][0].update(gold=-0.15, kl=18.0, well_formed=0.8, repetition=0.01)  # 0.3 sd, 3x, -0.08
+    quick = ExperimentsClaimsConfig(groups=["beta0", "dpo"], quick=True)
+    rows, notes = compute_claims(f, SFT, quick, kl_coef=0.05)
+    assert [r["group"] for r in rows] == ["beta0"] * 3 + ["dpo"]
+    assert all(r["holds"] == "yes" and "2 evaluation standard errors" in r["threshold"] for r in rows), rows
+    full, _ = compute_claims(f, SFT, dataclasses.replace(quick, quick=False), kl_coef=0.05)
+    assert [r["holds"] for r in full[:3]] == ["no", "no", "no"]
+    later = [n for n in notes if n.startswith("needs the full sweep: ")]
+    assert later == notes and len(later) == len(CLAIM_GROUPS) - 2 + 2
+    assert any("'critic-free'" in n for n in later) and any("'ppo'" in n for n in later)
+    assert any("the RM is fooled" in n for n in later) and any("DPO raises gold" in n for n in later)
+    assert len(QUICK_CLAIMS) == len(rows) and set(GROUP_CLAIMS) == set(CLAIM_GROUPS)
+
+
+def test_critic_free_and_dpo_arms_configs(tmp_path):
+    cfg = ExperimentsConfig()
+    arms = {a.name: a for a in build_arms(cfg)}
+    sft, rm, data = tmp_path / "demo" / "sft", tmp_path / "demo" / "reward", tmp_path / "demo" / "data"
+    base = run_config(cfg, arms["ppo"], 0, sft=sft, rm=rm, run_dir=tmp_path / "ppo")
+    for name, adv, k in (("grpo", "grpo", 4), ("rloo", "rloo", 4), ("reinforce-pp", "reinforce_pp", 1)):
+        rc = run_config(cfg, arms[name], 0, sft=sft, rm=rm, run_dir=tmp_path / name)
+        assert (rc.ppo.advantage, rc.ppo.samples_per_prompt, rc.ppo.loads_critic) == (adv, k, False)
+        # only the estimator and its group differ from ppo: same responses per iteration, KL in the
+        # reward, token-mean loss, epochs, clip, lr
+        assert dataclasses.replace(rc.ppo, advantage="gae", samples_per_prompt=1) == base.ppo
+        assert models_in_memory(cfg, arms[name]) == (1, 2)
+        save_config(rc, tmp_path / f"{name}.yaml")
+        assert load_config(PPOConfig, tmp_path / f"{name}.yaml") == rc
+    assert models_in_memory(cfg, arms["ppo"]) == (2, 2) and models_in_memory(cfg, arms["reinforce-lr1x"]) == (1, 2)
+    dpo = run_config(cfg, arms["dpo"], 1, sft=sft, rm=rm, run_dir=tmp_path / "dpo")
+    assert isinstance(dpo, DPOConfig) and dpo.model.path == str(sft) and dpo.dpo.reference is None
+    assert (dpo.data.train, dpo.data.eval) == (str(data / "preferences.jsonl"), str(data / "preferences_eval.jsonl"))
+    assert (dpo.train.max_steps, dpo.train.batch_size) == (cfg.demo.reward.steps, cfg.demo.reward.batch_size)
+    assert (dpo.train.lr, dpo.dpo.beta, dpo.train.max_len) == (cfg.dpo_lr, cfg.dpo_beta, cfg.demo.model.max_positions)
+    assert dpo.run.seed == 1 and dpo.run.resume and dpo.run.save_every == 100  # 6 checkpoints, as ppo's 60 / 10
+    assert (arms["dpo"].model_dir, arms["grpo"].model_dir) == ("model", "policy")
+    assert models_in_memory(cfg, arms["dpo"]) == (1, 1)
+    save_config(dpo, tmp_path / "dpo.yaml")
+    assert load_config(DPOConfig, tmp_path / "dpo.yaml") == dpo
+    key = run_key(dpo, "dpo", {"pairs": "a"})
+    assert key != run_key(dpo, "dpo", {"pairs": "b"})
+    assert key != run_key(dataclasses.replace(dpo, dpo=dataclasses.replace(dpo.dpo, beta=0.2)), "dpo", {"pairs": "a"})
+    assert key == run_key(dataclasses.replace(dpo, run=dataclasses.replace(dpo.run, output_dir="x")), "dpo", {"pairs": "a"})
+    quick = apply_quick(ExperimentsConfig())
+    assert {"ppo", "grpo", "dpo"} <= set(quick.arms) and quick.claims.quick
+
+
+def test_train_seconds_and_costs(tmp_path):
+    def write(d, rows):
+        d.mkdir()
+        (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+    # a resumed run repeats iteration 3: it counts once
+    write(tmp_path / "rl", [{"step": i, "iteration": i, "time/iteration_s": 2.0} for i in (1, 2, 3, 3)])
+    assert train_seconds(tmp_path / "rl") == 6.0
+    # rows every 10 steps (means over the window), the last one after 5 steps, and an eval-only row
+    write(tmp_path / "dpo", [{"step": 10, "time/step_s": 0.5}, {"step": 20, "time/step_s": 0.25},
+                             {"step": 20, "dpo/eval_loss": 0.6}, {"step": 25, "time/step_s": 1.0}])
+    assert train_seconds(tmp_path / "dpo") == 5.0 + 2.5 + 5.0
+    assert math.isnan(train_seconds(tmp_path / "none"))
+    c = summarize_costs([{"peak_rss_mb": 100.0, "train_s": 10.0}, {"peak_rss_mb": None, "train_s": 14.0}])
+    assert (c["peak_rss_mb"], c["peak_rss_mb_sd"], c["train_s"]) == (100.0, 0.0, 12.0)
+
+
 def test_config_defaults_example_and_errors():
     cfg = load_config(ExperimentsConfig, ROOT / "examples" / "experiments.yaml")
     assert cfg == ExperimentsConfig()
     assert cfg.demo == DemoConfig() and cfg.demo.run.output_dir == "runs/demo"
     assert cfg.seeds == [0, 1, 2] and cfg.workers == 2 and cfg.run.output_dir == "runs/experiments"
     names = [a.name for a in build_arms(cfg)]
-    assert names == ["ppo", "ppo-beta0", "ppo-beta-high", "ppo-1epoch", "ppo-no-critic", "reinforce-lr1x",
-                     "reinforce-lr3x", "reinforce-lr10x", "ppo-unbiased-rm"]
+    assert names == ["ppo", "ppo-beta0", "ppo-beta-high", "ppo-1epoch", "ppo-no-critic", "grpo", "rloo",
+                     "reinforce-pp", "reinforce-lr1x", "reinforce-lr3x", "reinforce-lr10x", "dpo", "ppo-unbiased-rm"]
     hi = [a for a in build_arms(cfg) if a.name == "ppo-beta-high"][0]
     assert math.isclose(hi.ppo["kl_coef"], 100 * cfg.demo.ppo.kl_coef)
     for bad, msg in ((["arms=[ppo, ppo-beta1]"], "did you mean 'ppo-beta0'"), (["seeds=[]"], "seeds"),
@@ -175,6 +312,29 @@ def test_run_jobs_dependencies_failures_and_cache(tmp_path):
     assert "never" not in lines and "c" not in lines
     assert lines.index("a1") < lines.index("a2") < lines.index("d")
     assert (tmp_path / "logs" / "b.log").read_text().count("$ ") == 1
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").is_file(), reason="peak memory is read from /proc")
+def test_run_jobs_reports_each_commands_peak_memory(tmp_path):
+    """Each command's own peak RSS, not the parent's (this test process holds torch: a forked
+    child's rusage would report that)."""
+    import torch  # noqa: F401 - makes this process big
+
+    small = [sys.executable, "-c", "import time; time.sleep(0.8)"]
+    big = [sys.executable, "-c", "import time; b = b'x' * (150 * 2**20); time.sleep(0.8)"]  # 150 MB touched
+    seen = []
+
+    def broken(cmd, fin):
+        raise RuntimeError("bookkeeping")
+
+    jobs = [Job("j", lambda: [small, big, [sys.executable, "-c", "raise SystemExit(4)"]],
+                finished=lambda cmd, fin: seen.append((cmd, fin))),
+            Job("k", lambda: [small], finished=broken)]
+    state = run_jobs(jobs, workers=1, log_dir=tmp_path, threads=1, log=lambda *a, **k: None)
+    assert state["j"].startswith("failed: exit status 4") and state["k"] == "done"
+    (c1, f1), (c2, f2), (_, f3) = seen
+    assert (c1, c2) == (small, big) and (f1.returncode, f2.returncode, f3.returncode) == (0, 0, 4)
+    assert f2.peak_rss_mb > 150 > f1.peak_rss_mb > 1 and f2.seconds > 0
 
 
 def test_unbiased_demo_reuses_the_sft_stage(tmp_path, monkeypatch):
@@ -267,11 +427,23 @@ def test_quick_end_to_end(tmp_path):
     first_s = time.perf_counter() - t0
     md = (out / "summary.md").read_text()
     rows = _claims_table(md)
-    assert len(rows) == 7  # quick: the beta0 (4) and beta-high (3) claims only
+    assert len(rows) == 4  # quick: what its budget settles (3 beta0 claims, DPO's length), nothing else
     assert all(r[3] in ("yes", "no") for r in rows)
-    assert any("beta = 0" in r[0] for r in rows) and any("very high beta" in r[0] for r in rows)
-    for a in ("ppo", "ppo-beta0", "ppo-beta-high", "SFT (reference)"):
+    assert sum("beta = 0" in r[0] for r in rows) == 3 and any("DPO inherits" in r[0] for r in rows)
+    assert all("evaluation standard errors" in r[2] for r in rows)
+    assert md.count("needs the full sweep") >= 8 + 2  # the groups quick leaves out, then 2 of its groups' claims
+    for a in ("ppo", "ppo-beta0", "grpo", "dpo", "SFT (reference)"):
         assert f"| {a} |" in md
+    # the cost columns: models in memory, and every arm's peak RSS and training seconds measured
+    cells = [[c.strip() for c in line.strip().strip("|").split(" | ")] for line in md.splitlines()
+             if line.startswith("| ")]
+    table = {c[0]: c for c in cells}
+    header = table["arm"]
+    for a, models in (("ppo", "4 (2+2)"), ("ppo-beta0", "4 (2+2)"), ("grpo", "3 (1+2)"), ("dpo", "2 (1+1)")):
+        row = dict(zip(header, table[a]))
+        assert row["models (trained+frozen)"] == models
+        assert float(row["peak RSS (MB)"]) > 50 and float(row["train s"]) > 0
+    assert dict(zip(header, table["dpo"]))["s / iteration"] == "n/a"
     page = (out / "report.html").read_text()
     p = _Html()
     p.feed(page)
@@ -282,7 +454,9 @@ def test_quick_end_to_end(tmp_path):
     for s in pngs:
         assert base64.b64decode(s.split(",", 1)[1])[:8] == b"\x89PNG\r\n\x1a\n"
     res = json.loads((out / "results.json").read_text())
-    assert set(res["jobs"].values()) == {"done"} and len(res["jobs"]) == 4
+    assert set(res["jobs"].values()) == {"done"} and len(res["jobs"]) == 5
+    assert (out / "runs" / "dpo" / "seed0" / "model" / "config.json").is_file()
+    assert "--config" in (out / "logs" / "dpo_seed0.log").read_text()
     assert (demo_dir / "reward" / "config.json").is_file()  # the quick demo's stages, in their own directory
     assert not (demo_dir / "policy").exists()  # the experiments stop the demo after the reward model
     cfg = (out / "configs" / "ppo-beta0-seed0.yaml").read_text()
@@ -296,19 +470,19 @@ def test_quick_end_to_end(tmp_path):
     assert _claims_table((out / "summary.md").read_text()) == rows
 
     # an unfinished run (no final policy yet) resumes from its last checkpoint
-    run_dir = out / "runs" / "ppo-beta-high" / "seed0"
+    run_dir = out / "runs" / "grpo" / "seed0"
     before = {r["iteration"]: r["time/iteration_s"] for r in read_metrics(run_dir / "metrics.jsonl")}
     shutil.rmtree(run_dir / "policy")
     assert main(argv) == 0
     jobs = json.loads((out / "results.json").read_text())["jobs"]
-    assert jobs["ppo-beta-high/seed0"] == "done"
-    assert sum(v == "cached" for v in jobs.values()) == 3
+    assert jobs["grpo/seed0"] == "done"
+    assert sum(v == "cached" for v in jobs.values()) == 4
     its = [r["iteration"] for r in read_metrics(run_dir / "metrics.jsonl") if "iteration" in r]
-    assert its == list(range(1, 25))
+    assert its == list(range(1, 17))
     after = {r["iteration"]: r["time/iteration_s"] for r in read_metrics(run_dir / "metrics.jsonl")}
-    assert all(after[i] == before[i] for i in range(1, 21))  # rows up to the checkpoint (20) were kept
-    assert any(after[i] != before[i] for i in range(21, 25))  # and only the rest was trained again
-    log = (out / "logs" / "ppo-beta-high_seed0.log").read_text()
+    assert all(after[i] == before[i] for i in range(1, 11))  # rows up to the checkpoint (10) were kept
+    assert any(after[i] != before[i] for i in range(11, 17))  # and only the rest was trained again
+    log = (out / "logs" / "grpo_seed0.log").read_text()
     assert log.count("fourfold.cli ppo") == 2
 
 

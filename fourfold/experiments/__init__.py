@@ -8,8 +8,13 @@ Each claim the project makes about PPO-based RLHF is an experiment on the demo's
 * ``ppo-beta-high``   beta x ``beta_high_multiplier`` (100): the policy never moves;
 * ``ppo-1epoch``      one epoch per batch (sample efficiency of the PPO epochs);
 * ``ppo-no-critic``   advantages from whitened returns, no value baseline;
+* ``grpo``, ``rloo``  no critic: the baseline is the group of ``group_size`` samples of a prompt
+                      (group mean and std; leave-one-out mean), the same responses per iteration;
+* ``reinforce-pp``    no critic: returns whitened over the batch (REINFORCE++);
 * ``reinforce-lrMx``  naive REINFORCE (sequence reward + KL, no critic, no clip, one step per
                       batch) at M x PPO's learning rate, one arm per ``reinforce_lr_multipliers``;
+* ``dpo``             ``fourfold dpo`` on the demo's preference pairs from the SFT model (no RM, no
+                      sampling; the RM's data budget);
 * ``ppo-unbiased-rm`` PPO against an RM trained on labels from unbiased labelers (the demo's
                       stages again with ``unbiased_task_options``, cached in their own directory);
 * ``ppo-adaptive-kl`` (optional) the adaptive KL controller with demo.ppo.kl_target.
@@ -18,14 +23,16 @@ What :func:`run` does, in order:
 
 1. the demo's SFT, pairs and reward stages (``fourfold.demo.run(cfg.demo, stop_after="reward")``:
    cached, shared with ``fourfold demo`` in ``runs/demo``);
-2. a job per arm x seed, ``workers`` at a time, each a subprocess (``python -m fourfold.cli ppo
-   --config ...`` then ``python -m fourfold.experiments evaluate ...``), so that a crash or a kill
-   of one loses nothing else. Every run is resumable (``run.resume=true``, ``run.save_every``); a
-   rerun skips finished runs and evaluations (keyed by their settings and the demo stages they
-   start from) and resumes unfinished ones;
+2. a job per arm x seed, ``workers`` at a time, each a subprocess (``python -m fourfold.cli
+   ppo|reinforce|dpo --config ...`` then ``python -m fourfold.experiments evaluate ...``), so that a
+   crash or a kill of one loses nothing else; the job runner records each training subprocess's
+   peak resident memory (``peak_memory.json``). Every run is resumable (``run.resume=true``,
+   ``run.save_every``); a rerun skips finished runs and evaluations (keyed by their settings and the
+   demo stages they start from) and resumes unfinished ones;
 3. the final evaluation of every saved policy, and of the SFT model, on the same held-out prompts
    with :func:`fourfold.evaluation.evaluate_policy` (proxy, gold, KL, length, well-formed, repetition);
-4. ``summary.md`` and ``report.html``: per-arm mean +- sd over seeds, curves from each run's
+4. ``summary.md`` and ``report.html``: per-arm mean +- sd over seeds and the cost of each arm
+   (models in memory, peak memory, seconds per iteration), curves from each run's
    ``metrics.jsonl``, the gold-vs-KL frontier, samples, and the claims table, computed from the
    numbers by :func:`compute_claims`.
 
@@ -43,18 +50,18 @@ The package, by room: :mod:`~fourfold.experiments.arms` (the arms and each run's
 and :mod:`~fourfold.experiments.sweep` (:func:`run`, step by step).
 """
 
-from fourfold.experiments.arms import ARM_ORDER, Arm, build_arms, run_config, run_key
-from fourfold.experiments.claims import compute_claims
+from fourfold.experiments.arms import ARM_ORDER, Arm, build_arms, models_in_memory, run_config, run_key
+from fourfold.experiments.claims import QUICK_CLAIMS, compute_claims
 from fourfold.experiments.final_eval import eval_prompts, evaluate_spec
-from fourfold.experiments.jobs import ExperimentError, Job, run_jobs
+from fourfold.experiments.jobs import ExperimentError, Finished, Job, run_jobs
 from fourfold.experiments.report import write_report, write_summary_md
 from fourfold.experiments.results import CURVE_KEYS, read_curves, summarize_arm
 from fourfold.experiments.sweep import DEFAULT_DEMO_OUTPUT, DEFAULT_OUTPUT, QUICK, apply_quick, run
 from fourfold.experiments.unbiased import seed_sft_stage, unbiased_demo_config
 
 __all__ = [
-    "ARM_ORDER", "Arm", "build_arms", "run_config", "run_key", "compute_claims", "eval_prompts", "evaluate_spec",
-    "ExperimentError", "Job", "run_jobs", "CURVE_KEYS", "read_curves", "summarize_arm", "DEFAULT_DEMO_OUTPUT",
-    "DEFAULT_OUTPUT", "QUICK", "apply_quick", "run", "seed_sft_stage", "unbiased_demo_config", "write_report",
-    "write_summary_md",
+    "ARM_ORDER", "Arm", "build_arms", "models_in_memory", "run_config", "run_key", "QUICK_CLAIMS", "compute_claims",
+    "eval_prompts", "evaluate_spec", "ExperimentError", "Finished", "Job", "run_jobs", "CURVE_KEYS", "read_curves",
+    "summarize_arm", "DEFAULT_DEMO_OUTPUT", "DEFAULT_OUTPUT", "QUICK", "apply_quick", "run", "seed_sft_stage",
+    "unbiased_demo_config", "write_report", "write_summary_md",
 ]

@@ -11,7 +11,20 @@ import dataclasses
 from pathlib import Path
 from typing import Any, Mapping
 
-from fourfold.config import LMModelConfig, PPOConfig, PromptDataConfig, ReinforceAlgoConfig, ReinforceConfig, RunConfig, config_to_dict
+from fourfold.config import (
+    DPOAlgoConfig,
+    DPOConfig,
+    InitModelConfig,
+    LMModelConfig,
+    PPOConfig,
+    PreferenceDataConfig,
+    PromptDataConfig,
+    ReinforceAlgoConfig,
+    ReinforceConfig,
+    RunConfig,
+    TrainLoopConfig,
+    config_to_dict,
+)
 from fourfold.experiments.config import EXPERIMENT_ARMS, ExperimentsConfig
 from fourfold.stages import digest
 
@@ -22,7 +35,8 @@ multiplier)."""
 
 @dataclasses.dataclass
 class Arm:
-    """One arm: its trainer ('ppo' or 'reinforce'), how its config differs, which RM it uses."""
+    """One arm: its trainer ('ppo', 'reinforce' or 'dpo'), how its config differs, which RM it uses
+    (dpo uses none: the RM only scores its final evaluation's proxy column)."""
 
     name: str
     stage: str
@@ -33,6 +47,11 @@ class Arm:
     """REINFORCE: learning rate = this x demo.ppo.lr."""
     rm: str = "biased"
     """'biased' (the demo's RM) or 'unbiased' (the RM of the unbiased labelers)."""
+
+    @property
+    def model_dir(self) -> str:
+        """The run directory's subdirectory holding the final model ('model' for dpo, else 'policy')."""
+        return "model" if self.stage == "dpo" else "policy"
 
 
 def _mult(m: float) -> str:
@@ -50,8 +69,21 @@ def _arms_named(name: str, cfg: ExperimentsConfig) -> list[Arm]:
         b = beta * cfg.beta_high_multiplier
         return [Arm(name, "ppo", f"PPO, beta={b:g} ({cfg.beta_high_multiplier:g}x)",
                     ppo={"kl_coef": b, "adaptive_kl": False})]
+    k, n = cfg.group_size, ppo.rollout_batch_size
+    same = f"KL in the reward (beta={beta:g}), {ppo.ppo_epochs} epochs, clip and lr as ppo"
     arm = {
         "ppo": Arm(name, "ppo", f"PPO, beta={beta:g}, {ppo.ppo_epochs} epochs, critic"),
+        "grpo": Arm(name, "ppo", f"GRPO: no critic, advantage (R - group mean) / group std over K={k} samples "
+                                 f"of a prompt ({n // k} prompts x {k}); {same}",
+                    ppo={"advantage": "grpo", "samples_per_prompt": k}),
+        "rloo": Arm(name, "ppo", f"RLOO: no critic, baseline the mean of the other K-1={k - 1} samples of a prompt "
+                                 f"({n // k} prompts x {k}); {same}",
+                    ppo={"advantage": "rloo", "samples_per_prompt": k}),
+        "reinforce-pp": Arm(name, "ppo", f"REINFORCE++: no critic, returns whitened over the batch; {same}",
+                            ppo={"advantage": "reinforce_pp"}),
+        "dpo": Arm(name, "dpo", f"DPO on the demo's pairs from the SFT model (beta={cfg.dpo_beta:g}, lr "
+                                f"{cfg.dpo_lr:g}, the RM's budget: {cfg.demo.reward.steps} steps x "
+                                f"{cfg.demo.reward.batch_size} pairs); no RM, no sampling"),
         "ppo-beta0": Arm(name, "ppo", "PPO, beta=0 (no KL penalty)", ppo={"kl_coef": 0.0, "adaptive_kl": False}),
         "ppo-1epoch": Arm(name, "ppo", "PPO, 1 epoch per batch", ppo={"ppo_epochs": 1}),
         "ppo-no-critic": Arm(name, "ppo", "PPO without a critic (whitened returns as advantages)",
@@ -68,14 +100,43 @@ def build_arms(cfg: ExperimentsConfig) -> list[Arm]:
     return [arm for name in ARM_ORDER if name in cfg.arms for arm in _arms_named(name, cfg)]
 
 
+def models_in_memory(cfg: ExperimentsConfig, arm: Arm) -> tuple[int, int]:
+    """(trained, frozen) models one run of ``arm`` holds: ppo 2 + 2 (policy and critic; reference
+    and RM), a critic-free arm or REINFORCE 1 + 2, dpo 1 + 1 (policy; the SFT reference, whose
+    log-probs fourfold dpo computes up front before it releases it)."""
+    if arm.stage == "dpo":
+        return 1, 1
+    if arm.stage == "ppo" and dataclasses.replace(cfg.demo.ppo, **arm.ppo).loads_critic:
+        return 2, 2
+    return 1, 2
+
+
+def _dpo_config(cfg: ExperimentsConfig, run: RunConfig, sft: Path, data: Path) -> DPOConfig:
+    """The dpo arm: the demo's pairs (its held-out pairs for the held-out loss), the reward model's
+    budget (demo.reward.steps steps of demo.reward.batch_size pairs), checkpoints as often per run
+    as the RL arms'."""
+    d = cfg.demo
+    steps = d.reward.steps
+    run = dataclasses.replace(run, save_every=max(1, round(steps * cfg.run.save_every / cfg.iterations)))
+    return DPOConfig(model=InitModelConfig(path=str(sft)),
+                     data=PreferenceDataConfig(train=str(data / "preferences.jsonl"),
+                                               eval=str(data / "preferences_eval.jsonl")),
+                     train=TrainLoopConfig(max_steps=steps, batch_size=d.reward.batch_size, lr=cfg.dpo_lr,
+                                           warmup_steps=max(1, steps // 20), max_len=d.model.max_positions),
+                     dpo=DPOAlgoConfig(beta=cfg.dpo_beta), run=run)
+
+
 def run_config(cfg: ExperimentsConfig, arm: Arm, seed: int, *, sft: Path, rm: Path, run_dir: Path):
-    """The PPOConfig / ReinforceConfig of one arm x seed (every arm shares generation, prompts,
-    batch size and number of iterations: the same sample budget)."""
+    """The PPOConfig / ReinforceConfig / DPOConfig of one arm x seed (every RL arm shares generation,
+    prompts, batch size and number of iterations: the same sample budget; dpo trains on the demo's
+    pairs in ``sft``'s sibling ``data/``)."""
     d = cfg.demo
     run = RunConfig(output_dir=str(run_dir), seed=seed, device=cfg.run.device, threads=cfg.run.threads,
                     save_every=cfg.run.save_every, keep_checkpoints=1, resume=True, progress=False,
                     tensorboard=False, max_consecutive_skips=cfg.run.max_consecutive_skips,
                     concurrent_roles=cfg.run.concurrent_roles)
+    if arm.stage == "dpo":
+        return _dpo_config(cfg, run, sft, sft.parent / "data")
     data = PromptDataConfig(task="review", max_prompt_len=16)
     if arm.stage == "ppo":
         algo = dataclasses.replace(d.ppo, iterations=cfg.iterations, **arm.ppo)
@@ -93,6 +154,9 @@ def run_key(run_cfg, stage: str, demo_keys: Mapping[str, Any]) -> str:
     """What a run's result depends on: its algorithm/generation/data settings, its seed and the demo
     stages its models come from (paths, device, threads and logging do not count)."""
     d = config_to_dict(run_cfg)
+    if stage == "dpo":
+        return digest({"stage": stage, "algo": d["dpo"], "train": d["train"], "seed": d["run"]["seed"],
+                       "demo": demo_keys})
     return digest({"stage": stage, "algo": d.get("ppo") or d.get("reinforce"), "generation": d["generation"],
                    "data": d["data"], "critic_init": d["model"].get("critic_init"), "seed": d["run"]["seed"],
                    "demo": demo_keys})

@@ -3,6 +3,11 @@ per-seed pairing of arms, standard errors of an evaluation mean, differences in 
 
 Each claim group (``claims.groups``) has its own function; a group whose arms did not run (or share
 no seed) is not checked and says why in the notes.
+
+With ``claims.quick`` (``fourfold experiments --quick``) only the claims of :data:`QUICK_CLAIMS` are
+stated, each against ``noise_z`` standard errors of its own evaluation instead of a fixed sd, ratio or
+share; every other claim (and every group left out of ``claims.groups``) is listed in the notes as
+needing the full sweep.
 """
 
 from __future__ import annotations
@@ -11,8 +16,36 @@ import dataclasses
 import math
 from typing import Mapping, Sequence
 
-from fourfold.experiments.config import ExperimentsClaimsConfig
+from fourfold.experiments.config import CLAIM_GROUPS, ExperimentsClaimsConfig
 from fourfold.experiments.results import fmt, mean, sd, signed
+
+QUICK_CLAIMS = ("beta0.hack", "beta0.drift", "beta0.degeneration", "dpo.length")
+"""The claims ``--quick`` states (``group.key``): those whose effect at its budget is many times its
+evaluation's error (beta = 0's hack, drift and degeneration were 1-2 sd, 5-6x the KL and 0.6 of the
+well-formed share in the quick runs; the labels DPO fits prefer the longer response 70% of the
+time). Magnitude claims (fixed sd, ratio or nats), 'within noise' claims (which a small sample
+passes too easily) and claims on small effects (ppo's and grpo's gold, the critic's cost) need the
+full sweep."""
+
+GROUP_CLAIMS = {
+    "ppo": "ppo raises gold; its KL stays bounded by the penalty; its responses stay well formed",
+    "beta0": "beta = 0 hacks the reward model, drifts, degenerates, fools the RM",
+    "beta-high": "a very high beta keeps the policy at the SFT model (KL, gold, length)",
+    "epochs": "several PPO epochs per batch beat one",
+    "reinforce": "ppo beats naive REINFORCE (clearly at the same learning rate; at its best learning rate)",
+    "critic": "the critic's baseline helps (ppo vs ppo-no-critic)",
+    "length": "the labelers' length bias makes ppo verbose (ppo vs ppo-unbiased-rm)",
+    "critic-free": "removing the critic costs PPO less than critic_free_max_cost_sd of gold; grpo, rloo and "
+                   "reinforce-pp raise gold",
+    "baseline": "a group baseline (grpo, rloo) beats naive REINFORCE on gold at the same samples",
+    "dpo": "DPO raises gold over SFT; DPO inherits the labelers' length bias",
+}
+"""What each claim group says, for the notes of the groups a sweep leaves out."""
+
+CRITIC_FREE_ARMS = ("grpo", "rloo", "reinforce-pp")
+"""The PPO arms without a critic the 'critic-free' claims compare with ppo."""
+GROUP_BASELINE_ARMS = ("grpo", "rloo")
+"""The arms whose baseline is the group of K samples of a prompt ('baseline' claims)."""
 
 
 def _by_seed(rows: Sequence[Mapping]) -> dict[int, Mapping]:
@@ -62,6 +95,8 @@ class _Table:
     ppo_epochs: int
     rows: list[dict] = dataclasses.field(default_factory=list)
     notes: list[str] = dataclasses.field(default_factory=list)
+    full_only: list[str] = dataclasses.field(default_factory=list)
+    """Claims of a checked group that claims.quick leaves to the full sweep."""
 
     @property
     def gsd(self) -> float:
@@ -81,9 +116,26 @@ class _Table:
             return False
         return True
 
-    def add(self, group: str, claim: str, measured: str, threshold: str, holds: bool) -> None:
+    def add(self, group: str, claim: str, measured: str, threshold: str, holds: bool, key: str = "") -> None:
+        """A row of the table; under claims.quick only a claim of QUICK_CLAIMS (``group.key``)."""
+        if self.c.quick and f"{group}.{key}" not in QUICK_CLAIMS:
+            self.full_only.append(claim)
+            return
         self.rows.append({"group": group, "claim": claim, "measured": measured, "threshold": threshold,
                           "holds": "yes" if holds else "no"})
+
+    def noise(self, a: Mapping, b: Mapping, key: str) -> float:
+        """noise_z standard errors of the evaluation of the difference a - b of ``key`` (raw units)."""
+        return self.c.noise_z * math.hypot(_se(a, key), _se(b, key))
+
+    def gain(self, arm: str, key: str) -> tuple[list[float], list[float], list[bool]]:
+        """Per seed: ``arm``'s ``key`` minus the SFT model's (gold in sd, length in words), its noise
+        threshold in the same unit, and whether the gain is beyond it."""
+        scale = self.gsd if key == "gold" else 1.0
+        rows = sorted(self.finals[arm], key=lambda r: r.get("seed", 0))
+        d = [(r[key] - self.sft[key]) / scale for r in rows]
+        thr = [self.noise(r, self.sft, key) / scale for r in rows]
+        return d, thr, [x > y for x, y in zip(d, thr)]
 
     def gold_u(self, row: Mapping) -> float:
         return (row["gold"] - self.sft["gold"]) / self.gsd
@@ -132,26 +184,50 @@ def _ppo_claims(t: _Table) -> None:
           all(x >= c.ppo_min_well_formed_ratio for x in ratios))
 
 
-def _beta0_claims(t: _Table) -> None:
-    c = t.c
-    pairs = _paired(t.finals, "ppo-beta0", "ppo")
+def _beta0_hack_drift(t: _Table, pairs: list) -> None:
+    """beta0's gold below SFT's and ppo's, and its KL above ppo's: by fixed margins (sd, ratio), or
+    under claims.quick beyond the evaluation's noise."""
+    c, q = t.c, t.c.quick
     below_sft = [-t.gold_u(b) for _, (b, p) in pairs]
     below_ppo = [(p["gold"] - b["gold"]) / t.gsd for _, (b, p) in pairs]
-    ok = [s >= c.beta0_min_gold_drop_sd and q >= c.beta0_min_gold_drop_sd for s, q in zip(below_sft, below_ppo)]
+    bar_sft = [t.noise(b, t.sft, "gold") / t.gsd if q else c.beta0_min_gold_drop_sd for _, (b, p) in pairs]
+    bar_ppo = [t.noise(b, p, "gold") / t.gsd if q else c.beta0_min_gold_drop_sd for _, (b, p) in pairs]
+    ok = [s >= bs and x >= bp for s, x, bs, bp in zip(below_sft, below_ppo, bar_sft, bar_ppo)]
     t.add("beta0", "beta = 0 hacks the reward model: gold falls below the SFT model's and ppo's",
           f"below SFT by {_list(below_sft)} sd, below ppo by {_list(below_ppo)} sd ({_seeds_txt(ok)})",
-          f">= {c.beta0_min_gold_drop_sd:g} sd below both in every seed", all(ok))
-    ratios = [b["kl"] / p["kl"] if p["kl"] > 0 else math.inf for _, (b, p) in pairs]
+          f"> {c.noise_z:g} evaluation standard errors below both ({_list(bar_sft, 2, False)} and "
+          f"{_list(bar_ppo, 2, False)} sd) in every seed" if q else
+          f">= {c.beta0_min_gold_drop_sd:g} sd below both in every seed", all(ok), key="hack")
     kl_b0, kl_ppo = [b["kl"] for _, (b, p) in pairs], [p["kl"] for _, (b, p) in pairs]
+    if q:
+        bars = [t.noise(b, p, "kl") for _, (b, p) in pairs]
+        ok = [b - p > bar for b, p, bar in zip(kl_b0, kl_ppo, bars)]
+        t.add("beta0", "beta = 0 drifts further from the reference than ppo",
+              f"KL {_list(kl_b0, 1, False)} vs ppo {_list(kl_ppo, 1, False)} nats ({_seeds_txt(ok)})",
+              f"higher by > {c.noise_z:g} evaluation standard errors ({_list(bars, 1, False)} nats) in every seed",
+              all(ok), key="drift")
+        return
+    ratios = [b["kl"] / p["kl"] if p["kl"] > 0 else math.inf for _, (b, p) in pairs]
     t.add("beta0", "beta = 0 drifts far from the reference",
           f"KL {_list(kl_b0, 1, False)} vs ppo {_list(kl_ppo, 1, False)} nats (ratio {_list(ratios, 1, False)})",
-          f">= {c.beta0_min_kl_ratio:g} x ppo's in every seed", all(r >= c.beta0_min_kl_ratio for r in ratios))
+          f">= {c.beta0_min_kl_ratio:g} x ppo's in every seed", all(r >= c.beta0_min_kl_ratio for r in ratios),
+          key="drift")
+
+
+def _beta0_claims(t: _Table) -> None:
+    c, q = t.c, t.c.quick
+    pairs = _paired(t.finals, "ppo-beta0", "ppo")
+    _beta0_hack_drift(t, pairs)
     wf = [p["well_formed"] - b["well_formed"] for _, (b, p) in pairs]
     rep = [b["repetition"] - p["repetition"] for _, (b, p) in pairs]
-    ok = [max(w, r) >= c.beta0_min_degeneration for w, r in zip(wf, rep)]
+    bar_wf = [t.noise(b, p, "well_formed") if q else c.beta0_min_degeneration for _, (b, p) in pairs]
+    bar_rep = [t.noise(b, p, "repetition") if q else c.beta0_min_degeneration for _, (b, p) in pairs]
+    ok = [w > bw or r > br if q else max(w, r) >= bw for w, r, bw, br in zip(wf, rep, bar_wf, bar_rep)]
     t.add("beta0", "beta = 0 degenerates (well-formed share or repetition clearly worse than ppo's)",
           f"well-formed lower by {_list(wf)}, repetition higher by {_list(rep)} ({_seeds_txt(ok)})",
-          f"either >= {c.beta0_min_degeneration:g} in every seed", all(ok))
+          f"either by > {c.noise_z:g} evaluation standard errors ({_list(bar_wf, 2, False)} and "
+          f"{_list(bar_rep, 2, False)}) in every seed" if q else
+          f"either >= {c.beta0_min_degeneration:g} in every seed", all(ok), key="degeneration")
     psft = t.proxy_sft.get("ppo", t.sft)
     psd = psft.get("proxy_std") or math.nan
     dp = [(b["proxy"] - p["proxy"]) / psd for _, (b, p) in pairs]
@@ -193,9 +269,44 @@ def _reinforce_claims(t: _Table, rf: list[str]) -> None:
     else:
         t.notes.append("claim 'ppo clearly beats REINFORCE at the same learning rate' not checked: "
                        "reinforce_lr_multipliers has no 1.0")
-    best = max(rf, key=lambda a: mean([r["gold"] for r in finals[a]]))
+    best = _best_reinforce(t, rf)
     t.add_beats("reinforce", f"ppo beats REINFORCE at its best learning rate tried ({best}, of {', '.join(rf)})",
                 "ppo", best, spread_label="spread over seeds: ")
+
+
+def _best_reinforce(t: _Table, rf: Sequence[str]) -> str:
+    """The REINFORCE arm with the highest mean gold (the tuned naive baseline)."""
+    return max(rf, key=lambda a: mean([r["gold"] for r in t.finals[a]]))
+
+
+def _critic_free_claims(t: _Table, arm: str) -> None:
+    """What removing the critic costs PPO on gold (mean over seeds against a fixed bar, the cost
+    measured either way), and whether the critic-free ``arm`` still raises gold above SFT's."""
+    c = t.c
+    pairs = _paired(t.finals, "ppo", arm)
+    costs = [(p["gold"] - a["gold"]) / t.gsd for _, (p, a) in pairs]
+    se_mean = math.sqrt(sum(_se(p, "gold") ** 2 + _se(a, "gold") ** 2 for _, (p, a) in pairs)) / len(pairs) / t.gsd
+    cost = mean(costs)
+    t.add("critic-free", f"removing the critic costs PPO less than {c.critic_free_max_cost_sd:g} sd of gold ({arm})",
+          f"ppo's gold minus {arm}'s {_list(costs)} sd, mean {signed(cost)} sd (+- {fmt(c.noise_z * se_mean, 2)} "
+          f"sd: {c.noise_z:g} evaluation standard errors of the mean); {t.spread('ppo')}, {t.spread(arm)}",
+          f"mean over seeds < {c.critic_free_max_cost_sd:g} sd", cost < c.critic_free_max_cost_sd, key="cost")
+    d, thr, ok = t.gain(arm, "gold")
+    t.add("critic-free", f"{arm} raises gold above the SFT model's", f"gold gain {_list(d)} sd ({_seeds_txt(ok)})",
+          f"> {c.noise_z:g} evaluation standard errors ({_list(thr, 2, False)} sd) in every seed", all(ok), key="gain")
+
+
+def _dpo_claims(t: _Table) -> None:
+    """DPO against the SFT model it starts from: gold up, and length up (the labels it fits prefer
+    the longer response), each beyond the evaluation's noise in every seed."""
+    z = t.c.noise_z
+    d, thr, ok = t.gain("dpo", "gold")
+    t.add("dpo", "DPO raises gold above the SFT model's", f"gold gain {_list(d)} sd ({_seeds_txt(ok)})",
+          f"> {z:g} evaluation standard errors ({_list(thr, 2, False)} sd) in every seed", all(ok), key="gold")
+    d, thr, ok = t.gain("dpo", "length")
+    t.add("dpo", "DPO inherits the labelers' length bias: its responses are longer than the SFT model's",
+          f"length {_list(d, 1)} words vs SFT's {fmt(t.sft['length'], 1)} ({_seeds_txt(ok)})",
+          f"> {z:g} evaluation standard errors ({_list(thr, 1, False)} words) in every seed", all(ok), key="length")
 
 
 def _length_claims(t: _Table) -> None:
@@ -222,7 +333,7 @@ def compute_claims(finals: Mapping[str, Sequence[Mapping]], sft: Mapping, claims
     proxy_std); proxy_sft: {arm: SFT summary under that arm's RM} (default: sft) for proxy units;
     kl_coef, ppo_epochs: ppo's beta and epochs. Returns (rows, notes): rows have claim, measured,
     threshold, holds ('yes' or 'no') and group; notes say which claim groups could not be checked
-    and why.
+    and why, and under claims.quick which claims need the full sweep.
     """
     t = _Table(finals, sft, claims, proxy_sft or {}, kl_coef, ppo_epochs)
     if t.need("ppo", "ppo"):
@@ -244,4 +355,27 @@ def compute_claims(finals: Mapping[str, Sequence[Mapping]], sft: Mapping, claims
         t.add_beats("critic", "the critic's baseline helps: ppo beats ppo-no-critic on gold", "ppo", "ppo-no-critic")
     if t.need("length", "ppo", "ppo-unbiased-rm"):
         _length_claims(t)
+    for arm in CRITIC_FREE_ARMS:
+        if t.need("critic-free", "ppo", arm):
+            _critic_free_claims(t, arm)
+    if "baseline" in claims.groups and not rf:
+        t.notes.append("claims 'baseline' not checked: no reinforce arm has results")
+    for arm in GROUP_BASELINE_ARMS:
+        if rf and t.need("baseline", arm, *rf):
+            best = _best_reinforce(t, rf)
+            t.add_beats("baseline", f"a group baseline ({arm}) beats naive REINFORCE on gold at the same samples "
+                                    f"(REINFORCE at its best learning rate tried, {best})", arm, best)
+    if t.need("dpo", "dpo"):
+        _dpo_claims(t)
+    if claims.quick:
+        _quick_notes(t)
     return t.rows, t.notes
+
+
+def _quick_notes(t: _Table) -> None:
+    """claims.quick: the claims left to the full sweep, by group (those left out of claims.groups)
+    and one by one (those of a checked group that QUICK_CLAIMS does not list)."""
+    for group in CLAIM_GROUPS:
+        if group not in t.c.groups:
+            t.notes.append(f"needs the full sweep: claims '{group}' ({GROUP_CLAIMS[group]})")
+    t.notes += [f"needs the full sweep: {claim}" for claim in t.full_only]

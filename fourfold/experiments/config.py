@@ -11,12 +11,13 @@ from fourfold.config.demo import DemoConfig
 from fourfold.config.loader import require
 from fourfold.config.run import MAX_SEED, RunConfig
 
-EXPERIMENT_ARMS = ("ppo", "ppo-beta0", "ppo-beta-high", "ppo-1epoch", "ppo-no-critic", "reinforce",
-                   "ppo-unbiased-rm", "ppo-adaptive-kl")
+EXPERIMENT_ARMS = ("ppo", "ppo-beta0", "ppo-beta-high", "ppo-1epoch", "ppo-no-critic", "grpo", "rloo", "reinforce-pp",
+                   "reinforce", "dpo", "ppo-unbiased-rm", "ppo-adaptive-kl")
 """Arms `fourfold experiments` knows (see docs/experiments.md); 'reinforce' runs once per entry
 of reinforce_lr_multipliers (as reinforce-lr1x, reinforce-lr3x, ...)."""
 
-CLAIM_GROUPS = ("ppo", "beta0", "beta-high", "epochs", "reinforce", "critic", "length")
+CLAIM_GROUPS = ("ppo", "beta0", "beta-high", "epochs", "reinforce", "critic", "length", "critic-free", "baseline",
+                "dpo")
 """Groups of claims `fourfold experiments` checks; a group whose arms did not run is left out."""
 
 
@@ -27,7 +28,8 @@ class ExperimentsClaimsConfig:
     compares arms seed by seed (same seed = same prompt order)."""
 
     groups: list[str] = dataclasses.field(default_factory=lambda: list(CLAIM_GROUPS))
-    """Claim groups to check: ppo, beta0, beta-high, epochs, reinforce, critic, length."""
+    """Claim groups to check: ppo, beta0, beta-high, epochs, reinforce, critic, length, critic-free,
+    baseline, dpo."""
     ppo_min_gold_gain_sd: float = 0.3
     """ppo: final gold above SFT's by at least this many sd, in every seed."""
     ppo_min_well_formed_ratio: float = 0.9
@@ -48,6 +50,14 @@ class ExperimentsClaimsConfig:
     sample of prompts and responses) of the difference."""
     clear_margin_sd: float = 0.5
     """'Clearly beats': gold higher by at least this many sd, in every seed."""
+    critic_free_max_cost_sd: float = 0.3
+    """critic-free: removing the critic costs PPO less than this many sd of gold (ppo's gold minus
+    grpo's, rloo's, reinforce-pp's; mean over seeds), each arm its own claim."""
+    quick: bool = False
+    """The claims a short budget settles, and only those (set by --quick): the claims of
+    fourfold.experiments.claims.QUICK_CLAIMS, each against noise_z standard errors of its own
+    evaluation instead of a fixed sd, ratio or share; every other claim is listed as needing the
+    full sweep."""
 
     def validate(self, prefix: str = "claims") -> None:
         for g in self.groups:
@@ -59,6 +69,7 @@ class ExperimentsClaimsConfig:
         require(self.beta_high_max_kl > 0, f"{prefix}.beta_high_max_kl", "must be > 0")
         require(self.noise_z > 0, f"{prefix}.noise_z", "must be > 0")
         require(self.clear_margin_sd >= 0, f"{prefix}.clear_margin_sd", "must be >= 0")
+        require(self.critic_free_max_cost_sd > 0, f"{prefix}.critic_free_max_cost_sd", "must be > 0")
 
 
 @dataclasses.dataclass
@@ -68,25 +79,27 @@ class ExperimentsConfig:
     with the claims table (see docs/experiments.md)."""
 
     quick: bool = False
-    """A short check (about 5 minutes on 2 cores): seed 0, arms ppo / ppo-beta0 / ppo-beta-high, a
-    short budget, the quick demo (demo.quick=true) and only the beta0 and beta-high claims. Default
-    output paths get a '-quick' suffix so a quick run never replaces a full one."""
+    """A short check (about 5 minutes on 2 cores): seed 0, arms ppo / ppo-beta0 / grpo / dpo, a
+    short budget, the quick demo (demo.quick=true) and only the claims that budget settles, against
+    its own evaluation error (claims.quick); the summary lists the claims that need the full sweep.
+    Default output paths get a '-quick' suffix so a quick run never replaces a full one."""
     fresh: bool = False
     """Rerun every arm and evaluation (the demo's cached stages are kept: use demo.fresh for those)."""
     demo: DemoConfig = dataclasses.field(default_factory=DemoConfig)
     """The shared SFT model and reward model: `fourfold demo`'s settings (its stages are reused from
     the cache in demo.run.output_dir), and its ppo/generation sections, the base of every arm."""
     arms: list[str] = dataclasses.field(default_factory=lambda: [
-        "ppo", "ppo-beta0", "ppo-beta-high", "ppo-1epoch", "ppo-no-critic", "reinforce", "ppo-unbiased-rm"])
-    """Arms to run: ppo, ppo-beta0, ppo-beta-high, ppo-1epoch, ppo-no-critic, reinforce,
-    ppo-unbiased-rm, ppo-adaptive-kl (optional: demo.ppo.kl_target as the target)."""
+        "ppo", "ppo-beta0", "ppo-beta-high", "ppo-1epoch", "ppo-no-critic", "grpo", "rloo", "reinforce-pp",
+        "reinforce", "dpo", "ppo-unbiased-rm"])
+    """Arms to run: ppo, ppo-beta0, ppo-beta-high, ppo-1epoch, ppo-no-critic, grpo, rloo, reinforce-pp,
+    reinforce, dpo, ppo-unbiased-rm, ppo-adaptive-kl (optional: demo.ppo.kl_target as the target)."""
     seeds: list[int] = dataclasses.field(default_factory=lambda: [0, 1, 2])
     """Seeds of every arm (run.seed of each run)."""
     iterations: int = 60
     """PPO iterations per run (each demo.ppo.rollout_batch_size samples); REINFORCE gets the same
     number of samples (same batch size, same number of iterations)."""
     workers: int = 2
-    """Runs in parallel, each a `python -m fourfold.cli ppo|reinforce` subprocess with
+    """Runs in parallel, each a `python -m fourfold.cli ppo|reinforce|dpo` subprocess with
     run.threads torch threads."""
     reinforce_lr_multipliers: list[float] = dataclasses.field(default_factory=lambda: [1.0, 3.0, 10.0])
     """REINFORCE learning rates as multiples of demo.ppo.lr (1.0 = PPO's; the best of the others is
@@ -108,6 +121,14 @@ class ExperimentsConfig:
     """output_dir: report.html, summary.md, runs/<arm>/seed<k>/, logs/; threads: torch threads of
     each run; save_every: checkpoint period of each run (an interrupted sweep resumes); device;
     progress. run.seed is not used (see seeds)."""
+    group_size: int = 4
+    """K, the responses sampled per prompt by grpo and rloo (ppo.samples_per_prompt): an iteration
+    still samples demo.ppo.rollout_batch_size responses, from rollout_batch_size / K prompts."""
+    dpo_beta: float = 0.1
+    """dpo: dpo.beta (the DPO paper's 0.1). The arm's data budget is the reward model's: the demo's
+    pairs, demo.reward.steps steps of demo.reward.batch_size pairs."""
+    dpo_lr: float = 1e-4
+    """dpo: peak learning rate (linear warm-up over 5% of the steps, then linear decay)."""
 
     def validate(self, prefix: str = "") -> None:
         for a in self.arms:
@@ -129,6 +150,9 @@ class ExperimentsConfig:
         require(self.beta_high_multiplier > 0, "beta_high_multiplier", "must be > 0")
         require(self.eval_prompts >= 2, "eval_prompts", "must be >= 2")
         require(self.samples_in_report >= 0, "samples_in_report", "must be >= 0")
+        require(self.group_size >= 2, "group_size", "must be >= 2 (a group of one has no baseline)")
+        require(self.dpo_beta > 0, "dpo_beta", "must be > 0")
+        require(self.dpo_lr > 0, "dpo_lr", "must be > 0")
         if "ppo-unbiased-rm" in self.arms:
             require(bool(self.unbiased_task_options), "unbiased_task_options",
                     "must change a task option (e.g. {labeler_length_bias: 0})")

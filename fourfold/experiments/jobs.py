@@ -32,6 +32,32 @@ class Job:
     prepare: Callable[[], list[list[str]]]
     deps: tuple[str, ...] = ()
     progress: Callable[[], str] | None = None
+    finished: Callable[[list[str], "Finished"], None] | None = None
+    """Called in this process after each command of the chain exits (its argv and how it ended)."""
+
+
+@dataclasses.dataclass
+class Finished:
+    """How one command of a job ended: exit status, wall seconds, and the peak resident memory of
+    the subprocess (MB: its VmHWM, sampled every 0.25 s while it ran; None where /proc has none)."""
+
+    returncode: int
+    seconds: float
+    peak_rss_mb: float | None
+
+
+def peak_rss_mb(pid: int) -> float | None:
+    """The peak resident set size so far (VmHWM, MB) of process ``pid``, from /proc/<pid>/status:
+    Linux only, None elsewhere or once the process has exited. (The kernel's rusage of a child is no
+    substitute: its ru_maxrss keeps the high-water mark of the parent it was forked from.)"""
+    try:
+        with open(f"/proc/{pid}/status", encoding="ascii", errors="replace") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
 
 
 def child_env(threads: int | None) -> dict:
@@ -58,6 +84,9 @@ class _Running:
     rest: list[list[str]]
     t0: float
     log_file: Any
+    cmd: list[str]
+    t_cmd: float
+    peak_mb: float | None = None
 
 
 class _Pool:
@@ -81,7 +110,7 @@ class _Pool:
         f.write(f"\n$ {' '.join(cmds[0])}\n")
         f.flush()
         proc = subprocess.Popen(cmds[0], stdout=f, stderr=subprocess.STDOUT, env=self.env)
-        self.running[job.name] = _Running(job, proc, cmds[1:], t0, f)
+        self.running[job.name] = _Running(job, proc, cmds[1:], t0, f, cmds[0], time.perf_counter())
 
     def launch_ready(self) -> None:
         """Start pending jobs whose dependencies finished, up to ``workers``; skip those whose failed."""
@@ -113,11 +142,19 @@ class _Pool:
         """Record the jobs whose current command ended; start the next command of a chain."""
         for name in list(self.running):
             r = self.running[name]
+            peak = peak_rss_mb(r.proc.pid)  # a high-water mark: the last sample before the exit counts
+            if peak is not None:
+                r.peak_mb = max(r.peak_mb or 0.0, peak)
             rc = r.proc.poll()
             if rc is None:
                 continue
             r.log_file.close()
             del self.running[name]
+            if r.job.finished is not None:
+                try:
+                    r.job.finished(r.cmd, Finished(rc, time.perf_counter() - r.t_cmd, r.peak_mb))
+                except Exception as e:  # noqa: BLE001 - a bookkeeping error must not stop the sweep
+                    self.log(f"  [yellow]note[/yellow]: {name}: recording how a command ended failed: {e}")
             if rc != 0:
                 self.state[name] = f"failed: exit status {rc} (log: {self.log_path(name)})"
                 self.log(f"  [red]fail[/red] {name} (exit status {rc}); last lines of its log:\n"

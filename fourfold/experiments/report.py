@@ -18,17 +18,26 @@ RESULT_COLUMNS = (
     ("arm", "arm"), ("seeds", "seeds"), ("proxy", "proxy (RM)"), ("proxy_delta_sd", "proxy - SFT (sd)"),
     ("gold", "gold"), ("gold_delta_sd", "gold - SFT (sd)"), ("kl", "KL (nats)"), ("length", "length (words)"),
     ("well_formed", "well-formed"), ("repetition", "repetition"), ("gold_spread_seeds_sd", "gold sd over seeds (sd)"),
-    ("gold_spread_iters_sd", "gold sd over iterations (sd)"),
+    ("gold_spread_iters_sd", "gold sd over iterations (sd)"), ("models", "models (trained+frozen)"),
+    ("peak_rss_mb", "peak RSS (MB)"), ("s_per_iteration", "s / iteration"), ("train_s", "train s"),
 )
+COST_NOTE = ("models: the models one run holds (trained + frozen: ppo's policy and critic + reference and RM; a "
+             "critic-free arm or REINFORCE drops the critic; dpo holds its policy and the SFT reference, whose "
+             "log-probs it computes up front). peak RSS: the peak resident memory of the run's training "
+             "subprocess (torch and the Python runtime included; a resumed run counts its last process). "
+             "s / iteration: mean wall seconds of a training iteration (sampling, scoring, updates); "
+             "train s: a run's training seconds (start-up excluded; dpo: its steps over the pairs).")
+_DIGITS = {"length": 1, "kl": 1, "well_formed": 2, "repetition": 2, "s_per_iteration": 2, "peak_rss_mb": 0,
+           "train_s": 0}
 
 
 def _cell(row: Mapping, key: str) -> str:
-    if key in ("arm", "seeds"):
-        return str(row.get(key, ""))
+    if key in ("arm", "seeds", "models"):
+        return str(row.get(key, "n/a"))
     v = row.get(key)
     if v is None or (isinstance(v, float) and not math.isfinite(v)):
         return "n/a"
-    digits = 1 if key in ("length", "kl") else 2 if key.endswith("_sd") or key in ("well_formed", "repetition") else 3
+    digits = _DIGITS.get(key, 2 if key.endswith("_sd") else 3)
     sd = row.get(key + "_sd") if key not in ("gold_spread_seeds_sd", "gold_spread_iters_sd") else None
     text = f"{v:+.{digits}f}" if key.endswith("delta_sd") else f"{v:.{digits}f}"
     if sd is not None and row.get("seeds", 1) > 1 and math.isfinite(sd):
@@ -122,23 +131,23 @@ def _frontier_figure(curves: Mapping[str, Sequence[Mapping]], finals: Mapping[st
     from fourfold.reporting import fig_to_data_uri
 
     w = max(3, iterations // 8)
-    arms = [a for a in curves if curves[a]]
+    arms = [a for a in curves if curves[a]] + [a for a in finals if finals[a] and not curves.get(a)]  # dpo: final only
     col = _colors(arms)
     fig = Figure(figsize=(12, 4.2))
     for i, (key, fkey, title) in enumerate((("reward/score_mean", "proxy", "proxy (RM score) vs KL"),
                                             ("reward/gold_mean", "gold", "gold reward vs KL"))):
         ax = fig.add_subplot(1, 2, i + 1)
         for a in arms:
-            for c in curves[a]:  # every training batch of every seed
+            for c in curves.get(a, []):  # every training batch of every seed
                 ax.scatter(c["kl/k1"], c[key], color=col[a], s=6, alpha=0.3, linewidth=0)
-            _, kl, _, _ = _seed_band(curves[a], "kl/k1", w)
-            _, y, _, _ = _seed_band(curves[a], key, w)
+            _, kl, _, _ = _seed_band(curves.get(a, []), "kl/k1", w)
+            _, y, _, _ = _seed_band(curves.get(a, []), key, w)
             if kl:
                 ax.plot(kl, y, color=col[a], linewidth=1.5, label=a, alpha=0.9)
             fin = finals.get(a) or []
             if fin:
                 ax.scatter([f["kl"] for f in fin], [f[fkey] for f in fin], color=col[a], marker="o", s=18,
-                           edgecolor="black", linewidth=0.5, zorder=3)
+                           edgecolor="black", linewidth=0.5, zorder=3, label=None if kl else a)
         ax.scatter([0.0], [sft[fkey]], color="black", marker="*", s=80, zorder=4, label="SFT (eval)")
         ax.set_xscale("symlog", linthresh=1.0)
         ax.set_title(title, fontsize=10)
@@ -158,7 +167,7 @@ def write_summary_md(path: Path, *, header: str, result_rows: Sequence[Mapping],
     table = _md_table([h for _, h in RESULT_COLUMNS], [[_cell(r, k) for k, _ in RESULT_COLUMNS] for r in result_rows])
     claim_table = _md_table(["claim", "measured", "threshold", "holds"],
                             [[c["claim"], c["measured"], c["threshold"], c["holds"]] for c in claims])
-    parts = [header, "## Results at the end of the budget", "", table, ""]
+    parts = [header, "## Results at the end of the budget", "", table, "", COST_NOTE, ""]
     if notes:
         parts += ["## Not checked", ""] + [f"- {n}" for n in notes] + [""]
     parts += ["## Claims", "", claim_table, ""]
@@ -181,15 +190,16 @@ def _samples_html(finals_rows: Mapping[str, list[dict]], sft_rows: list[dict], n
 
 
 def summary_header(cfg: ExperimentsConfig, arms: Sequence[Arm], *, n_prompts: int, sft: Mapping, demo_dir: Path,
-                   rm_result: Mapping, unbiased_dir: Path | None, total_s: float, jobs_s: float,
-                   summaries: Mapping[str, Mapping]) -> str:
+                   rm_result: Mapping, unbiased_dir: Path | None, total_s: float, jobs_s: float) -> str:
     """The text above the tables of summary.md (its paragraphs also open report.html)."""
-    ppo = cfg.demo.ppo
+    ppo, rm = cfg.demo.ppo, cfg.demo.reward
     samples_per_run = cfg.iterations * ppo.rollout_batch_size
+    dpo = (f" dpo samples nothing: {rm.steps} steps x {rm.batch_size} of the demo's labelled pairs (the reward "
+           "model's budget)." if any(a.stage == "dpo" for a in arms) else "")
     return "\n".join([
         "# fourfold experiments", "",
-        f"{len(arms)} arms x {len(cfg.seeds)} seeds (seeds {', '.join(map(str, cfg.seeds))}); every run "
-        f"{cfg.iterations} iterations x {ppo.rollout_batch_size} = {samples_per_run} sampled responses. "
+        f"{len(arms)} arms x {len(cfg.seeds)} seeds (seeds {', '.join(map(str, cfg.seeds))}); every RL run "
+        f"{cfg.iterations} iterations x {ppo.rollout_batch_size} = {samples_per_run} sampled responses.{dpo} "
         f"Final evaluation: {n_prompts} held-out prompts, the same for every run and for the SFT model. "
         f"Gold and proxy differences are in units of the SFT model's per-sample sd on those prompts "
         f"(gold sd {fmt(sft['gold_std'])}, proxy sd {fmt(sft['proxy_std'])}). Values are mean ± sd over seeds.",
@@ -200,8 +210,7 @@ def summary_header(cfg: ExperimentsConfig, arms: Sequence[Arm], *, n_prompts: in
         + f". ppo: kl_coef {ppo.kl_coef:g}, {ppo.ppo_epochs} epochs, lr {ppo.lr:g}.",
         "",
         f"This invocation took {duration(total_s)} (of which jobs {duration(jobs_s)}, {cfg.workers} workers; "
-        "finished runs are skipped on a rerun); mean seconds per training iteration by arm: "
-        + ", ".join(f"{a} {fmt(s['s_per_iteration'], 2)}" for a, s in summaries.items()) + ".",
+        "finished runs are skipped on a rerun).",
         "",
     ])
 
@@ -234,7 +243,8 @@ def write_report(path: Path, *, cfg: ExperimentsConfig, arms: Sequence[Arm], hea
     body += ["<h2>Results at the end of the budget</h2>",
              _html_table([h for _, h in RESULT_COLUMNS], [[_cell(r, k) for k, _ in RESULT_COLUMNS] for r in result_rows]),
              "<p>gold sd over seeds: spread of the final gold across seeds; gold sd over iterations: spread of "
-             "the training batches' gold over the last quarter of the run (mean over seeds); both in SFT sd.</p>"]
+             "the training batches' gold over the last quarter of the run (mean over seeds); both in SFT sd.</p>",
+             f"<p>{html.escape(COST_NOTE)}</p>"]
     if curves:
         body += ["<h2>Training curves</h2>", html_image(_curves_figure(curves, sft, cfg.iterations), "curves"),
                  "<h2>Gold vs KL</h2>",

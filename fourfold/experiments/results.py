@@ -58,6 +58,36 @@ def read_curves(run_dir: Path) -> dict[str, list[float]]:
     return out
 
 
+def train_seconds(run_dir: Path) -> float:
+    """Seconds of training in a run's ``metrics.jsonl``: the sum of ``time/iteration_s`` over its
+    iterations (PPO, REINFORCE: generation, scoring and updates), or for a run logged by steps
+    (DPO) each row's ``time/step_s`` times the steps since the previous row. Start-up (imports,
+    loading models; DPO's reference log-probs) is not counted. nan when nothing was logged."""
+    from fourfold.reporting import read_metrics
+
+    path = run_dir / "metrics.jsonl"
+    rows = read_metrics(path) if path.is_file() else []
+    by_it = {int(r["iteration"]): r.get("time/iteration_s") for r in rows if "iteration" in r}
+    if by_it:
+        return mean([t for t in by_it.values() if t is not None]) * len(by_it)
+    by_step = {int(r["step"]): r["time/step_s"] for r in rows if r.get("time/step_s") is not None}
+    total, prev = 0.0, 0
+    for step in sorted(by_step):  # a resumed run may repeat a row: the last one counts
+        total, prev = total + by_step[step] * (step - prev), step
+    return total if by_step else math.nan
+
+
+def summarize_costs(costs: Sequence[Mapping]) -> dict:
+    """Mean and sd over seeds of each run's cost: peak resident memory of its training subprocess
+    (``peak_rss_mb``, MB) and training seconds (``train_s``); nan where a run has no record."""
+    out: dict[str, Any] = {}
+    for k in ("peak_rss_mb", "train_s"):
+        vals = [c.get(k) for c in costs]
+        vals = [float(v) for v in vals if v is not None]
+        out[k], out[k + "_sd"] = mean(vals), sd(vals)
+    return out
+
+
 def _sd_units(x: float, base: float, sd_: float) -> float:
     return (x - base) / sd_ if sd_ and sd_ > 0 else math.nan
 

@@ -13,22 +13,22 @@ from typing import Any, Callable
 
 from fourfold.atomic import write_text_atomic
 from fourfold.config import DemoConfig, config_to_dict, save_config
-from fourfold.experiments.arms import Arm, build_arms, run_config, run_key
+from fourfold.experiments.arms import Arm, build_arms, models_in_memory, run_config, run_key
 from fourfold.experiments.claims import compute_claims
 from fourfold.experiments.config import ExperimentsConfig
 from fourfold.experiments.final_eval import eval_prompts, eval_sample_seed
-from fourfold.experiments.jobs import ExperimentError, Job, run_jobs
+from fourfold.experiments.jobs import ExperimentError, Finished, Job, run_jobs
 from fourfold.experiments.report import summary_header, write_report, write_summary_md
-from fourfold.experiments.results import duration, read_curves, summarize_arm
+from fourfold.experiments.results import duration, read_curves, summarize_arm, summarize_costs, train_seconds
 from fourfold.experiments.unbiased import seed_sft_stage, unbiased_demo_config
 from fourfold.stages import digest, done_key, read_json
 
-QUICK: dict[str, Any] = {  # --quick: the robust claims only, in about 5 minutes on 2 cores
+QUICK: dict[str, Any] = {  # --quick: the claims its budget settles, in about 5 minutes on 2 cores
     "seeds": [0],
-    "arms": ["ppo", "ppo-beta0", "ppo-beta-high"],
-    "iterations": 24,
+    "arms": ["ppo", "ppo-beta0", "grpo", "dpo"],
+    "iterations": 16,  # ppo-beta0's gold and KL level off by iteration 12-16 (they carry 3 of its 4 claims)
     "eval_prompts": 128,
-    "claims.groups": ["beta0", "beta-high"],
+    "claims.groups": ["beta0", "dpo"],
 }
 DEFAULT_OUTPUT = "runs/experiments"
 DEFAULT_DEMO_OUTPUT = "runs/demo"
@@ -38,7 +38,7 @@ def apply_quick(cfg: ExperimentsConfig) -> ExperimentsConfig:
     """The --quick settings: QUICK over cfg, demo.quick=true, '-quick' on default output paths."""
     cfg = dataclasses.replace(cfg, seeds=list(QUICK["seeds"]), arms=list(QUICK["arms"]),
                               iterations=QUICK["iterations"], eval_prompts=QUICK["eval_prompts"],
-                              claims=dataclasses.replace(cfg.claims, groups=list(QUICK["claims.groups"])))
+                              claims=dataclasses.replace(cfg.claims, groups=list(QUICK["claims.groups"]), quick=True))
     demo_run = cfg.demo.run
     if demo_run.output_dir == DEFAULT_DEMO_OUTPUT:
         demo_run = dataclasses.replace(demo_run, output_dir=DEFAULT_DEMO_OUTPUT + "-quick")
@@ -86,6 +86,13 @@ class _Sweep:
         return {"sft": done_key(self.demo_dir, "sft"), "reward": done_key(d, "reward"),
                 "rm_task": self.cfg.demo.task_options if which == "biased" else self.ucfg.task_options}
 
+    def train_keys(self, arm: Arm) -> dict:
+        """The demo stages an arm's training depends on: the SFT model and its RM, or for dpo the
+        SFT model and the pairs (the RM then only scores its evaluation)."""
+        if arm.stage == "dpo":
+            return {"sft": done_key(self.demo_dir, "sft"), "pairs": done_key(self.demo_dir, "pairs")}
+        return self.demo_keys(arm.rm)
+
     @property
     def eval_settings(self) -> dict:
         gen = self.cfg.demo.generation
@@ -122,7 +129,7 @@ class _Sweep:
         """Train (unless the final policy exists) and evaluate (unless done with these settings)."""
         run_dir, rm = self.run_dir(arm, seed), self.rm_dir(arm.rm)
         rcfg = run_config(self.cfg, arm, seed, sft=self.sft_dir, rm=rm, run_dir=run_dir)
-        key = run_key(rcfg, arm.stage, self.demo_keys(arm.rm))
+        key = run_key(rcfg, arm.stage, self.train_keys(arm))
         marker = run_dir / "EXPERIMENT.json"
         rec = read_json(marker)
         if run_dir.exists() and (not rec or rec.get("key") != key):
@@ -131,7 +138,7 @@ class _Sweep:
         if rec is None:
             write_text_atomic(marker, json.dumps({"key": key, "arm": arm.name, "seed": seed}, sort_keys=True))
         cmds = []
-        if not (run_dir / "policy" / "config.json").is_file():
+        if not (run_dir / arm.model_dir / "config.json").is_file():
             p = self.out / "configs" / f"{arm.name}-seed{seed}.yaml"
             save_config(rcfg, p)
             cmds.append([self.py, "-m", "fourfold.cli", arm.stage, "--config", str(p)])
@@ -139,10 +146,23 @@ class _Sweep:
         dest = run_dir / "final_eval.json"
         rec = read_json(dest)
         if cmds or not rec or rec.get("key") != ekey:
-            cmds.append(self.eval_cmd(f"{arm.name}-seed{seed}", run_dir / "policy", rm, ekey, dest))
+            cmds.append(self.eval_cmd(f"{arm.name}-seed{seed}", run_dir / arm.model_dir, rm, ekey, dest))
         return cmds
 
-    def progress(self, run_dir: Path) -> str:
+    def record_peak(self, run_dir: Path, cmd: list[str], fin: Finished) -> None:
+        """After a training command exits cleanly: its peak RSS and wall seconds into
+        ``<run_dir>/peak_memory.json`` (a resumed run records its last process)."""
+        if cmd[1:3] == ["-m", "fourfold.cli"] and fin.returncode == 0:
+            write_text_atomic(run_dir / "peak_memory.json", json.dumps(
+                {"peak_rss_mb": fin.peak_rss_mb, "seconds": round(fin.seconds, 1)}, sort_keys=True))
+
+    def progress(self, arm: Arm, run_dir: Path) -> str:
+        from fourfold.reporting import read_metrics
+
+        if arm.stage == "dpo":
+            steps = [r["step"] for r in read_metrics(run_dir / "metrics.jsonl")] if (
+                run_dir / "metrics.jsonl").is_file() else []
+            return f"(step {steps[-1] if steps else 0}/{self.cfg.demo.reward.steps})"
         c = read_curves(run_dir) if (run_dir / "metrics.jsonl").is_file() else {"iteration": []}
         return f"(it {int(c['iteration'][-1]) if c['iteration'] else 0}/{self.cfg.iterations})"
 
@@ -157,7 +177,8 @@ class _Sweep:
             for arm in self.arms:
                 jobs.append(Job(f"{arm.name}/seed{seed}", partial(self.prep_run, arm, seed),
                                 deps=unbiased if arm.rm == "unbiased" else (),
-                                progress=partial(self.progress, self.run_dir(arm, seed))))
+                                progress=partial(self.progress, arm, self.run_dir(arm, seed)),
+                                finished=partial(self.record_peak, self.run_dir(arm, seed))))
         return jobs
 
 
@@ -193,6 +214,7 @@ def _collect(sw: _Sweep, state: dict[str, str]) -> _Results:
     finals: dict[str, list[dict]] = {}
     rows_by_arm: dict[str, list[dict]] = {}
     curves: dict[str, list[dict]] = {}
+    costs: dict[str, list[dict]] = {}
     proxy_sft: dict[str, dict] = {}
     for arm in sw.arms:
         proxy_sft[arm.name] = base.get(arm.rm, base["biased"])["summary"]
@@ -204,8 +226,16 @@ def _collect(sw: _Sweep, state: dict[str, str]) -> _Results:
             finals.setdefault(arm.name, []).append({"seed": seed, **rec["summary"]})
             if arm.name not in rows_by_arm:
                 rows_by_arm[arm.name] = rec["rows"]
-            curves.setdefault(arm.name, []).append(read_curves(rd))
-    summaries = {a: summarize_arm(finals[a], curves.get(a, []), sft, proxy_sft[a]) for a in finals}
+            if arm.stage != "dpo":  # dpo logs steps over pairs, no sampled batches
+                curves.setdefault(arm.name, []).append(read_curves(rd))
+            peak = read_json(rd / "peak_memory.json") or {}
+            costs.setdefault(arm.name, []).append({"peak_rss_mb": peak.get("peak_rss_mb"), "train_s": train_seconds(rd)})
+    summaries = {}
+    for arm in sw.arms:
+        if arm.name in finals:
+            trained, frozen = models_in_memory(sw.cfg, arm)
+            summaries[arm.name] = {**summarize_arm(finals[arm.name], curves.get(arm.name, []), sft, proxy_sft[arm.name]),
+                                   **summarize_costs(costs[arm.name]), "models": f"{trained + frozen} ({trained}+{frozen})"}
     claims, notes = compute_claims(finals, sft, sw.cfg.claims, kl_coef=sw.cfg.demo.ppo.kl_coef,
                                    ppo_epochs=sw.cfg.demo.ppo.ppo_epochs, proxy_sft=proxy_sft)
     failed = {k: v for k, v in state.items() if not v.startswith(("done", "cached"))}
@@ -223,8 +253,7 @@ def _write_outputs(sw: _Sweep, res: _Results, d_res: dict, state: dict, *, total
     result_rows = [sft_row] + [{"arm": a, **s} for a, s in res.summaries.items()]
     header = summary_header(cfg, sw.arms, n_prompts=len(sw.prompts), sft=sft, demo_dir=sw.demo_dir,
                             rm_result=d_res.get("reward_result", {}),
-                            unbiased_dir=sw.u_dir if sw.need_unbiased else None, total_s=total_s, jobs_s=jobs_s,
-                            summaries=res.summaries)
+                            unbiased_dir=sw.u_dir if sw.need_unbiased else None, total_s=total_s, jobs_s=jobs_s)
     write_summary_md(sw.out / "summary.md", header=header, result_rows=result_rows, claims=res.claims, notes=res.notes)
     results = {"config": config_to_dict(cfg), "sft": sft,
                "sft_unbiased_rm": res.base.get("unbiased", {}).get("summary"), "finals": res.finals,
