@@ -86,7 +86,9 @@ def test_quick_demo_measures_the_rm_on_one_slip_pairs(quick_demo):
 def test_quick_demo_raises_gold(quick_demo):
     out, _, _ = quick_demo
     ev = json.loads((out / "eval.json").read_text())
-    assert ev["ppo"]["gold"] > ev["sft"]["gold"], ev
+    # measured with these quick settings on 512 eval prompts: +0.62 / +0.43 / +0.43 SFT sd (seeds
+    # 0 / 1 / 2); the old quick budget gave -0.19 sd here. 0.3 sd is the full demo's own bar.
+    assert ev["gold_gain_sd"] >= 0.3, ev
     assert ev["ppo"]["kl"] < 50, ev  # bounded drift from the reference
 
 
