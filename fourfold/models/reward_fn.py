@@ -35,6 +35,8 @@ def load_reward_fn(spec: str) -> Callable[[list[str], list[str]], list[float]]:
             mod_spec.loader.exec_module(module)
         else:
             module = importlib.import_module(target)
+    except ConfigError:  # ours (no such file): not the user's code
+        raise
     except ImportError as e:
         raise ConfigError(f"model.reward_fn: cannot import {target!r} ({e})") from None
     except SyntaxError as e:
