@@ -1,0 +1,146 @@
+"""The process group of a run launched by ``torchrun`` (one process without it), and the few
+collectives the trainers need.
+
+Everything here is a no-op identity in a single process (no ``torchrun``, or a world of 1), so a
+trainer calls the same functions either way::
+
+    world = dist.init_from_env()          # reads RANK / WORLD_SIZE / LOCAL_RANK; starts the group
+    rows = dist.shard(n_rows, world)      # this rank's slice of a global batch
+    total = dist.all_reduce_sum(t)        # a sum over every rank (t itself in one process)
+    everything = dist.all_gather_rows(t)  # rank 0's rows, then rank 1's, ... (same shapes)
+
+Backend: NCCL when the run's device is CUDA, gloo otherwise. On CPU the device mesh is built on
+``"cpu"`` explicitly (a GPU machine running a gloo group otherwise crashes: pytorch#132471).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, Optional
+
+import torch
+import torch.distributed as tdist
+
+from fourfold.errors import ConfigError
+
+TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+
+
+@dataclass(frozen=True)
+class World:
+    """Where this process stands: ``rank`` of ``world_size`` (``local_rank`` on its node)."""
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+
+    @property
+    def is_main(self) -> bool:
+        """True on rank 0, the process that writes files, logs and progress."""
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        """True when more than one process runs the training (collectives are real)."""
+        return self.world_size > 1
+
+
+SINGLE = World()
+
+
+def launched_by_torchrun() -> bool:
+    """True when the environment has torchrun's variables (``RANK``, ``WORLD_SIZE``, ...)."""
+    return all(k in os.environ for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK"))
+
+
+def world() -> World:
+    """This process's :class:`World`: from the started process group, else a single process."""
+    if tdist.is_available() and tdist.is_initialized():
+        return World(tdist.get_rank(), tdist.get_world_size(), int(os.environ.get("LOCAL_RANK", 0)))
+    return SINGLE
+
+
+def init_from_env(device: Optional[torch.device] = None, *, timeout_s: float = 1800.0) -> World:
+    """Start the process group when launched by torchrun (NCCL on a CUDA ``device``, gloo
+    otherwise) and return this process's :class:`World`; a single process without torchrun is
+    ``World(0, 1, 0)`` and starts nothing. Calling it again returns the started group's world."""
+    if not launched_by_torchrun():
+        return world()
+    if tdist.is_initialized():
+        return world()
+    local_rank = int(os.environ["LOCAL_RANK"])
+    cuda = device is not None and torch.device(device).type == "cuda"
+    if cuda:
+        torch.cuda.set_device(local_rank)
+    tdist.init_process_group(backend="nccl" if cuda else "gloo", timeout=timedelta(seconds=timeout_s))
+    return world()
+
+
+def shutdown() -> None:
+    """Destroy the process group if one was started (end of a run)."""
+    if tdist.is_available() and tdist.is_initialized():
+        tdist.destroy_process_group()
+
+
+def cpu_mesh(w: World):
+    """A 1-D device mesh over every rank on ``"cpu"`` (explicit: see the module docstring)."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    return init_device_mesh("cpu", (w.world_size,))
+
+
+def check_divisible(key: str, value: int, w: World) -> None:
+    """A global batch size ``value`` (config ``key``) must split evenly over the ranks."""
+    if value % w.world_size:
+        raise ConfigError(f"{key}: {value} does not divide by the world size {w.world_size} "
+                          f"(batch sizes are global; use a multiple of {w.world_size})")
+
+
+def shard(n: int, w: World) -> slice:
+    """This rank's contiguous slice of ``n`` global rows (``n`` divisible by the world size)."""
+    per = n // w.world_size
+    return slice(w.rank * per, (w.rank + 1) * per)
+
+
+def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
+    """The element-wise sum of ``t`` over every rank (a new tensor; ``t`` itself in one process)."""
+    if not world().distributed:
+        return t
+    out = t.detach().clone()
+    tdist.all_reduce(out, op=tdist.ReduceOp.SUM)
+    return out
+
+
+def all_reduce_max(t: torch.Tensor) -> torch.Tensor:
+    """The element-wise maximum of ``t`` over every rank (``t`` itself in one process)."""
+    if not world().distributed:
+        return t
+    out = t.detach().clone()
+    tdist.all_reduce(out, op=tdist.ReduceOp.MAX)
+    return out
+
+
+def all_gather_rows(t: torch.Tensor) -> torch.Tensor:
+    """Every rank's ``t`` concatenated along dim 0 in rank order (same shape on every rank)."""
+    if not world().distributed:
+        return t
+    parts = [torch.empty_like(t) for _ in range(world().world_size)]
+    tdist.all_gather(parts, t.contiguous())
+    return torch.cat(parts, 0)
+
+
+def broadcast_object(obj: Any, src: int = 0) -> Any:
+    """Rank ``src``'s ``obj`` on every rank (``obj`` itself in one process)."""
+    if not world().distributed:
+        return obj
+    box = [obj]
+    tdist.broadcast_object_list(box, src=src)
+    return box[0]
+
+
+def barrier() -> None:
+    """Wait for every rank (nothing in one process)."""
+    if world().distributed:
+        tdist.barrier()
