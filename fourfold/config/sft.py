@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Literal, Optional
 
-from fourfold.config.loader import require
+from fourfold.config.loader import require, validate_precision
 from fourfold.config.run import RunConfig
 
 
@@ -33,10 +33,18 @@ class InitModelConfig:
     """Allow model code from the model's repository."""
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     """Weights dtype."""
+    gradient_checkpointing: bool = False
+    """Recompute each decoder layer in backward instead of keeping its activations: less memory,
+    about a third more compute; same loss and gradients."""
+    precision: Literal["fp32", "bf16-mixed", "bf16"] = "fp32"
+    """fp32: compute in the weights' dtype (model.dtype). bf16-mixed: float32 master weights,
+    gradients and AdamW state (model.dtype must be float32), forwards under bf16 autocast. bf16:
+    weights, gradients and AdamW moments in bf16. The loss is float32 in every mode."""
 
     def validate(self, prefix: str = "model") -> None:
         require(self.path is not None or self.from_scratch, f"{prefix}.path",
                 "missing: a model directory (or model.from_scratch=true with model.tokenizer)")
+        validate_precision(self.dtype, self.precision, prefix)
         if self.from_scratch:
             require(self.tokenizer is not None or self.path is not None, f"{prefix}.tokenizer",
                     "training from scratch needs a tokenizer directory")

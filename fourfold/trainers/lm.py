@@ -20,6 +20,7 @@ from fourfold.core import Rollout, kl_estimate, masked_mean, token_rewards
 from fourfold.data import EpochSampler, chat_template_renderer, left_pad, load_prompts, tokenize_prompts
 from fourfold.errors import ConfigError
 from fourfold.models import load_reward_fn
+from fourfold.models.levers import role_dtypes
 from fourfold.models.loading import ensure_pad_embedding, load_causal_lm, load_sequence_scorer, load_tokenizer
 from fourfold.models.roles import FrozenReference, FunctionReward, ModelReward, ScalarModel
 from fourfold.rollout.lm import Samples, decode_responses, sample, score
@@ -43,17 +44,25 @@ class Roles:
 
 
 def load_roles(model: LMModelConfig, device: torch.device, *, with_critic: bool) -> Roles:
-    """Tokenizer, trained policy, frozen reference, frozen reward (model or function), critic."""
+    """Tokenizer, trained policy, frozen reference, frozen reward (model or function), critic.
+
+    The trained roles (policy, critic) get the weights dtype of ``model.dtype`` and
+    ``model.precision``, the frozen ones (reference, reward model) ``model.frozen_dtype``
+    (:func:`~fourfold.models.levers.role_dtypes`); a critic initialised from the reward model is
+    copied from it before the reward model takes the frozen dtype."""
     tok = load_tokenizer(model.tokenizer or model.policy, trust_remote_code=model.trust_remote_code)
-    kw = dict(dtype=model.dtype, device=device, trust_remote_code=model.trust_remote_code)
+    trained, frozen = role_dtypes(model.dtype, model.precision, model.frozen_dtype)
+    kw = dict(dtype=trained, device=device, trust_remote_code=model.trust_remote_code)
+    frozen_kw = dict(kw, dtype=frozen)
     policy = load_causal_lm(model.policy, **kw)
     ensure_pad_embedding(policy, tok)
-    ref_model = load_causal_lm(model.reference or model.policy, **kw)
+    ref_model = load_causal_lm(model.reference or model.policy, **frozen_kw)
     ensure_pad_embedding(ref_model, tok)
     reference = FrozenReference(ref_model)
     reward_model = None
+    copies_reward = with_critic and model.critic is None and model.critic_init == "reward"
     if model.reward is not None:
-        reward_model = ScalarModel(load_sequence_scorer(model.reward, **kw))
+        reward_model = ScalarModel(load_sequence_scorer(model.reward, **(kw if copies_reward else frozen_kw)))
         ensure_pad_embedding(reward_model.hf, tok)
         reward = ModelReward(reward_model)
     else:
@@ -72,6 +81,8 @@ def load_roles(model: LMModelConfig, device: torch.device, *, with_critic: bool)
         ensure_pad_embedding(critic.hf, tok)
         critic.train()
         critic.requires_grad_(True)
+    if reward_model is not None:
+        reward_model.to(frozen)  # a no-op unless it was loaded in the trained dtype for the critic's copy
     policy.train()
     return Roles(tok, policy, reference, reward, critic, reward_model)
 

@@ -38,9 +38,11 @@ from fourfold.core import (
     ppo_policy_loss,
     value_loss,
 )
+from fourfold.models.levers import autocast_region
 from fourfold.models.roles import ScalarModel, response_logprobs
 from fourfold.trainers.common import NonFiniteGuard, guarded_step, make_optimizer, make_schedule, save_hf
 from fourfold.trainers.lm import Probe, PromptStream, Roles, collect, load_roles
+from fourfold.trainers.memory import apply_levers
 from fourfold.trainers.scaffold import RunScaffold
 
 
@@ -234,7 +236,7 @@ def train(cfg: PPOConfig, *, prompts: Optional[Sequence[str]] = None, probe: Opt
     # 0. set-up: seed, run directory, roles, optimisers, prompt stream, KL controller, resume
     run = RunScaffold(cfg)
     device = run.hf_device()
-    roles = roles or load_roles(cfg.model, device, with_critic=algo.use_critic)
+    roles = apply_levers(roles or load_roles(cfg.model, device, with_critic=algo.use_critic), cfg.model, device)
     opt, stream, kl_ctl, start = _set_up(cfg, run, roles, prompts)
     guard = run.guard
     last: dict = {}
@@ -244,8 +246,9 @@ def train(cfg: PPOConfig, *, prompts: Optional[Sequence[str]] = None, probe: Opt
             # 1. sample prompts
             texts, prompt_ids, prompt_mask = stream.next(device)
             # 2-4. generate (pi_old), score (reference, critic, reward), per-token rewards
-            col = collect(roles, texts, prompt_ids, prompt_mask, gen, kl_coef=kl_ctl.value,
-                          kl_estimator=algo.kl_estimator, probe=probe, concurrent=cfg.run.concurrent_roles)
+            with autocast_region(cfg.model.precision, device.type):  # weights fixed: keep the cast cache
+                col = collect(roles, texts, prompt_ids, prompt_mask, gen, kl_coef=kl_ctl.value,
+                              kl_estimator=algo.kl_estimator, probe=probe, concurrent=cfg.run.concurrent_roles)
             rollout = col.rollout
             if not guard.ok("reward_score", rollout.scores, f"iteration {it}"):
                 run.log_skips(it)

@@ -44,7 +44,7 @@ from fourfold.data import (
 )
 from fourfold.errors import DataError
 from fourfold.models.factory import llama_config, random_scalar_model
-from fourfold.models.loading import ensure_pad_embedding, load_sequence_scorer, load_tokenizer, resolve_dtype
+from fourfold.models.loading import ensure_pad_embedding, load_sequence_scorer, load_tokenizer
 from fourfold.models.roles import ScalarModel
 from fourfold.trainers.common import (
     guarded_step,
@@ -55,6 +55,7 @@ from fourfold.trainers.common import (
     save_hf,
     track_steps,
 )
+from fourfold.trainers.memory import apply_model_levers, trained_dtype
 from fourfold.trainers.scaffold import RunScaffold
 
 _WINDOW_KEYS = ("steps", "good_steps", "loss", "correct", "pairs", "margin", "score_sum", "score_sq",
@@ -80,10 +81,10 @@ def load_model(model_cfg: InitModelConfig, device: torch.device) -> tuple[object
             model_cfg.intermediate_size, model_cfg.max_positions,
             pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
         )
-        rm = ScalarModel(random_scalar_model(config, dtype=resolve_dtype(model_cfg.dtype)))
+        rm = ScalarModel(random_scalar_model(config, dtype=trained_dtype(model_cfg)))
         fresh_head = True
     else:
-        rm = ScalarModel(load_sequence_scorer(model_cfg.path, dtype=model_cfg.dtype,
+        rm = ScalarModel(load_sequence_scorer(model_cfg.path, dtype=trained_dtype(model_cfg),
                                               trust_remote_code=model_cfg.trust_remote_code))
         archs = getattr(rm.config, "architectures", None) or []
         fresh_head = not any(a.endswith("ForSequenceClassification") for a in archs)
@@ -237,6 +238,7 @@ def train(cfg: RewardConfig) -> dict:
     run = RunScaffold(cfg)
     device = run.hf_device()
     tok, rm = load_model(cfg.model, device)
+    apply_model_levers(rm, cfg.model, device)
     train_ex, eval_ex, skipped = load_examples(cfg, tok)
     sampler = EpochSampler(len(train_ex), tc.batch_size, seed=cfg.run.seed)
     total = num_steps(tc.max_steps, tc.epochs, len(sampler))

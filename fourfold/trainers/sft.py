@@ -31,7 +31,7 @@ from fourfold.core import sft_loss
 from fourfold.data import EpochSampler, SFTExample, chat_template_renderer, collate_sft, encode_sft, line_of, load_sft
 from fourfold.errors import DataError
 from fourfold.models.factory import llama_config, random_causal_lm
-from fourfold.models.loading import ensure_pad_embedding, load_causal_lm, load_tokenizer, resolve_dtype
+from fourfold.models.loading import ensure_pad_embedding, load_causal_lm, load_tokenizer
 from fourfold.trainers.common import (
     guarded_step,
     last_metrics_row,
@@ -41,6 +41,7 @@ from fourfold.trainers.common import (
     save_hf,
     track_steps,
 )
+from fourfold.trainers.memory import apply_model_levers, trained_dtype
 from fourfold.trainers.scaffold import RunScaffold
 
 _WINDOW_KEYS = ("steps", "good_steps", "loss", "token_accuracy", "grad_norm", "tokens", "seconds")
@@ -61,9 +62,9 @@ def load_model(model_cfg: InitModelConfig, device: torch.device):
             model_cfg.intermediate_size, model_cfg.max_positions,
             pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
         )
-        model = random_causal_lm(config, dtype=resolve_dtype(model_cfg.dtype))  # global RNG: seeded by the caller
+        model = random_causal_lm(config, dtype=trained_dtype(model_cfg))  # global RNG: seeded by the caller
     else:
-        model = load_causal_lm(model_cfg.path, dtype=model_cfg.dtype, trust_remote_code=model_cfg.trust_remote_code)
+        model = load_causal_lm(model_cfg.path, dtype=trained_dtype(model_cfg), trust_remote_code=model_cfg.trust_remote_code)
     ensure_pad_embedding(model, tok)
     return tok, model.to(device)
 
@@ -145,6 +146,7 @@ def train(cfg: SFTConfig) -> dict:
     run = RunScaffold(cfg)
     device = run.hf_device()
     tok, model = load_model(cfg.model, device)
+    apply_model_levers(model, cfg.model, device)
     train_ex, eval_ex, skipped = load_examples(cfg, tok)
     sampler = EpochSampler(len(train_ex), tc.batch_size, seed=cfg.run.seed)
     total = num_steps(tc.max_steps, tc.epochs, len(sampler))
