@@ -180,7 +180,7 @@ def main(argv=None) -> dict:
     for it in range(args.iterations):
         if cuda:
             torch.cuda.synchronize(device)
-        t0 = time.perf_counter()
+        t0, cpu0 = time.perf_counter(), time.process_time()
         with autocast():
             col = collect(roles, [""] * args.batch, prompts, prompt_mask, gen, kl_coef=algo.kl_coef,
                           concurrent=args.concurrent)
@@ -193,7 +193,7 @@ def main(argv=None) -> dict:
         if cuda:
             torch.cuda.synchronize(device)
         t2 = time.perf_counter()
-        rows.append({"s_iter": t2 - t0, "s_generate": col.metrics["time/generate_s"],
+        rows.append({"s_iter": t2 - t0, "cpu_s_iter": time.process_time() - cpu0, "s_generate": col.metrics["time/generate_s"],
                      "s_score": col.metrics["time/score_s"], "s_train": t2 - t1,
                      "tokens": col.metrics["rollout/tokens"]})
     timed = rows[args.warmup:] or rows
@@ -208,6 +208,7 @@ def main(argv=None) -> dict:
     result = {
         "benchmark": "ppo_iteration",
         "s_per_iter": round(med("s_iter"), 4),
+        "cpu_s_per_iter": round(med("cpu_s_iter"), 4),  # process CPU time: what a busy machine does not inflate
         "s_generate": round(med("s_generate"), 4),
         "s_score": round(med("s_score"), 4),
         "s_train": round(med("s_train"), 4),

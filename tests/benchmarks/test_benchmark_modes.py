@@ -24,7 +24,7 @@ def test_ppo_iteration_with_lora_on_one_shared_base(capsys):
     w = out["workload"]
     assert (w["lora"], w["critic_mode"], w["reward_mode"], w["grad_ckpt"]) == (4, "adapter", "adapter", True)
     assert 0 < w["trainable_policy_params_m"] < w["params_per_model_m"]
-    assert out["s_per_iter"] > 0 and out["estimate_peak_mib"] > 0
+    assert out["s_per_iter"] > 0 and out["cpu_s_per_iter"] > 0 and out["estimate_peak_mib"] > 0
     with pytest.raises(SystemExit):
         ppo_iteration.main([*TINY, "--lora", "4", "--concurrent"])  # one base: roles run one at a time
 
