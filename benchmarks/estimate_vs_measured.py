@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import copy
 import json
 import os
 import platform
@@ -36,9 +35,11 @@ import resource
 import sys
 import threading
 import time
-from types import SimpleNamespace
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # ppo_iteration.py builds the workload
+from ppo_iteration import add_mode_args  # noqa: E402
+
 MiB = 1 << 20
 
 
@@ -86,37 +87,22 @@ def parse(argv):
     p.add_argument("--iterations", type=int, default=2)
     p.add_argument("--device", default="cpu")
     p.add_argument("--precision", default="fp32", choices=["fp32", "bf16", "bf16-mixed"])
-    p.add_argument("--grad-ckpt", action="store_true", help="gradient checkpointing for policy and critic")
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     p.add_argument("--temperature", type=float, default=0.7)
+    add_mode_args(p)  # --lora, --critic-mode, --reward-mode, --grad-ckpt
+    p.set_defaults(concurrent=False)
     return p.parse_args(argv)
 
 
 def build(args, device):
-    """The four roles, optimizers and algorithm settings of the synthetic workload."""
-    import torch
+    """The roles (ppo_iteration.py's :func:`build_roles`), optimizers and algorithm settings of the
+    synthetic workload."""
+    from ppo_iteration import build_roles
 
     from fourfold.config import GenerationConfig, PPOAlgoConfig
-    from fourfold.models.factory import llama_config, random_causal_lm, random_scalar_model
-    from fourfold.models.roles import FrozenReference, ModelReward, ScalarModel
-    from fourfold.trainers.common import seed_everything
-    from fourfold.trainers.lm import Roles
     from fourfold.trainers.ppo import make_optim
 
-    trained = torch.bfloat16 if args.precision == "bf16" else torch.float32
-    frozen = torch.float32 if args.precision == "fp32" else torch.bfloat16
-    seed_everything(0)
-    cfg = llama_config(args.vocab, args.hidden, args.layers, args.heads, args.intermediate,
-                       max_positions=args.prompt_len + args.response_len + 8, pad_token_id=0, eos_token_id=1)
-    policy = random_causal_lm(cfg, seed=0, dtype=trained).to(device)
-    reference = FrozenReference(copy.deepcopy(policy).to(frozen))
-    critic = ScalarModel(random_scalar_model(cfg, seed=1, dtype=trained).to(device))
-    reward_model = ScalarModel(copy.deepcopy(critic.hf).to(frozen))
-    if args.grad_ckpt:
-        policy.gradient_checkpointing_enable()
-        critic.hf.gradient_checkpointing_enable()
-    roles = Roles(SimpleNamespace(eos_token_id=1, pad_token_id=0), policy, reference, ModelReward(reward_model),
-                  critic, reward_model)
+    cfg, roles = build_roles(args, device)
     algo = PPOAlgoConfig(iterations=args.iterations, rollout_batch_size=args.batch, minibatch_size=args.minibatch,
                          micro_batch_size=args.micro_batch, ppo_epochs=args.ppo_epochs, lr=1e-5, critic_lr=1e-5)
     algo.validate()
@@ -154,12 +140,11 @@ def run_iterations(args, device, phase) -> object:
 
 def predict(args, cfg) -> dict:
     """The estimate for the workload's settings, in MiB."""
-    from fourfold.models.estimate import EstimateSettings, estimate_from_settings
+    from ppo_iteration import estimate_settings
 
-    est = estimate_from_settings(EstimateSettings(
-        policy=cfg, reward=cfg, critic=cfg, precision=args.precision, gradient_checkpointing=args.grad_ckpt,
-        rollout_batch_size=args.batch, minibatch_size=args.minibatch, micro_batch_size=args.micro_batch,
-        max_prompt_len=args.prompt_len, max_new_tokens=args.response_len))
+    from fourfold.models.estimate import estimate_from_settings
+
+    est = estimate_from_settings(estimate_settings(args, cfg))
     return {"generate_peak_mib": est.generate_peak_bytes / MiB, "train_peak_mib": est.train_peak_bytes / MiB,
             "peak_mib": est.peak_bytes / MiB}
 
@@ -224,7 +209,8 @@ def main(argv=None) -> dict:
         "s_total": round(time.perf_counter() - t0, 2),
         "workload": {k: getattr(args, k) for k in ("hidden", "layers", "heads", "intermediate", "vocab", "batch",
                                                     "prompt_len", "response_len", "ppo_epochs", "minibatch",
-                                                    "micro_batch", "iterations", "precision", "grad_ckpt", "device")}
+                                                    "micro_batch", "iterations", "precision", "grad_ckpt", "device",
+                                                    "lora", "critic_mode", "reward_mode")}
                     | {"threads": torch.get_num_threads()},
         "torch": torch.__version__,
         "python": platform.python_version(),

@@ -12,6 +12,16 @@ Precision (``--precision``): ``fp32`` everywhere; ``bf16`` = every model's weigh
 AdamW state in bf16 (fast, not how one should train); ``bf16-mixed`` = the trained roles (policy,
 critic) keep fp32 master weights and AdamW state and compute under bf16 autocast, the frozen roles
 (reference, reward model) hold bf16 weights (the standard recipe on GPUs).
+
+Mode: four full models by default. ``--lora R`` builds the roles as the trainer's LoRA mode does
+(:mod:`fourfold.models.lora`): one frozen base (in the frozen roles' dtype) with a trained adapter
+``policy``, the reference = the base with adapters disabled; ``--critic-mode adapter`` puts the
+critic on the base too (a second adapter + value head; ``separate``: a full critic as without
+LoRA), ``--reward-mode adapter`` the reward model (a frozen third adapter + score head), so one
+base serves all four roles. ``--grad-ckpt`` turns on gradient checkpointing of policy and critic
+(:func:`fourfold.models.levers.enable_gradient_checkpointing`). ``estimate_peak_mib`` is what
+``fourfold.models.estimate`` predicts for the same settings (live tensors: compare it with the
+measured peak minus the framework's baseline, which ``estimate_vs_measured.py`` measures).
 """
 
 from __future__ import annotations
@@ -28,6 +38,73 @@ import time
 from types import SimpleNamespace
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+def build_roles(args, device):
+    """(model config, roles) of the synthetic workload: four full models, or LoRA over one base."""
+    import torch
+
+    from fourfold.models.factory import llama_config, random_causal_lm, random_scalar_model
+    from fourfold.models.levers import enable_gradient_checkpointing
+    from fourfold.models.lora import REWARD, AdapterLM, AdapterScalarModel, LoraSettings, SharedBase, add_critic, value_head
+    from fourfold.models.roles import AdapterDisabledReference, FrozenReference, ModelReward, ScalarModel
+    from fourfold.trainers.common import seed_everything
+    from fourfold.trainers.lm import Roles
+
+    dtype = torch.bfloat16 if args.precision == "bf16" else torch.float32  # trained roles
+    frozen_dtype = torch.float32 if args.precision == "fp32" else torch.bfloat16  # reference, reward, LoRA base
+    seed_everything(0)
+    cfg = llama_config(args.vocab, args.hidden, args.layers, args.heads, args.intermediate,
+                       max_positions=args.prompt_len + args.response_len + 8, pad_token_id=0, eos_token_id=1)
+    lora = args.lora
+    policy = random_causal_lm(cfg, seed=0, dtype=frozen_dtype if lora else dtype).to(device)
+    base = SharedBase(policy, LoraSettings(r=lora)) if lora else None
+    reference = AdapterDisabledReference(base) if lora else FrozenReference(copy.deepcopy(policy).to(frozen_dtype))
+    if lora and args.critic_mode == "adapter":
+        critic = add_critic(base, LoraSettings(r=lora))
+    else:
+        critic = ScalarModel(random_scalar_model(cfg, seed=1, dtype=dtype).to(device))
+    if lora and args.reward_mode == "adapter":
+        base.add_adapter(REWARD, LoraSettings(r=lora).peft_config(), trainable=False)
+        reward_model = AdapterScalarModel(base, REWARD, value_head(base).requires_grad_(False))
+        reward_model.reset_head("normal")
+    elif isinstance(critic, ScalarModel):
+        reward_model = ScalarModel(copy.deepcopy(critic.hf).to(frozen_dtype))
+    else:
+        reward_model = ScalarModel(random_scalar_model(cfg, seed=1, dtype=frozen_dtype).to(device))
+    if lora:
+        policy = AdapterLM(base)
+        policy.train()
+        critic.train()
+    if args.grad_ckpt:
+        enable_gradient_checkpointing(policy)
+        enable_gradient_checkpointing(critic)
+    roles = Roles(SimpleNamespace(eos_token_id=1, pad_token_id=0), policy, reference, ModelReward(reward_model),
+                  critic, reward_model)
+    return cfg, roles
+
+
+def estimate_settings(args, cfg):
+    """The :class:`~fourfold.models.estimate.EstimateSettings` of the workload."""
+    from fourfold.models.estimate import EstimateSettings, LoraSettings
+
+    lora = None
+    if args.lora:
+        lora = LoraSettings(r=args.lora, critic_mode=args.critic_mode, reward_mode=args.reward_mode)
+    return EstimateSettings(
+        policy=cfg, reward=cfg, critic=cfg, lora=lora, precision=args.precision, gradient_checkpointing=args.grad_ckpt,
+        rollout_batch_size=args.batch, minibatch_size=args.minibatch, micro_batch_size=getattr(args, "micro_batch", None),
+        max_prompt_len=args.prompt_len, max_new_tokens=args.response_len, concurrent_roles=args.concurrent)
+
+
+def add_mode_args(p: argparse.ArgumentParser) -> None:
+    """--lora, --critic-mode, --reward-mode and --grad-ckpt (shared with estimate_vs_measured.py)."""
+    p.add_argument("--lora", type=int, default=0, metavar="R", help="LoRA rank: roles over one shared base (0: full)")
+    p.add_argument("--critic-mode", default="separate", choices=["separate", "adapter"],
+                   help="with --lora: the critic as an adapter on the base, or a full model")
+    p.add_argument("--reward-mode", default="separate", choices=["separate", "adapter"],
+                   help="with --lora: the reward model as a frozen adapter on the base, or a full model")
+    p.add_argument("--grad-ckpt", action="store_true", help="gradient checkpointing for policy and critic")
 
 
 def main(argv=None) -> dict:
@@ -53,9 +130,12 @@ def main(argv=None) -> dict:
     p.add_argument("--temperature", type=float, default=0.7)
     p.add_argument("--concurrent", action="store_true",
                    help="critic epochs in a second thread beside the policy's (run.concurrent_roles)")
+    add_mode_args(p)
     args = p.parse_args(argv)
     if args.precision is None:
         args.precision = "bf16" if args.dtype == "bfloat16" else "fp32"
+    if args.lora and args.concurrent:
+        p.error("--concurrent needs four separate models: roles over one LoRA base run one at a time")
 
     import contextlib
 
@@ -68,15 +148,12 @@ def main(argv=None) -> dict:
     hf_logging.set_verbosity_error()
 
     from fourfold.config import GenerationConfig, PPOAlgoConfig
-    from fourfold.models.factory import llama_config, random_causal_lm, random_scalar_model
-    from fourfold.models.roles import FrozenReference, ModelReward, ScalarModel
-    from fourfold.trainers.common import NonFiniteGuard, seed_everything
-    from fourfold.trainers.lm import Roles, collect
+    from fourfold.models.estimate import estimate_from_settings
+    from fourfold.trainers.common import NonFiniteGuard
+    from fourfold.trainers.lm import collect
     from fourfold.trainers.ppo import compute_advantages, make_optim, ppo_update
 
     device = torch.device(args.device)
-    dtype = torch.bfloat16 if args.precision == "bf16" else torch.float32  # trained roles
-    frozen_dtype = torch.float32 if args.precision == "fp32" else torch.bfloat16  # reference, reward
 
     def autocast(cache: bool = True):
         """bf16 autocast for bf16-mixed. The cast cache lives as long as the autocast region: fine
@@ -86,14 +163,7 @@ def main(argv=None) -> dict:
             return contextlib.nullcontext()
         return torch.autocast(device_type=device.type, dtype=torch.bfloat16, cache_enabled=cache)
 
-    seed_everything(0)
-    cfg = llama_config(args.vocab, args.hidden, args.layers, args.heads, args.intermediate,
-                       max_positions=args.prompt_len + args.response_len + 8, pad_token_id=0, eos_token_id=1)
-    policy = random_causal_lm(cfg, seed=0, dtype=dtype).to(device)
-    reference = FrozenReference(copy.deepcopy(policy).to(frozen_dtype))
-    critic = ScalarModel(random_scalar_model(cfg, seed=1, dtype=dtype).to(device))
-    reward_model = ScalarModel(copy.deepcopy(critic.hf).to(frozen_dtype))
-    roles = Roles(SimpleNamespace(eos_token_id=1, pad_token_id=0), policy, reference, ModelReward(reward_model), critic, reward_model)
+    cfg, roles = build_roles(args, device)
     algo = PPOAlgoConfig(iterations=args.iterations, rollout_batch_size=args.batch, minibatch_size=args.minibatch,
                          ppo_epochs=args.ppo_epochs, lr=1e-5, critic_lr=1e-5)
     algo.validate()
@@ -110,7 +180,7 @@ def main(argv=None) -> dict:
     for it in range(args.iterations):
         if cuda:
             torch.cuda.synchronize(device)
-        t0 = time.perf_counter()
+        t0, cpu0 = time.perf_counter(), time.process_time()
         with autocast():
             col = collect(roles, [""] * args.batch, prompts, prompt_mask, gen, kl_coef=algo.kl_coef,
                           concurrent=args.concurrent)
@@ -123,7 +193,7 @@ def main(argv=None) -> dict:
         if cuda:
             torch.cuda.synchronize(device)
         t2 = time.perf_counter()
-        rows.append({"s_iter": t2 - t0, "s_generate": col.metrics["time/generate_s"],
+        rows.append({"s_iter": t2 - t0, "cpu_s_iter": time.process_time() - cpu0, "s_generate": col.metrics["time/generate_s"],
                      "s_score": col.metrics["time/score_s"], "s_train": t2 - t1,
                      "tokens": col.metrics["rollout/tokens"]})
     timed = rows[args.warmup:] or rows
@@ -132,11 +202,13 @@ def main(argv=None) -> dict:
         peak = torch.cuda.max_memory_allocated(device) / 2**20
     else:
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB -> MiB on Linux
+    estimate = estimate_from_settings(estimate_settings(args, cfg))
     gen_tokens = args.batch * args.response_len
     train_tokens = args.ppo_epochs * args.batch * (args.prompt_len + args.response_len)
     result = {
         "benchmark": "ppo_iteration",
         "s_per_iter": round(med("s_iter"), 4),
+        "cpu_s_per_iter": round(med("cpu_s_iter"), 4),  # process CPU time: what a busy machine does not inflate
         "s_generate": round(med("s_generate"), 4),
         "s_score": round(med("s_score"), 4),
         "s_train": round(med("s_train"), 4),
@@ -144,12 +216,15 @@ def main(argv=None) -> dict:
         "train_tokens_per_s": round(train_tokens / med("s_train"), 1),
         "peak_mem_mib": round(peak, 1),
         "peak_mem_kind": "cuda_max_allocated" if cuda else "rss",
+        "estimate_peak_mib": round(estimate.peak_bytes / 2**20, 1),
         "iterations_timed": len(timed),
         "workload": {k: getattr(args, k) for k in ("arch", "hidden", "layers", "heads", "intermediate", "vocab", "batch",
                                                     "prompt_len", "response_len", "ppo_epochs", "minibatch", "precision", "device",
-                                                    "temperature", "concurrent")}
+                                                    "temperature", "concurrent", "lora", "critic_mode", "reward_mode",
+                                                    "grad_ckpt")}
                     | {"optimizer_steps_per_iter": algo.steps_per_iteration, "threads": torch.get_num_threads(),
-                       "params_per_model_m": round(sum(p.numel() for p in policy.parameters()) / 1e6, 2)},
+                       "params_per_model_m": round(estimate.roles["reference"].params / 1e6, 2),
+                       "trainable_policy_params_m": round(sum(p.numel() for p in roles.policy.parameters()) / 1e6, 3)},
         "torch": torch.__version__,
         "python": platform.python_version(),
     }

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import json
 import sys
 import traceback
 from typing import Callable, Sequence
@@ -67,9 +68,68 @@ def task_inputs(stage: str, cfg) -> dict:
     return inputs
 
 
+ESTIMATE_HELP = "memory per device of a PPO or REINFORCE config, before anything is loaded"
+
+
+def _add_estimate_parser(sub) -> None:
+    p = sub.add_parser("estimate", help=ESTIMATE_HELP, description=ESTIMATE_HELP + " (config.json files only)")
+    p.add_argument("--config", "-c", help="YAML config file of a ppo or reinforce run")
+    p.add_argument("--stage", dest="config_stage", choices=["ppo", "reinforce"],
+                   help="the config's stage (default: reinforce when the file has a reinforce section, else ppo)")
+    p.add_argument("--nproc", type=int, default=1, help="devices the run is spread over (FSDP)")
+    p.add_argument("--json", action="store_true", help="print the estimate as one JSON object")
+    p.add_argument("--device-memory", type=float, metavar="GiB",
+                   help="memory of one device, for the fits line (default: the CUDA device when there is one)")
+    p.add_argument("overrides", nargs="*", metavar="key=value", help="dotted overrides, e.g. ppo.rollout_batch_size=32")
+
+
+def _estimate_stage(args) -> str:
+    if args.config_stage:
+        return args.config_stage
+    if args.config:
+        import yaml
+
+        try:
+            with open(args.config, encoding="utf-8") as f:
+                data = yaml.safe_load(f)
+        except (OSError, yaml.YAMLError):
+            return "ppo"  # load_config reports the problem with the file
+        if isinstance(data, dict) and "reinforce" in data:
+            return "reinforce"
+    return "ppo"
+
+
+def _device_capacity(device_memory_gib) -> tuple:
+    """(bytes, name) of the device the fits line speaks of: --device-memory, else CUDA device 0."""
+    if device_memory_gib is not None:
+        return int(device_memory_gib * 2**30), "device"
+    import torch
+
+    if torch.cuda.is_available():
+        return torch.cuda.get_device_properties(0).total_memory, torch.cuda.get_device_name(0)
+    return None, "device"
+
+
+def estimate(args) -> int:
+    """``fourfold estimate``: the memory estimate of a config, as a table or (``--json``) one object."""
+    stage = _estimate_stage(args)
+    config_spec, _, _ = STAGES[stage]
+    from fourfold.config import load_config
+    from fourfold.trainers.memory import estimate_config
+
+    cfg = load_config(_resolve(config_spec), args.config, list(args.overrides))
+    est = estimate_config(stage, cfg, args.nproc)
+    if args.json:
+        print(json.dumps(est.to_json()))
+    else:
+        print(est.table(*_device_capacity(args.device_memory)))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="fourfold", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="stage", metavar="STAGE")
+    _add_estimate_parser(sub)
     for name, (_, _, help_text) in STAGES.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
         p.add_argument("--config", "-c", help="YAML config file")
@@ -92,6 +152,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args.stage:
         parser.print_help()
         return 2
+    if args.stage == "estimate":
+        try:
+            return estimate(args)
+        except (FourfoldError, ValueError, OSError) as e:
+            print(f"fourfold estimate: error: {e}", file=sys.stderr)
+            return 2
     config_spec, fn_spec, _ = STAGES[args.stage]
     overrides = list(args.overrides)
     if args.output_dir:
@@ -111,6 +177,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         config_cls = _resolve(config_spec)
         cfg = load_config(config_cls, args.config, overrides)
+        if args.stage in ("ppo", "reinforce"):
+            from fourfold.trainers.memory import estimate_line
+
+            print(f"fourfold {args.stage}: {estimate_line(args.stage, cfg)}", file=sys.stderr)
         _resolve(fn_spec)(cfg, **task_inputs(args.stage, cfg))
     except FourfoldError as e:
         print(f"fourfold {args.stage}: error: {e}", file=sys.stderr)

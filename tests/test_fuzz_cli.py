@@ -1,6 +1,7 @@
 """The CLI's boundary under bad input (issue 13's fuzz suite): every case runs ``fourfold.cli.main``
 in-process and must end with exit code 2 and exactly one line on stderr naming the key, file or
-path (never a traceback), or, where the input is legal, run with an explicit warning.
+path (never a traceback; ppo and reinforce print their memory estimate's line before it), or, where
+the input is legal, run with an explicit warning.
 
 * Settings: a bad value for every float, int, choice, bool, text, list and mapping key of every
   stage, generated from the config dataclasses, so a new key is covered the day it is added.
@@ -83,6 +84,8 @@ def _one_line_error(capsys, argv, *needles) -> str:
     code = main(argv)
     err = capsys.readouterr().err
     lines = err.strip().splitlines()
+    if lines and lines[0].startswith(f"fourfold {argv[0]}: memory estimate"):
+        lines = lines[1:]  # ppo and reinforce print the memory estimate's one line before they start
     assert code == 2, f"exit {code} for {argv}; stderr: {err[-2000:]}"
     assert "Traceback" not in err and len(lines) == 1, err[-2000:]
     for needle in needles:

@@ -25,6 +25,16 @@ def require(condition: bool, key: str, message: str) -> None:
         raise ConfigError(f"{key}: {message}")
 
 
+def validate_precision(dtype: str, precision: str, prefix: str = "model") -> None:
+    """The model section's ``precision`` against its ``dtype``: bf16-mixed keeps float32 master
+    weights (dtype float32), bf16 puts them in bfloat16 (dtype float32 or bfloat16, not float16)."""
+    if precision == "bf16-mixed":
+        require(dtype == "float32", f"{prefix}.precision",
+                f"bf16-mixed keeps float32 master weights: set {prefix}.dtype=float32 (got {dtype})")
+    if precision == "bf16":
+        require(dtype != "float16", f"{prefix}.precision", f"bf16 conflicts with {prefix}.dtype=float16")
+
+
 def _type_name(tp: Any) -> str:
     origin = typing.get_origin(tp)
     if origin is Literal:

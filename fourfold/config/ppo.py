@@ -8,7 +8,7 @@ import dataclasses
 import difflib
 from typing import Literal, Optional
 
-from fourfold.config.loader import require
+from fourfold.config.loader import require, validate_precision
 from fourfold.config.lora import LoraConfig
 from fourfold.config.model_limits import require_fits
 from fourfold.config.run import RunConfig
@@ -55,9 +55,26 @@ class LMModelConfig:
     """PPO's critic: 'separate', its own model as without LoRA (trained in full), or 'adapter', a
     second trained adapter plus a value head on the shared base (needs `lora`; with
     critic_init=reward it starts as the reward adapter, so the reward must be a LoRA adapter)."""
+    gradient_checkpointing: bool = False
+    """Recompute each decoder layer of the trained roles (policy, critic) in backward instead of
+    keeping its activations: less memory, about a third more compute; same loss and gradients."""
+    precision: Literal["fp32", "bf16-mixed", "bf16"] = "fp32"
+    """fp32: every role computes in its weights' dtype (model.dtype). bf16-mixed: the trained roles
+    keep float32 master weights, gradients and AdamW state (model.dtype must be float32) and every
+    forward runs under bf16 autocast (the standard on GPUs). bf16: the trained roles' weights,
+    gradients and AdamW moments in bf16. Log-probs, values and losses are float32 in every mode."""
+    frozen_dtype: Optional[Literal["bfloat16", "float16"]] = None
+    """Weights dtype of the frozen roles (reference, reward model); null = the trained roles'."""
+    logits_chunk: Optional[int] = None
+    """Apply the LM head to this many response tokens at a time when computing log-probs and
+    entropies (recomputed in backward), so the full [tokens x vocab] logits never exist at once;
+    null = all at once."""
 
     def validate(self, prefix: str = "model") -> None:
         require(self.policy is not None, f"{prefix}.policy", "missing: path to the SFT model directory")
+        validate_precision(self.dtype, self.precision, prefix)
+        require(self.logits_chunk is None or self.logits_chunk >= 1, f"{prefix}.logits_chunk",
+                f"must be >= 1 or null, got {self.logits_chunk}")
         if self.lora is not None:
             require(self.reference is None, f"{prefix}.reference",
                     "must be null with model.lora: the reference is the policy's base model with adapters disabled")

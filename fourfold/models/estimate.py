@@ -55,6 +55,7 @@ exist only during a role's optimizer step, they are freed with ``zero_grad(set_t
   (A peft ``PeftModel`` takes ``logits_to_keep`` only through ``**kwargs``, so
   :func:`~fourfold.models.roles.response_logits`, which looks for it in the signature, computes
   logits at every position of a PeftModel today; the estimate assumes response positions only.)
+  With ``logits_chunk`` the head runs on that many tokens at a time: see :func:`_logits_bytes`.
 
 Not counted: the allocator's caching and fragmentation, CUDA/cuBLAS workspaces, the tokenizer,
 the rollout buffers (a few ``[B, P + T]`` tensors), and a pad token added to the vocabulary at load.
@@ -141,6 +142,9 @@ class EstimateSettings:
     """FSDP also shards the frozen weights (else replicated on every device)."""
     trust_remote_code: bool = False
     """Allow a config.json that needs the model repository's own code."""
+    logits_chunk: Optional[int] = None
+    """Tokens per chunk of the LM head in the log-prob passes (``model.logits_chunk``); None = all
+    response positions at once."""
 
     def validate(self) -> None:
         """Raise ValueError on an inconsistent combination."""
@@ -148,7 +152,7 @@ class EstimateSettings:
             raise ValueError(f"precision {self.precision!r}: expected one of {', '.join(PRECISIONS)}")
         if self.frozen_dtype is not None and self.frozen_dtype not in _DTYPE_BYTES:
             raise ValueError(f"frozen_dtype {self.frozen_dtype!r}: expected float32, bfloat16 or float16")
-        sizes = (self.rollout_batch_size, self.minibatch_size, self.micro_batch_size or 1,
+        sizes = (self.rollout_batch_size, self.minibatch_size, self.micro_batch_size or 1, self.logits_chunk or 1,
                  self.max_prompt_len, self.max_new_tokens, self.nproc)
         if min(sizes) < 1:
             raise ValueError("batch sizes, lengths and nproc must be >= 1")
@@ -469,11 +473,7 @@ def _train_terms(role: _Role, s: EstimateSettings) -> dict[str, int]:
     fixed = (micro * seq * seq * (role.res_bytes + (2 * L if autocast_fp32 else 0))
              + 2 * tokens * shape.head_dim * role.res_bytes)
     acts = layers + final + fixed
-    head = 0
-    if role.causal:
-        logits = micro * (T + 1) * shape.vocab * c
-        block = min(T, max(1, _BLOCK_ELEMENTS // shape.vocab)) * shape.vocab * 4
-        head = logits * (3 + int(s.with_entropy)) + 3 * block
+    head = _logits_bytes(shape, micro, T, c, s.logits_chunk, 3 + int(s.with_entropy)) if role.causal else 0
     grads = role.memory.grads_bytes
     master = 2 if s.precision == "bf16" else 4
     head_grad = _shard(role.head_grad_params * master, True, n)
@@ -486,6 +486,19 @@ def _train_terms(role: _Role, s: EstimateSettings) -> dict[str, int]:
         kept = role.cast_params - (L - 1) * role.cast_layer if s.gradient_checkpointing else role.cast_params
         live["autocast bf16 weight copies"] = 2 * kept
     return live
+
+
+def _logits_bytes(shape: Shape, b: int, T: int, c: int, chunk: Optional[int], copies: int) -> int:
+    """The LM head's part of a pass over b rows: ``copies`` logits-sized tensors ``b * (T+1) * V * c``
+    (the logits, their gradients) and three float32 log-prob blocks. With ``logits_chunk``: the
+    response positions' hidden states, the last position's logits (the model's own head) and
+    ``copies`` tensors of one chunk of logits instead."""
+    V = shape.vocab
+    if not chunk:
+        return copies * b * (T + 1) * V * c + 3 * min(T, max(1, _BLOCK_ELEMENTS // V)) * V * 4
+    rows = min(chunk, b * T)
+    return (b * T * shape.hidden * c + b * V * c + copies * rows * V * c
+            + 3 * min(rows, max(1, _BLOCK_ELEMENTS // V)) * V * 4)
 
 
 def _forward_bytes(role: _Role, b: int, seq: int, c: int) -> int:
@@ -511,9 +524,7 @@ def _scoring_bytes(roles: dict[str, Optional[_Role]], s: EstimateSettings, b: in
         rc = _compute_bytes(role, s)
         extra = 0
         if role.causal:
-            V = role.shape.vocab
-            block = min(T, max(1, _BLOCK_ELEMENTS // V)) * V * 4
-            extra = b * (T + 1) * V * rc + 3 * block + b * seq * role.shape.hidden * rc
+            extra = _logits_bytes(role.shape, b, T, rc, s.logits_chunk, 1) + b * seq * role.shape.hidden * rc
         passes[name] = _forward_bytes(role, b, seq, rc) + extra
     if s.concurrent_roles and "reference" in passes:  # the reference runs beside critic and reward
         return passes["reference"] + max([passes.get("reward", 0), passes.get("critic", 0)])

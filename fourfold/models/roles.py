@@ -19,9 +19,11 @@ import inspect
 from typing import Callable, Optional, Protocol, Sequence
 
 import torch
+import torch.utils.checkpoint
 from torch import nn
 
 from fourfold.core import entropy_from_logits, logprobs_from_logits
+from fourfold.errors import ConfigError
 from fourfold.models.reward_fn import call_reward_fn
 
 
@@ -66,12 +68,98 @@ def response_logprobs(
     temperature: float = 1.0,
     with_entropy: bool = False,
 ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
-    """(log pi(a_t | s_t) [B, T], entropy [B, T] or None) of the last T tokens, logits / temperature."""
+    """(log pi(a_t | s_t) [B, T], entropy [B, T] or None) of the last T tokens, logits / temperature.
+
+    The model's logits ``[B, T+1, V]`` (the LM head at the response positions) exist whole, in the
+    model's compute dtype; :mod:`fourfold.core.logprobs` never adds a float32 copy of them. When the
+    model carries a chunk size (:data:`LOGITS_CHUNK`, ``model.logits_chunk``), the head is applied
+    to that many tokens at a time instead (:func:`chunked_response_logprobs`).
+    """
+    chunk = getattr(model, LOGITS_CHUNK, None)
+    if chunk:
+        return chunked_response_logprobs(model, input_ids, attention_mask, n_response, temperature,
+                                         with_entropy, chunk)
     logits = response_logits(model, input_ids, attention_mask, n_response)
     tokens = input_ids[:, -n_response:]
     logprobs = logprobs_from_logits(logits, tokens, temperature)
     entropy = entropy_from_logits(logits.detach(), temperature) if with_entropy else None
     return logprobs, entropy
+
+
+LOGITS_CHUNK = "fourfold_logits_chunk"
+"""Attribute of a causal LM (or of a LoRA role over one) that :func:`response_logprobs` reads: when
+set (an int, by :func:`fourfold.models.levers.set_logits_chunk`), the LM head runs on at most that
+many response tokens at a time."""
+
+_POST_HEAD_KEYS = ("final_logit_softcapping", "logit_scale", "logits_scaling")  # config keys that change logits
+
+
+def inner_model(model: nn.Module) -> nn.Module:
+    """The transformers model that does a role's work: ``model`` itself, the causal LM a LoRA role
+    forwards to (``forwards_to``), or the model inside a peft wrapper."""
+    lm = getattr(model, "forwards_to", model)
+    return lm.get_base_model() if hasattr(lm, "get_base_model") else lm
+
+
+def response_hidden(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                    n_response: int) -> torch.Tensor:
+    """The LM head's input [B, T, H] at the positions that choose the last T tokens of ``input_ids``.
+
+    The model runs as a whole (so a LoRA role activates its adapter) with ``logits_to_keep=1``, and
+    the decoder's output (the final-norm hidden states) is captured by a hook on its backbone.
+    """
+    lm = inner_model(model)
+    if not accepts_kwarg(model, "logits_to_keep"):
+        raise ConfigError(f"model.logits_chunk: {type(lm).__name__}'s forward does not take logits_to_keep, "
+                          "so it would compute the full logits anyway; leave model.logits_chunk null")
+    scaled = [k for k in _POST_HEAD_KEYS if getattr(lm.config, k, None) not in (None, 1.0)]
+    if scaled:
+        raise ConfigError(f"model.logits_chunk: {type(lm).__name__} transforms its logits after the head "
+                          f"({scaled[0]}); chunking would skip that, leave model.logits_chunk null")
+    captured: list[torch.Tensor] = []
+    handle = lm.base_model.register_forward_hook(lambda module, args, out: captured.append(out[0]))
+    try:
+        model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids_from_mask(attention_mask),
+              use_cache=False, logits_to_keep=1)
+    finally:
+        handle.remove()
+    return captured[-1][:, -(n_response + 1):-1]  # (B, T, H)
+
+
+def _head_logprobs(head: nn.Module, hidden: torch.Tensor, tokens: torch.Tensor, temperature: float,
+                   with_entropy: bool) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    logits = head(hidden)  # (n, V)
+    logprobs = logprobs_from_logits(logits, tokens, temperature)
+    return logprobs, entropy_from_logits(logits.detach(), temperature) if with_entropy else None
+
+
+def chunked_response_logprobs(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                              n_response: int, temperature: float = 1.0, with_entropy: bool = False,
+                              chunk: int = 1024) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """:func:`response_logprobs` with the LM head applied to ``chunk`` tokens at a time.
+
+    The ``B x T`` response positions' hidden states are cut into chunks of ``chunk`` tokens; each
+    chunk's logits ``[chunk, V]`` give its log-probs (and entropies) and are freed. With gradients
+    on, each chunk runs under non-reentrant :func:`torch.utils.checkpoint.checkpoint`: backward
+    recomputes the chunk's logits instead of keeping them, so at most one chunk of logits (and its
+    gradient) exists at any time. Same values and gradients as the unchunked path, up to float
+    rounding of the head's matmul.
+    """
+    hidden = response_hidden(model, input_ids, attention_mask, n_response)
+    B, T, H = hidden.shape
+    flat, tokens = hidden.reshape(B * T, H), input_ids[:, -n_response:].reshape(B * T)
+    head = inner_model(model).get_output_embeddings()
+    logprobs, entropies = [], []
+    for start in range(0, B * T, chunk):
+        args = (head, flat[start:start + chunk], tokens[start:start + chunk], temperature, with_entropy)
+        if torch.is_grad_enabled():
+            lp, ent = torch.utils.checkpoint.checkpoint(_head_logprobs, *args, use_reentrant=False)
+        else:
+            lp, ent = _head_logprobs(*args)
+        logprobs.append(lp)
+        entropies.append(ent)
+    entropy = torch.cat(entropies).view(B, T) if with_entropy else None
+    return torch.cat(logprobs).view(B, T), entropy
 
 
 def per_position_scalars(backbone: nn.Module, head: nn.Linear, input_ids: torch.Tensor, attention_mask: torch.Tensor,

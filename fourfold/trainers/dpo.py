@@ -29,6 +29,11 @@ training holds one model, the policy, and its optimizer state (the standard opti
 ``precompute_ref_log_probs``). A resumed run computes them again, the same way, from the same
 model, before it loads its checkpoint.
 
+The memory levers of the model section (:mod:`fourfold.trainers.memory`) apply as in ``fourfold
+sft``: ``model.gradient_checkpointing`` and ``model.precision`` on the policy; the reference is
+loaded in the policy's weights dtype, and under ``bf16-mixed`` its log-probs are computed under
+bf16 autocast like every forward of the policy.
+
 The run writes ``output_dir/model/``, a Hugging Face directory (safetensors + tokenizer) that
 ``AutoModelForCausalLM.from_pretrained`` loads.
 """
@@ -45,6 +50,7 @@ from fourfold.config import DPOAlgoConfig, DPOConfig
 from fourfold.core import dpo_loss, sequence_logprobs
 from fourfold.data import EpochSampler, PreferenceExample, collate_pair_responses
 from fourfold.errors import ConfigError
+from fourfold.models.levers import autocast_region
 from fourfold.models.loading import ensure_pad_embedding, load_causal_lm, load_tokenizer
 from fourfold.models.roles import FrozenReference, response_logprobs
 from fourfold.trainers.common import (
@@ -56,6 +62,7 @@ from fourfold.trainers.common import (
     save_hf,
     track_steps,
 )
+from fourfold.trainers.memory import apply_model_levers, trained_dtype
 from fourfold.trainers.pairs import load_examples
 from fourfold.trainers.scaffold import RunScaffold
 
@@ -72,7 +79,8 @@ _WINDOW_KEYS = ("steps", "good_steps", "loss", "pairs", *_STAT_KEYS, "grad_norm"
 
 
 def _load_lm(path: str, cfg: DPOConfig, tok, device: torch.device):
-    lm = load_causal_lm(path, dtype=cfg.model.dtype, device=device, trust_remote_code=cfg.model.trust_remote_code)
+    lm = load_causal_lm(path, dtype=trained_dtype(cfg.model), device=device,
+                        trust_remote_code=cfg.model.trust_remote_code)
     ensure_pad_embedding(lm, tok)
     return lm
 
@@ -197,10 +205,12 @@ def train(cfg: DPOConfig, *, reference=None) -> dict:
     run = RunScaffold(cfg)
     device = run.hf_device()
     tok, policy = load_policy(cfg, device)
+    apply_model_levers(policy, cfg.model, device)
     train_ex, eval_ex, skipped = load_examples(cfg, tok)
     pad_id = tok.pad_token_id
     role = reference if reference is not None else load_reference(cfg, tok, policy, device)
-    ref_train, ref_eval = reference_logps(role, [train_ex, eval_ex], tc.batch_size, pad_id, device)
+    with autocast_region(cfg.model.precision, device.type):  # no optimizer step inside: keep the cast cache
+        ref_train, ref_eval = reference_logps(role, [train_ex, eval_ex], tc.batch_size, pad_id, device)
     del role  # a reference loaded here is freed: training holds the policy only
     sampler = EpochSampler(len(train_ex), tc.batch_size, seed=cfg.run.seed)
     total = num_steps(tc.max_steps, tc.epochs, len(sampler))

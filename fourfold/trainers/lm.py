@@ -21,6 +21,7 @@ from fourfold.data import EpochSampler, chat_template_renderer, encode_prompts, 
 from fourfold.errors import ConfigError
 from fourfold.models import load_reward_fn
 from fourfold.models.checks import RoleChecker
+from fourfold.models.levers import role_dtypes
 from fourfold.models.loading import ensure_pad_embedding, load_causal_lm, load_sequence_scorer, load_tokenizer
 from fourfold.models.lora import SharedRoles, build_shared_roles
 from fourfold.models.lora_io import is_adapter_dir
@@ -56,6 +57,11 @@ def load_roles(model: LMModelConfig, device: torch.device, *, with_critic: bool,
     """Tokenizer, trained policy, frozen reference, frozen reward (model or function), critic; each
     model checked against its role and the tokenizer (:class:`~fourfold.models.checks.RoleChecker`).
 
+    The trained roles (policy, critic) get the weights dtype of ``model.dtype`` and
+    ``model.precision``, the frozen ones (reference, reward model) ``model.frozen_dtype``
+    (:func:`~fourfold.models.levers.role_dtypes`); a critic initialised from the reward model is
+    copied from it before the reward model takes the frozen dtype.
+
     With ``model.lora``: :func:`load_shared_roles`. ``concurrent``: the trainer will run roles in
     parallel threads (``run.concurrent_roles``), which roles over one shared base cannot."""
     if model.lora is not None:
@@ -66,23 +72,28 @@ def load_roles(model: LMModelConfig, device: torch.device, *, with_critic: bool,
     tok = load_tokenizer(model.tokenizer or model.policy, trust_remote_code=model.trust_remote_code)
     check = RoleChecker(tok, "model.tokenizer" if model.tokenizer else "model.policy", model.tokenizer or model.policy,
                         trust_remote_code=model.trust_remote_code)  # each model fits its role and the vocabulary
-    kw = dict(dtype=model.dtype, device=device, trust_remote_code=model.trust_remote_code)
+    trained, frozen = role_dtypes(model.dtype, model.precision, model.frozen_dtype)
+    kw = dict(dtype=trained, device=device, trust_remote_code=model.trust_remote_code)
+    frozen_kw = dict(kw, dtype=frozen)
     policy = load_causal_lm(model.policy, **kw)
     check.causal_lm(policy, "model.policy", model.policy)
     ensure_pad_embedding(policy, tok)
-    ref_model = load_causal_lm(model.reference or model.policy, **kw)
+    ref_model = load_causal_lm(model.reference or model.policy, **frozen_kw)
     check.causal_lm(ref_model, "model.reference" if model.reference else "model.policy", model.reference or model.policy)
     ensure_pad_embedding(ref_model, tok)
     reference = FrozenReference(ref_model)
     reward_model = None
+    copies_reward = with_critic and model.critic is None and model.critic_init == "reward"
     if model.reward is not None:
-        reward_model = ScalarModel(load_sequence_scorer(model.reward, **kw))
+        reward_model = ScalarModel(load_sequence_scorer(model.reward, **(kw if copies_reward else frozen_kw)))
         check.scorer(reward_model.hf, "model.reward", model.reward)
         ensure_pad_embedding(reward_model.hf, tok)
         reward = ModelReward(reward_model)
     else:
         reward = FunctionReward(load_reward_fn(model.reward_fn), name=model.reward_fn)
     critic = separate_critic(model, kw, tok, reward_model, check) if with_critic else None
+    if reward_model is not None:
+        reward_model.to(frozen)  # a no-op unless it was loaded in the trained dtype for the critic's copy
     policy.train()
     return Roles(tok, policy, reference, reward, critic, reward_model)
 
@@ -117,16 +128,26 @@ def load_shared_roles(model: LMModelConfig, device: torch.device, *, with_critic
     ``policy``), the reference (adapters disabled), a LoRA reward model (adapter ``reward``, when
     ``model.reward`` is an adapter directory) and, with ``critic_mode: adapter``, the critic (adapter
     ``critic`` + value head); see :func:`fourfold.models.lora.build_shared_roles`. A full reward
-    model and a ``critic_mode: separate`` critic are models of their own, as without LoRA."""
+    model and a ``critic_mode: separate`` critic are models of their own, as without LoRA.
+
+    Dtypes (:func:`~fourfold.models.levers.role_dtypes`): the base and a full reward model are
+    frozen (``model.frozen_dtype``, else the trained roles' dtype); a separate critic is trained. A
+    separate critic that starts as a full reward model of another dtype is loaded from
+    ``model.reward`` in its own dtype rather than copied from the frozen one."""
     adapter_critic = with_critic and model.critic_mode == "adapter"
+    trained, frozen = role_dtypes(model.dtype, model.precision, model.frozen_dtype)
     roles = build_shared_roles(
-        model.policy, lora_settings(model.lora), device, tokenizer=model.tokenizer, dtype=model.dtype,
+        model.policy, lora_settings(model.lora), device, tokenizer=model.tokenizer, dtype=frozen,
         trust_remote_code=model.trust_remote_code, reward=model.reward,
         reward_fn=load_reward_fn(model.reward_fn) if model.reward is None else None,
         with_critic=adapter_critic, critic_init=model.critic_init, concurrent=concurrent)
     if with_critic and not adapter_critic:
-        kw = dict(dtype=model.dtype, device=device, trust_remote_code=model.trust_remote_code)
-        roles.critic = separate_critic(model, kw, roles.tokenizer, roles.reward_model)
+        kw = dict(dtype=trained, device=device, trust_remote_code=model.trust_remote_code)
+        source = model
+        if trained != frozen and model.critic is None and model.critic_init == "reward" \
+                and isinstance(roles.reward_model, ScalarModel):
+            source = replace(model, critic=model.reward)  # the reward model's weights, in the trained dtype
+        roles.critic = separate_critic(source, kw, roles.tokenizer, roles.reward_model)
     return roles
 
 

@@ -54,10 +54,12 @@ from fourfold.core import (
     value_loss,
 )
 from fourfold.errors import ConfigError
+from fourfold.models.levers import autocast_region
 from fourfold.models.roles import ScalarModel, response_logprobs
 from fourfold.trainers.common import NonFiniteGuard, guarded_step, make_optimizer, make_schedule
 from fourfold.trainers.lm import Probe, PromptStream, Roles, collect, load_roles, repeat_prompts, sample_rows
 from fourfold.trainers.lora import save_trained
+from fourfold.trainers.memory import apply_levers
 from fourfold.trainers.scaffold import RunScaffold
 
 
@@ -284,6 +286,7 @@ def train(cfg: PPOConfig, *, prompts: Optional[Sequence[str]] = None, probe: Opt
         raise ConfigError(f"ppo.advantage: {algo.advantage} uses no critic, but the roles passed in have one")
     roles = roles or load_roles(cfg.model, device, with_critic=algo.loads_critic,
                                concurrent=cfg.run.concurrent_roles)
+    roles = apply_levers(roles, cfg.model, device)
     opt, stream, kl_ctl, start = _set_up(cfg, run, roles, prompts)
     guard = run.guard
     last: dict = {}
@@ -296,9 +299,10 @@ def train(cfg: PPOConfig, *, prompts: Optional[Sequence[str]] = None, probe: Opt
             # 1. sample prompts, each on samples_per_prompt consecutive rows
             texts, prompt_ids, prompt_mask = repeat_prompts(*stream.next(device), algo.samples_per_prompt)
             # 2-4. generate (pi_old), score (reference, critic, reward), per-token rewards
-            col = collect(roles, texts, prompt_ids, prompt_mask, gen,
-                          kl_coef=kl_ctl.value if algo.kl_in == "reward" else 0.0,
-                          kl_estimator=algo.kl_estimator, probe=probe, concurrent=cfg.run.concurrent_roles)
+            with autocast_region(cfg.model.precision, device.type):  # weights fixed: keep the cast cache
+                col = collect(roles, texts, prompt_ids, prompt_mask, gen,
+                              kl_coef=kl_ctl.value if algo.kl_in == "reward" else 0.0,
+                              kl_estimator=algo.kl_estimator, probe=probe, concurrent=cfg.run.concurrent_roles)
             rollout = col.rollout
             if not guard.ok("reward_score", rollout.scores, f"iteration {it}"):
                 run.log_skips(it)

@@ -17,10 +17,12 @@ from typing import Optional, Sequence
 
 from fourfold.config import ReinforceConfig
 from fourfold.core import FixedKLController, discounted_returns, masked_mean, reinforce_loss
+from fourfold.models.levers import autocast_region
 from fourfold.models.roles import response_logprobs
 from fourfold.trainers.common import guarded_step, make_optimizer, make_schedule
 from fourfold.trainers.lm import Probe, PromptStream, Roles, collect, load_roles, sample_rows
 from fourfold.trainers.lora import save_trained
+from fourfold.trainers.memory import apply_levers
 from fourfold.trainers.scaffold import RunScaffold
 
 
@@ -32,7 +34,7 @@ def train(cfg: ReinforceConfig, *, prompts: Optional[Sequence[str]] = None, prob
     # 0. set-up
     run = RunScaffold(cfg)
     device = run.hf_device()
-    roles = roles or load_roles(cfg.model, device, with_critic=False)
+    roles = apply_levers(roles or load_roles(cfg.model, device, with_critic=False), cfg.model, device)
     optimizer = make_optimizer(roles.policy.parameters(), algo.lr)
     schedule = make_schedule(optimizer, algo.iterations, algo.lr_schedule)
     stream = PromptStream(cfg.data, roles.tokenizer, algo.rollout_batch_size, cfg.run.seed, prompts=prompts,
@@ -56,8 +58,9 @@ def train(cfg: ReinforceConfig, *, prompts: Optional[Sequence[str]] = None, prob
             # 1. sample prompts
             texts, prompt_ids, prompt_mask = stream.next(device)
             # 2-4. generate, score, per-token rewards (KL penalty on every token, score on the last)
-            col = collect(roles, texts, prompt_ids, prompt_mask, gen, kl_coef=kl_ctl.value,
-                          kl_estimator=algo.kl_estimator, probe=probe)
+            with autocast_region(cfg.model.precision, device.type):  # weights fixed: keep the cast cache
+                col = collect(roles, texts, prompt_ids, prompt_mask, gen, kl_coef=kl_ctl.value,
+                              kl_estimator=algo.kl_estimator, probe=probe)
             r = col.rollout
             # 5. returns-to-go and the optional baseline
             returns = discounted_returns(r.rewards, r.mask, 1.0)

@@ -39,7 +39,7 @@ from fourfold.core import bradley_terry_loss
 from fourfold.data import EpochSampler, PreferenceExample, collate_preferences
 from fourfold.models.checks import checker
 from fourfold.models.factory import llama_config, random_scalar_model
-from fourfold.models.loading import ensure_pad_embedding, load_sequence_scorer, load_tokenizer, resolve_dtype
+from fourfold.models.loading import ensure_pad_embedding, load_sequence_scorer, load_tokenizer
 from fourfold.models.lora import LoraScalarModel, lora_scalar_model
 from fourfold.models.lora_export import TrainedParameters
 from fourfold.models.roles import ScalarModel
@@ -53,6 +53,7 @@ from fourfold.trainers.common import (
     track_steps,
 )
 from fourfold.trainers.lora import lora_settings, save_trained
+from fourfold.trainers.memory import apply_model_levers, trained_dtype
 from fourfold.trainers.pairs import load_examples
 from fourfold.trainers.scaffold import RunScaffold
 
@@ -80,10 +81,10 @@ def load_model(model_cfg: InitModelConfig, device: torch.device) -> tuple[object
             model_cfg.intermediate_size, model_cfg.max_positions,
             pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
         )
-        rm = ScalarModel(random_scalar_model(config, dtype=resolve_dtype(model_cfg.dtype)))
+        rm = ScalarModel(random_scalar_model(config, dtype=trained_dtype(model_cfg)))
         fresh_head = True
     else:
-        rm = ScalarModel(load_sequence_scorer(model_cfg.path, dtype=model_cfg.dtype,
+        rm = ScalarModel(load_sequence_scorer(model_cfg.path, dtype=trained_dtype(model_cfg),
                                               trust_remote_code=model_cfg.trust_remote_code))
         archs = getattr(rm.config, "architectures", None) or []
         fresh_head = not any(a.endswith("ForSequenceClassification") for a in archs)
@@ -192,6 +193,7 @@ def train(cfg: RewardConfig) -> dict:
     run = RunScaffold(cfg)
     device = run.hf_device()
     tok, rm = load_model(cfg.model, device)
+    apply_model_levers(rm, cfg.model, device)
     train_ex, eval_ex, skipped = load_examples(cfg, tok)
     require_batch(tc.batch_size, len(train_ex), f"training pairs from {cfg.data.train}"
                   + (" (after holding out data.eval_fraction)" if cfg.data.eval is None and eval_ex else ""))

@@ -35,7 +35,7 @@ from fourfold.data import EpochSampler, SFTExample, chat_template_renderer, coll
 from fourfold.errors import DataError
 from fourfold.models.checks import checker
 from fourfold.models.factory import llama_config, random_causal_lm
-from fourfold.models.loading import ensure_pad_embedding, load_causal_lm, load_tokenizer, resolve_dtype
+from fourfold.models.loading import ensure_pad_embedding, load_causal_lm, load_tokenizer
 from fourfold.models.lora import AdapterLM, SharedBase
 from fourfold.trainers.common import (
     guarded_step,
@@ -47,6 +47,7 @@ from fourfold.trainers.common import (
     track_steps,
 )
 from fourfold.trainers.lora import lora_settings, save_trained
+from fourfold.trainers.memory import apply_model_levers, trained_dtype
 from fourfold.trainers.scaffold import RunScaffold
 
 _WINDOW_KEYS = ("steps", "good_steps", "loss", "token_accuracy", "grad_norm", "tokens", "seconds")
@@ -68,9 +69,9 @@ def load_model(model_cfg: InitModelConfig, device: torch.device):
             model_cfg.intermediate_size, model_cfg.max_positions,
             pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
         )
-        model = random_causal_lm(config, dtype=resolve_dtype(model_cfg.dtype))  # global RNG: seeded by the caller
+        model = random_causal_lm(config, dtype=trained_dtype(model_cfg))  # global RNG: seeded by the caller
     else:
-        model = load_causal_lm(model_cfg.path, dtype=model_cfg.dtype, trust_remote_code=model_cfg.trust_remote_code)
+        model = load_causal_lm(model_cfg.path, dtype=trained_dtype(model_cfg), trust_remote_code=model_cfg.trust_remote_code)
         checker(tok, model_cfg).causal_lm(model, "model.path", model_cfg.path)  # an LM head, the tokenizer's vocabulary
     ensure_pad_embedding(model, tok)
     model = model.to(device)
@@ -155,6 +156,7 @@ def train(cfg: SFTConfig) -> dict:
     run = RunScaffold(cfg)
     device = run.hf_device()
     tok, model = load_model(cfg.model, device)
+    apply_model_levers(model, cfg.model, device)
     train_ex, eval_ex, skipped = load_examples(cfg, tok)
     require_batch(tc.batch_size, len(train_ex), f"training examples in {cfg.data.train}")
     sampler = EpochSampler(len(train_ex), tc.batch_size, seed=cfg.run.seed)

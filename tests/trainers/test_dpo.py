@@ -199,6 +199,35 @@ def test_a_reference_role_ipo_and_a_reference_of_another_vocabulary(toy, tmp_pat
         dpo.train(_cfg(toy, tmp_path / "bad", *args, f"dpo.reference={other}"))
 
 
+def test_memory_levers_apply_to_the_policy_and_the_reference(toy, tmp_path, monkeypatch):
+    """model.gradient_checkpointing gives the same rows; model.precision=bf16-mixed runs the
+    reference's log-probs and the policy's forwards under bf16 autocast (float32 weights) with rows
+    close to fp32's; model.precision=bf16 loads policy and reference in bf16."""
+    args = ["train.max_steps=3", "data.eval_fraction=0.25", "train.eval_every=2"]
+    dpo.train(_cfg(toy, tmp_path / "plain", *args))
+    dpo.train(_cfg(toy, tmp_path / "ckpt", *args, "model.gradient_checkpointing=true"))
+    plain, ckpt = _rows(tmp_path / "plain"), _rows(tmp_path / "ckpt")
+    assert len(plain) == 3 and all(r.keys() == c.keys() for r, c in zip(plain, ckpt))
+    for r, c in zip(plain, ckpt):
+        assert all(math.isclose(r[k], c[k], rel_tol=1e-5, abs_tol=1e-6) for k in r), (r, c)
+
+    seen = []  # (autocast on, weights dtype) of each reference forward
+    reference_logps = dpo.reference_logps
+
+    def spy(reference, *a, **kw):
+        seen.append((torch.is_autocast_enabled("cpu"), next(reference.model.parameters()).dtype))
+        return reference_logps(reference, *a, **kw)
+
+    monkeypatch.setattr(dpo, "reference_logps", spy)
+    dpo.train(_cfg(toy, tmp_path / "mixed", *args, "model.precision=bf16-mixed"))
+    mixed = _rows(tmp_path / "mixed")
+    assert seen == [(True, torch.float32)] and _weights(tmp_path / "mixed" / "model" / "model.safetensors")[
+        "lm_head.weight"].dtype == torch.float32
+    assert all(math.isfinite(r["dpo/loss"]) for r in mixed) and abs(mixed[0]["dpo/loss"] - plain[0]["dpo/loss"]) < 0.02
+    dpo.train(_cfg(toy, tmp_path / "bf16", "train.max_steps=1", "data.eval_fraction=0", "model.precision=bf16"))
+    assert seen[-1] == (False, torch.bfloat16)
+
+
 def _err(overrides) -> str:
     with pytest.raises(ConfigError) as e:
         load_config(DPOConfig, None, overrides)
