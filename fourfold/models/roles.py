@@ -66,11 +66,13 @@ def response_logprobs(
     temperature: float = 1.0,
     with_entropy: bool = False,
 ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
-    """(log pi(a_t | s_t) [B, T], entropy [B, T] or None) of the last T tokens, logits / temperature."""
+    """(log pi(a_t | s_t) [B, T], entropy [B, T] or None) of the last T tokens, logits / temperature.
+
+    The entropy keeps its graph: a loss with an entropy bonus differentiates through it."""
     logits = response_logits(model, input_ids, attention_mask, n_response)
     tokens = input_ids[:, -n_response:]
     logprobs = logprobs_from_logits(logits, tokens, temperature)
-    entropy = entropy_from_logits(logits.detach(), temperature) if with_entropy else None
+    entropy = entropy_from_logits(logits, temperature) if with_entropy else None
     return logprobs, entropy
 
 
