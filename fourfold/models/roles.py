@@ -70,10 +70,11 @@ def response_logprobs(
 ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
     """(log pi(a_t | s_t) [B, T], entropy [B, T] or None) of the last T tokens, logits / temperature.
 
-    The model's logits ``[B, T+1, V]`` (the LM head at the response positions) exist whole, in the
-    model's compute dtype; :mod:`fourfold.core.logprobs` never adds a float32 copy of them. When the
-    model carries a chunk size (:data:`LOGITS_CHUNK`, ``model.logits_chunk``), the head is applied
-    to that many tokens at a time instead (:func:`chunked_response_logprobs`).
+    The entropy keeps its graph: a loss with an entropy bonus differentiates through it. The model's
+    logits ``[B, T+1, V]`` (the LM head at the response positions) exist whole, in the model's
+    compute dtype; :mod:`fourfold.core.logprobs` never adds a float32 copy of them. When the model
+    carries a chunk size (:data:`LOGITS_CHUNK`, ``model.logits_chunk``), the head is applied to that
+    many tokens at a time instead (:func:`chunked_response_logprobs`).
     """
     chunk = getattr(model, LOGITS_CHUNK, None)
     if chunk:
@@ -82,7 +83,7 @@ def response_logprobs(
     logits = response_logits(model, input_ids, attention_mask, n_response)
     tokens = input_ids[:, -n_response:]
     logprobs = logprobs_from_logits(logits, tokens, temperature)
-    entropy = entropy_from_logits(logits.detach(), temperature) if with_entropy else None
+    entropy = entropy_from_logits(logits, temperature) if with_entropy else None
     return logprobs, entropy
 
 
@@ -130,7 +131,7 @@ def _head_logprobs(head: nn.Module, hidden: torch.Tensor, tokens: torch.Tensor, 
                    with_entropy: bool) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
     logits = head(hidden)  # (n, V)
     logprobs = logprobs_from_logits(logits, tokens, temperature)
-    return logprobs, entropy_from_logits(logits.detach(), temperature) if with_entropy else None
+    return logprobs, entropy_from_logits(logits, temperature) if with_entropy else None
 
 
 def chunked_response_logprobs(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,

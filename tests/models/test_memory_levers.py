@@ -51,11 +51,16 @@ def batch():
 
 
 def policy_loss_grads(model, batch, with_entropy=False):
-    """(log-probs, entropy, {name: grad}) of a loss on the response log-probs (as the surrogate's)."""
+    """(log-probs, entropy, {name: grad}) of a loss on the response log-probs (as the surrogate's),
+    minus an entropy bonus when ``with_entropy`` (the entropy keeps its graph)."""
     ids, attn = batch
     model.zero_grad(set_to_none=True)
     logprobs, entropy = response_logprobs(model, ids, attn, T, 0.7, with_entropy=with_entropy)
-    (logprobs * torch.linspace(-1, 1, T)).sum().backward()
+    loss = (logprobs * torch.linspace(-1, 1, T)).sum()
+    if with_entropy:
+        loss = loss - 0.5 * entropy.sum()
+    loss.backward()
+    entropy = entropy.detach() if with_entropy else None
     return logprobs.detach(), entropy, {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 
 

@@ -219,6 +219,16 @@ def test_kl_in_loss_adds_kl_coef_times_k3_to_the_policy_loss(step_setup):
     assert loss["policy/grad_norm"] != pytest.approx(reward["policy/grad_norm"], rel=1e-3)
 
 
+def test_entropy_bonus_reaches_the_gradient(step_setup):
+    """entropy_coef > 0 subtracts coef x entropy from the loss and its gradient from the step's."""
+    plain, g_plain = _step(step_setup, max_grad_norm=1e9)
+    bonus, g_bonus = _step(step_setup, entropy_coef=0.5, max_grad_norm=1e9)
+    entropy = bonus["policy/loss"] - plain["policy/loss"]
+    assert entropy < -1e-3  # minus 0.5 x a positive entropy
+    changed = max(float((a - b).abs().max()) for a, b in zip(g_plain, g_bonus))
+    assert changed > 1e-4
+
+
 @pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"])
 def test_micro_batches_are_weighted_to_the_minibatch_aggregate(step_setup, agg):
     """One micro-batch per response gives the loss and the gradient of the whole minibatch."""
