@@ -15,13 +15,33 @@ from __future__ import annotations
 import time
 from typing import Optional, Sequence
 
+from torch import Tensor
+
+from fourfold import dist
 from fourfold.config import ReinforceConfig
-from fourfold.core import FixedKLController, discounted_returns, masked_mean, reinforce_loss
+from fourfold.core import FixedKLController, Rollout, discounted_returns, masked_mean, reinforce_loss
+from fourfold.dist import World
 from fourfold.models.roles import response_logprobs
+from fourfold.rollout.noise import RowNoise
 from fourfold.trainers.common import guarded_step, make_optimizer, make_schedule
-from fourfold.trainers.lm import Probe, PromptStream, Roles, collect, load_roles, sample_rows
+from fourfold.trainers.lm import Probe, PromptStream, Roles, check_world, collect, load_roles, sample_rows
 from fourfold.trainers.lora import save_trained
 from fourfold.trainers.scaffold import RunScaffold
+
+
+def rank_loss(policy, r: Rollout, returns: Tensor, baseline: Optional[Tensor], temperature: float,
+              world: World = dist.SINGLE) -> tuple[Tensor, Tensor]:
+    """Step 6's loss on this rank's contiguous share of the batch ``r`` (the whole batch, the same
+    on every rank): ``(to_backward, loss)``. ``loss`` is the batch's token-mean REINFORCE loss
+    (summed over ranks, so the same on each); ``to_backward`` is this rank's part of it times the
+    world size, because the sharded model averages the ranks' gradients."""
+    rows = dist.shard(r.batch_size, world)
+    mine = r.select(rows)
+    ids, attn = mine.context["input_ids"], mine.context["attention_mask"]
+    logprobs, _ = response_logprobs(policy, ids, attn, mine.mask.shape[1], temperature)
+    local, _ = reinforce_loss(logprobs, returns[rows], mine.mask, baseline)
+    share = float(mine.mask.sum()) / max(float(r.mask.sum()), 1.0)
+    return local * (share * world.world_size), dist.all_reduce_sum(local.detach() * share)
 
 
 def train(cfg: ReinforceConfig, *, prompts: Optional[Sequence[str]] = None, probe: Optional[Probe] = None,
@@ -32,6 +52,8 @@ def train(cfg: ReinforceConfig, *, prompts: Optional[Sequence[str]] = None, prob
     # 0. set-up
     run = RunScaffold(cfg)
     device = run.hf_device()
+    world = dist.world()
+    check_world(world, False, {"reinforce.rollout_batch_size": algo.rollout_batch_size})
     roles = roles or load_roles(cfg.model, device, with_critic=False)
     optimizer = make_optimizer(roles.policy.parameters(), algo.lr)
     schedule = make_schedule(optimizer, algo.iterations, algo.lr_schedule)
@@ -57,7 +79,7 @@ def train(cfg: ReinforceConfig, *, prompts: Optional[Sequence[str]] = None, prob
             texts, prompt_ids, prompt_mask = stream.next(device)
             # 2-4. generate, score, per-token rewards (KL penalty on every token, score on the last)
             col = collect(roles, texts, prompt_ids, prompt_mask, gen, kl_coef=kl_ctl.value,
-                          kl_estimator=algo.kl_estimator, probe=probe)
+                          kl_estimator=algo.kl_estimator, probe=probe, noise=RowNoise(cfg.run.seed, it), world=world)
             r = col.rollout
             # 5. returns-to-go and the optional baseline
             returns = discounted_returns(r.rewards, r.mask, 1.0)
@@ -67,12 +89,10 @@ def train(cfg: ReinforceConfig, *, prompts: Optional[Sequence[str]] = None, prob
             # 6. one gradient step of the policy-gradient loss (skipped when the score, the loss or
             # the gradient norm is not finite)
             t0 = time.perf_counter()
-            ids, attn = r.context["input_ids"], r.context["attention_mask"]
-            logprobs, _ = response_logprobs(roles.policy, ids, attn, r.mask.shape[1], gen.temperature)
-            loss, _ = reinforce_loss(logprobs, returns, r.mask, baseline)
+            local_loss, loss = rank_loss(roles.policy, r, returns, baseline, gen.temperature, world)
             lr = schedule.get_last_lr()[0]  # the rate this step uses
             norm, taken = guarded_step(roles.policy, optimizer, schedule, algo.max_grad_norm, guard, f"iteration {it}",
-                                       [(loss, {"reward_score": r.scores, "policy_loss": loss.detach()})])
+                                       [(local_loss, {"reward_score": r.scores, "policy_loss": loss})])
             if taken:
                 guard.good_step()
             run.log_skips(it)
