@@ -246,13 +246,7 @@ def collect(
     t0 = time.perf_counter()
     need_text = getattr(roles.reward, "needs_text", False) or probe is not None
     responses = decode_responses(roles.tokenizer, samples) if need_text else []
-    if roles.critic is not None:
-        roles.critic.eval()
-    sc = score(select_rows(samples, rows), reference=roles.reference, reward=roles.reward, critic=roles.critic,
-               temperature=gen.temperature, prompts=prompts[rows], responses=responses[rows], concurrent=concurrent)
-    sc = gather_rows(sc)
-    if roles.critic is not None:
-        roles.critic.train()
+    sc = _score(roles, select_rows(samples, rows), prompts[rows], responses[rows], gen.temperature, concurrent)
     scores = sc.scores
     penalised = torch.zeros_like(samples.finished)
     if gen.missing_eos_score is not None and gen.stop_at_eos:
@@ -291,6 +285,18 @@ def _generate(roles: Roles, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
     )
     roles.policy.train()
     return gather_rows(samples)
+
+
+def _score(roles: Roles, samples: Samples, prompts: list[str], responses: list[str], temperature: float,
+           concurrent: bool) -> Scores:
+    """Score this rank's ``samples`` (the critic in eval mode), then gather every rank's scores."""
+    if roles.critic is not None:
+        roles.critic.eval()
+    sc = score(samples, reference=roles.reference, reward=roles.reward, critic=roles.critic,
+               temperature=temperature, prompts=prompts, responses=responses, concurrent=concurrent)
+    if roles.critic is not None:
+        roles.critic.train()
+    return gather_rows(sc)
 
 
 def rollout_metrics(samples: Samples, sc: Scores, rewards: torch.Tensor, penalised: torch.Tensor) -> dict:

@@ -6,6 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 HERE = Path(__file__).resolve().parent
@@ -21,6 +22,7 @@ def torchrun(args, nproc=2, timeout=120):
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
 
 
+@pytest.mark.slow  # the PPO tests of test_ppo_dist.py cover it end to end; this one isolates collect()
 def test_two_ranks_collect_the_one_process_rollout(tiny_lm, tmp_path):
     sys.path.insert(0, str(HERE))
     try:

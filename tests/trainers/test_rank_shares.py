@@ -131,3 +131,15 @@ def test_reinforce_gradient_of_rank_shares_is_the_batch_gradient(setup):
     assert sum(r[0] for r in ranks) == pytest.approx(loss, rel=1e-5)  # each rank's share; summed over ranks
     for i, g in enumerate(grads):
         assert float((sum(r[1][i] for r in ranks) / 2 - g).abs().max()) < 1e-6
+
+
+def test_global_batch_sizes_must_divide_by_the_world():
+    from fourfold.errors import ConfigError
+    from fourfold.trainers.lm import check_world
+
+    check_world(World(1, 2), False, {"ppo.rollout_batch_size": 8, "ppo.minibatch_size": 4})
+    with pytest.raises(ConfigError, match=r"^ppo.minibatch_size: 3 does not divide by the world size 2"):
+        check_world(World(1, 2), False, {"ppo.rollout_batch_size": 6, "ppo.minibatch_size": 3})
+    with pytest.raises(ConfigError, match=r"^run.concurrent_roles: not with more than one process"):
+        check_world(World(0, 2), True, {})
+    check_world(World(), True, {"ppo.minibatch_size": 3})  # one process: anything goes
