@@ -70,6 +70,7 @@ def main(argv=None) -> dict:
     from fourfold.config import GenerationConfig, PPOAlgoConfig
     from fourfold.models.factory import llama_config, random_causal_lm, random_scalar_model
     from fourfold.models.roles import FrozenReference, ModelReward, ScalarModel
+    from fourfold.rollout.noise import RowNoise
     from fourfold.trainers.common import NonFiniteGuard, seed_everything
     from fourfold.trainers.lm import Roles, collect
     from fourfold.trainers.ppo import compute_advantages, make_optim, ppo_update
@@ -113,7 +114,7 @@ def main(argv=None) -> dict:
         t0 = time.perf_counter()
         with autocast():
             col = collect(roles, [""] * args.batch, prompts, prompt_mask, gen, kl_coef=algo.kl_coef,
-                          concurrent=args.concurrent)
+                          concurrent=args.concurrent, noise=RowNoise(0, it + 1))  # the trainer's sampling
         rollout = compute_advantages(col.rollout, algo)
         if cuda:
             torch.cuda.synchronize(device)
