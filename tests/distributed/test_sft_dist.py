@@ -1,0 +1,122 @@
+"""`fourfold sft` under torchrun (2 processes, gloo on CPU): the same run as in one process, a
+rank killed mid-run (the job ends with one line, its last checkpoint intact), exact resume of that
+checkpoint at 2 processes and its resume in one process.
+
+One killed run and one clean run serve every test (launches cost ~10-20 s each here): the run is
+killed after its first checkpoint at step S, and the clean run stops at S + 2 with a constant
+learning rate, so the killed run's checkpoint continues into exactly the clean run."""
+import json
+import os
+import shutil
+import signal
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from disttest_utils import max_relative_diff, max_weight_diff, metric_rows, model_overrides, torchrun
+
+from fourfold.config import SFTConfig, load_config
+from fourfold.trainers import sft
+
+
+def _overrides(data, out, *extra) -> list[str]:
+    return [*model_overrides(data), f"data.train={data['sft']}", f"data.eval={data['sft_eval']}", "train.lr=3e-3",
+            "train.lr_schedule=constant", "train.eval_every=3", "run.save_every=4", f"run.output_dir={out}", *extra]
+
+
+def _rank_pids(torchrun_pid: int) -> dict[int, int]:
+    """{local rank: pid} of the workers torchrun started."""
+    ranks = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            env = (entry / "environ").read_bytes().split(b"\0")
+        except (OSError, IndexError, ValueError):
+            continue
+        if ppid == torchrun_pid:
+            local = [v for v in env if v.startswith(b"LOCAL_RANK=")]
+            if local:
+                ranks[int(local[0].split(b"=")[1])] = int(entry.name)
+    return ranks
+
+
+@pytest.fixture(scope="module")
+def killed(dist_data, tmp_path_factory):
+    """A 2-process run of 400 steps whose rank 1 is SIGKILLed once the first checkpoint exists:
+    (its directory, stderr, seconds from the kill to the job's end, the last checkpoint's step)."""
+    out = tmp_path_factory.mktemp("killed") / "run"
+    proc = torchrun("sft", _overrides(dist_data, out, "train.max_steps=400"), wait=False)
+    first = out / "checkpoints" / "step-00000004"
+    deadline = time.monotonic() + 180
+    while not first.is_dir() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert proc.poll() is None, "the run ended before its first checkpoint: " + proc.stderr.read()[-2000:]
+    os.kill(_rank_pids(proc.pid)[1], signal.SIGKILL)
+    t_kill = time.monotonic()
+    try:
+        _, stderr = proc.communicate(timeout=90)
+    finally:
+        proc.kill()
+    steps = sorted(int(p.name.split("-")[1]) for p in (out / "checkpoints").glob("step-*"))
+    return {"out": out, "stderr": stderr, "end_s": time.monotonic() - t_kill, "rc": proc.returncode, "step": steps[-1]}
+
+
+@pytest.fixture(scope="module")
+def clean(dist_data, killed, tmp_path_factory):
+    """The uninterrupted 2-process run to step S + 2 (S: the killed run's last checkpoint)."""
+    out = tmp_path_factory.mktemp("clean") / "run"
+    proc = torchrun("sft", _overrides(dist_data, out, f"train.max_steps={killed['step'] + 2}"))
+    return {"out": out, "wall_s": proc.wall_s, "stdout": proc.stdout}
+
+
+def test_a_killed_rank_ends_the_job_with_one_line_and_keeps_the_last_checkpoint(killed):
+    from fourfold.checkpoint import latest_checkpoint
+
+    assert killed["rc"] != 0 and killed["end_s"] < 60, killed
+    lines = [line for line in killed["stderr"].splitlines() if line.startswith("fourfold sft: error:")]
+    assert len(lines) == 1, killed["stderr"][-3000:]
+    assert "rank 0 of 2: another rank of this run is gone" in lines[0]
+    last = latest_checkpoint(killed["out"])
+    assert last is not None and last.name == f"step-{killed['step']:08d}" and str(last) in lines[0]
+    assert (last / "rng-rank00001.json").is_file()  # a sharded checkpoint, every rank's part in it
+
+
+def test_two_processes_match_one_process(dist_data, clean, tmp_path):
+    """Per-step metrics within 1e-4 relative (S + 2 >= 6 steps, through the epoch end where one
+    rank's part is empty, and the held-out loss), final weights within 1e-4; only rank 0 wrote."""
+    one = tmp_path / "one"
+    total = len(metric_rows(clean["out"]))
+    sft.train(load_config(SFTConfig, None, _overrides(dist_data, one, f"train.max_steps={total}")))
+    rows_1, rows_2 = metric_rows(one), metric_rows(clean["out"])
+    assert len(rows_2) == total >= 6 and sum("sft/eval_loss" in r for r in rows_2) >= 2
+    assert max_relative_diff(rows_1, rows_2) < 1e-4
+    assert max_weight_diff(one / "model", clean["out"] / "model") < 1e-4
+    assert clean["stdout"].count("fourfold sft: done") == 1  # the summary line of rank 0 alone
+    cfg = json.loads((clean["out"] / "model" / "config.json").read_text())
+    assert cfg["architectures"] == ["LlamaForCausalLM"]
+
+
+def test_resume_after_the_kill_continues_exactly(dist_data, killed, clean, tmp_path):
+    """The killed run's last checkpoint, resumed by 2 processes, gives the clean run's rows and
+    weights bit for bit."""
+    out = tmp_path / "resumed"
+    shutil.copytree(killed["out"], out)
+    torchrun("sft", _overrides(dist_data, out, f"train.max_steps={killed['step'] + 2}", "run.resume=true"))
+    assert metric_rows(out) == metric_rows(clean["out"])
+    assert max_weight_diff(out / "model", clean["out"] / "model") == 0.0
+
+
+def test_a_two_process_checkpoint_resumes_in_one_process(dist_data, killed, clean, tmp_path, capsys):
+    """Without torchrun the sharded checkpoint loads (resharded, said once) and the run finishes
+    from the same data position: the clean run's rows and weights within 1e-4."""
+    out = tmp_path / "one"
+    shutil.copytree(killed["out"], out)
+    torch.manual_seed(123)  # whatever the process drew before: the checkpoint's RNG state takes over
+    sft.train(load_config(SFTConfig, None, _overrides(dist_data, out, f"train.max_steps={killed['step'] + 2}",
+                                                      "run.resume=true")))
+    assert "was written by 2 ranks and resumes on 1: resharded" in capsys.readouterr().err
+    assert max_relative_diff(metric_rows(out), metric_rows(clean["out"])) < 1e-4
+    assert max_weight_diff(out / "model", clean["out"] / "model") < 1e-4
