@@ -29,6 +29,8 @@ from fourfold.models.lora_io import is_adapter_dir
 from fourfold.models.roles import FrozenReference, FunctionReward, ModelReward, ScalarModel
 from fourfold.rollout.lm import Samples, Scores, decode_responses, gather_rows, sample, score, select_rows
 from fourfold.rollout.noise import RowNoise
+from fourfold.trainers.common import global_sums
+from fourfold.trainers.fsdp import shard_roles
 from fourfold.trainers.lora import lora_settings
 
 Probe = Callable[[list[str], list[str]], dict[str, float]]
@@ -335,12 +337,17 @@ def check_world(world: World, concurrent: bool, batch_sizes: dict[str, int]) -> 
 
 def sum_over_ranks(stats: dict, keys: Sequence[str]) -> dict:
     """``stats`` with the values of ``keys`` (floats: each rank's share of a global statistic)
-    summed over every rank in one all-reduce (float64); ``stats`` itself in one process."""
-    if not dist.world().distributed or not keys:
-        return stats
+    summed over every rank in one all-reduce (:func:`~fourfold.trainers.common.global_sums`)."""
     names = sorted(keys)
-    total = dist.all_reduce_sum(torch.tensor([stats[k] for k in names], dtype=torch.float64))
-    return {**stats, **dict(zip(names, total.tolist()))}
+    return {**stats, **dict(zip(names, global_sums([stats[k] for k in names])))}
+
+
+def shard_lm_roles(roles: Roles, dist_cfg, device: torch.device) -> None:
+    """Under torchrun, place the roles as the run's ``dist`` section says
+    (:func:`fourfold.trainers.fsdp.shard_roles`): the policy and the critic sharded with FSDP2, the
+    reference and the reward model replicated or sharded. Call it before building the optimizers."""
+    shard_roles({"policy": roles.policy, "critic": roles.critic, "reference": getattr(roles.reference, "model", None),
+                 "reward": roles.reward_model}, dist_cfg, device)
 
 
 def sample_rows(col: Collected, tokenizer, probe: Optional[Probe] = None, n: int = SAMPLE_ROWS) -> list[dict]:

@@ -68,6 +68,7 @@ from fourfold.trainers.lm import (
     load_roles,
     repeat_prompts,
     sample_rows,
+    shard_lm_roles,
     sum_over_ranks,
 )
 from fourfold.trainers.lora import save_trained
@@ -318,6 +319,21 @@ def _set_up(cfg: PPOConfig, run: RunScaffold, roles: Roles, prompts: Optional[Se
     return opt, stream, kl_ctl, state["iteration"]
 
 
+def _placed_roles(cfg: PPOConfig, run: RunScaffold, device: torch.device, roles: Optional[Roles]) -> Roles:
+    """Step 0 for the roles: the world checks (:func:`~fourfold.trainers.lm.check_world`), the roles
+    passed in (refused with a critic a critic-free estimator would not train) or loaded, then placed
+    on the ranks (:func:`~fourfold.trainers.lm.shard_lm_roles`; nothing in one process)."""
+    algo = cfg.ppo
+    check_world(run.world, cfg.run.concurrent_roles, {"ppo.rollout_batch_size": algo.rollout_batch_size,
+                                                      "ppo.minibatch_size": algo.minibatch_size})
+    if roles is not None and roles.critic is not None and not get_advantage_estimator(algo.advantage).needs_critic:
+        raise ConfigError(f"ppo.advantage: {algo.advantage} uses no critic, but the roles passed in have one")
+    roles = roles or load_roles(cfg.model, device, with_critic=algo.loads_critic,
+                               concurrent=cfg.run.concurrent_roles)
+    shard_lm_roles(roles, cfg.dist, device)
+    return roles
+
+
 def train(cfg: PPOConfig, *, prompts: Optional[Sequence[str]] = None, probe: Optional[Probe] = None,
           roles: Optional[Roles] = None) -> dict:
     """Run PPO; returns a summary dict (final metrics, output paths).
@@ -329,13 +345,8 @@ def train(cfg: PPOConfig, *, prompts: Optional[Sequence[str]] = None, probe: Opt
     # 0. set-up: seed, run directory, roles, optimisers, prompt stream, KL controller, resume
     run = RunScaffold(cfg)
     device = run.hf_device()
-    world = dist.world()
-    check_world(world, cfg.run.concurrent_roles, {"ppo.rollout_batch_size": algo.rollout_batch_size,
-                                                  "ppo.minibatch_size": algo.minibatch_size})
-    if roles is not None and roles.critic is not None and not get_advantage_estimator(algo.advantage).needs_critic:
-        raise ConfigError(f"ppo.advantage: {algo.advantage} uses no critic, but the roles passed in have one")
-    roles = roles or load_roles(cfg.model, device, with_critic=algo.loads_critic,
-                               concurrent=cfg.run.concurrent_roles)
+    world = run.world
+    roles = _placed_roles(cfg, run, device, roles)
     opt, stream, kl_ctl, start = _set_up(cfg, run, roles, prompts)
     guard = run.guard
     last: dict = {}

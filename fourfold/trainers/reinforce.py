@@ -24,7 +24,7 @@ from fourfold.dist import World
 from fourfold.models.roles import response_logprobs
 from fourfold.rollout.noise import RowNoise
 from fourfold.trainers.common import guarded_step, make_optimizer, make_schedule
-from fourfold.trainers.lm import Probe, PromptStream, Roles, check_world, collect, load_roles, sample_rows
+from fourfold.trainers.lm import Probe, PromptStream, Roles, check_world, collect, load_roles, sample_rows, shard_lm_roles
 from fourfold.trainers.lora import save_trained
 from fourfold.trainers.scaffold import RunScaffold
 
@@ -52,9 +52,10 @@ def train(cfg: ReinforceConfig, *, prompts: Optional[Sequence[str]] = None, prob
     # 0. set-up
     run = RunScaffold(cfg)
     device = run.hf_device()
-    world = dist.world()
+    world = run.world
     check_world(world, False, {"reinforce.rollout_batch_size": algo.rollout_batch_size})
     roles = roles or load_roles(cfg.model, device, with_critic=False)
+    shard_lm_roles(roles, cfg.dist, device)  # torchrun: FSDP2 (before the optimizer sees the parameters)
     optimizer = make_optimizer(roles.policy.parameters(), algo.lr)
     schedule = make_schedule(optimizer, algo.iterations, algo.lr_schedule)
     stream = PromptStream(cfg.data, roles.tokenizer, algo.rollout_batch_size, cfg.run.seed, prompts=prompts,
