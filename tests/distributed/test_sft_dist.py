@@ -97,6 +97,10 @@ def test_two_processes_match_one_process(dist_data, clean, tmp_path):
     assert clean["stdout"].count("fourfold sft: done") == 1  # the summary line of rank 0 alone
     cfg = json.loads((clean["out"] / "model" / "config.json").read_text())
     assert cfg["architectures"] == ["LlamaForCausalLM"]
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(clean["out"] / "model")  # the plain HF directory rank 0 wrote
+    assert torch.isfinite(model(input_ids=torch.tensor([[1, 5, 6]])).logits).all()
 
 
 def test_resume_after_the_kill_continues_exactly(dist_data, killed, clean, tmp_path):
@@ -120,3 +124,11 @@ def test_a_two_process_checkpoint_resumes_in_one_process(dist_data, killed, clea
     assert "was written by 2 ranks and resumes on 1: resharded" in capsys.readouterr().err
     assert max_relative_diff(metric_rows(out), metric_rows(clean["out"])) < 1e-4
     assert max_weight_diff(out / "model", clean["out"] / "model") < 1e-4
+
+
+def test_a_batch_that_does_not_divide_by_the_world_is_one_line(dist_data, tmp_path):
+    proc = torchrun("sft", _overrides(dist_data, tmp_path / "run", "train.max_steps=2", "train.batch_size=7"),
+                    check=False)
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("fourfold sft: error:")]
+    assert proc.returncode != 0 and len(lines) == 1, proc.stderr[-3000:]  # rank 0 says it; rank 1 exits quietly
+    assert "train.batch_size: 7 does not divide by the world size 2 (batch sizes are global" in lines[0]
