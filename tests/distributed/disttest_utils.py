@@ -21,9 +21,11 @@ def model_overrides(data: dict) -> list[str]:
             "train.log_every=1", "run.device=cpu", "run.progress=false", "run.tensorboard=false"]
 
 
-def torchrun(stage: str, overrides: list[str], *, nproc: int = 2, timeout: float = 240.0, wait: bool = True):
+def torchrun(stage: str, overrides: list[str], *, nproc: int = 2, timeout: float = 240.0, wait: bool = True,
+             check: bool = True):
     """``torchrun --standalone --nproc-per-node nproc -m fourfold.cli stage overrides`` (gloo on CPU):
-    the CompletedProcess (``wait``) or the running Popen, with ``wall_s`` set on it."""
+    the CompletedProcess (``wait``; ``check``: it must have succeeded) with ``wall_s`` set on it, or
+    the running Popen."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
            "-m", "fourfold.cli", stage, *overrides]
     env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", PYTHONWARNINGS="ignore")
@@ -34,7 +36,7 @@ def torchrun(stage: str, overrides: list[str], *, nproc: int = 2, timeout: float
         return proc
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
     proc.wall_s = time.perf_counter() - t0
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.returncode == 0 or not check, proc.stderr[-3000:]
     return proc
 
 

@@ -1,10 +1,11 @@
-"""`fourfold sft` under torchrun (2 processes, gloo on CPU): the same run as in one process, a
-rank killed mid-run (the job ends with one line, its last checkpoint intact), exact resume of that
-checkpoint at 2 processes and its resume in one process.
+"""`fourfold sft` under torchrun (2 processes, gloo on CPU): the same run as in one process; a
+rank killed mid-run (the job ends with one line, its last checkpoint intact, and that checkpoint
+resumes in one process); a stop signal to one rank (every rank stops at the same step with one
+checkpoint, which resumes exactly at 2 processes).
 
-One killed run and one clean run serve every test (launches cost ~10-20 s each here): the run is
-killed after its first checkpoint at step S, and the clean run stops at S + 2 with a constant
-learning rate, so the killed run's checkpoint continues into exactly the clean run."""
+Three runs serve every test (a launch costs 10-30 s on a busy 2-core machine): a killed one, a
+stopped one, both interrupted after their first checkpoint (steps S_k and S_s), and a clean one to
+max(S_k, S_s) + 2 steps with a constant learning rate, which both continue into exactly."""
 import json
 import os
 import shutil
@@ -43,33 +44,46 @@ def _rank_pids(torchrun_pid: int) -> dict[int, int]:
     return ranks
 
 
-@pytest.fixture(scope="module")
-def killed(dist_data, tmp_path_factory):
-    """A 2-process run of 400 steps whose rank 1 is SIGKILLed once the first checkpoint exists:
-    (its directory, stderr, seconds from the kill to the job's end, the last checkpoint's step)."""
-    out = tmp_path_factory.mktemp("killed") / "run"
-    proc = torchrun("sft", _overrides(dist_data, out, "train.max_steps=400"), wait=False)
+def _interrupted(data, out, sig: int) -> dict:
+    """A 2-process run of 400 steps whose rank 1 gets ``sig`` once the first checkpoint exists:
+    its directory, stdout, stderr, exit code, the seconds from the signal to the job's end and the
+    last checkpoint's step."""
+    proc = torchrun("sft", _overrides(data, out, "train.max_steps=400"), wait=False)
     first = out / "checkpoints" / "step-00000004"
     deadline = time.monotonic() + 180
     while not first.is_dir() and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.02)
     assert proc.poll() is None, "the run ended before its first checkpoint: " + proc.stderr.read()[-2000:]
-    os.kill(_rank_pids(proc.pid)[1], signal.SIGKILL)
-    t_kill = time.monotonic()
+    os.kill(_rank_pids(proc.pid)[1], sig)
+    t_signal = time.monotonic()
     try:
-        _, stderr = proc.communicate(timeout=90)
+        stdout, stderr = proc.communicate(timeout=90)
     finally:
         proc.kill()
     steps = sorted(int(p.name.split("-")[1]) for p in (out / "checkpoints").glob("step-*"))
-    return {"out": out, "stderr": stderr, "end_s": time.monotonic() - t_kill, "rc": proc.returncode, "step": steps[-1]}
+    return {"out": out, "stdout": stdout, "stderr": stderr, "rc": proc.returncode,
+            "end_s": time.monotonic() - t_signal, "step": steps[-1]}
 
 
 @pytest.fixture(scope="module")
-def clean(dist_data, killed, tmp_path_factory):
-    """The uninterrupted 2-process run to step S + 2 (S: the killed run's last checkpoint)."""
+def killed(dist_data, tmp_path_factory):
+    """The run whose rank 1 was SIGKILLed."""
+    return _interrupted(dist_data, tmp_path_factory.mktemp("killed") / "run", signal.SIGKILL)
+
+
+@pytest.fixture(scope="module")
+def stopped(dist_data, tmp_path_factory):
+    """The run whose rank 1 (alone) got SIGTERM."""
+    return _interrupted(dist_data, tmp_path_factory.mktemp("stopped") / "run", signal.SIGTERM)
+
+
+@pytest.fixture(scope="module")
+def clean(dist_data, killed, stopped, tmp_path_factory):
+    """The uninterrupted 2-process run to both interrupted runs' last checkpoint + 2 steps."""
     out = tmp_path_factory.mktemp("clean") / "run"
-    proc = torchrun("sft", _overrides(dist_data, out, f"train.max_steps={killed['step'] + 2}"))
-    return {"out": out, "wall_s": proc.wall_s, "stdout": proc.stdout}
+    total = max(killed["step"], stopped["step"]) + 2
+    proc = torchrun("sft", _overrides(dist_data, out, f"train.max_steps={total}"))
+    return {"out": out, "wall_s": proc.wall_s, "stdout": proc.stdout, "steps": total}
 
 
 def test_a_killed_rank_ends_the_job_with_one_line_and_keeps_the_last_checkpoint(killed):
@@ -97,14 +111,26 @@ def test_two_processes_match_one_process(dist_data, clean, tmp_path):
     assert clean["stdout"].count("fourfold sft: done") == 1  # the summary line of rank 0 alone
     cfg = json.loads((clean["out"] / "model" / "config.json").read_text())
     assert cfg["architectures"] == ["LlamaForCausalLM"]
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(clean["out"] / "model")  # the plain HF directory rank 0 wrote
+    assert torch.isfinite(model(input_ids=torch.tensor([[1, 5, 6]])).logits).all()
 
 
-def test_resume_after_the_kill_continues_exactly(dist_data, killed, clean, tmp_path):
-    """The killed run's last checkpoint, resumed by 2 processes, gives the clean run's rows and
+def test_a_stop_signal_to_one_rank_stops_every_rank_at_one_checkpoint(stopped):
+    """The ranks agree on the stop at the end of a step: one checkpoint of that step (the last
+    metrics row's), "interrupted" once (rank 0), exit status 130 from both ranks."""
+    assert stopped["stderr"].count("fourfold sft: interrupted") == 1, stopped["stderr"][-3000:]
+    assert "exitcode  : 130" in stopped["stderr"] and "fourfold sft: error" not in stopped["stderr"]
+    assert metric_rows(stopped["out"])[-1]["step"] == stopped["step"] > 4
+
+
+def test_resume_after_the_stop_continues_exactly(dist_data, stopped, clean, tmp_path):
+    """The stopped run's checkpoint, resumed by 2 processes, gives the clean run's rows and
     weights bit for bit."""
     out = tmp_path / "resumed"
-    shutil.copytree(killed["out"], out)
-    torchrun("sft", _overrides(dist_data, out, f"train.max_steps={killed['step'] + 2}", "run.resume=true"))
+    shutil.copytree(stopped["out"], out)
+    torchrun("sft", _overrides(dist_data, out, f"train.max_steps={clean['steps']}", "run.resume=true"))
     assert metric_rows(out) == metric_rows(clean["out"])
     assert max_weight_diff(out / "model", clean["out"] / "model") == 0.0
 
@@ -115,8 +141,16 @@ def test_a_two_process_checkpoint_resumes_in_one_process(dist_data, killed, clea
     out = tmp_path / "one"
     shutil.copytree(killed["out"], out)
     torch.manual_seed(123)  # whatever the process drew before: the checkpoint's RNG state takes over
-    sft.train(load_config(SFTConfig, None, _overrides(dist_data, out, f"train.max_steps={killed['step'] + 2}",
+    sft.train(load_config(SFTConfig, None, _overrides(dist_data, out, f"train.max_steps={clean['steps']}",
                                                       "run.resume=true")))
     assert "was written by 2 ranks and resumes on 1: resharded" in capsys.readouterr().err
     assert max_relative_diff(metric_rows(out), metric_rows(clean["out"])) < 1e-4
     assert max_weight_diff(out / "model", clean["out"] / "model") < 1e-4
+
+
+def test_a_batch_that_does_not_divide_by_the_world_is_one_line(dist_data, tmp_path):
+    proc = torchrun("sft", _overrides(dist_data, tmp_path / "run", "train.max_steps=2", "train.batch_size=7"),
+                    check=False)
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("fourfold sft: error:")]
+    assert proc.returncode != 0 and len(lines) == 1, proc.stderr[-3000:]  # rank 0 says it; rank 1 exits quietly
+    assert "train.batch_size: 7 does not divide by the world size 2 (batch sizes are global" in lines[0]
