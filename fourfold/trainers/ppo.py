@@ -334,6 +334,39 @@ def _placed_roles(cfg: PPOConfig, run: RunScaffold, device: torch.device, roles:
     return roles
 
 
+def _advantages_and_update(cfg: PPOConfig, run: RunScaffold, roles: Roles, rollout: Rollout, opt: Optim, it: int
+                           ) -> Optional[tuple[Rollout, dict, dict, float]]:
+    """Steps 5-6 of iteration ``it``: advantages and returns (GAE with the critic, or a critic-free
+    estimator), then the PPO epochs (clipped surrogate for the policy, clipped value loss for the
+    critic). Returns (the rollout with its advantages, the update's statistics, the learning rates
+    it started with, its seconds), or None when the scores or the advantages were not finite (the
+    iteration is skipped, logged, and the run stopped when stuck)."""
+    algo, guard = cfg.ppo, run.guard
+    if guard.ok("reward_score", rollout.scores, f"iteration {it}"):
+        rollout = compute_advantages(rollout, algo)
+        if guard.ok("advantages", rollout.advantages, f"iteration {it}"):
+            t0 = time.perf_counter()
+            skips_before = guard.total
+            lrs = opt.lrs()  # the rates this update starts with
+            stats = ppo_update(roles, rollout, algo, opt, cfg.generation.temperature, guard, it,
+                               concurrent=cfg.run.concurrent_roles, world=run.world)
+            t_train = time.perf_counter() - t0
+            if guard.total == skips_before:  # one good update: the whole iteration went through
+                guard.good_step()
+            run.log_skips(it)
+            run.stop_if_stuck(it)
+            return rollout, stats, lrs, t_train
+    run.log_skips(it)
+    run.stop_if_stuck(it - 1)
+    return None
+
+
+def value_metrics(rollout: Rollout) -> dict:
+    """The critic's ``value/explained_variance`` (of the returns) and ``value/mean`` on a rollout."""
+    return {"value/explained_variance": float(explained_variance(rollout.values, rollout.returns, rollout.mask)),
+            "value/mean": float(masked_mean(rollout.values, rollout.mask))}
+
+
 def train(cfg: PPOConfig, *, prompts: Optional[Sequence[str]] = None, probe: Optional[Probe] = None,
           roles: Optional[Roles] = None) -> dict:
     """Run PPO; returns a summary dict (final metrics, output paths).
@@ -363,28 +396,11 @@ def train(cfg: PPOConfig, *, prompts: Optional[Sequence[str]] = None, probe: Opt
                           kl_coef=kl_ctl.value if algo.kl_in == "reward" else 0.0,
                           kl_estimator=algo.kl_estimator, probe=probe, concurrent=cfg.run.concurrent_roles,
                           noise=RowNoise(cfg.run.seed, it), world=world)
-            rollout = col.rollout
-            if not guard.ok("reward_score", rollout.scores, f"iteration {it}"):
-                run.log_skips(it)
-                run.stop_if_stuck(it - 1)
+            # 5-6. advantages and returns, then the PPO epochs (None: a non-finite score or advantage)
+            updated = _advantages_and_update(cfg, run, roles, col.rollout, opt, it)
+            if updated is None:
                 continue
-            # 5. advantages (GAE with the critic, or a critic-free estimator) and returns
-            rollout = compute_advantages(rollout, algo)
-            if not guard.ok("advantages", rollout.advantages, f"iteration {it}"):
-                run.log_skips(it)
-                run.stop_if_stuck(it - 1)
-                continue
-            # 6. PPO epochs: clipped surrogate (policy) and clipped value loss (critic)
-            t0 = time.perf_counter()
-            skips_before = guard.total
-            lrs = opt.lrs()  # the rates this update starts with
-            stats = ppo_update(roles, rollout, algo, opt, gen.temperature, guard, it,
-                               concurrent=cfg.run.concurrent_roles, world=world)
-            t_train = time.perf_counter() - t0
-            if guard.total == skips_before:  # one good update: the whole iteration went through
-                guard.good_step()
-            run.log_skips(it)
-            run.stop_if_stuck(it)
+            rollout, stats, lrs, t_train = updated
             # 7. KL controller, metrics, checkpoint
             kl_used = kl_ctl.value  # the coefficient this iteration's rewards used
             kl_ctl.update(col.metrics["kl/k1"], algo.rollout_batch_size)
@@ -402,8 +418,7 @@ def train(cfg: PPOConfig, *, prompts: Optional[Sequence[str]] = None, probe: Opt
                 "time/iteration_s": time.perf_counter() - t_iter,
             }
             if roles.critic is not None:
-                metrics["value/explained_variance"] = float(explained_variance(rollout.values, rollout.returns, rollout.mask))
-                metrics["value/mean"] = float(masked_mean(rollout.values, rollout.mask))
+                metrics.update(value_metrics(rollout))
             logger.log(it, metrics)
             if run.samples_due(it, algo.iterations):  # a few completions, decoded only now
                 logger.samples(it, sample_rows(col, roles.tokenizer, probe))

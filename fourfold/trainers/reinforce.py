@@ -44,6 +44,24 @@ def rank_loss(policy, r: Rollout, returns: Tensor, baseline: Optional[Tensor], t
     return local * (share * world.world_size), dist.all_reduce_sum(local.detach() * share)
 
 
+def _set_up(cfg: ReinforceConfig, run: RunScaffold, roles: Roles, prompts: Optional[Sequence[str]]):
+    """Step 0 after the roles: the policy's optimiser and schedule and the prompt stream, named for
+    the run's checkpoints and resumed from the latest one when asked. Returns (optimizer, schedule,
+    stream, the iteration the loop continues after)."""
+    algo = cfg.reinforce
+    optimizer = make_optimizer(roles.policy.parameters(), algo.lr)
+    schedule = make_schedule(optimizer, algo.iterations, algo.lr_schedule)
+    stream = PromptStream(cfg.data, roles.tokenizer, algo.rollout_batch_size, cfg.run.seed, prompts=prompts,
+                          batch_key="reinforce.rollout_batch_size")
+    run.track(modules={"policy": roles.policy}, optimizers={"policy": optimizer}, schedulers={"policy": schedule},
+              state=lambda it: {"iteration": it, "prompts": stream.state_dict(), "nonfinite_total": run.guard.total})
+    state = run.resume()
+    if state is None:
+        return optimizer, schedule, stream, 0
+    stream.load_state_dict(state["prompts"])
+    return optimizer, schedule, stream, state["iteration"]
+
+
 def train(cfg: ReinforceConfig, *, prompts: Optional[Sequence[str]] = None, probe: Optional[Probe] = None,
           roles: Optional[Roles] = None) -> dict:
     """Run REINFORCE; returns a summary dict (final metrics, output paths). ``prompts``, ``probe``
@@ -56,19 +74,9 @@ def train(cfg: ReinforceConfig, *, prompts: Optional[Sequence[str]] = None, prob
     check_world(world, False, {"reinforce.rollout_batch_size": algo.rollout_batch_size})
     roles = roles or load_roles(cfg.model, device, with_critic=False)
     shard_lm_roles(roles, cfg.dist, device)  # torchrun: FSDP2 (before the optimizer sees the parameters)
-    optimizer = make_optimizer(roles.policy.parameters(), algo.lr)
-    schedule = make_schedule(optimizer, algo.iterations, algo.lr_schedule)
-    stream = PromptStream(cfg.data, roles.tokenizer, algo.rollout_batch_size, cfg.run.seed, prompts=prompts,
-                          batch_key="reinforce.rollout_batch_size")
+    optimizer, schedule, stream, start = _set_up(cfg, run, roles, prompts)
     kl_ctl = FixedKLController(algo.kl_coef)
     guard = run.guard
-    run.track(modules={"policy": roles.policy}, optimizers={"policy": optimizer}, schedulers={"policy": schedule},
-              state=lambda it: {"iteration": it, "prompts": stream.state_dict(), "nonfinite_total": guard.total})
-    state = run.resume()
-    start = 0
-    if state is not None:
-        start = state["iteration"]
-        stream.load_state_dict(state["prompts"])
     last: dict = {}
     with run.loop(total=algo.iterations, desc="reinforce",
                   key_metrics=("reward/score_mean", "reward/gold_mean", "kl/k1")) as logger:
