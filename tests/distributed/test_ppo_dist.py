@@ -129,9 +129,10 @@ def test_reinforce_two_processes_match_one(tiny_lm, tmp_path):
 @pytest.mark.slow  # ~30-40 s on 2 shared cores: beyond the default suite's budget for these tests
 def test_grpo_two_processes_match_one(tiny_lm, tmp_path):
     """A critic-free estimator over groups of 2 samples, with the KL in the loss and the
-    sequence-mean aggregation."""
+    sequence-mean aggregation; the frozen reference and reward model sharded too (one process
+    ignores the dist section)."""
     extra = {"ppo.advantage": "grpo", "ppo.samples_per_prompt": 2, "ppo.kl_in": "loss",
-             "ppo.loss_agg": "seq-mean-token-mean"}
+             "ppo.loss_agg": "seq-mean-token-mean", "dist.reference": "fsdp", "dist.reward": "fsdp"}
     assert main(["ppo", *_overrides(tiny_lm, "ppo", tmp_path / "g1", **extra)]) == 0
     proc = torchrun("ppo", _overrides(tiny_lm, "ppo", tmp_path / "g2", **extra))
     print(f"grpo 2 procs = 1 proc: {_same_run(tmp_path / 'g1', tmp_path / 'g2')}; 2-process wall {proc.wall_s:.1f} s")
