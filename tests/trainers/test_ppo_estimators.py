@@ -197,9 +197,9 @@ def step_setup(tiny_lm):
 
 
 def _step(setup, **algo_changes):
+    from fourfold.core import aggregation_units
     from fourfold.trainers.common import NonFiniteGuard
     from fourfold.trainers.lm import Roles
-    from fourfold.core import aggregation_units
     from fourfold.trainers.ppo import Minibatch, make_optim, policy_step
 
     roles, rollout, algo = setup
