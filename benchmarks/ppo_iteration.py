@@ -149,6 +149,7 @@ def main(argv=None) -> dict:
 
     from fourfold.config import GenerationConfig, PPOAlgoConfig
     from fourfold.models.estimate import estimate_from_settings
+    from fourfold.rollout.noise import RowNoise
     from fourfold.trainers.common import NonFiniteGuard
     from fourfold.trainers.lm import collect
     from fourfold.trainers.ppo import compute_advantages, make_optim, ppo_update
@@ -183,7 +184,7 @@ def main(argv=None) -> dict:
         t0, cpu0 = time.perf_counter(), time.process_time()
         with autocast():
             col = collect(roles, [""] * args.batch, prompts, prompt_mask, gen, kl_coef=algo.kl_coef,
-                          concurrent=args.concurrent)
+                          concurrent=args.concurrent, noise=RowNoise(0, it + 1))  # the trainer's sampling
         rollout = compute_advantages(col.rollout, algo)
         if cuda:
             torch.cuda.synchronize(device)

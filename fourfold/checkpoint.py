@@ -463,6 +463,9 @@ def load_checkpoint(
     manifest = _read_manifest(path)
     if manifest is None:
         raise CorruptCheckpointError(f"{path}: not a complete checkpoint (no valid {COMPLETE} manifest)")
+    if "layout" in manifest:
+        raise CheckpointError(f"{path}: a sharded ({manifest['layout']}) checkpoint of a torchrun run: "
+                              "load it with fourfold.checkpoint_dcp.load_sharded")
     if verify:
         for rel, info in manifest["files"].items():
             if _sha256(path / rel) != info["sha256"]:

@@ -3,6 +3,10 @@
 Every stage takes a YAML config and dotted overrides (``ppo.kl_coef=0.02``); see
 ``fourfold.config`` for the convention. Errors fourfold raises on purpose (bad config, bad data,
 a model that cannot be loaded) print one line and exit with status 2.
+
+Under ``torchrun`` (``torchrun --nproc-per-node N -m fourfold.cli sft --config CFG``) every rank
+runs the same stage; such an error is printed by rank 0 alone (every rank meets the same ones),
+except that a rank whose peer died says so itself (:class:`fourfold.dist.PeerLostError`).
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import sys
 import traceback
 from typing import Callable, Sequence
 
+from fourfold import dist
 from fourfold.errors import FourfoldError, UserCodeError
 
 # stage -> (config class, function(config) -> summary dict, help). Imported lazily so that
@@ -183,13 +188,24 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"fourfold {args.stage}: {estimate_line(args.stage, cfg)}", file=sys.stderr)
         _resolve(fn_spec)(cfg, **task_inputs(args.stage, cfg))
     except FourfoldError as e:
-        print(f"fourfold {args.stage}: error: {e}", file=sys.stderr)
-        if isinstance(e, UserCodeError) and e.__cause__ is not None:
-            _print_user_traceback(e.__cause__)
+        if dist.world().is_main or isinstance(e, dist.PeerLostError):
+            print(f"fourfold {args.stage}: error: {e}", file=sys.stderr)
+            if isinstance(e, UserCodeError) and e.__cause__ is not None:
+                _print_user_traceback(e.__cause__)
         return 2
     except KeyboardInterrupt:
-        print(f"fourfold {args.stage}: interrupted", file=sys.stderr)
+        if dist.world().is_main:
+            print(f"fourfold {args.stage}: interrupted", file=sys.stderr)
         return 130
+    except Exception as e:
+        if not dist.is_peer_failure(e):
+            raise
+        w = dist.world()
+        print(f"fourfold {args.stage}: error: rank {w.rank} of {w.world_size}: another rank of this run is gone "
+              "(killed or crashed; torchrun names it), so this one stops", file=sys.stderr)
+        return 2
+    finally:
+        dist.shutdown()
     return 0
 
 

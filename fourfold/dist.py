@@ -23,7 +23,7 @@ from typing import Any, Optional
 import torch
 import torch.distributed as tdist
 
-from fourfold.errors import ConfigError
+from fourfold.errors import ConfigError, FourfoldError
 
 TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 
@@ -48,6 +48,24 @@ class World:
 
 
 SINGLE = World()
+
+_PEER_GONE = ("Connection reset by peer", "Connection closed by peer", "Broken pipe", "Read error", "Write error",
+              "NCCL communicator was aborted", "Socket Timeout", "Timed out waiting")
+"""What a collective's error says when another rank has died (gloo's TCP pair, NCCL, the store)."""
+
+
+class PeerLostError(FourfoldError, RuntimeError):
+    """Another rank of the run is gone (killed or crashed): this one stops too, with one line."""
+
+
+def is_peer_failure(error: BaseException) -> bool:
+    """Whether ``error`` is a collective failing because another rank died (a process group was
+    running): torch's DistError family, or a gloo/NCCL RuntimeError saying the connection is gone."""
+    if not started():
+        return False
+    if isinstance(error, tdist.DistError):
+        return True
+    return isinstance(error, RuntimeError) and any(marker in str(error) for marker in _PEER_GONE)
 
 
 def launched_by_torchrun() -> bool:
@@ -78,6 +96,12 @@ def init_from_env(device: Optional[torch.device] = None, *, timeout_s: float = 1
     return world()
 
 
+def started() -> bool:
+    """True when torchrun's process group is running in this process (even a world of 1: the
+    models are then sharded with FSDP2 and checkpoints are written with DCP)."""
+    return tdist.is_available() and tdist.is_initialized()
+
+
 def shutdown() -> None:
     """Destroy the process group if one was started (end of a run)."""
     if tdist.is_available() and tdist.is_initialized():
@@ -99,9 +123,10 @@ def check_divisible(key: str, value: int, w: World) -> None:
 
 
 def shard(n: int, w: World) -> slice:
-    """This rank's contiguous slice of ``n`` global rows (``n`` divisible by the world size)."""
-    per = n // w.world_size
-    return slice(w.rank * per, (w.rank + 1) * per)
+    """This rank's contiguous slice of ``n`` global rows: ``n / world_size`` each when it divides,
+    else as even as can be (the lower ranks one fewer; a rank may get none when ``n`` is smaller
+    than the world)."""
+    return slice(w.rank * n // w.world_size, (w.rank + 1) * n // w.world_size)
 
 
 def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:

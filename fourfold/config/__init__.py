@@ -15,7 +15,8 @@ Convention (one for every subcommand):
   the config they are given, so the Python API refuses what the CLI refuses.
 
 Layout: ``loader`` reads YAML, applies overrides and builds/validates any config dataclass; one
-schema module per stage holds its sections (``run``: the shared RunConfig; ``lora``: the
+schema module per stage holds its sections (``run``: the shared RunConfig; ``dist``: placement
+of the models under torchrun, on sft, reward, ppo and reinforce; ``lora``: the
 ``model.lora`` section of the language-model stages; ``sft``: the SFT stage
 and the initial-model and training-loop sections the reward stage and DPO reuse; ``reward``;
 ``dpo`` (with reward's preference data); ``ppo``: the language-model sections shared with
@@ -35,6 +36,7 @@ from fourfold.config.demo import (
     DemoRewardConfig,
     DemoSFTConfig,
 )
+from fourfold.config.dist import LMDistConfig, TrainedDistConfig
 from fourfold.config.dpo import DPOAlgoConfig, DPOConfig
 from fourfold.config.gym import (
     GymAgentConfig,
@@ -82,6 +84,9 @@ __all__ = [
     "validate_tree",
     # shared
     "RunConfig",
+    # dist (placement of the models under torchrun)
+    "TrainedDistConfig",
+    "LMDistConfig",
     # LoRA (model.lora of sft, reward, ppo and reinforce)
     "LoraConfig",
     # sft (and the supervised stages' shared sections)

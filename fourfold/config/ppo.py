@@ -8,6 +8,7 @@ import dataclasses
 import difflib
 from typing import Literal, Optional
 
+from fourfold.config.dist import LMDistConfig, check_dist
 from fourfold.config.loader import require, validate_precision
 from fourfold.config.lora import LoraConfig
 from fourfold.config.model_limits import require_fits
@@ -276,8 +277,10 @@ class PPOConfig:
     generation: GenerationConfig = dataclasses.field(default_factory=GenerationConfig)
     ppo: PPOAlgoConfig = dataclasses.field(default_factory=PPOAlgoConfig)
     run: RunConfig = dataclasses.field(default_factory=lambda: RunConfig(output_dir="runs/ppo"))
+    dist: LMDistConfig = dataclasses.field(default_factory=LMDistConfig)
 
     def validate(self, prefix: str = "") -> None:
+        check_dist(self.dist, self.run)
         require((self.model.reward is None) != (self.model.reward_fn is None), "model.reward",
                 "set exactly one of model.reward (a reward-model directory) and model.reward_fn")
         if self.model.reward is None and self.ppo.loads_critic and self.model.critic is None:

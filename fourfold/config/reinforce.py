@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Literal, Optional
 
+from fourfold.config.dist import LMDistConfig, check_dist
 from fourfold.config.loader import require
 from fourfold.config.ppo import GenerationConfig, LMModelConfig, PromptDataConfig, require_rollout_fits
 from fourfold.config.run import RunConfig
@@ -48,8 +49,10 @@ class ReinforceConfig:
     generation: GenerationConfig = dataclasses.field(default_factory=GenerationConfig)
     reinforce: ReinforceAlgoConfig = dataclasses.field(default_factory=ReinforceAlgoConfig)
     run: RunConfig = dataclasses.field(default_factory=lambda: RunConfig(output_dir="runs/reinforce"))
+    dist: LMDistConfig = dataclasses.field(default_factory=LMDistConfig)
 
     def validate(self, prefix: str = "") -> None:
+        check_dist(self.dist, self.run)
         require((self.model.reward is None) != (self.model.reward_fn is None), "model.reward",
                 "set exactly one of model.reward (a reward-model directory) and model.reward_fn")
         require_rollout_fits(self.model, self.data, self.generation)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Literal, Optional
 
+from fourfold.config.dist import TrainedDistConfig, check_dist
 from fourfold.config.loader import require
 from fourfold.config.run import RunConfig
 from fourfold.config.sft import InitModelConfig, TrainLoopConfig
@@ -51,6 +52,8 @@ class RewardConfig:
     train: TrainLoopConfig = dataclasses.field(default_factory=lambda: TrainLoopConfig(lr=5e-5))
     reward: RewardLossConfig = dataclasses.field(default_factory=RewardLossConfig)
     run: RunConfig = dataclasses.field(default_factory=lambda: RunConfig(output_dir="runs/reward"))
+    dist: TrainedDistConfig = dataclasses.field(default_factory=TrainedDistConfig)
 
     def validate(self, prefix: str = "") -> None:
         self.model.check_max_len(self.train.max_len)
+        check_dist(self.dist, self.run)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Literal, Optional
 
+from fourfold.config.dist import TrainedDistConfig, check_dist
 from fourfold.config.loader import require, validate_precision
 from fourfold.config.lora import LoraConfig
 from fourfold.config.model_limits import require_fits
@@ -136,6 +137,8 @@ class SFTConfig:
     data: SFTDataConfig = dataclasses.field(default_factory=SFTDataConfig)
     train: TrainLoopConfig = dataclasses.field(default_factory=TrainLoopConfig)
     run: RunConfig = dataclasses.field(default_factory=lambda: RunConfig(output_dir="runs/sft"))
+    dist: TrainedDistConfig = dataclasses.field(default_factory=TrainedDistConfig)
 
     def validate(self, prefix: str = "") -> None:
         self.model.check_max_len(self.train.max_len)
+        check_dist(self.dist, self.run)

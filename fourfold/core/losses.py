@@ -173,6 +173,7 @@ def value_loss(
 
     Shapes: all ``[B, T]`` (or any shape). ``old_values`` and ``returns`` are constants (detached).
     stats: ``clipfrac`` share of valid tokens where the clipped term is strictly larger (0 without
+    clipping; V_clip is V itself where |V - V_old| <= eps, so float rounding never counts as
     clipping); ``mse`` masked_mean((V - R)^2) of the unclipped values.
     """
     m = as_bool_mask(mask)
@@ -185,7 +186,10 @@ def value_loss(
         clipfrac = torch.zeros((), dtype=v.dtype, device=v.device)
     else:
         old = torch.where(m, old_values.detach().to(v.dtype), zero)
-        v_clip = old + torch.clamp(v - old, -clip_eps, clip_eps)
+        delta = v - old
+        # V itself where the clip is inactive: old + (v - old) can round away from v, and a
+        # difference of rounding would count as clipping (and differ between batchings)
+        v_clip = torch.where(delta.abs() > clip_eps, old + torch.clamp(delta, -clip_eps, clip_eps), v)
         err2_clip = (v_clip - R) ** 2
         per_token = torch.maximum(err2, err2_clip)
         clipfrac = masked_mean((err2_clip > err2).to(v.dtype), m)

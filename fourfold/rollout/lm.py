@@ -4,8 +4,10 @@ Two steps, both without gradients:
 
 1. :func:`sample` — batched sampling with the KV cache from left-padded prompts: pure sampling
    (top_k = 0, top_p = 1) at a temperature; each row stops after its first EOS and everything after
-   it is masked; the loop stops as soon as every row has finished. It keeps the log-probs of the
-   sampled tokens under the temperature-scaled logits: these are pi_old.
+   it is masked; the loop stops as soon as every row has finished (on every rank, when asked). It
+   keeps the log-probs of the sampled tokens under the temperature-scaled logits: these are pi_old.
+   Training rollouts pick tokens with per-row noise (:mod:`fourfold.rollout.noise`), so a row's
+   tokens do not depend on the rank or the batch that samples it.
 2. :func:`score` — one batched forward pass each of the reference (log-probs), the critic (values)
    and the reward model (one scalar per sequence) over prompt + response.
 
@@ -16,12 +18,14 @@ mask ``[B, T]`` is 1 on generated tokens up to and including the first EOS.
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 from typing import Optional, Sequence
 
 import torch
 
+from fourfold import dist
 from fourfold.models.roles import accepts_kwarg, position_ids_from_mask
+from fourfold.rollout.noise import inverse_cdf
 
 
 @dataclass
@@ -48,6 +52,30 @@ def _cache_kw(model) -> str:
     return "cache" if accepts_kwarg(model, "cache") else "past_key_values"
 
 
+def _pick(logits: torch.Tensor, temperature: float, greedy: bool, generator: Optional[torch.Generator],
+          u: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One step's tokens ``[B]``, their log-probs and the entropy of the sampling distribution:
+    argmax when ``greedy``, the inverse CDF at the uniforms ``u [B]`` when given, else
+    ``torch.multinomial`` on ``generator`` (the global generator when None)."""
+    logp_all = torch.log_softmax(logits if greedy else logits / temperature, -1)  # (B, V)
+    probs = logp_all.exp()
+    if greedy:
+        tok = logits.argmax(-1)
+    elif u is not None:
+        tok = inverse_cdf(probs, u)
+    else:
+        tok = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+    logp = logp_all.gather(-1, tok[:, None]).squeeze(-1)
+    return tok, logp, -(probs * logp_all).sum(-1)
+
+
+def _all_finished(finished: torch.Tensor, sync: bool) -> bool:
+    """Whether every row has finished: on this rank, or with ``sync`` on every rank of the
+    process group (the rows still alive are summed over ranks)."""
+    alive = (~finished).sum()
+    return int(dist.all_reduce_sum(alive) if sync else alive) == 0
+
+
 @torch.no_grad()
 def sample(
     model: torch.nn.Module,
@@ -60,10 +88,18 @@ def sample(
     pad_token_id: int = 0,
     generator: Optional[torch.Generator] = None,
     greedy: bool = False,
+    noise: Optional[torch.Tensor] = None,
+    sync_stop: bool = False,
 ) -> Samples:
     """Sample up to ``max_new_tokens`` per row with the KV cache; stop when every row has EOS.
 
     ``eos_token_id=None`` disables stopping (fixed-length responses, as in the benchmark).
+    ``noise``: uniforms ``[B, max_new_tokens]`` (:meth:`fourfold.rollout.noise.RowNoise.uniforms`);
+    step ``t`` picks each row's token by the inverse CDF at ``noise[:, t]``, so a row's tokens
+    depend on its own uniforms only. Without it tokens come from ``torch.multinomial`` on
+    ``generator`` (evaluation's and ``fourfold generate``'s path). ``sync_stop``: the loop stops
+    only when every row of every rank has finished (one all-reduce per step): a sharded model's
+    forward is a collective, so all ranks must make the same number of calls.
     """
     B = prompt_ids.shape[0]
     device = prompt_ids.device
@@ -76,15 +112,8 @@ def sample(
     finished = torch.zeros(B, dtype=torch.bool, device=device)
     tokens, logps, valid, ents = [], [], [], []
     for step in range(max_new_tokens):
-        logits = out.logits[:, -1, :].float()  # (B, V)
-        logp_all = torch.log_softmax(logits if greedy else logits / temperature, -1)  # (B, V)
-        probs = logp_all.exp()
-        if greedy:
-            tok = logits.argmax(-1)
-        else:
-            tok = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
-        logp = logp_all.gather(-1, tok[:, None]).squeeze(-1)
-        ent = -(probs * logp_all).sum(-1)
+        u = None if noise is None else noise[:, step].to(device)
+        tok, logp, ent = _pick(out.logits[:, -1, :].float(), temperature, greedy, generator, u)
         alive = ~finished
         tok = torch.where(alive, tok, torch.full_like(tok, pad_token_id))
         tokens.append(tok)
@@ -93,7 +122,7 @@ def sample(
         valid.append(alive)
         if eos_token_id is not None:
             finished = finished | (alive & (tok == eos_token_id))
-            if bool(finished.all()):
+            if _all_finished(finished, sync_stop):
                 break
         if step + 1 == max_new_tokens:
             break
@@ -114,6 +143,28 @@ class Scores:
     ref_logprobs: torch.Tensor  # [B, T]
     values: torch.Tensor  # [B, T] V(s_t) from the critic (zeros without one)
     scores: torch.Tensor  # [B] reward per sequence
+
+
+def select_rows(batch, rows: slice):
+    """Rows ``rows`` of every tensor of a :class:`Samples` or :class:`Scores` (a new one)."""
+    return replace(batch, **{f.name: getattr(batch, f.name)[rows] for f in fields(batch)
+                             if getattr(batch, f.name) is not None})
+
+
+def _gather(t: torch.Tensor) -> torch.Tensor:
+    if t.dtype == torch.bool:  # gloo gathers no bool: as bytes
+        return dist.all_gather_rows(t.to(torch.uint8)).bool()
+    return dist.all_gather_rows(t)
+
+
+def gather_rows(batch):
+    """Every rank's rows of a :class:`Samples` or :class:`Scores`, concatenated in rank order
+    (``batch`` itself in one process). Each rank's tensors must have the same shapes: the same
+    number of rows, prompts padded to the same width, responses of the same (synced) length."""
+    if not dist.world().distributed:
+        return batch
+    return replace(batch, **{f.name: _gather(getattr(batch, f.name)) for f in fields(batch)
+                             if getattr(batch, f.name) is not None})
 
 
 def decode_responses(tokenizer, samples: Samples) -> list[str]:

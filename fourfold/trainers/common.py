@@ -16,8 +16,9 @@ from typing import Iterable, Optional
 
 import torch
 
+from fourfold import dist
 from fourfold.errors import ConfigError, NonFiniteError
-from fourfold.trainers.finite_step import finite_step
+from fourfold.trainers.finite_step import finite_step, full_tensor
 
 
 def seed_everything(seed: int) -> torch.Generator:
@@ -125,8 +126,11 @@ def clip_and_step(model, optimizer, scheduler, max_grad_norm: Optional[float], g
     params = [p for p in model.parameters() if p.grad is not None]
     if max_grad_norm is not None:
         norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
+    elif dist.started():  # sharded gradients: the norm of the whole gradient, the same on every rank
+        norm = torch.nn.utils.get_total_norm([p.grad for p in params])
     else:
         norm = torch.norm(torch.stack([p.grad.detach().norm() for p in params])) if params else torch.zeros(())
+    norm = full_tensor(norm)
     taken = False
     if guard.ok("grad_norm", norm, where):
         taken = finite_step(optimizer)
@@ -170,6 +174,29 @@ def guarded_step(model, optimizer, scheduler, max_grad_norm: Optional[float], gu
     return clip_and_step(model, optimizer, scheduler, max_grad_norm, guard, where)
 
 
+def local_rows(indices: list[int], world: dist.World) -> tuple[list[int], int]:
+    """(this rank's contiguous part of a global batch of example ``indices``, how many of its rows
+    count). A batch splits as evenly as it can (:func:`fourfold.dist.shard`); a rank left without
+    rows (the last batch of an epoch smaller than the world) takes the batch's first row and counts
+    none of it: its forward and backward still run, which FSDP's collectives need from every rank."""
+    part = indices[dist.shard(len(indices), world)]
+    return (part, len(part)) if part else (indices[:1], 0)
+
+
+def global_sums(values: list[float]) -> list[float]:
+    """``values`` summed over every rank, in float64 (``values`` themselves in one process)."""
+    if not dist.world().distributed:
+        return values
+    return dist.all_reduce_sum(torch.tensor(values, dtype=torch.float64)).tolist()
+
+
+def global_weight(count: float, total: float) -> float:
+    """The factor that turns a loss averaged over this rank's ``count`` items into its share of the
+    average over all ranks' ``total``: FSDP averages the gradients over the ranks, so a rank's loss
+    is scaled by ``count * world_size / total`` (0 for a rank whose rows do not count)."""
+    return count * dist.world().world_size / total if total else 0.0
+
+
 def num_steps(max_steps: Optional[int], epochs: float, batches_per_epoch: int) -> int:
     """Optimizer steps of a supervised run: ``max_steps``, else ``ceil(epochs * batches per epoch)``."""
     if max_steps is not None:
@@ -185,18 +212,23 @@ def require_batch(batch_size: int, examples: int, what: str) -> None:
                           f"lower it to at most {examples}")
 
 
-def save_hf(model, tokenizer, out_dir: str | Path) -> Path:
+def save_hf(model, tokenizer, out_dir: str | Path, state_dict: Optional[dict] = None) -> Path:
     """Write a HF directory (safetensors) atomically: temp sibling dir, swapped into place.
 
     Next to a generative model (policy, SFT model) the tokenizer is saved with
     ``padding_side: left``, so that batched ``generate`` works in plain transformers; next to a
     classifier (reward model, critic) it keeps the library default (right padding, which
     ``AutoModelForSequenceClassification`` handles: it scores the last non-pad token). fourfold's
-    own loading sets the side itself and pads with its own helpers, so it reads either the same."""
+    own loading sets the side itself and pads with its own helpers, so it reads either the same.
+    ``state_dict``: the weights to write instead of the model's own (the gathered whole of a
+    sharded model, :func:`fourfold.trainers.fsdp.export_state_dict`)."""
     from fourfold.checkpoint import save_pretrained_atomic
 
     def _save(tmp: Path) -> None:
-        model.save_pretrained(tmp, safe_serialization=True)
+        if state_dict is None:
+            model.save_pretrained(tmp, safe_serialization=True)
+        else:
+            model.save_pretrained(tmp, safe_serialization=True, state_dict=state_dict)
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
             if getattr(model, "can_generate", lambda: False)():

@@ -33,17 +33,30 @@ from typing import Optional
 
 import torch
 
+from fourfold import dist
 from fourfold.errors import NonFiniteError
 
 _SAFETY = 4.0
 """How far below the dtype's largest number a step's bound must stay for it to go uncopied."""
 
 
+def full_tensor(t: torch.Tensor) -> torch.Tensor:
+    """A DTensor (FSDP2's sharded parameters and what is computed from them) as the whole tensor,
+    the same on every rank (one collective when its placement is partial); any other tensor as is."""
+    return t.full_tensor() if hasattr(t, "full_tensor") else t
+
+
 def _norms(params: list[torch.Tensor]) -> list[float]:
-    """The L2 norm of each tensor (float32 accumulation; inf when even that overflows)."""
+    """The L2 norm of each tensor (float32 accumulation; inf when even that overflows); of the whole
+    parameter when it is sharded."""
     if not params:
         return []
-    return torch.stack(torch._foreach_norm(params, 2, dtype=torch.float32)).tolist()
+    return full_tensor(torch.stack(torch._foreach_norm(params, 2, dtype=torch.float32))).tolist()
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """This rank's shard of a DTensor; any other tensor as is."""
+    return t.to_local() if hasattr(t, "to_local") else t
 
 
 def adam_update_bound(betas: tuple[float, float]) -> Optional[float]:
@@ -80,7 +93,8 @@ def _all_finite(params: list[torch.Tensor]) -> bool:
     since the norm of large finite values can itself overflow)."""
     if all(math.isfinite(n) for n in _norms(params)):
         return True
-    return all(bool(torch.isfinite(p).all()) for p in params)
+    bad = torch.tensor(int(not all(bool(torch.isfinite(_local(p)).all()) for p in params)))
+    return not bool(dist.all_reduce_max(bad))  # sharded: every rank looked at its shards
 
 
 def finite_step(optimizer: torch.optim.Optimizer) -> bool:

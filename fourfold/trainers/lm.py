@@ -15,9 +15,11 @@ from typing import Callable, Optional, Sequence
 
 import torch
 
+from fourfold import dist
 from fourfold.config import GenerationConfig, LMModelConfig, PromptDataConfig
 from fourfold.core import Rollout, kl_estimate, masked_mean, token_rewards
 from fourfold.data import EpochSampler, chat_template_renderer, encode_prompts, left_pad, line_of, load_prompts
+from fourfold.dist import World
 from fourfold.errors import ConfigError
 from fourfold.models import load_reward_fn
 from fourfold.models.checks import RoleChecker
@@ -26,7 +28,10 @@ from fourfold.models.loading import ensure_pad_embedding, load_causal_lm, load_s
 from fourfold.models.lora import SharedRoles, build_shared_roles
 from fourfold.models.lora_io import is_adapter_dir
 from fourfold.models.roles import FrozenReference, FunctionReward, ModelReward, ScalarModel
-from fourfold.rollout.lm import Samples, decode_responses, sample, score
+from fourfold.rollout.lm import Samples, Scores, decode_responses, gather_rows, sample, score, select_rows
+from fourfold.rollout.noise import RowNoise
+from fourfold.trainers.common import global_sums
+from fourfold.trainers.fsdp import shard_roles
 from fourfold.trainers.lora import lora_settings
 
 Probe = Callable[[list[str], list[str]], dict[str, float]]
@@ -237,39 +242,38 @@ def collect(
     kl_estimator: str = "k1",
     probe: Optional[Probe] = None,
     concurrent: bool = False,
+    noise: Optional[RowNoise] = None,
+    world: World = dist.SINGLE,
 ) -> Collected:
     """Steps 2-4 of an iteration: generate (pi_old), score (reference, critic, reward), token rewards.
+
+    ``prompts``, ``prompt_ids``, ``prompt_mask``: the iteration's global batch (the same on every
+    rank). Each rank of ``world`` samples and scores its contiguous slice of the rows
+    (:func:`fourfold.dist.shard`), then every rank gathers the whole batch, so what follows
+    (rewards, metrics, advantages) is computed on the global batch alike on all ranks. ``noise``:
+    the iteration's per-row noise (required with more than one rank; without it tokens come from
+    the global torch generator).
 
     rewards_t = -kl_coef * KL_t on every valid token, plus the sequence score on the last one.
     Responses are decoded to text only when the reward reads text or a ``probe`` is given; the
     probe's measurements join the metrics under their own names.
     """
-    tok = roles.tokenizer
-    # 2. generate with the policy; its log-probs are pi_old
+    if world.distributed and noise is None:
+        raise ValueError("collect: a rollout over several ranks needs per-row noise")
+    rows = dist.shard(prompt_ids.shape[0], world)
+    # 2. generate with the policy (this rank's rows); its log-probs are pi_old
     t0 = time.perf_counter()
-    roles.policy.eval()
-    samples = sample(
-        roles.policy, prompt_ids, prompt_mask,
-        max_new_tokens=gen.max_new_tokens, temperature=gen.temperature,
-        eos_token_id=tok.eos_token_id if gen.stop_at_eos else None, pad_token_id=tok.pad_token_id,
-    )
-    roles.policy.train()
+    samples = _generate(roles, prompt_ids[rows], prompt_mask[rows], gen, noise, rows, world)
     t_gen = time.perf_counter() - t0
-    # 3. score with the frozen reference and reward model, and the critic
+    # 3. score with the frozen reference and reward model, and the critic (this rank's rows)
     t0 = time.perf_counter()
     need_text = getattr(roles.reward, "needs_text", False) or probe is not None
-    responses = decode_responses(tok, samples) if need_text else []
-    if roles.critic is not None:
-        roles.critic.eval()
-    sc = score(samples, reference=roles.reference, reward=roles.reward, critic=roles.critic,
-               temperature=gen.temperature, prompts=prompts, responses=responses, concurrent=concurrent)
-    if roles.critic is not None:
-        roles.critic.train()
+    responses = decode_responses(roles.tokenizer, samples) if need_text else []
+    sc = _score(roles, select_rows(samples, rows), prompts[rows], responses[rows], gen.temperature, concurrent)
     scores = sc.scores
-    no_eos = ~samples.finished
-    penalised = torch.zeros_like(no_eos)
+    penalised = torch.zeros_like(samples.finished)
     if gen.missing_eos_score is not None and gen.stop_at_eos:
-        penalised = no_eos
+        penalised = ~samples.finished
         scores = torch.where(penalised, torch.full_like(scores, gen.missing_eos_score), scores)
     # 4. per-token rewards: KL penalty on every token, the score on the last valid one
     mask = samples.response_mask
@@ -280,10 +284,52 @@ def collect(
         ref_logprobs=sc.ref_logprobs, scores=scores,
         context={"input_ids": samples.sequences, "attention_mask": samples.attention_mask},
     )
+    metrics = rollout_metrics(samples, sc, rewards, penalised)
+    n_tokens = metrics["rollout/tokens"]
+    metrics.update({"time/generate_s": t_gen, "time/score_s": t_score,
+                    "time/gen_tokens_per_s": n_tokens / max(t_gen, 1e-9)})
+    if probe is not None:
+        metrics.update(probe(prompts, responses))
+    return Collected(rollout, samples, prompts, responses, kl, metrics)
+
+
+def _generate(roles: Roles, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, gen: GenerationConfig,
+              noise: Optional[RowNoise], rows: slice, world: World) -> Samples:
+    """Sample this rank's ``rows`` of the batch with the policy (in eval mode), then gather every
+    rank's rows: the whole batch's :class:`Samples` on every rank."""
+    tok = roles.tokenizer
+    uniforms = None if noise is None else noise.uniforms(range(rows.start, rows.stop), gen.max_new_tokens)
+    roles.policy.eval()
+    samples = sample(
+        roles.policy, prompt_ids, prompt_mask,
+        max_new_tokens=gen.max_new_tokens, temperature=gen.temperature,
+        eos_token_id=tok.eos_token_id if gen.stop_at_eos else None, pad_token_id=tok.pad_token_id,
+        noise=uniforms, sync_stop=world.distributed,
+    )
+    roles.policy.train()
+    return gather_rows(samples)
+
+
+def _score(roles: Roles, samples: Samples, prompts: list[str], responses: list[str], temperature: float,
+           concurrent: bool) -> Scores:
+    """Score this rank's ``samples`` (the critic in eval mode), then gather every rank's scores."""
+    if roles.critic is not None:
+        roles.critic.eval()
+    sc = score(samples, reference=roles.reference, reward=roles.reward, critic=roles.critic,
+               temperature=temperature, prompts=prompts, responses=responses, concurrent=concurrent)
+    if roles.critic is not None:
+        roles.critic.train()
+    return gather_rows(sc)
+
+
+def rollout_metrics(samples: Samples, sc: Scores, rewards: torch.Tensor, penalised: torch.Tensor) -> dict:
+    """The rollout's reward, KL, entropy and length metrics over the whole batch (see
+    :data:`fourfold.reporting.METRICS`): ``sc.scores`` are the reward model's (before any
+    missing-EOS penalty), ``penalised`` the rows whose score the penalty replaced."""
+    mask = samples.response_mask
     lengths = mask.sum(1)
-    n_tokens = float(lengths.sum())
     k3 = kl_estimate(samples.logprobs, sc.ref_logprobs, "k3") * mask
-    metrics = {
+    return {
         "reward/score_mean": float(sc.scores.mean()),
         "reward/score_std": float(sc.scores.std()) if sc.scores.numel() > 1 else 0.0,
         "reward/score_min": float(sc.scores.min()),
@@ -294,15 +340,35 @@ def collect(
         "kl/k3": float(k3.sum(1).mean()),
         "policy/entropy": float(masked_mean(samples.entropy, mask)) if samples.entropy is not None else float("nan"),
         "rollout/response_length": float(lengths.mean()),
-        "rollout/no_eos_share": float(no_eos.float().mean()),
-        "rollout/tokens": n_tokens,
-        "time/generate_s": t_gen,
-        "time/score_s": t_score,
-        "time/gen_tokens_per_s": n_tokens / max(t_gen, 1e-9),
+        "rollout/no_eos_share": float((~samples.finished).float().mean()),
+        "rollout/tokens": float(lengths.sum()),
     }
-    if probe is not None:
-        metrics.update(probe(prompts, responses))
-    return Collected(rollout, samples, prompts, responses, kl, metrics)
+
+
+def check_world(world: World, concurrent: bool, batch_sizes: dict[str, int]) -> None:
+    """What a run over several ranks needs of its config: every global batch size (config key ->
+    value) divides by the world size, and no ``run.concurrent_roles`` (two threads issuing
+    collectives could pair them differently on each rank). ConfigError naming the key otherwise."""
+    for key, value in batch_sizes.items():
+        dist.check_divisible(key, value, world)
+    if world.distributed and concurrent:
+        raise ConfigError("run.concurrent_roles: not with more than one process (the roles' collectives must run "
+                          "in one order on every rank); set it to false")
+
+
+def sum_over_ranks(stats: dict, keys: Sequence[str]) -> dict:
+    """``stats`` with the values of ``keys`` (floats: each rank's share of a global statistic)
+    summed over every rank in one all-reduce (:func:`~fourfold.trainers.common.global_sums`)."""
+    names = sorted(keys)
+    return {**stats, **dict(zip(names, global_sums([stats[k] for k in names])))}
+
+
+def shard_lm_roles(roles: Roles, dist_cfg, device: torch.device) -> None:
+    """Under torchrun, place the roles as the run's ``dist`` section says
+    (:func:`fourfold.trainers.fsdp.shard_roles`): the policy and the critic sharded with FSDP2, the
+    reference and the reward model replicated or sharded. Call it before building the optimizers."""
+    shard_roles({"policy": roles.policy, "critic": roles.critic, "reference": getattr(roles.reference, "model", None),
+                 "reward": roles.reward_model}, dist_cfg, device)
 
 
 def sample_rows(col: Collected, tokenizer, probe: Optional[Probe] = None, n: int = SAMPLE_ROWS) -> list[dict]:

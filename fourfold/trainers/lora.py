@@ -18,6 +18,7 @@ from fourfold.config import LoraConfig
 from fourfold.models.lora import AdapterLM, AdapterScalarModel, LoraScalarModel, LoraSettings
 from fourfold.models.roles import ScalarModel
 from fourfold.trainers.common import save_hf
+from fourfold.trainers.fsdp import export_state_dict
 
 ADAPTER_SUFFIX = "-adapter"
 
@@ -51,12 +52,15 @@ def _writers(model) -> tuple[Callable[[Path], None], Optional[Callable[[Path], N
 
 def save_trained(run, model, tokenizer, path: str | Path) -> dict[str, str]:
     """Export a trained model at the end of a run: a full model (causal LM or :class:`ScalarModel`)
-    as one HF directory at ``path`` (:func:`~fourfold.trainers.common.save_hf`); a LoRA role as the
+    as one HF directory at ``path`` (:func:`~fourfold.trainers.common.save_hf`; a model sharded
+    under torchrun is gathered first, by every rank, and written by rank 0); a LoRA role as the
     merged directory at ``path`` and its adapter at :func:`adapter_path` (module docstring).
     Returns ``{"model": path}`` plus ``"adapter"`` for a LoRA role."""
     merged, adapter = _writers(model)
     if merged is None:
-        run.write(save_hf, model.hf if isinstance(model, ScalarModel) else model, tokenizer, path)
+        hf = model.hf if isinstance(model, ScalarModel) else model
+        gathered = export_state_dict(model)  # sharded under torchrun: every rank gathers, rank 0 writes
+        run.write(save_hf, hf, tokenizer, path, **({} if gathered is None else {"state_dict": gathered}))
         return {"model": str(path)}
     from fourfold.checkpoint import save_pretrained_atomic
 

@@ -36,6 +36,7 @@ from typing import Optional, Sequence
 
 import torch
 
+from fourfold import dist
 from fourfold.config import PPOAlgoConfig, PPOConfig
 from fourfold.core import (
     AdaptiveKLController,
@@ -53,11 +54,24 @@ from fourfold.core import (
     ppo_policy_loss,
     value_loss,
 )
+from fourfold.dist import World
 from fourfold.errors import ConfigError
 from fourfold.models.levers import autocast_region
 from fourfold.models.roles import ScalarModel, response_logprobs
+from fourfold.rollout.noise import RowNoise
 from fourfold.trainers.common import NonFiniteGuard, guarded_step, make_optimizer, make_schedule
-from fourfold.trainers.lm import Probe, PromptStream, Roles, collect, load_roles, repeat_prompts, sample_rows
+from fourfold.trainers.lm import (
+    Probe,
+    PromptStream,
+    Roles,
+    check_world,
+    collect,
+    load_roles,
+    repeat_prompts,
+    sample_rows,
+    shard_lm_roles,
+    sum_over_ranks,
+)
 from fourfold.trainers.lora import save_trained
 from fourfold.trainers.memory import apply_levers
 from fourfold.trainers.scaffold import RunScaffold
@@ -132,29 +146,60 @@ def make_optim(roles: Roles, algo: PPOAlgoConfig) -> Optim:
     return Optim(popt, psched, copt, csched)
 
 
-def _micro(mb: Rollout, micro: Optional[int], agg: str = "token-mean"):
+@dataclass
+class Minibatch:
+    """This rank's share of one global minibatch: its rows (a contiguous 1/W of the minibatch) and
+    the whole minibatch's counts, which normalise every rank's loss alike."""
+
+    where: str  # for the non-finite guard's events, e.g. "iteration 3 epoch 0 minibatch 1"
+    rows: Rollout
+    units: float  # aggregation units of the whole minibatch under ppo.loss_agg (aggregation_units)
+    tokens: float  # valid tokens of the whole minibatch
+
+
+def minibatches(rollout: Rollout, algo: PPOAlgoConfig, perms: list[torch.Tensor], iteration: int,
+                world: World = dist.SINGLE) -> list[Minibatch]:
+    """The minibatches of ``ppo_epochs`` passes: epoch ``e`` takes rows ``perms[e]`` in slices of
+    ``minibatch_size``, and this rank the contiguous 1/W of each slice (:func:`fourfold.dist.shard`;
+    ``perms`` and ``rollout`` are the same on every rank)."""
+    out = []
+    for e, perm in enumerate(perms):
+        for i in range(0, len(perm), algo.minibatch_size):
+            idx = perm[i : i + algo.minibatch_size]
+            mask = rollout.mask[idx]
+            out.append(Minibatch(f"iteration {iteration} epoch {e} minibatch {i // algo.minibatch_size}",
+                                 rollout.select(idx[dist.shard(len(idx), world)]),
+                                 float(aggregation_units(mask, algo.loss_agg)), float(mask.sum())))
+    return out
+
+
+def _micro(rows: Rollout, micro: Optional[int], agg: str, total_units: float):
     """Row-wise micro-batches of ``micro`` rows (trimmed), each with its weight
-    aggregation_units(part) / aggregation_units(mb) for the loss aggregation ``agg`` (tokens for
-    token-mean, responses for the seq-mean modes): the weighted sum of the parts' aggregates is the
-    minibatch's."""
-    n = mb.batch_size
+    aggregation_units(part) / ``total_units`` (the whole minibatch's, for the loss aggregation
+    ``agg``: tokens for token-mean, responses for the seq-mean modes): the weighted sum of every
+    rank's parts' aggregates is the minibatch's."""
+    n = rows.batch_size
     size = micro or n
-    total = max(float(aggregation_units(mb.mask, agg)), 1.0)
+    total = max(total_units, 1.0)
     for i in range(0, n, size):
-        part = trim(mb.select(slice(i, i + size)))
+        part = trim(rows.select(slice(i, i + size)))
         yield part, float(aggregation_units(part.mask, agg)) / total
 
 
-def policy_step(policy, mb: Rollout, algo: PPOAlgoConfig, opt: Optim, temperature: float, guard: NonFiniteGuard, where: str) -> dict:
+def policy_step(policy, mb: Minibatch, algo: PPOAlgoConfig, opt: Optim, temperature: float, guard: NonFiniteGuard,
+                world_size: int = 1) -> dict:
     """One optimizer step of the policy loss on a minibatch (accumulated over micro-batches): the
     clipped surrogate (``clip_eps_low/high``), minus the entropy bonus, plus ``kl_coef`` x the k3 KL
-    to the reference under ``kl_in: loss``, each aggregated by ``loss_agg``. The loss is logged as
-    the minibatch's aggregate, the other statistics as means over its valid tokens."""
+    to the reference under ``kl_in: loss``, each aggregated by ``loss_agg`` over the whole
+    minibatch (each part weighted by its share of the minibatch's units, times ``world_size``
+    because the sharded model averages the ranks' gradients). Returns this rank's share of the
+    logged statistics (the loss as the minibatch's aggregate, the others as means over its valid
+    tokens; summed over ranks by the caller) and the grad norm, the same on every rank."""
     stats_sum: dict[str, float] = {}
-    total_tokens = max(float(mb.mask.sum()), 1.0)
+    total_tokens = max(mb.tokens, 1.0)
 
     def micro_losses():
-        for part, weight in _micro(mb, algo.micro_batch_size, algo.loss_agg):
+        for part, weight in _micro(mb.rows, algo.micro_batch_size, algo.loss_agg, mb.units):
             T = part.mask.shape[1]
             logprobs, entropy = response_logprobs(
                 policy, part.context["input_ids"], part.context["attention_mask"], T, temperature,
@@ -169,13 +214,13 @@ def policy_step(policy, mb: Rollout, algo: PPOAlgoConfig, opt: Optim, temperatur
                 kl, kl_stats = kl_loss(logprobs, part.ref_logprobs, part.mask, "k3", algo.loss_agg)
                 loss = loss + algo.kl_coef * kl
                 stats["kl_loss"] = kl_stats["kl"]
-            yield loss * weight, {"policy_loss": loss.detach()}
+            yield loss * (weight * world_size), {"policy_loss": dist.all_reduce_sum(loss.detach())}
             stats_sum["loss"] = stats_sum.get("loss", 0.0) + float(loss.detach()) * weight
             share = float(part.mask.sum()) / total_tokens  # = weight under token-mean
             for k, v in stats.items():
                 stats_sum[k] = stats_sum.get(k, 0.0) + float(v) * share
 
-    norm, _ = guarded_step(policy, opt.policy_opt, opt.policy_sched, algo.max_grad_norm, guard, where,
+    norm, _ = guarded_step(policy, opt.policy_opt, opt.policy_sched, algo.max_grad_norm, guard, mb.where,
                            micro_losses(), schedule_on_skip=False)
     if norm is None:
         return {"policy/loss": float("nan")}
@@ -186,65 +231,70 @@ def policy_step(policy, mb: Rollout, algo: PPOAlgoConfig, opt: Optim, temperatur
     return out
 
 
-def critic_step(critic: ScalarModel, mb: Rollout, algo: PPOAlgoConfig, opt: Optim, guard: NonFiniteGuard, where: str) -> dict:
-    """One optimizer step of the (clipped) value loss to the returns."""
+def critic_step(critic: ScalarModel, mb: Minibatch, algo: PPOAlgoConfig, opt: Optim, guard: NonFiniteGuard,
+                world_size: int = 1) -> dict:
+    """One optimizer step of the (clipped) value loss to the returns, a token mean over the whole
+    minibatch (weighted and scaled as in :func:`policy_step`); this rank's share of the statistics."""
     stats_sum: dict[str, float] = {}
 
     def micro_losses():
-        for part, weight in _micro(mb, algo.micro_batch_size):
+        for part, weight in _micro(mb.rows, algo.micro_batch_size, "token-mean", mb.tokens):
             T = part.mask.shape[1]
             values = critic.response_values(part.context["input_ids"], part.context["attention_mask"], T)
             loss, stats = value_loss(values, part.values, part.returns, part.mask, algo.vf_clip_eps)
-            yield loss * weight, {"value_loss": loss.detach()}
+            yield loss * (weight * world_size), {"value_loss": dist.all_reduce_sum(loss.detach())}
             for k, v in {"loss": loss.detach(), "clipfrac": stats["clipfrac"]}.items():
                 stats_sum[k] = stats_sum.get(k, 0.0) + float(v) * weight
 
-    norm, _ = guarded_step(critic, opt.critic_opt, opt.critic_sched, algo.max_grad_norm, guard, where,
+    norm, _ = guarded_step(critic, opt.critic_opt, opt.critic_sched, algo.max_grad_norm, guard, mb.where,
                            micro_losses(), schedule_on_skip=False)
     if norm is None:
         return {"value/loss": float("nan")}
     return {"value/loss": stats_sum["loss"], "value/clipfrac": stats_sum["clipfrac"], "value/grad_norm": norm}
 
 
+RANK_INDEPENDENT = ("policy/grad_norm", "value/grad_norm")
+"""Update statistics that are already global on every rank (the norm of the all-reduced gradient);
+the others are each rank's share, summed over ranks."""
+
+
 def ppo_update(roles: Roles, rollout: Rollout, algo: PPOAlgoConfig, opt: Optim, temperature: float,
-               guard: NonFiniteGuard, iteration: int, concurrent: bool = False) -> dict:
+               guard: NonFiniteGuard, iteration: int, concurrent: bool = False, world: World = dist.SINGLE) -> dict:
     """Step 6: ``ppo_epochs`` passes over shuffled minibatches; returns mean statistics.
 
-    The minibatch order of every epoch is drawn up front, so the policy and the critic see the same
-    minibatches. They share nothing else, so with ``concurrent`` the critic's epochs run in a second
-    thread while the policy's run in this one (two cores busy with one torch thread each); the
-    results are identical to the sequential order.
+    The minibatch order of every epoch is drawn up front (the same on every rank: the same seed
+    and draws), so the policy and the critic see the same minibatches. They share nothing else, so
+    with ``concurrent`` the critic's epochs run in a second thread while the policy's run in this
+    one (two cores busy with one torch thread each); the results are identical to the sequential
+    order. Each rank of ``world`` trains on its share of every minibatch (:func:`minibatches`).
     """
-    B = rollout.batch_size
-    perms = [torch.randperm(B) for _ in range(algo.ppo_epochs)]
-    minibatches = [
-        (f"iteration {iteration} epoch {e} minibatch {i // algo.minibatch_size}",
-         rollout.select(perm[i : i + algo.minibatch_size]))
-        for e, perm in enumerate(perms) for i in range(0, B, algo.minibatch_size)
-    ]
+    perms = [torch.randperm(rollout.batch_size) for _ in range(algo.ppo_epochs)]
+    mbs = minibatches(rollout, algo, perms, iteration, world)
+    W = world.world_size
 
     def mean_over(step_fn) -> dict:
         sums: dict[str, float] = {}
-        for where, mb in minibatches:
-            for k, v in step_fn(mb, where).items():
+        for mb in mbs:
+            for k, v in step_fn(mb).items():
                 sums[k] = sums.get(k, 0.0) + v
-        return {k: v / len(minibatches) for k, v in sums.items()}
+        return {k: v / len(mbs) for k, v in sums.items()}
 
     def policy_epochs() -> dict:
-        return mean_over(lambda mb, where: policy_step(roles.policy, mb, algo, opt, temperature, guard, where))
+        return mean_over(lambda mb: policy_step(roles.policy, mb, algo, opt, temperature, guard, W))
 
     def critic_epochs() -> dict:
-        return mean_over(lambda mb, where: critic_step(roles.critic, mb, algo, opt, guard, where))
+        return mean_over(lambda mb: critic_step(roles.critic, mb, algo, opt, guard, W))
 
     if roles.critic is None:
-        return policy_epochs()
-    if concurrent:
+        stats = policy_epochs()
+    elif concurrent:
         with ThreadPoolExecutor(max_workers=1) as pool:
             critic_future = pool.submit(critic_epochs)
             stats = policy_epochs()
             stats.update(critic_future.result())
-        return stats
-    return {**policy_epochs(), **critic_epochs()}
+    else:
+        stats = {**policy_epochs(), **critic_epochs()}
+    return sum_over_ranks(stats, [k for k in stats if k not in RANK_INDEPENDENT])
 
 
 def _set_up(cfg: PPOConfig, run: RunScaffold, roles: Roles, prompts: Optional[Sequence[str]]):
@@ -271,6 +321,55 @@ def _set_up(cfg: PPOConfig, run: RunScaffold, roles: Roles, prompts: Optional[Se
     return opt, stream, kl_ctl, state["iteration"]
 
 
+def _placed_roles(cfg: PPOConfig, run: RunScaffold, device: torch.device, roles: Optional[Roles]) -> Roles:
+    """Step 0 for the roles: the world checks (:func:`~fourfold.trainers.lm.check_world`), the roles
+    passed in (refused with a critic a critic-free estimator would not train) or loaded, then placed
+    on the ranks (:func:`~fourfold.trainers.lm.shard_lm_roles`; nothing in one process)."""
+    algo = cfg.ppo
+    check_world(run.world, cfg.run.concurrent_roles, {"ppo.rollout_batch_size": algo.rollout_batch_size,
+                                                      "ppo.minibatch_size": algo.minibatch_size})
+    if roles is not None and roles.critic is not None and not get_advantage_estimator(algo.advantage).needs_critic:
+        raise ConfigError(f"ppo.advantage: {algo.advantage} uses no critic, but the roles passed in have one")
+    roles = roles or load_roles(cfg.model, device, with_critic=algo.loads_critic,
+                               concurrent=cfg.run.concurrent_roles)
+    roles = apply_levers(roles, cfg.model, device)  # dtypes, checkpointing, autocast: before sharding
+    shard_lm_roles(roles, cfg.dist, device)
+    return roles
+
+
+def _advantages_and_update(cfg: PPOConfig, run: RunScaffold, roles: Roles, rollout: Rollout, opt: Optim, it: int
+                           ) -> Optional[tuple[Rollout, dict, dict, float]]:
+    """Steps 5-6 of iteration ``it``: advantages and returns (GAE with the critic, or a critic-free
+    estimator), then the PPO epochs (clipped surrogate for the policy, clipped value loss for the
+    critic). Returns (the rollout with its advantages, the update's statistics, the learning rates
+    it started with, its seconds), or None when the scores or the advantages were not finite (the
+    iteration is skipped, logged, and the run stopped when stuck)."""
+    algo, guard = cfg.ppo, run.guard
+    if guard.ok("reward_score", rollout.scores, f"iteration {it}"):
+        rollout = compute_advantages(rollout, algo)
+        if guard.ok("advantages", rollout.advantages, f"iteration {it}"):
+            t0 = time.perf_counter()
+            skips_before = guard.total
+            lrs = opt.lrs()  # the rates this update starts with
+            stats = ppo_update(roles, rollout, algo, opt, cfg.generation.temperature, guard, it,
+                               concurrent=cfg.run.concurrent_roles, world=run.world)
+            t_train = time.perf_counter() - t0
+            if guard.total == skips_before:  # one good update: the whole iteration went through
+                guard.good_step()
+            run.log_skips(it)
+            run.stop_if_stuck(it)
+            return rollout, stats, lrs, t_train
+    run.log_skips(it)
+    run.stop_if_stuck(it - 1)
+    return None
+
+
+def value_metrics(rollout: Rollout) -> dict:
+    """The critic's ``value/explained_variance`` (of the returns) and ``value/mean`` on a rollout."""
+    return {"value/explained_variance": float(explained_variance(rollout.values, rollout.returns, rollout.mask)),
+            "value/mean": float(masked_mean(rollout.values, rollout.mask))}
+
+
 def train(cfg: PPOConfig, *, prompts: Optional[Sequence[str]] = None, probe: Optional[Probe] = None,
           roles: Optional[Roles] = None) -> dict:
     """Run PPO; returns a summary dict (final metrics, output paths).
@@ -282,11 +381,8 @@ def train(cfg: PPOConfig, *, prompts: Optional[Sequence[str]] = None, probe: Opt
     # 0. set-up: seed, run directory, roles, optimisers, prompt stream, KL controller, resume
     run = RunScaffold(cfg)
     device = run.hf_device()
-    if roles is not None and roles.critic is not None and not get_advantage_estimator(algo.advantage).needs_critic:
-        raise ConfigError(f"ppo.advantage: {algo.advantage} uses no critic, but the roles passed in have one")
-    roles = roles or load_roles(cfg.model, device, with_critic=algo.loads_critic,
-                               concurrent=cfg.run.concurrent_roles)
-    roles = apply_levers(roles, cfg.model, device)
+    world = run.world
+    roles = _placed_roles(cfg, run, device, roles)
     opt, stream, kl_ctl, start = _set_up(cfg, run, roles, prompts)
     guard = run.guard
     last: dict = {}
@@ -302,29 +398,13 @@ def train(cfg: PPOConfig, *, prompts: Optional[Sequence[str]] = None, probe: Opt
             with autocast_region(cfg.model.precision, device.type):  # weights fixed: keep the cast cache
                 col = collect(roles, texts, prompt_ids, prompt_mask, gen,
                               kl_coef=kl_ctl.value if algo.kl_in == "reward" else 0.0,
-                              kl_estimator=algo.kl_estimator, probe=probe, concurrent=cfg.run.concurrent_roles)
-            rollout = col.rollout
-            if not guard.ok("reward_score", rollout.scores, f"iteration {it}"):
-                run.log_skips(it)
-                run.stop_if_stuck(it - 1)
+                              kl_estimator=algo.kl_estimator, probe=probe, concurrent=cfg.run.concurrent_roles,
+                              noise=RowNoise(cfg.run.seed, it), world=world)
+            # 5-6. advantages and returns, then the PPO epochs (None: a non-finite score or advantage)
+            updated = _advantages_and_update(cfg, run, roles, col.rollout, opt, it)
+            if updated is None:
                 continue
-            # 5. advantages (GAE with the critic, or a critic-free estimator) and returns
-            rollout = compute_advantages(rollout, algo)
-            if not guard.ok("advantages", rollout.advantages, f"iteration {it}"):
-                run.log_skips(it)
-                run.stop_if_stuck(it - 1)
-                continue
-            # 6. PPO epochs: clipped surrogate (policy) and clipped value loss (critic)
-            t0 = time.perf_counter()
-            skips_before = guard.total
-            lrs = opt.lrs()  # the rates this update starts with
-            stats = ppo_update(roles, rollout, algo, opt, gen.temperature, guard, it,
-                               concurrent=cfg.run.concurrent_roles)
-            t_train = time.perf_counter() - t0
-            if guard.total == skips_before:  # one good update: the whole iteration went through
-                guard.good_step()
-            run.log_skips(it)
-            run.stop_if_stuck(it)
+            rollout, stats, lrs, t_train = updated
             # 7. KL controller, metrics, checkpoint
             kl_used = kl_ctl.value  # the coefficient this iteration's rewards used
             kl_ctl.update(col.metrics["kl/k1"], algo.rollout_batch_size)
@@ -342,8 +422,7 @@ def train(cfg: PPOConfig, *, prompts: Optional[Sequence[str]] = None, probe: Opt
                 "time/iteration_s": time.perf_counter() - t_iter,
             }
             if roles.critic is not None:
-                metrics["value/explained_variance"] = float(explained_variance(rollout.values, rollout.returns, rollout.mask))
-                metrics["value/mean"] = float(masked_mean(rollout.values, rollout.mask))
+                metrics.update(value_metrics(rollout))
             logger.log(it, metrics)
             if run.samples_due(it, algo.iterations):  # a few completions, decoded only now
                 logger.samples(it, sample_rows(col, roles.tokenizer, probe))

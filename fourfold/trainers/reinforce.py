@@ -15,15 +15,53 @@ from __future__ import annotations
 import time
 from typing import Optional, Sequence
 
+from torch import Tensor
+
+from fourfold import dist
 from fourfold.config import ReinforceConfig
-from fourfold.core import FixedKLController, discounted_returns, masked_mean, reinforce_loss
+from fourfold.core import FixedKLController, Rollout, discounted_returns, masked_mean, reinforce_loss
+from fourfold.dist import World
 from fourfold.models.levers import autocast_region
 from fourfold.models.roles import response_logprobs
+from fourfold.rollout.noise import RowNoise
 from fourfold.trainers.common import guarded_step, make_optimizer, make_schedule
-from fourfold.trainers.lm import Probe, PromptStream, Roles, collect, load_roles, sample_rows
+from fourfold.trainers.lm import Probe, PromptStream, Roles, check_world, collect, load_roles, sample_rows, shard_lm_roles
 from fourfold.trainers.lora import save_trained
 from fourfold.trainers.memory import apply_levers
 from fourfold.trainers.scaffold import RunScaffold
+
+
+def rank_loss(policy, r: Rollout, returns: Tensor, baseline: Optional[Tensor], temperature: float,
+              world: World = dist.SINGLE) -> tuple[Tensor, Tensor]:
+    """Step 6's loss on this rank's contiguous share of the batch ``r`` (the whole batch, the same
+    on every rank): ``(to_backward, loss)``. ``loss`` is the batch's token-mean REINFORCE loss
+    (summed over ranks, so the same on each); ``to_backward`` is this rank's part of it times the
+    world size, because the sharded model averages the ranks' gradients."""
+    rows = dist.shard(r.batch_size, world)
+    mine = r.select(rows)
+    ids, attn = mine.context["input_ids"], mine.context["attention_mask"]
+    logprobs, _ = response_logprobs(policy, ids, attn, mine.mask.shape[1], temperature)
+    local, _ = reinforce_loss(logprobs, returns[rows], mine.mask, baseline)
+    share = float(mine.mask.sum()) / max(float(r.mask.sum()), 1.0)
+    return local * (share * world.world_size), dist.all_reduce_sum(local.detach() * share)
+
+
+def _set_up(cfg: ReinforceConfig, run: RunScaffold, roles: Roles, prompts: Optional[Sequence[str]]):
+    """Step 0 after the roles: the policy's optimiser and schedule and the prompt stream, named for
+    the run's checkpoints and resumed from the latest one when asked. Returns (optimizer, schedule,
+    stream, the iteration the loop continues after)."""
+    algo = cfg.reinforce
+    optimizer = make_optimizer(roles.policy.parameters(), algo.lr)
+    schedule = make_schedule(optimizer, algo.iterations, algo.lr_schedule)
+    stream = PromptStream(cfg.data, roles.tokenizer, algo.rollout_batch_size, cfg.run.seed, prompts=prompts,
+                          batch_key="reinforce.rollout_batch_size")
+    run.track(modules={"policy": roles.policy}, optimizers={"policy": optimizer}, schedulers={"policy": schedule},
+              state=lambda it: {"iteration": it, "prompts": stream.state_dict(), "nonfinite_total": run.guard.total})
+    state = run.resume()
+    if state is None:
+        return optimizer, schedule, stream, 0
+    stream.load_state_dict(state["prompts"])
+    return optimizer, schedule, stream, state["iteration"]
 
 
 def train(cfg: ReinforceConfig, *, prompts: Optional[Sequence[str]] = None, probe: Optional[Probe] = None,
@@ -34,20 +72,13 @@ def train(cfg: ReinforceConfig, *, prompts: Optional[Sequence[str]] = None, prob
     # 0. set-up
     run = RunScaffold(cfg)
     device = run.hf_device()
+    world = run.world
+    check_world(world, False, {"reinforce.rollout_batch_size": algo.rollout_batch_size})
     roles = apply_levers(roles or load_roles(cfg.model, device, with_critic=False), cfg.model, device)
-    optimizer = make_optimizer(roles.policy.parameters(), algo.lr)
-    schedule = make_schedule(optimizer, algo.iterations, algo.lr_schedule)
-    stream = PromptStream(cfg.data, roles.tokenizer, algo.rollout_batch_size, cfg.run.seed, prompts=prompts,
-                          batch_key="reinforce.rollout_batch_size")
+    shard_lm_roles(roles, cfg.dist, device)  # torchrun: FSDP2 (before the optimizer sees the parameters)
+    optimizer, schedule, stream, start = _set_up(cfg, run, roles, prompts)
     kl_ctl = FixedKLController(algo.kl_coef)
     guard = run.guard
-    run.track(modules={"policy": roles.policy}, optimizers={"policy": optimizer}, schedulers={"policy": schedule},
-              state=lambda it: {"iteration": it, "prompts": stream.state_dict(), "nonfinite_total": guard.total})
-    state = run.resume()
-    start = 0
-    if state is not None:
-        start = state["iteration"]
-        stream.load_state_dict(state["prompts"])
     last: dict = {}
     with run.loop(total=algo.iterations, desc="reinforce",
                   key_metrics=("reward/score_mean", "reward/gold_mean", "kl/k1")) as logger:
@@ -60,7 +91,7 @@ def train(cfg: ReinforceConfig, *, prompts: Optional[Sequence[str]] = None, prob
             # 2-4. generate, score, per-token rewards (KL penalty on every token, score on the last)
             with autocast_region(cfg.model.precision, device.type):  # weights fixed: keep the cast cache
                 col = collect(roles, texts, prompt_ids, prompt_mask, gen, kl_coef=kl_ctl.value,
-                              kl_estimator=algo.kl_estimator, probe=probe)
+                              kl_estimator=algo.kl_estimator, probe=probe, noise=RowNoise(cfg.run.seed, it), world=world)
             r = col.rollout
             # 5. returns-to-go and the optional baseline
             returns = discounted_returns(r.rewards, r.mask, 1.0)
@@ -70,12 +101,10 @@ def train(cfg: ReinforceConfig, *, prompts: Optional[Sequence[str]] = None, prob
             # 6. one gradient step of the policy-gradient loss (skipped when the score, the loss or
             # the gradient norm is not finite)
             t0 = time.perf_counter()
-            ids, attn = r.context["input_ids"], r.context["attention_mask"]
-            logprobs, _ = response_logprobs(roles.policy, ids, attn, r.mask.shape[1], gen.temperature)
-            loss, _ = reinforce_loss(logprobs, returns, r.mask, baseline)
+            local_loss, loss = rank_loss(roles.policy, r, returns, baseline, gen.temperature, world)
             lr = schedule.get_last_lr()[0]  # the rate this step uses
             norm, taken = guarded_step(roles.policy, optimizer, schedule, algo.max_grad_norm, guard, f"iteration {it}",
-                                       [(loss, {"reward_score": r.scores, "policy_loss": loss.detach()})])
+                                       [(local_loss, {"reward_score": r.scores, "policy_loss": loss})])
             if taken:
                 guard.good_step()
             run.log_skips(it)

@@ -34,6 +34,7 @@ from typing import Optional
 
 import torch
 
+from fourfold import dist
 from fourfold.config import InitModelConfig, RewardConfig
 from fourfold.core import bradley_terry_loss
 from fourfold.data import EpochSampler, PreferenceExample, collate_preferences
@@ -44,14 +45,18 @@ from fourfold.models.lora import LoraScalarModel, lora_scalar_model
 from fourfold.models.lora_export import TrainedParameters
 from fourfold.models.roles import ScalarModel
 from fourfold.trainers.common import (
+    global_sums,
+    global_weight,
     guarded_step,
     last_metrics_row,
+    local_rows,
     make_optimizer,
     make_schedule,
     num_steps,
     require_batch,
     track_steps,
 )
+from fourfold.trainers.fsdp import reshard, shard_roles
 from fourfold.trainers.lora import lora_settings, save_trained
 from fourfold.trainers.memory import apply_model_levers, trained_dtype
 from fourfold.trainers.pairs import load_examples
@@ -143,23 +148,44 @@ def normalize(rm: ScalarModel, examples: list[PreferenceExample], batch_size: in
     scores = torch.cat([chosen, rejected]).double()
     mean, std = float(scores.mean()), float(scores.std(correction=0))
     scale = 1.0 / std if std > 1e-6 else 1.0
+    reshard(rm)  # sharded: the head's own shard takes the affine, not a gathered copy
     rm.set_affine(scale, -mean * scale)
     return {"mean": mean, "std": std}
 
 
-def _add_step(window: dict, loss: torch.Tensor, stats: dict, chosen: torch.Tensor, rejected: torch.Tensor,
-              grad_norm: Optional[float], seconds: float) -> None:
-    """Add one step to the metrics window (``grad_norm`` None: the update was skipped)."""
+_FIGURES = ("loss", "correct", "pairs", "margin", "score_sum", "score_sq", "scores")
+
+
+def step_figures(loss: torch.Tensor, stats: dict, chosen: torch.Tensor, rejected: torch.Tensor, counted: int,
+                 world) -> tuple[torch.Tensor, dict]:
+    """(the loss to backpropagate, the step's figures for the metrics window: the mean loss and
+    margin, the correct pairs, the pairs, and the sum, sum of squares and count of the scores).
+    In one process those of the batch; under torchrun those of the whole global batch (sums over
+    the ranks, means over all pairs) and each rank's share of the global mean loss
+    (:func:`~fourfold.trainers.common.global_weight`). ``counted``: 0 when this rank's pair does not
+    count."""
     both = torch.cat([chosen, rejected]).detach().double()
+    n = chosen.shape[0]
+    figures = {"loss": float(loss.detach()), "correct": float(stats["accuracy"]) * n, "pairs": n,
+               "margin": float(stats["margin_mean"]), "score_sum": float(both.sum()),
+               "score_sq": float((both * both).sum()), "scores": both.numel()}
+    if not world.distributed:
+        return loss, figures
+    n = n if counted else 0
+    local = [figures[k] * n if k in ("loss", "margin") else figures[k] * bool(counted) for k in _FIGURES]
+    totals = dict(zip(_FIGURES, global_sums(local)))
+    for k in ("loss", "margin"):
+        totals[k] = totals[k] / totals["pairs"] if totals["pairs"] else 0.0
+    return loss * global_weight(n, totals["pairs"]), totals
+
+
+def _add_step(window: dict, figures: dict, grad_norm: Optional[float], seconds: float) -> None:
+    """Add one step's :func:`step_figures` to the metrics window (``grad_norm`` None: the update
+    was skipped)."""
     window["steps"] += 1
     window["good_steps"] += int(grad_norm is not None)
-    window["loss"] += float(loss.detach())
-    window["correct"] += float(stats["accuracy"]) * chosen.shape[0]
-    window["pairs"] += chosen.shape[0]
-    window["margin"] += float(stats["margin_mean"])
-    window["score_sum"] += float(both.sum())
-    window["score_sq"] += float((both * both).sum())
-    window["scores"] += both.numel()
+    for key in _FIGURES:
+        window[key] += figures[key]
     window["grad_norm"] += grad_norm if grad_norm is not None else 0.0
     window["seconds"] += seconds
 
@@ -192,8 +218,10 @@ def train(cfg: RewardConfig) -> dict:
     # 0. set-up: seed, run directory, model, data (split and tokenised once), optimiser, resume
     run = RunScaffold(cfg)
     device = run.hf_device()
+    dist.check_divisible("train.batch_size", tc.batch_size, run.world)
     tok, rm = load_model(cfg.model, device)
     apply_model_levers(rm, cfg.model, device)
+    shard_roles({"model": rm}, cfg.dist, device)  # torchrun: FSDP2 (before the optimizer sees the parameters)
     train_ex, eval_ex, skipped = load_examples(cfg, tok)
     require_batch(tc.batch_size, len(train_ex), f"training pairs from {cfg.data.train}"
                   + (" (after holding out data.eval_fraction)" if cfg.data.eval is None and eval_ex else ""))
@@ -215,18 +243,20 @@ def train(cfg: RewardConfig) -> dict:
         for step in range(start + 1, total + 1):
             t0 = time.perf_counter()
             where = f"step {step}"
-            # 1-2. batch (chosen and rejected stacked) and scores at the last valid token
-            batch = to_device(collate_preferences([train_ex[i] for i in next(batches)], pad_id), device)
+            # 1-2. batch (this rank's part under torchrun; chosen and rejected stacked) and scores
+            rows, counted = local_rows(next(batches), run.world)
+            batch = to_device(collate_preferences([train_ex[i] for i in rows], pad_id), device)
             chosen, rejected = pair_scores(rm, batch)
             # 3. Bradley-Terry loss, backward, clip, guarded AdamW step, schedule
             loss, stats = bradley_terry_loss(chosen, rejected, margin)
+            loss, figures = step_figures(loss, stats, chosen, rejected, counted, run.world)
             lr = opt.param_groups[0]["lr"]  # the rate this step uses
             grad_norm, good = guarded_step(rm.hf, opt, sched, tc.max_grad_norm, run.guard, where,
-                                           [(loss, {"rm_loss": loss.detach()})])
+                                           [(loss, {"rm_loss": torch.tensor(figures["loss"])})])
             if good:
                 run.guard.good_step()
             run.log_skips(step)
-            _add_step(window, loss, stats, chosen, rejected, grad_norm if good else None, time.perf_counter() - t0)
+            _add_step(window, figures, grad_norm if good else None, time.perf_counter() - t0)
             run.stop_if_stuck(step)
             # 4. metrics (means since the previous row) and held-out loss / accuracy
             row: dict = {}

@@ -20,24 +20,33 @@ stays in the trainer, flat and in numbered steps; the scaffold has no hooks::
         run.write(save_hf, model, tokenizer, run.out / "model")
     run.done("sft", model=run.out / "model")                #    the final summary line
 
-It is shaped for more than one process: ``rank``, ``world_size`` and ``is_main`` are here (one
-process today: rank 0 of 1), and every file the run writes (config, metrics, checkpoints, exported
-models, summaries) goes through :meth:`RunScaffold.write`, the one place where rank-0-only writing
-belongs.
+Under ``torchrun`` (sft, reward, ppo and reinforce) the scaffold starts the process group
+(:func:`fourfold.dist.init_from_env`: gloo on CPU, NCCL on CUDA, each rank on ``cuda:LOCAL_RANK``),
+seeds every rank with the same ``run.seed`` (data order, initial weights and minibatch permutations
+are global), and only rank 0 writes: the run directory and ``config.yaml``, the metrics (other
+ranks get a :class:`NullLogger`), exported models (:meth:`RunScaffold.write` runs its writer on
+rank 0 only) and the summary line. Checkpoints are then sharded
+(:mod:`fourfold.checkpoint_dcp`, written by every rank); a stop signal is acted on at the end of a
+step only when every rank has agreed on it, so a collective checkpoint starts only with every peer
+alive. In one process nothing of this changes anything.
 """
 
 from __future__ import annotations
 
+import os
+import re
 import signal
 import sys
 import time
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Callable, Iterator, Mapping, Optional, Sequence
 
 import torch
 
+from fourfold import dist
 from fourfold.config import config_to_dict, save_config, validate_tree
-from fourfold.errors import FourfoldError, OutputError
+from fourfold.errors import ConfigError, FourfoldError, OutputError
 from fourfold.sinks import done_line, open_sinks, require_sinks
 from fourfold.trainers.common import NonFiniteGuard, quiet_transformers, seed_everything
 from fourfold.trainers.run_dir import prepare_run_dir
@@ -52,22 +61,19 @@ class RunScaffold:
     anything is written), then seeds python, numpy and torch with ``run.seed`` (a trainer's first
     act), checks and creates ``run.output_dir``
     (:func:`~fourfold.trainers.run_dir.prepare_run_dir`: a used one needs ``run.resume`` or
-    ``run.overwrite``), writes the resolved ``config.yaml`` and applies ``run.threads``.
+    ``run.overwrite``), writes the resolved ``config.yaml`` and applies ``run.threads``. Launched
+    by torchrun, it first starts the process group (module docstring).
     """
-
-    rank: int = 0
-    """This process's rank among the run's processes (one process today)."""
-    world_size: int = 1
-    """How many processes run this training together."""
 
     def __init__(self, cfg) -> None:
         validate_tree(cfg)  # a config built in Python is checked as the CLI checks a loaded one
         self.run_cfg = cfg.run
         self._t0 = time.perf_counter()
+        self.world = _start_group(cfg)  # torchrun: the process group; one process: rank 0 of 1
         seed_everything(self.run_cfg.seed)  # first: everything after draws from the seeded generators
         require_sinks(self.run_cfg.report_to)  # before any model loads
         self._cfg = cfg
-        self.out = prepare_run_dir(cfg)  # checked, created; a used one refused unless resume/overwrite
+        self.out = self._prepare_run_dir(cfg)  # checked, created; a used one refused unless resume/overwrite
         self.write(save_config, cfg, self.out / "config.yaml")
         if self.run_cfg.threads is not None:
             torch.set_num_threads(self.run_cfg.threads)
@@ -81,23 +87,60 @@ class RunScaffold:
         self._warnings: list[str] = []  # said on stderr before the logger existed; events once it does
 
     @property
+    def rank(self) -> int:
+        """This process's rank among the run's processes (0 in one process)."""
+        return self.world.rank
+
+    @property
+    def world_size(self) -> int:
+        """How many processes run this training together (1 without torchrun)."""
+        return self.world.world_size
+
+    @property
     def is_main(self) -> bool:
         """True on the process that writes the run's files (rank 0)."""
-        return self.rank == 0
+        return self.world.is_main
+
+    @property
+    def sharded(self) -> bool:
+        """True under torchrun (even a world of 1): trained models shard with FSDP2
+        (:mod:`fourfold.trainers.fsdp`) and checkpoints are DCP ones."""
+        return dist.started()
 
     def hf_device(self) -> torch.device:
-        """The device of a Hugging Face model run (``run.device``; 'auto': CUDA when available), with
-        transformers' own load reports and progress bars kept off the terminal."""
-        from fourfold.models.loading import resolve_device
-
+        """The device of a Hugging Face model run (``run.device``; 'auto': CUDA when available;
+        under torchrun ``cuda:LOCAL_RANK``), with transformers' own load reports and progress bars
+        kept off the terminal."""
         quiet_transformers()
-        return resolve_device(self.run_cfg.device)
+        return _device(self.run_cfg.device)
+
+    def _prepare_run_dir(self, cfg):
+        """:func:`prepare_run_dir` on rank 0; its verdict (the directory or the error) on every rank."""
+        if not self.sharded:
+            return prepare_run_dir(cfg)
+        error = None
+        if self.is_main:
+            try:
+                prepare_run_dir(cfg)
+            except FourfoldError as e:
+                error = e
+        error = dist.broadcast_object(error)
+        if error is not None:
+            raise error
+        return Path(cfg.run.output_dir)
 
     def write(self, fn: Callable, *args, **kwargs):
         """Call ``fn(*args, **kwargs)``, a function that writes into the run directory (or opens a
-        writer there), and return its result. A write that fails (disk full, the file-size limit, a
-        read-only file system) is an :class:`~fourfold.errors.OutputError` naming the path; the
-        writers are atomic, so what was saved before (the last good checkpoint) stays whole."""
+        writer there), and return its result; on a rank other than 0 nothing is called (None). A
+        write that fails (disk full, the file-size limit, a read-only file system) is an
+        :class:`~fourfold.errors.OutputError` naming the path; the writers are atomic, so what was
+        saved before (the last good checkpoint) stays whole."""
+        if not self.is_main:
+            return None
+        return self._writing(fn, *args, **kwargs)
+
+    def _writing(self, fn: Callable, *args, **kwargs):
+        """``fn(*args, **kwargs)`` with a failed write turned into an OutputError (see :meth:`write`)."""
         try:
             return fn(*args, **kwargs)
         except OSError as e:
@@ -122,20 +165,22 @@ class RunScaffold:
         from its ``nonfinite_total`` and return its state. A corrupt newer checkpoint is passed over
         with a one-line warning on stderr (and a ``warning`` event in ``events.jsonl``); when every
         checkpoint is corrupt, a CheckpointError (never a silent restart). Without ``run.resume`` or
-        without checkpoints: None (a fresh run)."""
-        from fourfold.checkpoint import CheckpointError, CorruptCheckpointError, checkpoint_dirs, checkpoint_step, load_checkpoint
+        without checkpoints: None (a fresh run). A sharded checkpoint (a torchrun run's) loads at any
+        world size, in one process too; resharded, that is said the same way as a warning."""
+        from fourfold.checkpoint import CheckpointError, CorruptCheckpointError, checkpoint_dirs, checkpoint_step
 
         found = checkpoint_dirs(self.out) if self.run_cfg.resume else []
         problems = []
         for ckpt in found:  # newest first
             try:
-                state = load_checkpoint(ckpt, **self._tracked)
+                state, note = self._load(ckpt)
             except CorruptCheckpointError as e:
                 problems.append(str(e))
                 continue
-            for problem in problems:
-                message = f"{problem}; resuming from the older {ckpt.name}"
-                print(f"fourfold: warning: {message}", file=sys.stderr)
+            notes = [f"{problem}; resuming from the older {ckpt.name}" for problem in problems] + [note] * bool(note)
+            for message in notes:
+                if self.is_main:
+                    print(f"fourfold: warning: {message}", file=sys.stderr)
                 self._warnings.append(message)
             self.guard.total = state.get("nonfinite_total", 0)
             self.resumed_step = checkpoint_step(ckpt)
@@ -145,23 +190,44 @@ class RunScaffold:
                                   f"(newest: {problems[0]}); nothing to resume from: rerun with --overwrite")
         return None
 
+    def _load(self, ckpt) -> tuple[dict, Optional[str]]:
+        """(state, resharding note or None) of the checkpoint ``ckpt``, loaded into the tracked objects."""
+        from fourfold.checkpoint import CheckpointError, load_checkpoint
+        from fourfold.checkpoint_dcp import is_sharded_checkpoint, load_sharded
+
+        if is_sharded_checkpoint(ckpt):
+            return load_sharded(ckpt, **self._tracked)
+        if self.sharded:
+            raise CheckpointError(f"{ckpt}: written by a run without torchrun; resume it without torchrun "
+                                  "(its later checkpoints then load under torchrun at any world size)")
+        return load_checkpoint(ckpt, **self._tracked), None
+
     def save(self, step: int) -> None:
         """Checkpoint ``step``: the tracked objects, ``state(step)`` and the RNG states, keeping the
-        newest ``run.keep_checkpoints``."""
+        newest ``run.keep_checkpoints`` (under torchrun: sharded, written by every rank)."""
         from fourfold.checkpoint import save_checkpoint
+        from fourfold.checkpoint_dcp import save_sharded
 
-        self.write(save_checkpoint, self.out, step, **self._tracked, state=self._state(step),
-                   keep=self.run_cfg.keep_checkpoints)
+        if self.sharded:
+            self._writing(save_sharded, self.out, step, **self._tracked, state=self._state(step),
+                          keep=self.run_cfg.keep_checkpoints)
+        else:
+            self.write(save_checkpoint, self.out, step, **self._tracked, state=self._state(step),
+                       keep=self.run_cfg.keep_checkpoints)
 
     def checkpoint_if_due(self, step: int, *, count: Optional[int] = None, final: bool = False) -> None:
         """End of a step: checkpoint ``step`` when ``count`` (default ``step``) is a multiple of
         ``run.save_every``, when ``final``, or when SIGTERM/SIGINT arrived; after a stop signal,
-        raise KeyboardInterrupt (the CLI exits with 130; ``--resume`` continues exactly)."""
+        raise KeyboardInterrupt (the CLI exits with 130; ``--resume`` continues exactly). Under
+        torchrun the ranks first agree on the stop (any rank's signal stops all)."""
         count = step if count is None else count
         every = self.run_cfg.save_every
-        if (every and count % every == 0) or final or self._stop["stop"]:
+        stop = self._stop["stop"]
+        if self.world.distributed:
+            stop = bool(dist.all_reduce_max(torch.tensor(int(stop))))
+        if (every and count % every == 0) or final or stop:
             self.save(step)
-        if self._stop["stop"]:
+        if stop:
             raise KeyboardInterrupt
 
     # ---- the non-finite guard ------------------------------------------------------------------
@@ -183,24 +249,42 @@ class RunScaffold:
     @contextmanager
     def loop(self, *, total: int, desc: str, key_metrics: Sequence[str]) -> Iterator:
         """The training loop's context: the run's :class:`~fourfold.reporting.MetricsLogger`
-        (``metrics.jsonl`` and ``events.jsonl``, cut back to the resumed step) and the stop-signal
-        handlers; on the way out the logger is closed and the previous handlers are back."""
+        (``metrics.jsonl`` and ``events.jsonl``, cut back to the resumed step; a
+        :class:`NullLogger` on the other ranks) and the stop-signal handlers; on the way out the
+        logger is closed and the previous handlers are back."""
         from fourfold.reporting import MetricsLogger
 
         rc = self.run_cfg
-        sinks = self.write(open_sinks, rc.report_to, self.out, config=config_to_dict(self._cfg))
-        self.logger = self.write(MetricsLogger, self.out, progress=rc.progress,
-                                 tensorboard=rc.tensorboard or "tensorboard" in rc.report_to, total=total, desc=desc,
-                                 key_metrics=key_metrics, resume_step=self.resumed_step, sinks=sinks)
+        self.logger = NullLogger()
+        if self.is_main:
+            sinks = self.write(open_sinks, rc.report_to, self.out, config=config_to_dict(self._cfg))
+            self.logger = self.write(MetricsLogger, self.out, progress=rc.progress,
+                                     tensorboard=rc.tensorboard or "tensorboard" in rc.report_to, total=total,
+                                     desc=desc, key_metrics=key_metrics, resume_step=self.resumed_step, sinks=sinks)
         for message in self._warnings:
             self.logger.event("warning", step=self.resumed_step, message=message)
         previous = _install_stop_handler(self._stop)
         try:
             yield self.logger
+        except Exception as e:
+            if not dist.is_peer_failure(e):
+                raise
+            previous[signal.SIGTERM] = signal.SIG_IGN  # torchrun's SIGTERM follows: the line below must get out
+            raise self._peer_lost(e) from None
         finally:
             self.logger.close()
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
+
+    def _peer_lost(self, error: BaseException) -> dist.PeerLostError:
+        """The one line of a rank whose peer died: which rank this is, and the checkpoint to resume."""
+        from fourfold.checkpoint import latest_checkpoint
+
+        last = latest_checkpoint(self.out)
+        resume = f"the last complete checkpoint is {last} (resume with --resume)" if last else "no checkpoint was written yet"
+        first = re.sub(r"^\[[^\]]*\]\s*", "", str(error).strip()).split(". ")[0][:160] or type(error).__name__
+        return dist.PeerLostError(f"rank {self.rank} of {self.world_size}: another rank of this run is gone (killed or "
+                                  f"crashed; torchrun names it), so this one stops; {resume} [{first}]")
 
     # ---- samples and the end -------------------------------------------------------------------
 
@@ -216,6 +300,8 @@ class RunScaffold:
         TensorBoard files when written, and the checkpoints when there are any."""
         from fourfold.checkpoint import CHECKPOINTS_DIR, list_checkpoints
 
+        if not self.is_main:
+            return
         where = dict(outputs, metrics=self.logger.metrics_path)
         if self.logger.samples_path.is_file() and self.logger.samples_path.stat().st_size:
             where["samples"] = self.logger.samples_path
@@ -223,8 +309,60 @@ class RunScaffold:
             where["tensorboard"] = self.logger.tensorboard_dir
         if list_checkpoints(self.out):
             where["checkpoints"] = self.out / CHECKPOINTS_DIR
-        if self.is_main:
-            print(done_line(stage, time.perf_counter() - self._t0, where), flush=True)
+        print(done_line(stage, time.perf_counter() - self._t0, where), flush=True)
+
+
+class NullLogger:
+    """The logger of every rank but 0 under torchrun: it takes the rows, events and samples the
+    trainer computes (on every rank alike) and writes nothing."""
+
+    tensorboard_dir = None
+
+    def __init__(self) -> None:
+        self.last_step: Optional[int] = None
+
+    def log(self, step: int, metrics: Mapping) -> None:
+        """Take a metrics row (rank 0 writes it)."""
+        self.last_step = int(step)
+
+    def samples(self, step: int, rows: Sequence[Mapping]) -> None:
+        """Take sample completions (rank 0 writes them)."""
+
+    def event(self, kind: str, *, step: Optional[int] = None, **fields) -> None:
+        """Take an event (rank 0 writes it)."""
+
+    def warn(self, msg: str, *, step: Optional[int] = None, **fields) -> None:
+        """Take a warning (rank 0 writes and shows it)."""
+
+    def close(self) -> None:
+        """Nothing to close."""
+
+
+def _device(spec: str) -> torch.device:
+    """``run.device`` resolved (:func:`~fourfold.models.loading.resolve_device`); under torchrun a
+    CUDA run puts each rank on ``cuda:LOCAL_RANK`` (an explicit ``cuda:N`` is refused there)."""
+    from fourfold.models.loading import resolve_device
+
+    device = resolve_device(spec)
+    if device.type != "cuda" or not dist.launched_by_torchrun():
+        return device
+    if device.index is not None:
+        raise ConfigError(f"run.device: {spec} names one GPU, and under torchrun every rank takes "
+                          "cuda:LOCAL_RANK; use cuda or auto")
+    return torch.device("cuda", int(os.environ["LOCAL_RANK"]))
+
+
+def _start_group(cfg) -> dist.World:
+    """Under torchrun: refuse what does not run there (a stage without a ``dist`` section, LoRA),
+    then start the process group on the run's device. Without torchrun: rank 0 of 1."""
+    if not dist.launched_by_torchrun():
+        return dist.world()
+    if getattr(cfg, "dist", None) is None:
+        raise ConfigError("torchrun: this stage runs in one process only (sft, reward, ppo and reinforce run "
+                          "under torchrun); start it without torchrun")
+    if getattr(cfg.model, "lora", None) is not None:
+        raise ConfigError("model.lora: LoRA does not run under torchrun yet; run it in one process (without torchrun)")
+    return dist.init_from_env(_device(cfg.run.device))
 
 
 def _install_stop_handler(flag: dict) -> dict:

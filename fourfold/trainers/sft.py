@@ -29,6 +29,7 @@ from typing import Optional
 
 import torch
 
+from fourfold import dist
 from fourfold.config import InitModelConfig, SFTConfig
 from fourfold.core import sft_loss
 from fourfold.data import EpochSampler, SFTExample, chat_template_renderer, collate_sft, encode_sft, line_of, load_sft
@@ -38,14 +39,18 @@ from fourfold.models.factory import llama_config, random_causal_lm
 from fourfold.models.loading import ensure_pad_embedding, load_causal_lm, load_tokenizer
 from fourfold.models.lora import AdapterLM, SharedBase
 from fourfold.trainers.common import (
+    global_sums,
+    global_weight,
     guarded_step,
     last_metrics_row,
+    local_rows,
     make_optimizer,
     make_schedule,
     num_steps,
     require_batch,
     track_steps,
 )
+from fourfold.trainers.fsdp import shard_roles
 from fourfold.trainers.lora import lora_settings, save_trained
 from fourfold.trainers.memory import apply_model_levers, trained_dtype
 from fourfold.trainers.scaffold import RunScaffold
@@ -132,6 +137,34 @@ def evaluate(model, examples: list[SFTExample], batch_size: int, pad_id: int, de
     return total / max(count, 1.0)
 
 
+def step_loss(model, batch: dict[str, torch.Tensor], counted: int, world) -> tuple[torch.Tensor, float, float, float]:
+    """Step 2 on this rank's part of the batch: (the loss to backpropagate, and over the whole
+    global batch: the loss, the token accuracy, the completion tokens). In one process the loss is
+    the batch's token mean; under torchrun every rank's share of the global token mean
+    (:func:`~fourfold.trainers.common.global_weight`), and the reported figures are global sums
+    divided by the global token count. ``counted``: 0 when this rank's row does not count."""
+    loss, stats = batch_loss(model, batch)
+    tokens = float(batch["loss_mask"][:, 1:].sum())
+    if not world.distributed:
+        return loss, float(loss.detach()), float(stats["token_accuracy"]), tokens
+    tokens = tokens if counted else 0.0
+    loss_sum, correct, total = global_sums([float(loss.detach()) * tokens, float(stats["token_accuracy"]) * tokens, tokens])
+    per_token = 1.0 / total if total else 0.0
+    return loss * global_weight(tokens, total), loss_sum * per_token, correct * per_token, total
+
+
+def _add_step(window: dict, loss: float, accuracy: float, tokens: float, grad_norm: Optional[float],
+              seconds: float) -> None:
+    """Add one step to the metrics window (``grad_norm`` None: the update was skipped)."""
+    window["steps"] += 1
+    window["good_steps"] += int(grad_norm is not None)
+    window["loss"] += loss
+    window["token_accuracy"] += accuracy
+    window["grad_norm"] += grad_norm if grad_norm is not None else 0.0
+    window["tokens"] += tokens
+    window["seconds"] += seconds
+
+
 def _window_row(window: dict) -> dict:
     """Means over the steps since the previous metrics row."""
     steps, good = max(window["steps"], 1), max(window["good_steps"], 1)
@@ -155,8 +188,10 @@ def train(cfg: SFTConfig) -> dict:
     # 0. set-up: seed, run directory, model, data (tokenised once), optimiser, schedule, resume
     run = RunScaffold(cfg)
     device = run.hf_device()
+    dist.check_divisible("train.batch_size", tc.batch_size, run.world)
     tok, model = load_model(cfg.model, device)
     apply_model_levers(model, cfg.model, device)
+    shard_roles({"model": model}, cfg.dist, device)  # torchrun: FSDP2 (before the optimizer sees the parameters)
     train_ex, eval_ex, skipped = load_examples(cfg, tok)
     require_batch(tc.batch_size, len(train_ex), f"training examples in {cfg.data.train}")
     sampler = EpochSampler(len(train_ex), tc.batch_size, seed=cfg.run.seed)
@@ -175,24 +210,19 @@ def train(cfg: SFTConfig) -> dict:
         for step in range(start + 1, total + 1):
             t0 = time.perf_counter()
             where = f"step {step}"
-            # 1. batch: right-padded to its longest row
-            batch = to_device(collate_sft([train_ex[i] for i in next(batches)], pad_id), device)
+            # 1. batch (this rank's part of it under torchrun): right-padded to its longest row
+            rows, counted = local_rows(next(batches), run.world)
+            batch = to_device(collate_sft([train_ex[i] for i in rows], pad_id), device)
             # 2. forward and loss on the completion tokens
-            loss, stats = batch_loss(model, batch)
+            loss, loss_value, accuracy, tokens = step_loss(model, batch, counted, run.world)
             lr = opt.param_groups[0]["lr"]  # the rate this step uses
             # 3. backward, clip, guarded AdamW step, schedule
             grad_norm, good = guarded_step(model, opt, sched, tc.max_grad_norm, run.guard, where,
-                                           [(loss, {"sft_loss": loss.detach()})])
+                                           [(loss, {"sft_loss": torch.tensor(loss_value)})])
             if good:
                 run.guard.good_step()
             run.log_skips(step)
-            window["steps"] += 1
-            window["good_steps"] += int(good)
-            window["loss"] += float(loss.detach())
-            window["token_accuracy"] += float(stats["token_accuracy"])
-            window["grad_norm"] += grad_norm if good else 0.0
-            window["tokens"] += float(batch["loss_mask"][:, 1:].sum())
-            window["seconds"] += time.perf_counter() - t0
+            _add_step(window, loss_value, accuracy, tokens, grad_norm if good else None, time.perf_counter() - t0)
             run.stop_if_stuck(step)
             # 4. metrics (means since the previous row) and the held-out loss
             row: dict = {}

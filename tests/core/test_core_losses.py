@@ -192,3 +192,16 @@ def test_sft_loss_bf16_logits_float32_loss():
     loss, _ = sft_loss(logits, torch.zeros(2, 3, dtype=torch.long), torch.ones(2, 3))
     assert loss.dtype == torch.float32
     assert loss.item() == pytest.approx(math.log(4), rel=1e-6)  # uniform over 4
+
+
+def test_value_loss_rounding_is_no_clipping():
+    """Within the clip range V_clip is V itself: old + (V - old) rounds away from V in float32 for
+    many values, which must not count as clipping (it made value/clipfrac depend on the batching)."""
+    g = torch.Generator().manual_seed(0)
+    v = torch.randn(4096, generator=g) * 3
+    old = v + (torch.rand(4096, generator=g) - 0.5) * 0.3  # |V - old| < 0.15 < eps
+    R = torch.randn(4096, generator=g) * 3
+    assert bool((old + (v - old) != v).any())  # the rounding the loss must not see
+    loss, stats = value_loss(v, old, R, torch.ones(4096), clip_eps=0.2)
+    assert float(stats["clipfrac"]) == 0.0
+    close(loss, 0.5 * ((v - R) ** 2).mean())

@@ -64,10 +64,10 @@ def test_nan_logits_never_reach_the_weights(tiny_lm, tmp_path, monkeypatch):
     state = {"iteration": 0, "snapshots": {}}
     real_update = ppo.ppo_update
 
-    def update(roles, rollout, algo, opt, temperature, guard, iteration, concurrent=False):
+    def update(roles, rollout, algo, opt, temperature, guard, iteration, **kw):
         state["iteration"] = iteration
         state["snapshots"][iteration] = {k: v.clone() for k, v in roles.policy.state_dict().items()}
-        return real_update(roles, rollout, algo, opt, temperature, guard, iteration, concurrent)
+        return real_update(roles, rollout, algo, opt, temperature, guard, iteration, **kw)
 
     real_logprobs = ppo.response_logprobs
 

@@ -197,9 +197,10 @@ def step_setup(tiny_lm):
 
 
 def _step(setup, **algo_changes):
+    from fourfold.core import aggregation_units
     from fourfold.trainers.common import NonFiniteGuard
     from fourfold.trainers.lm import Roles
-    from fourfold.trainers.ppo import make_optim, policy_step
+    from fourfold.trainers.ppo import Minibatch, make_optim, policy_step
 
     roles, rollout, algo = setup
     algo = dataclasses.replace(algo, **algo_changes)
@@ -207,7 +208,8 @@ def _step(setup, **algo_changes):
     opt = make_optim(Roles(roles.tokenizer, policy, roles.reference, roles.reward), algo)
     grads = []  # the accumulated (clipped) gradients the optimizer steps with
     opt.policy_opt.register_step_pre_hook(lambda *_: grads.extend(p.grad.clone() for p in policy.parameters()))
-    stats = policy_step(policy, rollout, algo, opt, 1.0, NonFiniteGuard(), "test")
+    mb = Minibatch("test", rollout, float(aggregation_units(rollout.mask, algo.loss_agg)), float(rollout.mask.sum()))
+    stats = policy_step(policy, mb, algo, opt, 1.0, NonFiniteGuard())
     return stats, grads
 
 

@@ -1,0 +1,36 @@
+"""One ``collect()`` of a PPO rollout, run under torchrun by ``test_rollout_dist.py`` (and in the
+test's own process for the 1-process result): ``python collect_worker.py TINY_LM_DIR OUT_PREFIX``
+writes ``OUT_PREFIX.<rank>.pt`` with the gathered rollout, responses and metrics of each rank."""
+import sys
+
+import torch
+
+from fourfold import dist
+from fourfold.config import PPOConfig, load_config
+from fourfold.rollout.noise import RowNoise
+from fourfold.trainers.lm import PromptStream, collect, load_roles, repeat_prompts
+
+
+def run(tiny_lm: str, world) -> dict:
+    """Collect one iteration (4 prompts x 2 samples, temperature 2: EOS at different steps)."""
+    over = {"model.policy": f"{tiny_lm}/sft", "model.reward": f"{tiny_lm}/rm", "data.prompts": f"{tiny_lm}/prompts.jsonl",
+            "generation.max_new_tokens": 16, "generation.temperature": 2.0, "generation.missing_eos_score": -1.0}
+    cfg = load_config(PPOConfig, None, [f"{k}={v}" for k, v in over.items()])
+    roles = load_roles(cfg.model, torch.device("cpu"), with_critic=True)
+    stream = PromptStream(cfg.data, roles.tokenizer, 4, seed=0)
+    texts, ids, mask = repeat_prompts(*stream.next("cpu"), 2)
+    probe = lambda prompts, responses: {"probe/words": sum(len(r.split()) for r in responses) / len(responses)}
+    col = collect(roles, texts, ids, mask, cfg.generation, kl_coef=0.1, probe=probe, noise=RowNoise(0, 3), world=world)
+    r = col.rollout
+    return {"responses": col.responses, "metrics": {k: v for k, v in col.metrics.items() if not k.startswith("time/")},
+            "tensors": {"actions": r.actions, "mask": r.mask, "logprobs": r.logprobs, "values": r.values,
+                        "rewards": r.rewards, "ref_logprobs": r.ref_logprobs, "scores": r.scores,
+                        "input_ids": r.context["input_ids"], "attention_mask": r.context["attention_mask"],
+                        "finished": col.samples.finished}}
+
+
+if __name__ == "__main__":
+    torch.set_num_threads(1)
+    world = dist.init_from_env()
+    torch.save(run(sys.argv[1], world), f"{sys.argv[2]}.{world.rank}.pt")
+    dist.shutdown()

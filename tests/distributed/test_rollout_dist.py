@@ -1,0 +1,50 @@
+"""A rollout collected by two processes (torchrun, gloo) is the 1-process rollout: each rank samples
+its slice of the global rows with their own noise, the token loop stops when every rank is done,
+and every rank gathers the same whole batch."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+
+
+def torchrun(args, nproc=2, timeout=120):
+    """``python -m torch.distributed.run --standalone --nproc-per-node N args`` (one torch thread
+    per process, offline); the completed process, its output kept for the assertion message."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
+           "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", *map(str, args)]
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+
+
+@pytest.mark.slow  # the PPO tests of test_ppo_dist.py cover it end to end; this one isolates collect()
+def test_two_ranks_collect_the_one_process_rollout(tiny_lm, tmp_path):
+    sys.path.insert(0, str(HERE))
+    try:
+        import collect_worker
+    finally:
+        sys.path.remove(str(HERE))
+    from fourfold.dist import SINGLE
+
+    proc = torchrun([HERE / "collect_worker.py", tiny_lm, tmp_path / "two"])
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    one = collect_worker.run(str(tiny_lm), SINGLE)
+    assert bool(one["tensors"]["finished"].any()) and not bool(one["tensors"]["finished"].all())  # uneven EOS
+    for rank in (0, 1):
+        two = torch.load(tmp_path / f"two.{rank}.pt")
+        assert two["responses"] == one["responses"]
+        for key, expected in one["tensors"].items():
+            got = two["tensors"][key]
+            assert got.shape == expected.shape, key
+            if expected.is_floating_point():
+                torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6, msg=key)
+            else:
+                assert torch.equal(got, expected), key
+        assert two["metrics"].keys() == one["metrics"].keys()
+        for key, value in one["metrics"].items():
+            assert abs(two["metrics"][key] - value) <= 1e-5 * max(1.0, abs(value)), key
