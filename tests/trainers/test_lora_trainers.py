@@ -313,7 +313,7 @@ def test_demo_switch_keeps_the_stage_keys_without_lora_and_sets_up_one_base_with
     p = ppo_stage_config(lora, tmp_path, tmp_path / "prompts.jsonl", run)
     assert (p.model.reward, p.model.critic_mode, p.model.lora) == (str(tmp_path / "reward-adapter"), "adapter",
                                                                    LoraConfig(r=16))
-    assert (p.ppo.lr, p.ppo.critic_lr, p.run.concurrent_roles) == (cfg.ppo.lr * 10, cfg.ppo.critic_lr, False)
+    assert (p.ppo.lr, p.ppo.critic_lr, p.run.concurrent_roles) == (cfg.ppo.lr * 3, cfg.ppo.critic_lr, False)
     q = ppo_stage_config(ppo_only, tmp_path, tmp_path / "prompts.jsonl", run)
     assert (q.model.reward, q.model.critic_mode) == (str(tmp_path / "reward"), "separate")
     full = ppo_stage_config(cfg, tmp_path, tmp_path / "prompts.jsonl", run)
