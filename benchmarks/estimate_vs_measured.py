@@ -38,7 +38,7 @@ import time
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # ppo_iteration.py builds the workload
-from ppo_iteration import add_mode_args  # noqa: E402
+from ppo_iteration import add_mode_args, allocator_env  # noqa: E402
 
 MiB = 1 << 20
 
@@ -212,6 +212,7 @@ def main(argv=None) -> dict:
                                                     "micro_batch", "iterations", "precision", "grad_ckpt", "device",
                                                     "lora", "critic_mode", "reward_mode", "frozen_dtype")}
                     | {"threads": torch.get_num_threads()},
+        "allocator_env": allocator_env(),
         "torch": torch.__version__,
         "python": platform.python_version(),
     }

@@ -104,6 +104,12 @@ def estimate_settings(args, cfg):
         max_prompt_len=args.prompt_len, max_new_tokens=args.response_len, concurrent_roles=args.concurrent)
 
 
+def allocator_env() -> dict:
+    """The glibc malloc settings of the environment (``MALLOC_*_``, ``GLIBC_TUNABLES``): on CPU they
+    change the peak RSS (see docs/benchmarks.md), so the JSON line records them."""
+    return {k: v for k, v in sorted(os.environ.items()) if k.startswith("MALLOC_") or k == "GLIBC_TUNABLES"}
+
+
 def add_mode_args(p: argparse.ArgumentParser) -> None:
     """--lora, --critic-mode, --reward-mode and --grad-ckpt (shared with estimate_vs_measured.py)."""
     p.add_argument("--lora", type=int, default=0, metavar="R", help="LoRA rank: roles over one shared base (0: full)")
@@ -235,6 +241,7 @@ def main(argv=None) -> dict:
                     | {"optimizer_steps_per_iter": algo.steps_per_iteration, "threads": torch.get_num_threads(),
                        "params_per_model_m": round(estimate.roles["reference"].params / 1e6, 2),
                        "trainable_policy_params_m": round(sum(p.numel() for p in roles.policy.parameters()) / 1e6, 3)},
+        "allocator_env": allocator_env(),
         "torch": torch.__version__,
         "python": platform.python_version(),
     }

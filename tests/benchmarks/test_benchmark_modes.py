@@ -29,10 +29,12 @@ def test_ppo_iteration_with_lora_on_one_shared_base(capsys):
         ppo_iteration.main([*TINY, "--lora", "4", "--concurrent"])  # one base: roles run one at a time
 
 
-def test_estimate_vs_measured_with_lora():
+def test_estimate_vs_measured_with_lora(monkeypatch):
     import estimate_vs_measured
 
+    monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", "262144")  # recorded (glibc reads it only at process start)
     out = estimate_vs_measured.main([*TINY, "--lora", "4", "--critic-mode", "adapter"])
+    assert out["allocator_env"]["MALLOC_MMAP_THRESHOLD_"] == "262144"
     assert out["workload"]["lora"] == 4 and out["workload"]["critic_mode"] == "adapter"
     assert out["predicted"]["peak_mib"] > 0 and "peak_mib" in out["measured"]
 
