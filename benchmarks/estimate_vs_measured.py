@@ -38,7 +38,7 @@ import time
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # ppo_iteration.py builds the workload
-from ppo_iteration import add_mode_args  # noqa: E402
+from ppo_iteration import add_mode_args, allocator_env  # noqa: E402
 
 MiB = 1 << 20
 
@@ -89,7 +89,7 @@ def parse(argv):
     p.add_argument("--precision", default="fp32", choices=["fp32", "bf16", "bf16-mixed"])
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     p.add_argument("--temperature", type=float, default=0.7)
-    add_mode_args(p)  # --lora, --critic-mode, --reward-mode, --grad-ckpt
+    add_mode_args(p)  # --lora, --critic-mode, --reward-mode, --grad-ckpt, --frozen-dtype
     p.set_defaults(concurrent=False)
     return p.parse_args(argv)
 
@@ -212,8 +212,9 @@ def main(argv=None) -> dict:
         "workload": {k: getattr(args, k) for k in ("hidden", "layers", "heads", "intermediate", "vocab", "batch",
                                                     "prompt_len", "response_len", "ppo_epochs", "minibatch",
                                                     "micro_batch", "iterations", "precision", "grad_ckpt", "device",
-                                                    "lora", "critic_mode", "reward_mode")}
+                                                    "lora", "critic_mode", "reward_mode", "frozen_dtype")}
                     | {"threads": torch.get_num_threads()},
+        "allocator_env": allocator_env(),
         "torch": torch.__version__,
         "python": platform.python_version(),
     }

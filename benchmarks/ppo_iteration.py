@@ -18,7 +18,8 @@ Mode: four full models by default. ``--lora R`` builds the roles as the trainer'
 ``policy``, the reference = the base with adapters disabled; ``--critic-mode adapter`` puts the
 critic on the base too (a second adapter + value head; ``separate``: a full critic as without
 LoRA), ``--reward-mode adapter`` the reward model (a frozen third adapter + score head), so one
-base serves all four roles. ``--grad-ckpt`` turns on gradient checkpointing of policy and critic
+base serves all four roles. ``--frozen-dtype`` sets the weights dtype of the frozen roles and of the
+LoRA base (``model.frozen_dtype``). ``--grad-ckpt`` turns on gradient checkpointing of policy and critic
 (:func:`fourfold.models.levers.enable_gradient_checkpointing`). ``estimate_peak_mib`` is what
 ``fourfold.models.estimate`` predicts for the same settings (live tensors: compare it with the
 measured peak minus the framework's baseline, which ``estimate_vs_measured.py`` measures).
@@ -52,7 +53,7 @@ def build_roles(args, device):
     from fourfold.trainers.lm import Roles
 
     dtype = torch.bfloat16 if args.precision == "bf16" else torch.float32  # trained roles
-    frozen_dtype = torch.float32 if args.precision == "fp32" else torch.bfloat16  # reference, reward, LoRA base
+    frozen_dtype = getattr(torch, frozen_dtype_name(args))  # reference, reward model, LoRA base
     seed_everything(0)
     cfg = llama_config(args.vocab, args.hidden, args.layers, args.heads, args.intermediate,
                        max_positions=args.prompt_len + args.response_len + 8, pad_token_id=0, eos_token_id=1)
@@ -84,6 +85,11 @@ def build_roles(args, device):
     return cfg, roles
 
 
+def frozen_dtype_name(args) -> str:
+    """The frozen roles' dtype: ``--frozen-dtype``, else float32 under fp32 and bfloat16 otherwise."""
+    return args.frozen_dtype or ("float32" if args.precision == "fp32" else "bfloat16")
+
+
 def estimate_settings(args, cfg):
     """The :class:`~fourfold.models.estimate.EstimateSettings` of the workload."""
     from fourfold.models.estimate import EstimateSettings, LoraSettings
@@ -92,9 +98,16 @@ def estimate_settings(args, cfg):
     if args.lora:
         lora = LoraSettings(r=args.lora, critic_mode=args.critic_mode, reward_mode=args.reward_mode)
     return EstimateSettings(
-        policy=cfg, reward=cfg, critic=cfg, lora=lora, precision=args.precision, gradient_checkpointing=args.grad_ckpt,
+        policy=cfg, reward=cfg, critic=cfg, lora=lora, precision=args.precision, frozen_dtype=frozen_dtype_name(args),
+        gradient_checkpointing=args.grad_ckpt,
         rollout_batch_size=args.batch, minibatch_size=args.minibatch, micro_batch_size=getattr(args, "micro_batch", None),
         max_prompt_len=args.prompt_len, max_new_tokens=args.response_len, concurrent_roles=args.concurrent)
+
+
+def allocator_env() -> dict:
+    """The glibc malloc settings of the environment (``MALLOC_*_``, ``GLIBC_TUNABLES``): on CPU they
+    change the peak RSS (see docs/benchmarks.md), so the JSON line records them."""
+    return {k: v for k, v in sorted(os.environ.items()) if k.startswith("MALLOC_") or k == "GLIBC_TUNABLES"}
 
 
 def add_mode_args(p: argparse.ArgumentParser) -> None:
@@ -105,6 +118,9 @@ def add_mode_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--reward-mode", default="separate", choices=["separate", "adapter"],
                    help="with --lora: the reward model as a frozen adapter on the base, or a full model")
     p.add_argument("--grad-ckpt", action="store_true", help="gradient checkpointing for policy and critic")
+    p.add_argument("--frozen-dtype", default=None, choices=["float32", "bfloat16"],
+                   help="weights of the frozen roles (reference, reward model, LoRA base); default: float32 "
+                        "under --precision fp32, else bfloat16 (model.frozen_dtype)")
 
 
 def main(argv=None) -> dict:
@@ -222,10 +238,11 @@ def main(argv=None) -> dict:
         "workload": {k: getattr(args, k) for k in ("arch", "hidden", "layers", "heads", "intermediate", "vocab", "batch",
                                                     "prompt_len", "response_len", "ppo_epochs", "minibatch", "precision", "device",
                                                     "temperature", "concurrent", "lora", "critic_mode", "reward_mode",
-                                                    "grad_ckpt")}
+                                                    "grad_ckpt", "frozen_dtype")}
                     | {"optimizer_steps_per_iter": algo.steps_per_iteration, "threads": torch.get_num_threads(),
                        "params_per_model_m": round(estimate.roles["reference"].params / 1e6, 2),
                        "trainable_policy_params_m": round(sum(p.numel() for p in roles.policy.parameters()) / 1e6, 3)},
+        "allocator_env": allocator_env(),
         "torch": torch.__version__,
         "python": platform.python_version(),
     }

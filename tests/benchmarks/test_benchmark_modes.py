@@ -29,9 +29,31 @@ def test_ppo_iteration_with_lora_on_one_shared_base(capsys):
         ppo_iteration.main([*TINY, "--lora", "4", "--concurrent"])  # one base: roles run one at a time
 
 
-def test_estimate_vs_measured_with_lora():
+def test_estimate_vs_measured_with_lora(monkeypatch):
     import estimate_vs_measured
 
+    monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", "262144")  # recorded (glibc reads it only at process start)
     out = estimate_vs_measured.main([*TINY, "--lora", "4", "--critic-mode", "adapter"])
+    assert out["allocator_env"]["MALLOC_MMAP_THRESHOLD_"] == "262144"
     assert out["workload"]["lora"] == 4 and out["workload"]["critic_mode"] == "adapter"
     assert out["predicted"]["peak_mib"] > 0 and "peak_mib" in out["measured"]
+
+
+def test_frozen_dtype_puts_the_frozen_roles_and_the_lora_base_in_bf16():
+    import ppo_iteration
+    import torch
+
+    def estimate_mib(extra):
+        out = ppo_iteration.main([*TINY, "--warmup", "0", *extra])
+        assert out["workload"]["frozen_dtype"] == (extra[-1] if "--frozen-dtype" in extra else None)
+        return out["estimate_peak_mib"]
+
+    assert estimate_mib(["--lora", "4", "--frozen-dtype", "bfloat16"]) < estimate_mib(["--lora", "4"])
+    args = ppo_iteration.argparse.Namespace(vocab=64, hidden=32, layers=1, heads=2, intermediate=None, prompt_len=4,
+                                            response_len=4, precision="fp32", lora=4, critic_mode="adapter",
+                                            reward_mode="separate", grad_ckpt=False, frozen_dtype="bfloat16")
+    _, roles = ppo_iteration.build_roles(args, torch.device("cpu"))
+    base = roles.reference.base.lm
+    assert {p.dtype for p in base.parameters() if not p.requires_grad} == {torch.bfloat16}
+    assert {p.dtype for p in roles.reward_model.parameters()} == {torch.bfloat16}
+    assert all(p.dtype == torch.float32 for p in roles.policy.parameters())  # the adapter trains in fp32

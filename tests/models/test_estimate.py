@@ -168,6 +168,40 @@ def test_shared_base_model_state_bytes_match_one_optimizer_step(precision):
     assert abs(model_state_bytes(est) - measured) <= 0.05 * measured, (model_state_bytes(est), measured)
 
 
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+@pytest.mark.parametrize("arch", sorted(CONFIGS))
+def test_model_state_bytes_match_one_optimizer_step_for_each_architecture(arch, lora):
+    """fp32, every architecture of the count tests (tied embeddings, GPT-2's Conv1D, GQA): full =
+    four models, policy and critic stepped; LoRA = policy and critic adapters (+ value head) on one
+    base, each stepped, and a separate frozen reward model."""
+    cfg = CONFIGS[arch]()
+    cfg.pad_token_id = 0  # the sequence classifiers pool the last non-pad token of a batch
+    ids = torch.randint(2, cfg.vocab_size, (2, 8))
+    if lora:
+        targets = TARGETS[arch]
+        model = get_peft_model(AutoModelForCausalLM.from_config(cfg), LoraConfig(r=4, target_modules=targets),
+                               adapter_name="policy")
+        policy_opt = one_step(model, model.parameters(), lm_loss, ids)
+        model.add_adapter("critic", LoraConfig(r=4, target_modules=targets))
+        model.set_adapter("critic")
+        head = torch.nn.Linear(cfg.hidden_size, 1, bias=False)
+
+        def value_loss(m, x):
+            return head(m.base_model.model.base_model(input_ids=x).last_hidden_state).sum()
+
+        critic_opt = one_step(model, [*model.parameters(), *head.parameters()], value_loss, ids)
+        measured = allocated_bytes([model, head, scorer(cfg)], [policy_opt, critic_opt])
+        settings = EstimateSettings(policy=cfg, reward=cfg, critic=cfg,
+                                    lora=LoraSettings(r=4, target_modules=targets, critic_mode="adapter"))
+    else:
+        policy, critic = AutoModelForCausalLM.from_config(cfg), scorer(cfg)
+        opts = [one_step(policy, policy.parameters(), lm_loss, ids), one_step(critic, critic.parameters(), lm_loss, ids)]
+        measured = allocated_bytes([policy, critic, AutoModelForCausalLM.from_config(cfg), scorer(cfg)], opts)
+        settings = EstimateSettings(policy=cfg, reward=cfg, critic=cfg)
+    estimated = model_state_bytes(estimate_from_settings(settings))
+    assert abs(estimated - measured) <= 0.05 * measured, (estimated, measured)
+
+
 def saved_bytes(model, ids, mask, n_response, autocast: bool) -> int:
     """Bytes autograd saves for backward in the policy's forward (parameters excluded)."""
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}
