@@ -20,7 +20,7 @@ stays in the trainer, flat and in numbered steps; the scaffold has no hooks::
         run.write(save_hf, model, tokenizer, run.out / "model")
     run.done("sft", model=run.out / "model")                #    the final summary line
 
-Under ``torchrun`` (sft, reward, ppo and reinforce) the scaffold starts the process group
+Under ``torchrun`` (sft, reward, dpo, ppo and reinforce) the scaffold starts the process group
 (:func:`fourfold.dist.init_from_env`: gloo on CPU, NCCL on CUDA, each rank on ``cuda:LOCAL_RANK``),
 seeds every rank with the same ``run.seed`` (data order, initial weights and minibatch permutations
 are global), and only rank 0 writes: the run directory and ``config.yaml``, the metrics (other
@@ -358,8 +358,8 @@ def _start_group(cfg) -> dist.World:
     if not dist.launched_by_torchrun():
         return dist.world()
     if getattr(cfg, "dist", None) is None:
-        raise ConfigError("torchrun: this stage runs in one process only (sft, reward, ppo and reinforce run "
-                          "under torchrun); start it without torchrun")
+        raise ConfigError("torchrun: this stage runs in one process only (sft, reward, dpo, ppo and reinforce "
+                          "run under torchrun); start it without torchrun")
     if getattr(cfg.model, "lora", None) is not None:
         raise ConfigError("model.lora: LoRA does not run under torchrun yet; run it in one process (without torchrun)")
     return dist.init_from_env(_device(cfg.run.device))
