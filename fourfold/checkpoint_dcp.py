@@ -201,3 +201,45 @@ def load_sharded(path: str | Path, *, modules: Mapping[str, torch.nn.Module],
     if restore_rng:
         restore_rng_state(_read_component(path, _rng_name(w.rank if note is None else 0)))
     return _read_component(path, "state"), note
+
+
+def _by_name(saved: dict, module: torch.nn.Module, opt: torch.optim.Optimizer) -> dict:
+    """A plain optimizer state dict (parameters by index, in the order ``opt`` holds them) keyed by
+    parameter name instead, as ``set_optimizer_state_dict`` takes a full one."""
+    name_of = {id(p): name for name, p in module.named_parameters()}
+    order = [name_of[id(p)] for group in opt.param_groups for p in group["params"]]
+    return {"state": {order[i]: state for i, state in saved["state"].items()},
+            "param_groups": [{**group, "params": [order[i] for i in group["params"]]} for group in saved["param_groups"]]}
+
+
+def load_plain_sharded(path: str | Path, *, modules: Mapping[str, torch.nn.Module],
+                       optimizers: Mapping[str, torch.optim.Optimizer], schedulers: Optional[Mapping[str, Any]] = None,
+                       verify: bool = True) -> tuple[dict, str]:
+    """Load a one-process (plain, :mod:`fourfold.checkpoint`) checkpoint into sharded models under
+    torchrun: every rank reads the whole weights and AdamW state and keeps its shards; every rank
+    takes the one random-number state. Returns ``(its state, the note that it was sharded)``."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict, set_optimizer_state_dict
+
+    path = Path(path)
+    manifest = _verified_manifest(path, verify)
+    for kind, objs in (("modules", modules), ("optimizers", optimizers), ("schedulers", schedulers or {})):
+        missing = sorted(set(objs) - set(manifest.get(kind, [])))
+        if missing:
+            raise CheckpointError(f"{path}: no {kind} named {missing} (it has {manifest.get(kind, [])})")
+    full = StateDictOptions(full_state_dict=True)
+    try:
+        for name, module in modules.items():
+            set_model_state_dict(module, _read_component(path / "modules", name), options=full)
+        for name, opt in optimizers.items():
+            saved = _by_name(_read_component(path / "optimizers", name), modules[name], opt)
+            set_optimizer_state_dict(modules[name], opt, saved, options=full)
+    except (RuntimeError, KeyError, ValueError, IndexError) as e:  # torch lists every mismatch over many lines
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise CheckpointError(f"{path}: its models do not load into this run's ({first[:300]}); "
+                              "another architecture?") from None
+    for name, sched in (schedulers or {}).items():
+        sched.load_state_dict(_read_component(path / "schedulers", name))
+    restore_rng_state(_read_component(path, "rng"))
+    note = (f"{path.name} was written by one process (no torchrun) and resumes on {dist.world().world_size} "
+            "ranks: sharded the models and optimizers; every rank takes its random-number state")
+    return _read_component(path, "state"), note
