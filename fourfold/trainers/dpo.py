@@ -62,10 +62,10 @@ from fourfold.trainers.common import (
     make_optimizer,
     make_schedule,
     num_steps,
-    save_hf,
     track_steps,
 )
-from fourfold.trainers.fsdp import export_state_dict, shard_roles
+from fourfold.trainers.fsdp import shard_roles
+from fourfold.trainers.lora import save_trained
 from fourfold.trainers.pairs import load_examples
 from fourfold.trainers.scaffold import RunScaffold
 
@@ -280,8 +280,7 @@ def train(cfg: DPOConfig, *, reference=None) -> dict:
             # 5. checkpoint (every save_every steps, at the end, and when asked to stop)
             run.checkpoint_if_due(step, final=step == total)
         # the final model, loadable with plain transformers (sharded: gathered by every rank first)
-        gathered = export_state_dict(policy)
-        run.write(save_hf, policy, tok, run.out / "model", **({} if gathered is None else {"state_dict": gathered}))
+        save_trained(run, policy, tok, run.out / "model")
     if not last:  # resumed a run that had already finished: report its last row
         last = last_metrics_row(run.out)
     return {"output_dir": str(run.out), "model": str(run.out / "model"), "final": last}

@@ -210,6 +210,19 @@ def _window_row(window: dict) -> dict:
 # ---------------------------------------------------------------------------------------------
 
 
+def _set_up(cfg: RewardConfig, run: RunScaffold, device: torch.device):
+    """(tokenizer, reward model (sharded under torchrun), (training pairs, held-out pairs or None,
+    skipped rows)), after the batch-size checks (it divides by the world, it fits the data)."""
+    tc = cfg.train
+    dist.check_divisible("train.batch_size", tc.batch_size, run.world)
+    tok, rm = load_model(cfg.model, device)
+    shard_roles({"model": rm}, cfg.dist, device)  # torchrun: FSDP2 (before the optimizer sees the parameters)
+    train_ex, eval_ex, skipped = load_examples(cfg, tok)
+    require_batch(tc.batch_size, len(train_ex), f"training pairs from {cfg.data.train}"
+                  + (" (after holding out data.eval_fraction)" if cfg.data.eval is None and eval_ex else ""))
+    return tok, rm, (train_ex, eval_ex, skipped)
+
+
 def train(cfg: RewardConfig) -> dict:
     """Train a reward model; returns ``{"output_dir", "model", "final": last metrics row (with
     rm/eval_* when there is a held-out split), "normalization": {"mean", "std"} or None}``."""
@@ -217,12 +230,7 @@ def train(cfg: RewardConfig) -> dict:
     # 0. set-up: seed, run directory, model, data (split and tokenised once), optimiser, resume
     run = RunScaffold(cfg)
     device = run.hf_device()
-    dist.check_divisible("train.batch_size", tc.batch_size, run.world)
-    tok, rm = load_model(cfg.model, device)
-    shard_roles({"model": rm}, cfg.dist, device)  # torchrun: FSDP2 (before the optimizer sees the parameters)
-    train_ex, eval_ex, skipped = load_examples(cfg, tok)
-    require_batch(tc.batch_size, len(train_ex), f"training pairs from {cfg.data.train}"
-                  + (" (after holding out data.eval_fraction)" if cfg.data.eval is None and eval_ex else ""))
+    tok, rm, (train_ex, eval_ex, skipped) = _set_up(cfg, run, device)
     sampler = EpochSampler(len(train_ex), tc.batch_size, seed=cfg.run.seed)
     total = num_steps(tc.max_steps, tc.epochs, len(sampler))
     opt = make_optimizer(rm.hf.parameters(), tc.lr, tc.weight_decay)
