@@ -28,8 +28,9 @@ from __future__ import annotations
 
 import json
 import warnings
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Mapping, Optional
+from typing import Any, Iterator, Mapping, Optional
 
 import torch
 
@@ -66,6 +67,25 @@ def is_sharded_checkpoint(path: str | Path) -> bool:
     """Whether the complete checkpoint at ``path`` was written by :func:`save_sharded`."""
     manifest = _read_manifest(Path(path))
     return manifest is not None and manifest.get("layout") == LAYOUT
+
+
+def _first_failure(error: BaseException) -> BaseException:
+    """DCP's CheckpointException (every rank's failures, with tracebacks, over many lines) as its
+    first failure itself: a full disk stays an OSError (then the run's one-line OutputError), a
+    lost peer the collective's error; anything else is returned as it is."""
+    failures = getattr(error, "failures", None)
+    if not isinstance(failures, dict) or not failures:
+        return error
+    first = next(iter(failures.values()))
+    return first[0] if isinstance(first, tuple) else first
+
+
+@contextmanager
+def _one_process_is_known() -> Iterator[None]:
+    """Without a process group DCP warns that it saves or loads in one process: that is the intent."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        yield
 
 
 def _rng_name(rank: int) -> str:
@@ -108,7 +128,8 @@ def save_sharded(run_dir: str | Path, step: int, *, modules: Mapping[str, torch.
                  optimizers: Mapping[str, torch.optim.Optimizer], schedulers: Optional[Mapping[str, Any]] = None,
                  state: Optional[Mapping[str, Any]] = None, keep: Optional[int] = 2) -> Path:
     """Write ``run_dir/checkpoints/step-{step:08d}`` from every rank (a collective: every rank calls
-    it at the same step) and return its path; see the module docstring for what goes where.
+    it at the same step; in one process without a group it works alone) and return its path; see
+    the module docstring for what goes where.
     Afterwards all but the newest ``keep`` complete checkpoints are deleted (by rank 0)."""
     import torch.distributed.checkpoint as dcp
 
@@ -123,7 +144,8 @@ def save_sharded(run_dir: str | Path, step: int, *, modules: Mapping[str, torch.
     dist.barrier()
     try:
         _write_component(tmp, _rng_name(w.rank), capture_rng_state(), what="rng")
-        dcp.save(_dcp_state(modules, optimizers), checkpoint_id=str(tmp / DCP_DIR))
+        with _one_process_is_known():
+            dcp.save(_dcp_state(modules, optimizers), checkpoint_id=str(tmp / DCP_DIR), no_dist=not dist.started())
         if w.is_main:
             _write_rank0_parts(tmp, groups["schedulers"], state or {})
         dist.barrier()  # every rank's files are in place
@@ -132,7 +154,7 @@ def save_sharded(run_dir: str | Path, step: int, *, modules: Mapping[str, torch.
     except BaseException as e:
         if w.is_main:
             _remove(tmp)
-        _reraise_naming(e, final)
+        _reraise_naming(_first_failure(e), final)
     if w.is_main:
         _swap_into_place(tmp, final)
         _prune(root, keep)
@@ -161,14 +183,17 @@ def _load_models(path: Path, modules: Mapping, optimizers: Mapping) -> None:
     """Read every tracked model and optimizer state from ``path/dcp`` into the objects (resharded to
     this world size by DCP)."""
     import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
     from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
 
     state = _dcp_state(modules, optimizers)
     try:
-        with warnings.catch_warnings():  # in one process DCP warns that it loads without a group: we know
-            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        with _one_process_is_known():
             dcp.load(state, checkpoint_id=str(path / DCP_DIR), no_dist=not dist.started())
-    except Exception as e:  # DCP's CheckpointException lists every rank's failure over many lines
+    except (Exception, CheckpointException) as e:
+        e = _first_failure(e)
+        if dist.is_peer_failure(e):
+            raise e from None
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise CheckpointError(f"{path}: its models do not load into this run's ({first[:300]}); "
                               "another architecture?") from None
@@ -200,4 +225,46 @@ def load_sharded(path: str | Path, *, modules: Mapping[str, torch.nn.Module],
                 "resharded the models and optimizers; every rank takes rank 0's random-number state")
     if restore_rng:
         restore_rng_state(_read_component(path, _rng_name(w.rank if note is None else 0)))
+    return _read_component(path, "state"), note
+
+
+def _by_name(saved: dict, module: torch.nn.Module, opt: torch.optim.Optimizer) -> dict:
+    """A plain optimizer state dict (parameters by index, in the order ``opt`` holds them) keyed by
+    parameter name instead, as ``set_optimizer_state_dict`` takes a full one."""
+    name_of = {id(p): name for name, p in module.named_parameters()}
+    order = [name_of[id(p)] for group in opt.param_groups for p in group["params"]]
+    return {"state": {order[i]: state for i, state in saved["state"].items()},
+            "param_groups": [{**group, "params": [order[i] for i in group["params"]]} for group in saved["param_groups"]]}
+
+
+def load_plain_sharded(path: str | Path, *, modules: Mapping[str, torch.nn.Module],
+                       optimizers: Mapping[str, torch.optim.Optimizer], schedulers: Optional[Mapping[str, Any]] = None,
+                       verify: bool = True) -> tuple[dict, str]:
+    """Load a one-process (plain, :mod:`fourfold.checkpoint`) checkpoint into sharded models under
+    torchrun: every rank reads the whole weights and AdamW state and keeps its shards; every rank
+    takes the one random-number state. Returns ``(its state, the note that it was sharded)``."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict, set_optimizer_state_dict
+
+    path = Path(path)
+    manifest = _verified_manifest(path, verify)
+    for kind, objs in (("modules", modules), ("optimizers", optimizers), ("schedulers", schedulers or {})):
+        missing = sorted(set(objs) - set(manifest.get(kind, [])))
+        if missing:
+            raise CheckpointError(f"{path}: no {kind} named {missing} (it has {manifest.get(kind, [])})")
+    full = StateDictOptions(full_state_dict=True)
+    try:
+        for name, module in modules.items():
+            set_model_state_dict(module, _read_component(path / "modules", name), options=full)
+        for name, opt in optimizers.items():
+            saved = _by_name(_read_component(path / "optimizers", name), modules[name], opt)
+            set_optimizer_state_dict(modules[name], opt, saved, options=full)
+    except (RuntimeError, KeyError, ValueError, IndexError) as e:  # torch lists every mismatch over many lines
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise CheckpointError(f"{path}: its models do not load into this run's ({first[:300]}); "
+                              "another architecture?") from None
+    for name, sched in (schedulers or {}).items():
+        sched.load_state_dict(_read_component(path / "schedulers", name))
+    restore_rng_state(_read_component(path, "rng"))
+    note = (f"{path.name} was written by one process (no torchrun) and resumes on {dist.world().world_size} "
+            "ranks: sharded the models and optimizers; every rank takes its random-number state")
     return _read_component(path, "state"), note

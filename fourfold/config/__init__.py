@@ -16,7 +16,7 @@ Convention (one for every subcommand):
 
 Layout: ``loader`` reads YAML, applies overrides and builds/validates any config dataclass; one
 schema module per stage holds its sections (``run``: the shared RunConfig; ``dist``: placement
-of the models under torchrun, on sft, reward, ppo and reinforce; ``lora``: the
+of the models under torchrun, on sft, reward, dpo, ppo and reinforce; ``lora``: the
 ``model.lora`` section of the language-model stages; ``sft``: the SFT stage
 and the initial-model and training-loop sections the reward stage and DPO reuse; ``reward``;
 ``dpo`` (with reward's preference data); ``ppo``: the language-model sections shared with

@@ -1,10 +1,11 @@
 """`dist`: where each model of a run lives when ``torchrun`` launches it (ignored in one process).
 
 Under ``torchrun --nproc-per-node N`` every trained model (the SFT model, the reward model being
-trained, PPO's policy and critic) is sharded with FSDP2 (``fsdp``: each decoder layer, then the
-root); a frozen model (the reference, PPO's reward model) is either a full copy on every rank
-(``replicate``, the default: no communication in its forwards) or sharded too (``fsdp``: 1/N of its
-weights per rank, optionally offloaded to CPU memory between uses). Without torchrun nothing here
+trained, DPO's and PPO's policy, PPO's critic) is sharded with FSDP2 (``fsdp``: each decoder layer,
+then the root); a frozen model of PPO and REINFORCE (the reference, the reward model) is either a
+full copy on every rank (``replicate``, the default: no communication in its forwards) or sharded
+too (``fsdp``: 1/N of its weights per rank, optionally offloaded to CPU memory between uses). DPO's
+reference is used once, before training, by every rank in full. Without torchrun nothing here
 applies. The defaults need no keys: ``torchrun ... -m fourfold.cli ppo --config CFG`` just works.
 """
 
@@ -26,7 +27,8 @@ def _trained_role(value: str, key: str, role: str) -> None:
 
 @dataclasses.dataclass
 class TrainedDistConfig:
-    """Placement of the one trained model of `fourfold sft` and `fourfold reward` under torchrun."""
+    """Placement of the one trained model of `fourfold sft`, `fourfold reward` and `fourfold dpo`
+    (its policy) under torchrun."""
 
     model: Placement = "fsdp"
     """The trained model: 'fsdp' (FSDP2, the only choice for a trained model)."""

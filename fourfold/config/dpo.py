@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Literal, Optional
 
+from fourfold.config.dist import TrainedDistConfig, check_dist
 from fourfold.config.loader import require
 from fourfold.config.reward import PreferenceDataConfig
 from fourfold.config.run import RunConfig
@@ -44,8 +45,10 @@ class DPOConfig:
     train: TrainLoopConfig = dataclasses.field(default_factory=lambda: TrainLoopConfig(lr=1e-6))
     dpo: DPOAlgoConfig = dataclasses.field(default_factory=DPOAlgoConfig)
     run: RunConfig = dataclasses.field(default_factory=lambda: RunConfig(output_dir="runs/dpo"))
+    dist: TrainedDistConfig = dataclasses.field(default_factory=TrainedDistConfig)
 
     def validate(self, prefix: str = "") -> None:
+        check_dist(self.dist, self.run)
         require(not self.model.from_scratch, "model.from_scratch",
                 "DPO starts from a trained model (usually the SFT output), which is also its reference; "
                 "set model.path")

@@ -36,6 +36,11 @@ bf16 autocast like every forward of the policy.
 
 The run writes ``output_dir/model/``, a Hugging Face directory (safetensors + tokenizer) that
 ``AutoModelForCausalLM.from_pretrained`` loads.
+
+Under ``torchrun`` every rank computes the reference's log-probs of every pair (a full copy of the
+reference, released before training), the policy is sharded with FSDP2 (``dist.model``), each rank
+takes its part of every global batch and its share of the global mean loss, and the metrics are
+those of the global batch (as :mod:`fourfold.trainers.sft`).
 """
 
 from __future__ import annotations
@@ -46,6 +51,7 @@ from typing import Callable, Optional, Sequence
 import torch
 from torch import Tensor
 
+from fourfold import dist
 from fourfold.config import DPOAlgoConfig, DPOConfig
 from fourfold.core import dpo_loss, sequence_logprobs
 from fourfold.data import EpochSampler, PreferenceExample, collate_pair_responses
@@ -54,14 +60,18 @@ from fourfold.models.levers import autocast_region
 from fourfold.models.loading import ensure_pad_embedding, load_causal_lm, load_tokenizer
 from fourfold.models.roles import FrozenReference, response_logprobs
 from fourfold.trainers.common import (
+    global_sums,
+    global_weight,
     guarded_step,
     last_metrics_row,
+    local_rows,
     make_optimizer,
     make_schedule,
     num_steps,
-    save_hf,
     track_steps,
 )
+from fourfold.trainers.fsdp import shard_roles
+from fourfold.trainers.lora import save_trained
 from fourfold.trainers.memory import apply_model_levers, trained_dtype
 from fourfold.trainers.pairs import load_examples
 from fourfold.trainers.scaffold import RunScaffold
@@ -154,19 +164,34 @@ def evaluate(policy, examples: Sequence[PreferenceExample], ref: tuple[Tensor, T
             "dpo/eval_reward_margin": float(stats["reward_margin"])}
 
 
-def _add_step(window: dict, loss: Tensor, stats: dict, chosen: Tensor, rejected: Tensor,
-              grad_norm: Optional[float], seconds: float) -> None:
-    """Add one step to the metrics window (``grad_norm`` None: the update was skipped)."""
+def step_figures(loss: Tensor, stats: dict, chosen: Tensor, rejected: Tensor, counted: int, world
+                 ) -> tuple[Tensor, dict]:
+    """(the loss to backpropagate, the step's figures for the metrics window: the mean loss, the
+    pairs, and the pair-weighted sums of the statistics). In one process those of the batch; under
+    torchrun those of the whole global batch and each rank's share of the global mean loss.
+    ``counted``: 0 when this rank's pair does not count."""
     n = chosen.shape[0]
-    window["steps"] += 1
-    window["good_steps"] += int(grad_norm is not None)
-    window["loss"] += float(loss.detach())
-    window["pairs"] += n
     per_pair = {"correct": stats["accuracy"], "margin": stats["reward_margin"], "chosen_logps": chosen.detach().mean(),
                 "rejected_logps": rejected.detach().mean(), "chosen_reward": stats["chosen_reward"],
                 "rejected_reward": stats["rejected_reward"]}
-    for key, mean in per_pair.items():
-        window[key] += float(mean) * n
+    figures = {"loss": float(loss.detach()), "pairs": n, **{key: float(mean) * n for key, mean in per_pair.items()}}
+    if not world.distributed:
+        return loss, figures
+    n = n if counted else 0
+    keys = ("loss", "pairs", *_STAT_KEYS)
+    local = [figures["loss"] * n, n, *(figures[key] * bool(counted) for key in _STAT_KEYS)]
+    totals = dict(zip(keys, global_sums(local)))
+    totals["loss"] = totals["loss"] / totals["pairs"] if totals["pairs"] else 0.0
+    return loss * global_weight(n, totals["pairs"]), totals
+
+
+def _add_step(window: dict, figures: dict, grad_norm: Optional[float], seconds: float) -> None:
+    """Add one step's :func:`step_figures` to the metrics window (``grad_norm`` None: the update was
+    skipped)."""
+    window["steps"] += 1
+    window["good_steps"] += int(grad_norm is not None)
+    for key in ("loss", "pairs", *_STAT_KEYS):
+        window[key] += figures[key]
     window["grad_norm"] += grad_norm if grad_norm is not None else 0.0
     window["seconds"] += seconds
 
@@ -192,6 +217,20 @@ def _window_row(window: dict) -> dict:
 # ---------------------------------------------------------------------------------------------
 
 
+def _set_up(cfg: DPOConfig, device: torch.device, reference):
+    """(tokenizer, policy (sharded under torchrun), (training pairs, held-out pairs or None, skipped
+    rows), the reference's (chosen, rejected) log-probs of both splits). The reference (``reference``,
+    else loaded) is used here and released."""
+    tok, policy = load_policy(cfg, device)
+    apply_model_levers(policy, cfg.model, device)
+    pairs = load_examples(cfg, tok)
+    role = reference if reference is not None else load_reference(cfg, tok, policy, device)
+    with autocast_region(cfg.model.precision, device.type):  # no optimizer step inside: keep the cast cache
+        ref_logps = reference_logps(role, pairs[:2], cfg.train.batch_size, tok.pad_token_id, device)
+    shard_roles({"model": policy}, cfg.dist, device)  # torchrun: FSDP2 (before the optimizer sees the parameters)
+    return tok, policy, pairs, ref_logps
+
+
 def train(cfg: DPOConfig, *, reference=None) -> dict:
     """Run DPO; returns ``{"output_dir", "model": path of the HF directory, "final": last metrics
     row (with dpo/eval_* when there is a held-out split)}``.
@@ -204,14 +243,9 @@ def train(cfg: DPOConfig, *, reference=None) -> dict:
     #    log-probs of every pair (then the reference is released), optimiser, resume
     run = RunScaffold(cfg)
     device = run.hf_device()
-    tok, policy = load_policy(cfg, device)
-    apply_model_levers(policy, cfg.model, device)
-    train_ex, eval_ex, skipped = load_examples(cfg, tok)
+    dist.check_divisible("train.batch_size", tc.batch_size, run.world)
+    tok, policy, (train_ex, eval_ex, skipped), (ref_train, ref_eval) = _set_up(cfg, device, reference)
     pad_id = tok.pad_token_id
-    role = reference if reference is not None else load_reference(cfg, tok, policy, device)
-    with autocast_region(cfg.model.precision, device.type):  # no optimizer step inside: keep the cast cache
-        ref_train, ref_eval = reference_logps(role, [train_ex, eval_ex], tc.batch_size, pad_id, device)
-    del role  # a reference loaded here is freed: training holds the policy only
     sampler = EpochSampler(len(train_ex), tc.batch_size, seed=cfg.run.seed)
     total = num_steps(tc.max_steps, tc.epochs, len(sampler))
     opt = make_optimizer(policy.parameters(), tc.lr, tc.weight_decay)
@@ -227,19 +261,21 @@ def train(cfg: DPOConfig, *, reference=None) -> dict:
             logger.warn(f"{len(skipped)} bad rows skipped (data.on_error=skip); first: {skipped[0]}", step=0)
         for step in range(start + 1, total + 1):
             t0 = time.perf_counter()
-            # 1-2. batch (chosen and rejected stacked) and the policy's sequence log-probs
-            idx = next(batches)
+            # 1-2. batch (this rank's part under torchrun; chosen and rejected stacked), the policy's
+            #      sequence log-probs
+            idx, counted = local_rows(next(batches), run.world)
             chosen, rejected = pair_logps(logprobs, pair_batch([train_ex[i] for i in idx], pad_id, device))
             ref_c, ref_r = (x[idx].to(device) for x in ref_train)  # (N,) each, computed up front
             # 3. DPO loss, backward, clip, guarded AdamW step, schedule
             loss, stats = dpo_loss(chosen, rejected, ref_c, ref_r, algo.beta, algo.label_smoothing, algo.loss)
+            loss, figures = step_figures(loss, stats, chosen, rejected, counted, run.world)
             lr = opt.param_groups[0]["lr"]  # the rate this step uses
             grad_norm, good = guarded_step(policy, opt, sched, tc.max_grad_norm, run.guard, f"step {step}",
-                                           [(loss, {"dpo_loss": loss.detach()})])
+                                           [(loss, {"dpo_loss": torch.tensor(figures["loss"])})])
             if good:
                 run.guard.good_step()
             run.log_skips(step)
-            _add_step(window, loss, stats, chosen, rejected, grad_norm if good else None, time.perf_counter() - t0)
+            _add_step(window, figures, grad_norm if good else None, time.perf_counter() - t0)
             run.stop_if_stuck(step)
             # 4. metrics (means since the previous row) and held-out loss / accuracy / margin
             row: dict = {}
@@ -253,8 +289,8 @@ def train(cfg: DPOConfig, *, reference=None) -> dict:
                 last = row
             # 5. checkpoint (every save_every steps, at the end, and when asked to stop)
             run.checkpoint_if_due(step, final=step == total)
-        # the final model, loadable with plain transformers
-        run.write(save_hf, policy, tok, run.out / "model")
+        # the final model, loadable with plain transformers (sharded: gathered by every rank first)
+        save_trained(run, policy, tok, run.out / "model")
     if not last:  # resumed a run that had already finished: report its last row
         last = last_metrics_row(run.out)
     return {"output_dir": str(run.out), "model": str(run.out / "model"), "final": last}

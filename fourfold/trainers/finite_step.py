@@ -105,7 +105,7 @@ def finite_step(optimizer: torch.optim.Optimizer) -> bool:
     params = [p for g in groups for p in g]
     backup = None
     if may_overflow(optimizer, groups):
-        backup = ([p.detach().clone() for p in params], {p: copy.deepcopy(optimizer.state[p]) for p in params})
+        backup = ([_local(p).detach().clone() for p in params], {p: copy.deepcopy(optimizer.state[p]) for p in params})
     try:
         optimizer.step()
     except RuntimeError as e:  # torch's non-fused kernels refuse an lr that overflows the dtype, mid-step
@@ -119,7 +119,7 @@ def finite_step(optimizer: torch.optim.Optimizer) -> bool:
                                  "was kept; stopped before saving anything")
     saved, state = backup
     with torch.no_grad():
-        torch._foreach_copy_(params, saved)
+        torch._foreach_copy_([_local(p) for p in params], saved)  # sharded: each rank puts its shards back
     for p in params:
         optimizer.state[p] = state[p]
     return False

@@ -211,13 +211,10 @@ def _window_row(window: dict) -> dict:
 # ---------------------------------------------------------------------------------------------
 
 
-def train(cfg: RewardConfig) -> dict:
-    """Train a reward model; returns ``{"output_dir", "model", "final": last metrics row (with
-    rm/eval_* when there is a held-out split), "normalization": {"mean", "std"} or None}``."""
-    tc, margin = cfg.train, cfg.reward.margin
-    # 0. set-up: seed, run directory, model, data (split and tokenised once), optimiser, resume
-    run = RunScaffold(cfg)
-    device = run.hf_device()
+def _set_up(cfg: RewardConfig, run: RunScaffold, device: torch.device):
+    """(tokenizer, reward model (sharded under torchrun), (training pairs, held-out pairs or None,
+    skipped rows)), after the batch-size checks (it divides by the world, it fits the data)."""
+    tc = cfg.train
     dist.check_divisible("train.batch_size", tc.batch_size, run.world)
     tok, rm = load_model(cfg.model, device)
     apply_model_levers(rm, cfg.model, device)
@@ -225,6 +222,17 @@ def train(cfg: RewardConfig) -> dict:
     train_ex, eval_ex, skipped = load_examples(cfg, tok)
     require_batch(tc.batch_size, len(train_ex), f"training pairs from {cfg.data.train}"
                   + (" (after holding out data.eval_fraction)" if cfg.data.eval is None and eval_ex else ""))
+    return tok, rm, (train_ex, eval_ex, skipped)
+
+
+def train(cfg: RewardConfig) -> dict:
+    """Train a reward model; returns ``{"output_dir", "model", "final": last metrics row (with
+    rm/eval_* when there is a held-out split), "normalization": {"mean", "std"} or None}``."""
+    tc, margin = cfg.train, cfg.reward.margin
+    # 0. set-up: seed, run directory, model, data (split and tokenised once), optimiser, resume
+    run = RunScaffold(cfg)
+    device = run.hf_device()
+    tok, rm, (train_ex, eval_ex, skipped) = _set_up(cfg, run, device)
     sampler = EpochSampler(len(train_ex), tc.batch_size, seed=cfg.run.seed)
     total = num_steps(tc.max_steps, tc.epochs, len(sampler))
     opt = make_optimizer(rm.hf.parameters(), tc.lr, tc.weight_decay)

@@ -20,7 +20,7 @@ stays in the trainer, flat and in numbered steps; the scaffold has no hooks::
         run.write(save_hf, model, tokenizer, run.out / "model")
     run.done("sft", model=run.out / "model")                #    the final summary line
 
-Under ``torchrun`` (sft, reward, ppo and reinforce) the scaffold starts the process group
+Under ``torchrun`` (sft, reward, dpo, ppo and reinforce) the scaffold starts the process group
 (:func:`fourfold.dist.init_from_env`: gloo on CPU, NCCL on CUDA, each rank on ``cuda:LOCAL_RANK``),
 seeds every rank with the same ``run.seed`` (data order, initial weights and minibatch permutations
 are global), and only rank 0 writes: the run directory and ``config.yaml``, the metrics (other
@@ -166,7 +166,8 @@ class RunScaffold:
         with a one-line warning on stderr (and a ``warning`` event in ``events.jsonl``); when every
         checkpoint is corrupt, a CheckpointError (never a silent restart). Without ``run.resume`` or
         without checkpoints: None (a fresh run). A sharded checkpoint (a torchrun run's) loads at any
-        world size, in one process too; resharded, that is said the same way as a warning."""
+        world size, in one process too, and a one-process checkpoint loads under torchrun; resharded,
+        that is said the same way as a warning."""
         from fourfold.checkpoint import CheckpointError, CorruptCheckpointError, checkpoint_dirs, checkpoint_step
 
         found = checkpoint_dirs(self.out) if self.run_cfg.resume else []
@@ -192,14 +193,13 @@ class RunScaffold:
 
     def _load(self, ckpt) -> tuple[dict, Optional[str]]:
         """(state, resharding note or None) of the checkpoint ``ckpt``, loaded into the tracked objects."""
-        from fourfold.checkpoint import CheckpointError, load_checkpoint
-        from fourfold.checkpoint_dcp import is_sharded_checkpoint, load_sharded
+        from fourfold.checkpoint import load_checkpoint
+        from fourfold.checkpoint_dcp import is_sharded_checkpoint, load_plain_sharded, load_sharded
 
         if is_sharded_checkpoint(ckpt):
             return load_sharded(ckpt, **self._tracked)
         if self.sharded:
-            raise CheckpointError(f"{ckpt}: written by a run without torchrun; resume it without torchrun "
-                                  "(its later checkpoints then load under torchrun at any world size)")
+            return load_plain_sharded(ckpt, **self._tracked)
         return load_checkpoint(ckpt, **self._tracked), None
 
     def save(self, step: int) -> None:
@@ -358,8 +358,8 @@ def _start_group(cfg) -> dist.World:
     if not dist.launched_by_torchrun():
         return dist.world()
     if getattr(cfg, "dist", None) is None:
-        raise ConfigError("torchrun: this stage runs in one process only (sft, reward, ppo and reinforce run "
-                          "under torchrun); start it without torchrun")
+        raise ConfigError("torchrun: this stage runs in one process only (sft, reward, dpo, ppo and reinforce "
+                          "run under torchrun); start it without torchrun")
     if getattr(cfg.model, "lora", None) is not None:
         raise ConfigError("model.lora: LoRA does not run under torchrun yet; run it in one process (without torchrun)")
     return dist.init_from_env(_device(cfg.run.device))

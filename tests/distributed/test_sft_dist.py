@@ -18,6 +18,7 @@ import torch
 from disttest_utils import max_relative_diff, max_weight_diff, metric_rows, model_overrides, torchrun
 
 from fourfold.config import SFTConfig, load_config
+from fourfold.errors import NonFiniteError
 from fourfold.trainers import sft
 
 
@@ -154,3 +155,24 @@ def test_a_batch_that_does_not_divide_by_the_world_is_one_line(dist_data, tmp_pa
     lines = [line for line in proc.stderr.splitlines() if line.startswith("fourfold sft: error:")]
     assert proc.returncode != 0 and len(lines) == 1, proc.stderr[-3000:]  # rank 0 says it; rank 1 exits quietly
     assert "train.batch_size: 7 does not divide by the world size 2 (batch sizes are global" in lines[0]
+
+
+def test_an_overflowing_step_is_undone_on_every_rank_as_in_one_process(dist_data, tmp_path):
+    """lr=1e39 overflows the weights at every step: each rank puts its shards back (FSDP2's DTensors
+    have no foreach copy), the guard's decisions are global, and the run stops after 3 such steps
+    with the one-process run's line, metrics and events."""
+    def overrides(out):
+        return _overrides(dist_data, out, "train.max_steps=5", "train.lr=1e39")
+
+    proc = torchrun("sft", overrides(tmp_path / "two"), check=False)
+    with pytest.raises(NonFiniteError) as one_error:
+        sft.train(load_config(SFTConfig, None, overrides(tmp_path / "one")))
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("fourfold sft: error:")]
+    assert lines == [f"fourfold sft: error: {one_error.value}"], proc.stderr[-3000:]
+    assert max_relative_diff(metric_rows(tmp_path / "one"), metric_rows(tmp_path / "two")) < 1e-4
+
+    def skips(out):
+        return [{k: v for k, v in json.loads(line).items() if k != "wall_time"}
+                for line in (out / "events.jsonl").read_text().splitlines() if "nonfinite_skip" in line]
+
+    assert skips(tmp_path / "one") == skips(tmp_path / "two") and len(skips(tmp_path / "one")) == 3

@@ -37,8 +37,7 @@ def test_mixed_precision_and_offload_need_what_they_act_on(zoo, tmp_path, capsys
 
 
 def test_stages_that_run_in_one_process_refuse_torchrun(zoo, tmp_path, capsys, under_torchrun):
-    one_line_error(capsys, ["dpo", f"model.path={zoo['lm']}", f"data.train={zoo['prefs']}", "train.max_len=16",
-                            f"run.output_dir={tmp_path / 'a'}", "run.device=cpu"],
+    one_line_error(capsys, ["gym", f"run.output_dir={tmp_path / 'a'}", "run.device=cpu"],
                    "torchrun: this stage runs in one process only", "start it without torchrun")
     one_line_error(capsys, sft_args(zoo, tmp_path / "b", "model.lora.r=4"),
                    "model.lora: LoRA does not run under torchrun yet")
