@@ -8,8 +8,8 @@
 #   bash benchmarks/gpu.sh            # from the repository root, with torch+transformers installed
 #   ITERS=4 bash benchmarks/gpu.sh    # fewer timed iterations
 #
-# Multi-process FSDP2 runs (torchrun --nproc-per-node N) are not part of this script yet: fourfold
-# has no distributed mode so far (see the distributed issue); the line below says so explicitly.
+# The last run is the same workload under `torchrun --nproc-per-node 1` with the policy and the
+# critic sharded by FSDP2 (`--fsdp`, the placement `fourfold ppo` uses under torchrun, NCCL).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
@@ -39,4 +39,12 @@ if line=$($PY benchmarks/estimate_vs_measured.py $G --precision bf16-mixed --ite
 else
   echo '{"benchmark": "estimate_vs_measured", "error": "failed, see stderr"}' | tee -a "$LOG"
 fi
-echo '{"benchmark": "ppo_iteration_fsdp2", "skipped": "no distributed mode in fourfold yet"}' | tee -a "$LOG"
+# workload G under torchrun with FSDP2 (one process; NCCL on CUDA)
+t0=$SECONDS
+if line=$($PY -m torch.distributed.run --standalone --nproc-per-node 1 benchmarks/ppo_iteration.py $G \
+    --precision bf16-mixed --fsdp --iterations "$ITERS" --warmup 2 | tail -n 1); then
+  echo "$line" | tee -a "$LOG"
+else
+  echo '{"benchmark": "ppo_iteration", "config": "fsdp2-torchrun-1", "error": "failed, see stderr"}' | tee -a "$LOG"
+fi
+echo "# fsdp2 torchrun 1 process: $((SECONDS - t0)) s wall" >&2

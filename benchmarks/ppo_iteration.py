@@ -118,6 +118,9 @@ def add_mode_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--reward-mode", default="separate", choices=["separate", "adapter"],
                    help="with --lora: the reward model as a frozen adapter on the base, or a full model")
     p.add_argument("--grad-ckpt", action="store_true", help="gradient checkpointing for policy and critic")
+    p.add_argument("--fsdp", action="store_true",
+                   help="under torchrun: policy and critic sharded with FSDP2 as `fourfold ppo` places them "
+                        "(--batch and --minibatch are global; rank 0 prints the line)")
     p.add_argument("--frozen-dtype", default=None, choices=["float32", "bfloat16"],
                    help="weights of the frozen roles (reference, reward model, LoRA base); default: float32 "
                         "under --precision fp32, else bfloat16 (model.frozen_dtype)")
@@ -180,7 +183,16 @@ def main(argv=None) -> dict:
             return contextlib.nullcontext()
         return torch.autocast(device_type=device.type, dtype=torch.bfloat16, cache_enabled=cache)
 
+    from fourfold import dist
+    from fourfold.config.dist import LMDistConfig
+    from fourfold.trainers.lm import shard_lm_roles
+
+    world = dist.init_from_env(device)
+    if world.distributed and not args.fsdp:
+        raise SystemExit("ppo_iteration.py: under torchrun with more than one process, pass --fsdp")
     cfg, roles = build_roles(args, device)
+    if args.fsdp:
+        shard_lm_roles(roles, LMDistConfig(), device)  # nothing without torchrun
     algo = PPOAlgoConfig(iterations=args.iterations, rollout_batch_size=args.batch, minibatch_size=args.minibatch,
                          ppo_epochs=args.ppo_epochs, lr=1e-5, critic_lr=1e-5)
     algo.validate()
@@ -200,13 +212,13 @@ def main(argv=None) -> dict:
         t0, cpu0 = time.perf_counter(), time.process_time()
         with autocast():
             col = collect(roles, [""] * args.batch, prompts, prompt_mask, gen, kl_coef=algo.kl_coef,
-                          concurrent=args.concurrent, noise=RowNoise(0, it + 1))  # the trainer's sampling
+                          concurrent=args.concurrent, noise=RowNoise(0, it + 1), world=world)  # the trainer's sampling
         rollout = compute_advantages(col.rollout, algo)
         if cuda:
             torch.cuda.synchronize(device)
         t1 = time.perf_counter()
         with autocast(cache=False):
-            ppo_update(roles, rollout, algo, opt, gen.temperature, guard, it, concurrent=args.concurrent)
+            ppo_update(roles, rollout, algo, opt, gen.temperature, guard, it, concurrent=args.concurrent, world=world)
         if cuda:
             torch.cuda.synchronize(device)
         t2 = time.perf_counter()
@@ -238,15 +250,18 @@ def main(argv=None) -> dict:
         "workload": {k: getattr(args, k) for k in ("arch", "hidden", "layers", "heads", "intermediate", "vocab", "batch",
                                                     "prompt_len", "response_len", "ppo_epochs", "minibatch", "precision", "device",
                                                     "temperature", "concurrent", "lora", "critic_mode", "reward_mode",
-                                                    "grad_ckpt", "frozen_dtype")}
-                    | {"optimizer_steps_per_iter": algo.steps_per_iteration, "threads": torch.get_num_threads(),
+                                                    "grad_ckpt", "frozen_dtype", "fsdp")}
+                    | {"world_size": world.world_size, "optimizer_steps_per_iter": algo.steps_per_iteration,
+                       "threads": torch.get_num_threads(),
                        "params_per_model_m": round(estimate.roles["reference"].params / 1e6, 2),
                        "trainable_policy_params_m": round(sum(p.numel() for p in roles.policy.parameters()) / 1e6, 3)},
         "allocator_env": allocator_env(),
         "torch": torch.__version__,
         "python": platform.python_version(),
     }
-    print(json.dumps(result))
+    if world.is_main:
+        print(json.dumps(result))
+    dist.shutdown()
     return result
 
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, fields, replace
-from typing import Optional, Sequence
+from typing import Optional, Protocol, Sequence
 
 import torch
 
@@ -136,6 +136,19 @@ def sample(
     sequences = torch.cat([prompt_ids, response], dim=1)
     attention_mask = torch.cat([prompt_mask.long(), response_mask.long()], dim=1)
     return Samples(sequences, attention_mask, response_mask, torch.stack(logps, 1), finished, torch.stack(ents, 1))
+
+
+class RolloutEngine(Protocol):
+    """What generates a rollout's responses: :func:`sample` (Hugging Face forwards with the KV cache)
+    is the built-in engine; another backend (a vLLM server holding a copy of the policy's weights,
+    say) goes in by implementing this call and being passed as ``collect(..., engine=...)``. It
+    must return :class:`Samples` whose ``logprobs`` are the policy's (pi_old) under ``temperature``;
+    with ``noise`` (uniforms ``[B, max_new_tokens]``) row r's tokens depend only on row r's noise,
+    and with ``sync_stop`` it keeps stepping until every rank's rows are done."""
+
+    def __call__(self, model: torch.nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, *,
+                 max_new_tokens: int, temperature: float, eos_token_id: Optional[int], pad_token_id: int,
+                 noise: Optional[torch.Tensor], sync_stop: bool) -> Samples: ...
 
 
 @dataclass

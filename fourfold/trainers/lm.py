@@ -28,7 +28,7 @@ from fourfold.models.loading import ensure_pad_embedding, load_causal_lm, load_s
 from fourfold.models.lora import SharedRoles, build_shared_roles
 from fourfold.models.lora_io import is_adapter_dir
 from fourfold.models.roles import FrozenReference, FunctionReward, ModelReward, ScalarModel
-from fourfold.rollout.lm import Samples, Scores, decode_responses, gather_rows, sample, score, select_rows
+from fourfold.rollout.lm import RolloutEngine, Samples, Scores, decode_responses, gather_rows, sample, score, select_rows
 from fourfold.rollout.noise import RowNoise
 from fourfold.trainers.common import global_sums
 from fourfold.trainers.fsdp import shard_roles
@@ -244,6 +244,7 @@ def collect(
     concurrent: bool = False,
     noise: Optional[RowNoise] = None,
     world: World = dist.SINGLE,
+    engine: Optional[RolloutEngine] = None,
 ) -> Collected:
     """Steps 2-4 of an iteration: generate (pi_old), score (reference, critic, reward), token rewards.
 
@@ -252,7 +253,8 @@ def collect(
     (:func:`fourfold.dist.shard`), then every rank gathers the whole batch, so what follows
     (rewards, metrics, advantages) is computed on the global batch alike on all ranks. ``noise``:
     the iteration's per-row noise (required with more than one rank; without it tokens come from
-    the global torch generator).
+    the global torch generator). ``engine``: what generates the responses
+    (:class:`~fourfold.rollout.lm.RolloutEngine`; None: :func:`~fourfold.rollout.lm.sample`).
 
     rewards_t = -kl_coef * KL_t on every valid token, plus the sequence score on the last one.
     Responses are decoded to text only when the reward reads text or a ``probe`` is given; the
@@ -263,7 +265,7 @@ def collect(
     rows = dist.shard(prompt_ids.shape[0], world)
     # 2. generate with the policy (this rank's rows); its log-probs are pi_old
     t0 = time.perf_counter()
-    samples = _generate(roles, prompt_ids[rows], prompt_mask[rows], gen, noise, rows, world)
+    samples = _generate(roles, prompt_ids[rows], prompt_mask[rows], gen, noise, rows, world, engine or sample)
     t_gen = time.perf_counter() - t0
     # 3. score with the frozen reference and reward model, and the critic (this rank's rows)
     t0 = time.perf_counter()
@@ -294,13 +296,13 @@ def collect(
 
 
 def _generate(roles: Roles, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, gen: GenerationConfig,
-              noise: Optional[RowNoise], rows: slice, world: World) -> Samples:
+              noise: Optional[RowNoise], rows: slice, world: World, engine: RolloutEngine) -> Samples:
     """Sample this rank's ``rows`` of the batch with the policy (in eval mode), then gather every
     rank's rows: the whole batch's :class:`Samples` on every rank."""
     tok = roles.tokenizer
     uniforms = None if noise is None else noise.uniforms(range(rows.start, rows.stop), gen.max_new_tokens)
     roles.policy.eval()
-    samples = sample(
+    samples = engine(
         roles.policy, prompt_ids, prompt_mask,
         max_new_tokens=gen.max_new_tokens, temperature=gen.temperature,
         eos_token_id=tok.eos_token_id if gen.stop_at_eos else None, pad_token_id=tok.pad_token_id,

@@ -1,0 +1,44 @@
+"""The rollout-engine seam: ``collect(..., engine=...)`` generates with the engine it is given (the
+place a vLLM backend would go), and the built-in engine is :func:`fourfold.rollout.lm.sample`."""
+import torch
+
+from fourfold.config import GenerationConfig, PPOConfig, load_config
+
+
+def _collect(tiny_lm, engine):
+    from fourfold.rollout.noise import RowNoise
+    from fourfold.trainers.lm import collect, load_roles
+
+    over = {"model.policy": tiny_lm / "sft", "model.reward": tiny_lm / "rm", "data.prompts": tiny_lm / "prompts.jsonl"}
+    cfg = load_config(PPOConfig, None, [f"{k}={v}" for k, v in over.items()])
+    roles = load_roles(cfg.model, torch.device("cpu"), with_critic=False)
+    ids = torch.tensor([[1, 5, 9], [0, 1, 4], [1, 8, 8], [0, 0, 1]])
+    return collect(roles, ["p"] * 4, ids, (ids != 0).long(), GenerationConfig(max_new_tokens=6),
+                   kl_coef=0.1, noise=RowNoise(0, 1), engine=engine)
+
+
+def test_collect_generates_with_the_engine_it_is_given(tiny_lm):
+    from fourfold.rollout.lm import sample
+
+    calls = []
+
+    def engine(model, prompt_ids, prompt_mask, **kw):
+        calls.append((tuple(prompt_ids.shape), sorted(kw)))
+        return sample(model, prompt_ids, prompt_mask, **kw)
+
+    default = _collect(tiny_lm, None)
+    given = _collect(tiny_lm, engine)
+    assert calls == [((4, 3), ["eos_token_id", "max_new_tokens", "noise", "pad_token_id", "sync_stop", "temperature"])]
+    assert torch.equal(given.rollout.actions, default.rollout.actions)
+    torch.testing.assert_close(given.rollout.logprobs, default.rollout.logprobs)
+
+
+def test_a_different_engine_changes_the_rollout(tiny_lm):
+    from fourfold.rollout.lm import sample
+
+    def greedy(model, prompt_ids, prompt_mask, *, noise, **kw):  # ignores the noise: argmax tokens
+        return sample(model, prompt_ids, prompt_mask, greedy=True, **kw)
+
+    a, b = _collect(tiny_lm, greedy), _collect(tiny_lm, greedy)
+    assert torch.equal(a.rollout.actions, b.rollout.actions)  # deterministic whatever the noise
+    assert not torch.equal(a.rollout.actions, _collect(tiny_lm, None).rollout.actions)
