@@ -261,7 +261,7 @@ def main(argv=None) -> dict:
     }
     if world.is_main:
         print(json.dumps(result))
-    dist.shutdown()
+    dist.shutdown(sync=True)
     return result
 
 

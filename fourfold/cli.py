@@ -177,6 +177,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         overrides.insert(0, "quick=true")
     if getattr(args, "fresh", False):
         overrides.append("fresh=true")
+    finished = False
     try:
         from fourfold.config import load_config
 
@@ -187,6 +188,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             print(f"fourfold {args.stage}: {estimate_line(args.stage, cfg)}", file=sys.stderr)
         _resolve(fn_spec)(cfg, **task_inputs(args.stage, cfg))
+        finished = True
     except FourfoldError as e:
         if dist.world().is_main or isinstance(e, dist.PeerLostError):
             print(f"fourfold {args.stage}: error: {e}", file=sys.stderr)
@@ -205,7 +207,7 @@ def main(argv: Sequence[str] | None = None) -> int:
               "(killed or crashed; torchrun names it), so this one stops", file=sys.stderr)
         return 2
     finally:
-        dist.shutdown()
+        dist.shutdown(sync=finished)
     return 0
 
 

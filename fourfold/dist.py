@@ -102,9 +102,14 @@ def started() -> bool:
     return tdist.is_available() and tdist.is_initialized()
 
 
-def shutdown() -> None:
-    """Destroy the process group if one was started (end of a run)."""
+def shutdown(*, sync: bool = False) -> None:
+    """Destroy the process group if one was started (end of a run). ``sync`` (a run that ended well
+    on every rank): wait for every rank first, so no rank tears its connections down while a peer
+    still uses them (gloo then aborts the peer: "terminate called without an active exception").
+    Without ``sync`` (an error, a lost peer) nothing waits."""
     if tdist.is_available() and tdist.is_initialized():
+        if sync:
+            tdist.barrier()
         tdist.destroy_process_group()
 
 
