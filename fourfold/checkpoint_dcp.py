@@ -203,6 +203,15 @@ def _load_models(path: Path, modules: Mapping, optimizers: Mapping) -> None:
         set_optimizer_state_dict(modules[name], opt, state["optimizers"][name])
 
 
+def _require_named(path: Path, manifest: dict, **kinds: Mapping) -> None:
+    """Every object to load has its name among the checkpoint's of that kind (modules, optimizers,
+    schedulers); else a CheckpointError naming the missing ones and what the checkpoint has."""
+    for kind, objs in kinds.items():
+        missing = sorted(set(objs) - set(manifest.get(kind, [])))
+        if missing:
+            raise CheckpointError(f"{path}: no {kind} named {missing} (it has {manifest.get(kind, [])})")
+
+
 def load_sharded(path: str | Path, *, modules: Mapping[str, torch.nn.Module],
                  optimizers: Mapping[str, torch.optim.Optimizer], schedulers: Optional[Mapping[str, Any]] = None,
                  restore_rng: bool = True, verify: bool = True) -> tuple[dict, Optional[str]]:
@@ -211,10 +220,7 @@ def load_sharded(path: str | Path, *, modules: Mapping[str, torch.nn.Module],
     says from how many ranks to how many and that every rank took rank 0's random-number state."""
     path = Path(path)
     manifest = _verified_manifest(path, verify)
-    for kind, objs in (("modules", modules), ("optimizers", optimizers), ("schedulers", schedulers or {})):
-        missing = sorted(set(objs) - set(manifest.get(kind, [])))
-        if missing:
-            raise CheckpointError(f"{path}: no {kind} named {missing} (it has {manifest.get(kind, [])})")
+    _require_named(path, manifest, modules=modules, optimizers=optimizers, schedulers=schedulers or {})
     _load_models(path, modules, optimizers)
     for name, sched in (schedulers or {}).items():
         sched.load_state_dict(_read_component(path / "schedulers", name))
@@ -247,10 +253,7 @@ def load_plain_sharded(path: str | Path, *, modules: Mapping[str, torch.nn.Modul
 
     path = Path(path)
     manifest = _verified_manifest(path, verify)
-    for kind, objs in (("modules", modules), ("optimizers", optimizers), ("schedulers", schedulers or {})):
-        missing = sorted(set(objs) - set(manifest.get(kind, [])))
-        if missing:
-            raise CheckpointError(f"{path}: no {kind} named {missing} (it has {manifest.get(kind, [])})")
+    _require_named(path, manifest, modules=modules, optimizers=optimizers, schedulers=schedulers or {})
     full = StateDictOptions(full_state_dict=True)
     try:
         for name, module in modules.items():
