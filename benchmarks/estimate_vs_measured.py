@@ -38,7 +38,7 @@ import time
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # ppo_iteration.py builds the workload
-from ppo_iteration import add_mode_args, allocator_env  # noqa: E402
+from ppo_iteration import add_mode_args, allocator_env, apply_allocator  # noqa: E402
 
 MiB = 1 << 20
 
@@ -188,6 +188,7 @@ def measure(args, device) -> tuple[dict, dict, object]:
 
 def main(argv=None) -> dict:
     args = parse(argv)
+    apply_allocator(args)  # before the baseline is measured: it is part of the process's set-up
     import torch
     from transformers.utils import logging as hf_logging
 
@@ -214,7 +215,7 @@ def main(argv=None) -> dict:
                                                     "micro_batch", "iterations", "precision", "grad_ckpt", "device",
                                                     "lora", "critic_mode", "reward_mode", "frozen_dtype")}
                     | {"threads": torch.get_num_threads()},
-        "allocator_env": allocator_env(),
+        "allocator_env": allocator_env(args),
         "torch": torch.__version__,
         "python": platform.python_version(),
     }

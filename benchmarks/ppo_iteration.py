@@ -104,10 +104,25 @@ def estimate_settings(args, cfg):
         max_prompt_len=args.prompt_len, max_new_tokens=args.response_len, concurrent_roles=args.concurrent)
 
 
-def allocator_env() -> dict:
-    """The glibc malloc settings of the environment (``MALLOC_*_``, ``GLIBC_TUNABLES``): on CPU they
-    change the peak RSS (see docs/benchmarks.md), so the JSON line records them."""
-    return {k: v for k, v in sorted(os.environ.items()) if k.startswith("MALLOC_") or k == "GLIBC_TUNABLES"}
+def allocator_env(args=None) -> dict:
+    """The glibc malloc settings of the environment (``MALLOC_*_``, ``GLIBC_TUNABLES``) and of
+    ``--malloc-mmap-threshold-kib``: on CPU they change the peak RSS (see docs/benchmarks.md), so the
+    JSON line records them."""
+    env = {k: v for k, v in sorted(os.environ.items()) if k.startswith("MALLOC_") or k == "GLIBC_TUNABLES"}
+    if args is not None and args.malloc_mmap_threshold_kib is not None:
+        env["run.malloc_mmap_threshold_kib"] = args.malloc_mmap_threshold_kib
+    return env
+
+
+def apply_allocator(args) -> None:
+    """``--malloc-mmap-threshold-kib``: the run.malloc_mmap_threshold_kib lever, applied as
+    `fourfold ppo` applies it (before any model exists); an error when it cannot be."""
+    if args.malloc_mmap_threshold_kib is not None:
+        from fourfold.allocator import set_mmap_threshold
+
+        why = set_mmap_threshold(args.malloc_mmap_threshold_kib)
+        if why:
+            raise SystemExit(f"--malloc-mmap-threshold-kib: {why}")
 
 
 def add_mode_args(p: argparse.ArgumentParser) -> None:
@@ -124,6 +139,9 @@ def add_mode_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--frozen-dtype", default=None, choices=["float32", "bfloat16"],
                    help="weights of the frozen roles (reference, reward model, LoRA base); default: float32 "
                         "under --precision fp32, else bfloat16 (model.frozen_dtype)")
+    p.add_argument("--malloc-mmap-threshold-kib", type=int, default=None, metavar="KIB",
+                   help="glibc: tensors of KIB or more get their own mapping, returned to the OS when freed "
+                        "(run.malloc_mmap_threshold_kib; 256 makes the peak RSS the live tensors)")
 
 
 def main(argv=None) -> dict:
@@ -155,6 +173,7 @@ def main(argv=None) -> dict:
         args.precision = "bf16" if args.dtype == "bfloat16" else "fp32"
     if args.lora and args.concurrent:
         p.error("--concurrent needs four separate models: roles over one LoRA base run one at a time")
+    apply_allocator(args)
 
     import contextlib
 
@@ -255,7 +274,7 @@ def main(argv=None) -> dict:
                        "threads": torch.get_num_threads(),
                        "params_per_model_m": round(estimate.roles["reference"].params / 1e6, 2),
                        "trainable_policy_params_m": round(sum(p.numel() for p in roles.policy.parameters()) / 1e6, 3)},
-        "allocator_env": allocator_env(),
+        "allocator_env": allocator_env(args),
         "torch": torch.__version__,
         "python": platform.python_version(),
     }

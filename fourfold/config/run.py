@@ -23,6 +23,14 @@ class RunConfig:
     """'cpu', 'cuda', 'cuda:N' or 'auto' (cuda when available)."""
     threads: Optional[int] = None
     """torch intra-op threads; null leaves torch's default. Tiny models run fastest with 1."""
+    malloc_mmap_threshold_kib: Optional[int] = None
+    """CPU memory lever (Linux, glibc): tensors of at least this many KiB get their own memory
+    mapping, returned to the OS when freed (glibc's M_MMAP_THRESHOLD, fixed). Without it glibc's
+    threshold rises with the blocks a run frees, memory freed by generation stays resident through
+    the update, and the peak RSS exceeds the live tensors (150-175 MiB on a 34M-parameter model).
+    256 brings the peak RSS down to what ``fourfold estimate`` predicts, for some CPU time (page
+    faults; docs/benchmarks.md). Same as MALLOC_MMAP_THRESHOLD_ (bytes) in the environment; null:
+    glibc's default; elsewhere (macOS, CUDA memory) a one-line warning and no effect. 1-32768."""
     save_every: int = 0
     """Write a resumable checkpoint every N iterations/steps (0: only at the end and on SIGTERM)."""
     keep_checkpoints: int = 2
@@ -66,6 +74,8 @@ class RunConfig:
         require(self.save_every >= 0, f"{prefix}.save_every", "must be >= 0")
         require(self.keep_checkpoints >= 1, f"{prefix}.keep_checkpoints", "must be >= 1")
         require(self.threads is None or self.threads >= 1, f"{prefix}.threads", "must be >= 1 or null")
+        require(self.malloc_mmap_threshold_kib is None or 1 <= self.malloc_mmap_threshold_kib <= 32768,
+                f"{prefix}.malloc_mmap_threshold_kib", "must be in [1, 32768] (KiB; glibc's limit) or null")
         require(self.max_consecutive_skips >= 1, f"{prefix}.max_consecutive_skips", "must be >= 1")
         require(self.samples_every >= 0, f"{prefix}.samples_every", "must be >= 0 (0: no samples)")
         for name in self.report_to:

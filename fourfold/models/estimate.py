@@ -225,6 +225,8 @@ class Estimate:
                                     ("training", self.train, self.train_peak_bytes)):
             lines += ["", f"{phase} peak per device: {fmt_bytes(total)}"]
             lines += [f"  {k:<40}{fmt_bytes(v):>12}" for k, v in terms.items() if v]
+        lines += ["", "(live tensors; on CPU the RSS adds the framework, ~0.4 GiB, and memory glibc keeps after "
+                      "freeing unless run.malloc_mmap_threshold_kib is set)"]
         if device_bytes is not None:
             cap = f"{device_name} ({device_bytes / GiB:.1f} GiB)"
             margin = device_bytes - self.peak_bytes

@@ -45,6 +45,7 @@ from typing import Callable, Iterator, Mapping, Optional, Sequence
 import torch
 
 from fourfold import dist
+from fourfold.allocator import set_mmap_threshold
 from fourfold.config import config_to_dict, save_config, validate_tree
 from fourfold.errors import ConfigError, FourfoldError, OutputError
 from fourfold.sinks import done_line, open_sinks, require_sinks
@@ -77,6 +78,9 @@ class RunScaffold:
         self.write(save_config, cfg, self.out / "config.yaml")
         if self.run_cfg.threads is not None:
             torch.set_num_threads(self.run_cfg.threads)
+        self._warnings: list[str] = []  # said on stderr before the logger existed; events once it does
+        if self.run_cfg.malloc_mmap_threshold_kib is not None:  # before any model is loaded
+            self._warn(set_mmap_threshold(self.run_cfg.malloc_mmap_threshold_kib))
         self.guard = NonFiniteGuard(limit=self.run_cfg.max_consecutive_skips)
         self.resumed_step: Optional[int] = None
         """The step of the checkpoint :meth:`resume` loaded (None: a fresh run)."""
@@ -84,7 +88,14 @@ class RunScaffold:
         self._tracked: dict = {"modules": {}, "optimizers": {}, "schedulers": {}}
         self._state: Callable[[int], dict] = lambda step: {}
         self._stop = {"stop": False}
-        self._warnings: list[str] = []  # said on stderr before the logger existed; events once it does
+
+    def _warn(self, message: Optional[str]) -> None:
+        """One warning line on stderr (rank 0), and an event in the run's log once it is open."""
+        if message is None:
+            return
+        if self.is_main:
+            print(f"fourfold: warning: {message}", file=sys.stderr)
+        self._warnings.append(message)
 
     @property
     def rank(self) -> int:
@@ -180,9 +191,7 @@ class RunScaffold:
                 continue
             notes = [f"{problem}; resuming from the older {ckpt.name}" for problem in problems] + [note] * bool(note)
             for message in notes:
-                if self.is_main:
-                    print(f"fourfold: warning: {message}", file=sys.stderr)
-                self._warnings.append(message)
+                self._warn(message)
             self.guard.total = state.get("nonfinite_total", 0)
             self.resumed_step = checkpoint_step(ckpt)
             return state

@@ -57,3 +57,15 @@ def test_frozen_dtype_puts_the_frozen_roles_and_the_lora_base_in_bf16():
     assert {p.dtype for p in base.parameters() if not p.requires_grad} == {torch.bfloat16}
     assert {p.dtype for p in roles.reward_model.parameters()} == {torch.bfloat16}
     assert all(p.dtype == torch.float32 for p in roles.policy.parameters())  # the adapter trains in fp32
+
+
+def test_the_allocator_lever_is_recorded_and_checked(monkeypatch):
+    import argparse
+
+    import ppo_iteration
+
+    monkeypatch.delenv("MALLOC_MMAP_THRESHOLD_", raising=False)
+    assert ppo_iteration.allocator_env(argparse.Namespace(malloc_mmap_threshold_kib=256)) == {
+        "run.malloc_mmap_threshold_kib": 256}
+    with pytest.raises(ValueError, match="got 0"):  # checked before anything runs (applied in a subprocess only)
+        ppo_iteration.apply_allocator(argparse.Namespace(malloc_mmap_threshold_kib=0))
