@@ -37,6 +37,12 @@ bf16 autocast like every forward of the policy.
 The run writes ``output_dir/model/``, a Hugging Face directory (safetensors + tokenizer) that
 ``AutoModelForCausalLM.from_pretrained`` loads.
 
+With ``model.lora`` only a LoRA adapter over the frozen ``model.path`` trains, and the reference
+is that same model with the adapter disabled (:class:`~fourfold.models.roles.AdapterDisabledReference`;
+``dpo.reference`` still names another one): one model in memory from the start. The run writes the
+merged model to ``output_dir/model/`` and the adapter to ``output_dir/model-adapter/``, as ``fourfold
+sft`` does (:mod:`fourfold.trainers.lora`).
+
 Under ``torchrun`` every rank computes the reference's log-probs of every pair (a full copy of the
 reference, released before training), the policy is sharded with FSDP2 (``dist.model``), each rank
 takes its part of every global batch and its share of the global mean loss, and the metrics are
@@ -58,7 +64,8 @@ from fourfold.data import EpochSampler, PreferenceExample, collate_pair_response
 from fourfold.errors import ConfigError
 from fourfold.models.levers import autocast_region
 from fourfold.models.loading import ensure_pad_embedding, load_causal_lm, load_tokenizer
-from fourfold.models.roles import FrozenReference, response_logprobs
+from fourfold.models.lora import AdapterLM, SharedBase
+from fourfold.models.roles import AdapterDisabledReference, FrozenReference, response_logprobs
 from fourfold.trainers.common import (
     global_sums,
     global_weight,
@@ -71,7 +78,7 @@ from fourfold.trainers.common import (
     track_steps,
 )
 from fourfold.trainers.fsdp import shard_roles
-from fourfold.trainers.lora import save_trained
+from fourfold.trainers.lora import lora_settings, save_trained
 from fourfold.trainers.memory import apply_model_levers, trained_dtype
 from fourfold.trainers.pairs import load_examples
 from fourfold.trainers.scaffold import RunScaffold
@@ -96,14 +103,21 @@ def _load_lm(path: str, cfg: DPOConfig, tok, device: torch.device):
 
 
 def load_policy(cfg: DPOConfig, device: torch.device):
-    """(tokenizer with a dedicated pad, the policy: the causal LM of ``model.path`` on ``device``)."""
+    """(tokenizer with a dedicated pad, the policy: the causal LM of ``model.path`` on ``device``;
+    with ``model.lora`` an :class:`~fourfold.models.lora.AdapterLM`, an adapter over that model kept
+    frozen)."""
     tok = load_tokenizer(cfg.model.tokenizer or cfg.model.path, trust_remote_code=cfg.model.trust_remote_code)
-    return tok, _load_lm(cfg.model.path, cfg, tok, device)
+    lm = _load_lm(cfg.model.path, cfg, tok, device)
+    settings = lora_settings(cfg.model.lora)
+    return tok, (lm if settings is None else AdapterLM(SharedBase(lm, settings)))
 
 
-def load_reference(cfg: DPOConfig, tok, policy, device: torch.device) -> FrozenReference:
-    """The frozen reference: the causal LM of ``dpo.reference``, else of ``model.path``. It must
-    score the policy's tokens: a different vocabulary size is a ConfigError naming the key."""
+def load_reference(cfg: DPOConfig, tok, policy, device: torch.device):
+    """The frozen reference: the causal LM of ``dpo.reference``, else of ``model.path`` (with
+    ``model.lora``: the policy's own base with the adapter disabled, no second copy). It must score
+    the policy's tokens: a different vocabulary size is a ConfigError naming the key."""
+    if cfg.dpo.reference is None and isinstance(policy, AdapterLM):
+        return AdapterDisabledReference(policy.base)
     path = cfg.dpo.reference or cfg.model.path
     ref = _load_lm(path, cfg, tok, device)
     n_ref, n_policy = ref.get_input_embeddings().num_embeddings, policy.get_input_embeddings().num_embeddings
@@ -289,8 +303,9 @@ def train(cfg: DPOConfig, *, reference=None) -> dict:
                 last = row
             # 5. checkpoint (every save_every steps, at the end, and when asked to stop)
             run.checkpoint_if_due(step, final=step == total)
-        # the final model, loadable with plain transformers (sharded: gathered by every rank first)
-        save_trained(run, policy, tok, run.out / "model")
+        # the final model, loadable with plain transformers (sharded: gathered by every rank first;
+        # LoRA: merged, and the adapter beside it)
+        written = save_trained(run, policy, tok, run.out / "model")
     if not last:  # resumed a run that had already finished: report its last row
         last = last_metrics_row(run.out)
-    return {"output_dir": str(run.out), "model": str(run.out / "model"), "final": last}
+    return {"output_dir": str(run.out), **written, "final": last}

@@ -3,6 +3,7 @@ on tiny models, one base in memory for the four roles, both output directories o
 model, checkpoints that hold the adapters only, exact resume, the refusals, and the demo's switch."""
 import dataclasses
 import json
+import math
 import os
 import random
 import shutil
@@ -18,6 +19,7 @@ import torch
 
 from fourfold.config import (
     DemoConfig,
+    DPOConfig,
     LoraConfig,
     PPOConfig,
     ReinforceConfig,
@@ -80,6 +82,13 @@ def _reward_cfg(sft_model, data, out, *extra):
         f"model.path={sft_model}", *LORA, f"data.train={data / 'prefs.jsonl'}", "data.eval_fraction=0",
         "train.max_steps=4", "train.batch_size=8", "train.lr=1e-2", "train.log_every=1", "train.max_len=16",
         *_run(output_dir=out), *extra])
+
+
+def _dpo_cfg(sft_model, data, out, *extra):
+    return load_config(DPOConfig, None, [
+        f"model.path={sft_model}", *LORA, f"data.train={data / 'prefs.jsonl'}", "data.eval_fraction=0",
+        "train.max_steps=4", "train.batch_size=8", "train.lr=1e-2", "train.log_every=1", "train.max_len=16",
+        "dpo.beta=0.5", *_run(output_dir=out), *extra])
 
 
 def _ppo_over(policy, reward, prompts, out, **extra):
@@ -197,15 +206,43 @@ def test_ppo_holds_one_base_for_the_four_roles_and_trains_only_adapters(chain, t
     torch.testing.assert_close(critic_adapter, want, atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("stage", ["sft", "reward"])
-def test_sft_and_reward_lora_resume_exactly(chain, tiny_lm, tmp_path, stage):
+def test_dpo_lora_references_the_base_and_writes_merged_and_adapter(chain, tmp_path):
+    """`fourfold dpo` with model.lora: the reference is the SFT model itself with the adapter
+    disabled (a fresh adapter is the base, so the first step's loss is exactly log 2 with zero
+    margin), only the adapter trains and is checkpointed, and both exports give the same logits."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from fourfold.trainers import dpo
+
+    sft_model = chain["sft"]["model"]
+    res = dpo.train(_dpo_cfg(sft_model, chain["dir"], tmp_path / "dpo"))
+    rows = read_metrics(tmp_path / "dpo" / "metrics.jsonl")
+    assert rows[0]["dpo/loss"] == pytest.approx(math.log(2), abs=1e-6)
+    assert rows[0]["dpo/reward_margin"] == pytest.approx(0.0, abs=1e-6)
+    assert rows[-1]["dpo/reward_margin"] != 0.0  # the adapter moved the policy away from the reference
+    assert Path(res["adapter"]).name == "model-adapter"
+    assert all("lora_" in k for k in _module_keys(res["output_dir"], "policy"))  # the checkpoint: adapter only
+    merged = AutoModelForCausalLM.from_pretrained(res["model"])
+    adapted = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(sft_model), res["adapter"])
+    ids, attn = _ids()
+    want = _logits(adapted, ids, attn)
+    torch.testing.assert_close(_logits(merged, ids, attn), want, atol=1e-5, rtol=1e-5)
+    assert not torch.allclose(want, _logits(load_causal_lm(sft_model), ids, attn))  # it trained
+
+
+@pytest.mark.parametrize("stage", ["sft", "reward", "dpo"])
+def test_sft_reward_and_dpo_lora_resume_exactly(chain, tiny_lm, tmp_path, stage):
     """A run resumed from its middle checkpoint ends with the same metrics and adapter as the run
     that went straight through (adapter, optimizer, schedule, RNG and data position restored)."""
-    from fourfold.trainers import reward, sft
+    from fourfold.trainers import dpo, reward, sft
 
     d = chain["dir"]
-    make, trainer = ((lambda out, *x: _sft_cfg(tiny_lm, d, out, *x)), sft) if stage == "sft" else \
-        ((lambda out, *x: _reward_cfg(chain["sft"]["model"], d, out, *x)), reward)
+    make, trainer = {
+        "sft": ((lambda out, *x: _sft_cfg(tiny_lm, d, out, *x)), sft),
+        "reward": ((lambda out, *x: _reward_cfg(chain["sft"]["model"], d, out, *x)), reward),
+        "dpo": ((lambda out, *x: _dpo_cfg(chain["sft"]["model"], d, out, *x)), dpo),
+    }[stage]
     straight = tmp_path / "straight"
     trainer.train(make(straight, "train.max_steps=6", "run.save_every=3"))
     resumed = tmp_path / "resumed"
