@@ -110,7 +110,7 @@ class ExperimentsConfig:
     """Task options (over demo.task_options) of the labelers whose RM ppo-unbiased-rm uses."""
     unbiased_demo_dir: Optional[str] = None
     """Where the unbiased demo stages are cached; null = '<demo.run.output_dir>-unbiased'."""
-    eval_prompts: int = 256
+    eval_prompts: int = 2048
     """Held-out prompts of the final evaluation (the demo's eval prompts: the same for every run)."""
     samples_in_report: int = 4
     """Sample responses per arm shown in the report."""
