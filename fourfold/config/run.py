@@ -23,14 +23,6 @@ class RunConfig:
     """'cpu', 'cuda', 'cuda:N' or 'auto' (cuda when available)."""
     threads: Optional[int] = None
     """torch intra-op threads; null leaves torch's default. Tiny models run fastest with 1."""
-    malloc_mmap_threshold_kib: Optional[int] = None
-    """CPU memory lever (Linux, glibc): tensors of at least this many KiB get their own memory
-    mapping, returned to the OS when freed (glibc's M_MMAP_THRESHOLD, fixed). Without it glibc's
-    threshold rises with the blocks a run frees, memory freed by generation stays resident through
-    the update, and the peak RSS exceeds the live tensors (150-175 MiB on a 34M-parameter model).
-    256 brings the peak RSS down to what ``fourfold estimate`` predicts, for some CPU time (page
-    faults; docs/benchmarks.md). Same as MALLOC_MMAP_THRESHOLD_ (bytes) in the environment; null:
-    glibc's default; elsewhere (macOS, CUDA memory) a one-line warning and no effect. 1-32768."""
     save_every: int = 0
     """Write a resumable checkpoint every N iterations/steps (0: only at the end and on SIGTERM)."""
     keep_checkpoints: int = 2
@@ -64,6 +56,14 @@ class RunConfig:
     metrics, events, TensorBoard files and checkpoints are removed first. Without it (and without
     resume) such a directory is refused, so two runs never mix. Trainer stages only (the demo and
     the experiments have --fresh)."""
+    malloc_mmap_threshold_kib: Optional[int] = None
+    """CPU memory lever (Linux, glibc): tensors of at least this many KiB get their own memory
+    mapping, returned to the OS when freed (glibc's M_MMAP_THRESHOLD, fixed). Without it glibc's
+    threshold rises with the blocks a run frees, memory freed by generation stays resident through
+    the update, and the peak RSS exceeds the live tensors (150-175 MiB on a 34M-parameter model).
+    256 brings the peak RSS down to what ``fourfold estimate`` predicts, for some CPU time (page
+    faults; docs/benchmarks.md). Same as MALLOC_MMAP_THRESHOLD_ (bytes) in the environment; null:
+    glibc's default; elsewhere (macOS, CUDA memory) a one-line warning and no effect. 1-32768."""
 
     def validate(self, prefix: str = "run") -> None:
         require(0 <= self.seed <= MAX_SEED, f"{prefix}.seed", f"must be an integer in [0, 2**63 - 1], got {self.seed}")
