@@ -26,8 +26,19 @@ def torchrun(stage: str, overrides: list[str], *, nproc: int = 2, timeout: float
     """``torchrun --standalone --nproc-per-node nproc -m fourfold.cli stage overrides`` (gloo on CPU):
     the CompletedProcess (``wait``; ``check``: it must have succeeded) with ``wall_s`` set on it, or
     the running Popen."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-           "-m", "fourfold.cli", stage, *overrides]
+    return _launch(["-m", "fourfold.cli", stage, *overrides], nproc, timeout, wait, check)
+
+
+def torchrun_script(script, *args, nproc: int = 2, timeout: float = 240.0, check: bool = True):
+    """``torchrun --standalone --nproc-per-node nproc script args`` (a worker script of these tests,
+    same environment as :func:`torchrun`): the CompletedProcess with ``wall_s``."""
+    return _launch([str(script), *map(str, args)], nproc, timeout, True, check)
+
+
+def _launch(tail: list[str], nproc: int, timeout: float, wait: bool, check: bool):
+    """``python -m torch.distributed.run --standalone --nproc-per-node nproc *tail``, one torch thread
+    per process, offline, warnings off."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", *tail]
     env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", PYTHONWARNINGS="ignore")
     t0 = time.perf_counter()
     if not wait:

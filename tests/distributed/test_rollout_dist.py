@@ -1,25 +1,14 @@
 """A rollout collected by two processes (torchrun, gloo) is the 1-process rollout: each rank samples
 its slice of the global rows with their own noise, the token loop stops when every rank is done,
 and every rank gathers the same whole batch."""
-import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+from disttest_utils import torchrun_script
 
 HERE = Path(__file__).resolve().parent
-ROOT = HERE.parents[1]
-
-
-def torchrun(args, nproc=2, timeout=120):
-    """``python -m torch.distributed.run --standalone --nproc-per-node N args`` (one torch thread
-    per process, offline); the completed process, its output kept for the assertion message."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
-           "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", *map(str, args)]
-    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
 
 
 @pytest.mark.slow  # the PPO tests of test_ppo_dist.py cover it end to end; this one isolates collect()
@@ -31,7 +20,7 @@ def test_two_ranks_collect_the_one_process_rollout(tiny_lm, tmp_path):
         sys.path.remove(str(HERE))
     from fourfold.dist import SINGLE
 
-    proc = torchrun([HERE / "collect_worker.py", tiny_lm, tmp_path / "two"])
+    proc = torchrun_script(HERE / "collect_worker.py", tiny_lm, tmp_path / "two", timeout=120, check=False)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     one = collect_worker.run(str(tiny_lm), SINGLE)
     assert bool(one["tensors"]["finished"].any()) and not bool(one["tensors"]["finished"].all())  # uneven EOS

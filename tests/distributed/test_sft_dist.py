@@ -10,14 +10,12 @@ import json
 import os
 import shutil
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 import torch
-from disttest_utils import REPO, max_relative_diff, max_weight_diff, metric_rows, model_overrides, torchrun
+from disttest_utils import max_relative_diff, max_weight_diff, metric_rows, model_overrides, torchrun, torchrun_script
 
 from fourfold.config import SFTConfig, load_config
 from fourfold.errors import NonFiniteError
@@ -185,10 +183,6 @@ def test_the_sharded_model_is_freed_before_the_group_is_destroyed(dist_data, tmp
     interpreter exit (after destroy_process_group) they can abort a rank in gloo's teardown
     ("terminate called without an active exception", seen in CI). shutdown() collects them first."""
     worker = Path(__file__).resolve().parent / "shutdown_worker.py"
-    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", PYTHONWARNINGS="ignore")
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-                           str(worker), dist_data["tok"], dist_data["sft"], str(tmp_path / "run")],
-                          env=env, capture_output=True, text=True, timeout=240)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = torchrun_script(worker, dist_data["tok"], dist_data["sft"], tmp_path / "run")
     lines = sorted(line for line in proc.stdout.splitlines() if "FSDP objects after shutdown" in line)
     assert lines == ["rank 0: FSDP objects after shutdown: 0", "rank 1: FSDP objects after shutdown: 0"], proc.stdout
