@@ -119,7 +119,6 @@ def shutdown(*, sync: bool = False) -> None:
             tdist.barrier()
         gc.collect()
         tdist.destroy_process_group()
-        gc.collect()
 
 
 def cpu_mesh(w: World):
