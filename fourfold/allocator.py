@@ -29,8 +29,9 @@ import ctypes.util
 import sys
 from typing import Optional
 
+from fourfold.config.run import MMAP_THRESHOLD_MAX_KIB
+
 M_MMAP_THRESHOLD = -3  # glibc's malloc.h
-MAX_THRESHOLD_KIB = 32 * 1024  # glibc refuses more than HEAP_MAX_SIZE / 2 (32 MiB on 64-bit)
 
 
 def _libc() -> Optional[ctypes.CDLL]:
@@ -52,8 +53,8 @@ def set_mmap_threshold(kib: int) -> Optional[str]:
 
     Returns None when applied, else one line saying why not (not glibc, or glibc refused the
     value). ``kib`` must be in [1, 32768] (glibc's upper limit on 64-bit)."""
-    if not 1 <= kib <= MAX_THRESHOLD_KIB:
-        raise ValueError(f"the mmap threshold must be in [1, {MAX_THRESHOLD_KIB}] KiB, got {kib}")
+    if not 1 <= kib <= MMAP_THRESHOLD_MAX_KIB:
+        raise ValueError(f"the mmap threshold must be in [1, {MMAP_THRESHOLD_MAX_KIB}] KiB, got {kib}")
     libc = _libc()
     if libc is None:
         return f"run.malloc_mmap_threshold_kib is a glibc (Linux) setting; not applied on {sys.platform}"

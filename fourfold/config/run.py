@@ -11,6 +11,10 @@ MAX_SEED = 2**63 - 1
 """The largest seed: torch takes 64-bit seeds, and the named streams add small offsets to it."""
 
 
+MMAP_THRESHOLD_MAX_KIB = 32 * 1024
+"""The largest run.malloc_mmap_threshold_kib: glibc refuses more (HEAP_MAX_SIZE / 2 on 64-bit)."""
+
+
 @dataclasses.dataclass
 class RunConfig:
     """Where and how a run executes (shared by every stage)."""
@@ -74,8 +78,9 @@ class RunConfig:
         require(self.save_every >= 0, f"{prefix}.save_every", "must be >= 0")
         require(self.keep_checkpoints >= 1, f"{prefix}.keep_checkpoints", "must be >= 1")
         require(self.threads is None or self.threads >= 1, f"{prefix}.threads", "must be >= 1 or null")
-        require(self.malloc_mmap_threshold_kib is None or 1 <= self.malloc_mmap_threshold_kib <= 32768,
-                f"{prefix}.malloc_mmap_threshold_kib", "must be in [1, 32768] (KiB; glibc's limit) or null")
+        require(self.malloc_mmap_threshold_kib is None or 1 <= self.malloc_mmap_threshold_kib <= MMAP_THRESHOLD_MAX_KIB,
+                f"{prefix}.malloc_mmap_threshold_kib",
+                f"must be in [1, {MMAP_THRESHOLD_MAX_KIB}] (KiB; glibc's limit) or null")
         require(self.max_consecutive_skips >= 1, f"{prefix}.max_consecutive_skips", "must be >= 1")
         require(self.samples_every >= 0, f"{prefix}.samples_every", "must be >= 0 (0: no samples)")
         for name in self.report_to:
