@@ -64,7 +64,7 @@ from fourfold.data import EpochSampler, PreferenceExample, collate_pair_response
 from fourfold.errors import ConfigError
 from fourfold.models.levers import autocast_region
 from fourfold.models.loading import ensure_pad_embedding, load_causal_lm, load_tokenizer
-from fourfold.models.lora import AdapterLM, SharedBase
+from fourfold.models.lora import AdapterLM
 from fourfold.models.roles import AdapterDisabledReference, FrozenReference, response_logprobs
 from fourfold.trainers.common import (
     global_sums,
@@ -78,7 +78,7 @@ from fourfold.trainers.common import (
     track_steps,
 )
 from fourfold.trainers.fsdp import shard_roles
-from fourfold.trainers.lora import lora_settings, save_trained
+from fourfold.trainers.lora import adapted_lm, save_trained
 from fourfold.trainers.memory import apply_model_levers, trained_dtype
 from fourfold.trainers.pairs import load_examples
 from fourfold.trainers.scaffold import RunScaffold
@@ -107,9 +107,7 @@ def load_policy(cfg: DPOConfig, device: torch.device):
     with ``model.lora`` an :class:`~fourfold.models.lora.AdapterLM`, an adapter over that model kept
     frozen)."""
     tok = load_tokenizer(cfg.model.tokenizer or cfg.model.path, trust_remote_code=cfg.model.trust_remote_code)
-    lm = _load_lm(cfg.model.path, cfg, tok, device)
-    settings = lora_settings(cfg.model.lora)
-    return tok, (lm if settings is None else AdapterLM(SharedBase(lm, settings)))
+    return tok, adapted_lm(_load_lm(cfg.model.path, cfg, tok, device), cfg.model.lora)
 
 
 def load_reference(cfg: DPOConfig, tok, policy, device: torch.device):

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from fourfold.config import LoraConfig
-from fourfold.models.lora import AdapterLM, AdapterScalarModel, LoraScalarModel, LoraSettings
+from fourfold.models.lora import AdapterLM, AdapterScalarModel, LoraScalarModel, LoraSettings, SharedBase
 from fourfold.models.roles import ScalarModel
 from fourfold.trainers.common import save_hf
 from fourfold.trainers.fsdp import export_state_dict
@@ -29,6 +29,13 @@ def lora_settings(cfg: Optional[LoraConfig]) -> Optional[LoraSettings]:
         return None
     targets = cfg.target_modules if isinstance(cfg.target_modules, str) else list(cfg.target_modules)
     return LoraSettings(r=cfg.r, alpha=float(cfg.alpha), dropout=float(cfg.dropout), target_modules=targets)
+
+
+def adapted_lm(lm, cfg: Optional[LoraConfig]):
+    """The causal LM a stage trains: ``lm`` itself, or with ``model.lora`` an
+    :class:`~fourfold.models.lora.AdapterLM` (a fresh adapter over ``lm``, which stays frozen)."""
+    settings = lora_settings(cfg)
+    return lm if settings is None else AdapterLM(SharedBase(lm, settings))
 
 
 def adapter_path(path: str | Path) -> Path:

@@ -37,7 +37,6 @@ from fourfold.errors import DataError
 from fourfold.models.checks import checker
 from fourfold.models.factory import llama_config, random_causal_lm
 from fourfold.models.loading import ensure_pad_embedding, load_causal_lm, load_tokenizer
-from fourfold.models.lora import AdapterLM, SharedBase
 from fourfold.trainers.common import (
     global_sums,
     global_weight,
@@ -51,7 +50,7 @@ from fourfold.trainers.common import (
     track_steps,
 )
 from fourfold.trainers.fsdp import shard_roles
-from fourfold.trainers.lora import lora_settings, save_trained
+from fourfold.trainers.lora import adapted_lm, save_trained
 from fourfold.trainers.memory import apply_model_levers, trained_dtype
 from fourfold.trainers.scaffold import RunScaffold
 
@@ -80,8 +79,7 @@ def load_model(model_cfg: InitModelConfig, device: torch.device):
         checker(tok, model_cfg).causal_lm(model, "model.path", model_cfg.path)  # an LM head, the tokenizer's vocabulary
     ensure_pad_embedding(model, tok)
     model = model.to(device)
-    settings = lora_settings(model_cfg.lora)  # LoRA: the adapter over the frozen model is what trains
-    return tok, (model if settings is None else AdapterLM(SharedBase(model, settings)))
+    return tok, adapted_lm(model, model_cfg.lora)  # LoRA: the adapter over the frozen model is what trains
 
 
 def encode_file(path: str, tokenizer, max_len: int, on_error: str) -> tuple[list[SFTExample], list[str]]:
