@@ -116,9 +116,9 @@ def run_iterations(args, device, phase) -> object:
     import torch
 
     from fourfold.rollout.noise import RowNoise
-    from fourfold.trainers.common import NonFiniteGuard
-    from fourfold.trainers.lm import collect
+    from fourfold.trainers.optim import NonFiniteGuard
     from fourfold.trainers.ppo import compute_advantages, ppo_update
+    from fourfold.trainers.rollouts import collect
 
     def autocast(cache: bool):
         # Training runs with the cast cache off: a cached bf16 copy would survive the optimizer step

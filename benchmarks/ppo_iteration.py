@@ -45,12 +45,12 @@ def build_roles(args, device):
     """(model config, roles) of the synthetic workload: four full models, or LoRA over one base."""
     import torch
 
+    from fourfold.models.build import Roles
     from fourfold.models.factory import llama_config, random_causal_lm, random_scalar_model
     from fourfold.models.levers import enable_gradient_checkpointing
     from fourfold.models.lora import REWARD, AdapterLM, AdapterScalarModel, LoraSettings, SharedBase, add_critic, value_head
     from fourfold.models.roles import AdapterDisabledReference, FrozenReference, ModelReward, ScalarModel
     from fourfold.trainers.common import seed_everything
-    from fourfold.trainers.lm import Roles
 
     dtype = torch.bfloat16 if args.precision == "bf16" else torch.float32  # trained roles
     frozen_dtype = getattr(torch, frozen_dtype_name(args))  # reference, reward model, LoRA base
@@ -92,13 +92,15 @@ def frozen_dtype_name(args) -> str:
 
 def estimate_settings(args, cfg):
     """The :class:`~fourfold.models.estimate.EstimateSettings` of the workload."""
-    from fourfold.models.estimate import EstimateSettings, LoraSettings
+    from fourfold.models.estimate import EstimateSettings
+    from fourfold.models.lora import LoraSettings
 
     lora = None
     if args.lora:
-        lora = LoraSettings(r=args.lora, critic_mode=args.critic_mode, reward_mode=args.reward_mode)
+        lora = LoraSettings(r=args.lora)
     return EstimateSettings(
-        policy=cfg, reward=cfg, critic=cfg, lora=lora, precision=args.precision, frozen_dtype=frozen_dtype_name(args),
+        policy=cfg, reward=cfg, critic=cfg, lora=lora, critic_mode=args.critic_mode if lora else "separate",
+        reward_mode=args.reward_mode if lora else "separate", precision=args.precision, frozen_dtype=frozen_dtype_name(args),
         gradient_checkpointing=args.grad_ckpt,
         rollout_batch_size=args.batch, minibatch_size=args.minibatch, micro_batch_size=getattr(args, "micro_batch", None),
         max_prompt_len=args.prompt_len, max_new_tokens=args.response_len, concurrent_roles=args.concurrent)
@@ -188,9 +190,9 @@ def main(argv=None) -> dict:
     from fourfold.config import GenerationConfig, PPOAlgoConfig
     from fourfold.models.estimate import estimate_from_settings
     from fourfold.rollout.noise import RowNoise
-    from fourfold.trainers.common import NonFiniteGuard
-    from fourfold.trainers.lm import collect
+    from fourfold.trainers.optim import NonFiniteGuard
     from fourfold.trainers.ppo import compute_advantages, make_optim, ppo_update
+    from fourfold.trainers.rollouts import collect
 
     device = torch.device(args.device)
 
@@ -203,15 +205,15 @@ def main(argv=None) -> dict:
         return torch.autocast(device_type=device.type, dtype=torch.bfloat16, cache_enabled=cache)
 
     from fourfold import dist
-    from fourfold.config.dist import LMDistConfig
-    from fourfold.trainers.lm import shard_lm_roles
+    from fourfold.trainers.fsdp import shard_model
 
     world = dist.init_from_env(device)
     if world.distributed and not args.fsdp:
         raise SystemExit("ppo_iteration.py: under torchrun with more than one process, pass --fsdp")
     cfg, roles = build_roles(args, device)
     if args.fsdp:
-        shard_lm_roles(roles, LMDistConfig(), device)  # nothing without torchrun
+        for trained in (roles.policy, roles.critic):  # fourfold's default placement: the frozen roles replicated
+            shard_model(trained, device)
     algo = PPOAlgoConfig(iterations=args.iterations, rollout_batch_size=args.batch, minibatch_size=args.minibatch,
                          ppo_epochs=args.ppo_epochs, lr=1e-5, critic_lr=1e-5)
     algo.validate()

@@ -19,31 +19,8 @@ import traceback
 from typing import Callable, Sequence
 
 from fourfold import dist
+from fourfold.config.stages import STAGES, rollout_stages
 from fourfold.errors import FourfoldError, UserCodeError
-
-# stage -> (config class, function(config) -> summary dict, help). Imported lazily so that
-# `fourfold --help` stays fast and a stage's heavy imports load only when it runs.
-STAGES: dict[str, tuple[str, str, str]] = {
-    "sft": ("fourfold.config:SFTConfig", "fourfold.trainers.sft:train", "supervised fine-tuning on prompt/completion pairs"),
-    "reward": ("fourfold.config:RewardConfig", "fourfold.trainers.reward:train", "reward model from preference pairs (Bradley-Terry)"),
-    "dpo": ("fourfold.config:DPOConfig", "fourfold.trainers.dpo:train",
-            "DPO from preference pairs (no reward model, no sampling; the SFT model is the reference)"),
-    "ppo": ("fourfold.config:PPOConfig", "fourfold.trainers.ppo:train", "PPO with policy, reference, reward model and critic"),
-    "reinforce": ("fourfold.config:ReinforceConfig", "fourfold.trainers.reinforce:train", "naive REINFORCE baseline"),
-    "gym": ("fourfold.config:GymConfig", "fourfold.trainers.gym:train", "PPO / REINFORCE on a Gymnasium environment"),
-    "demo": ("fourfold.config:DemoConfig", "fourfold.demo:run", "the embedded default: SFT -> RM -> PPO on the review task"),
-    "experiments": ("fourfold.experiments.config:ExperimentsConfig", "fourfold.experiments:run",
-                    "the method's claims as measured experiments"),
-    "generate": ("fourfold.config:GenerateConfig", "fourfold.inference:generate",
-                 "completions of a prompts file with a trained model (JSONL out)"),
-    "score": ("fourfold.config:ScoreConfig", "fourfold.inference:score",
-              "scores of prompt/response rows by a reward model or reward_fn (JSONL out)"),
-}
-
-
-TRAINER_STAGES = ("sft", "reward", "ppo", "reinforce", "gym")
-"""The stages that train into one run directory (``--overwrite`` replaces a finished run there);
-the demo and the experiments keep their own stage caches (``--fresh``)."""
 
 
 def _print_user_traceback(error: BaseException) -> None:
@@ -59,17 +36,18 @@ def _resolve(spec: str) -> Callable:
 
 
 def task_inputs(stage: str, cfg) -> dict:
-    """The trainer arguments a PPO or REINFORCE config's ``data.task`` names: the task's gold-reward
+    """The trainer arguments a language-model RL config's ``data.task`` names: the task's gold-reward
     probe and, when ``data.prompts`` is null, its prompts (the trainers never see the task)."""
-    if stage not in ("ppo", "reinforce") or cfg.data.task is None:
+    batch_key = STAGES[stage].rollout_batch
+    if batch_key is None or cfg.data.task is None:
         return {}
     from fourfold.tasks import get_task, task_probe, task_prompts
 
     task = get_task(cfg.data.task)
     inputs = {"probe": task_probe(task)}
     if cfg.data.prompts is None:
-        batch_size = cfg.ppo.rollout_batch_size if stage == "ppo" else cfg.reinforce.rollout_batch_size
-        inputs["prompts"] = task_prompts(task, batch_size, cfg.run.seed)
+        section, _, key = batch_key.partition(".")
+        inputs["prompts"] = task_prompts(task, getattr(getattr(cfg, section), key), cfg.run.seed)
     return inputs
 
 
@@ -79,7 +57,7 @@ ESTIMATE_HELP = "memory per device of a PPO or REINFORCE config, before anything
 def _add_estimate_parser(sub) -> None:
     p = sub.add_parser("estimate", help=ESTIMATE_HELP, description=ESTIMATE_HELP + " (config.json files only)")
     p.add_argument("--config", "-c", help="YAML config file of a ppo or reinforce run")
-    p.add_argument("--stage", dest="config_stage", choices=["ppo", "reinforce"],
+    p.add_argument("--stage", dest="config_stage", choices=rollout_stages(),
                    help="the config's stage (default: reinforce when the file has a reinforce section, else ppo)")
     p.add_argument("--nproc", type=int, default=1, help="devices the run is spread over (FSDP)")
     p.add_argument("--json", action="store_true", help="print the estimate as one JSON object")
@@ -118,11 +96,10 @@ def _device_capacity(device_memory_gib) -> tuple:
 def estimate(args) -> int:
     """``fourfold estimate``: the memory estimate of a config, as a table or (``--json``) one object."""
     stage = _estimate_stage(args)
-    config_spec, _, _ = STAGES[stage]
     from fourfold.config import load_config
     from fourfold.trainers.memory import estimate_config
 
-    cfg = load_config(_resolve(config_spec), args.config, list(args.overrides))
+    cfg = load_config(_resolve(STAGES[stage].config), args.config, list(args.overrides))
     est = estimate_config(stage, cfg, args.nproc)
     if args.json:
         print(json.dumps(est.to_json()))
@@ -135,16 +112,16 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="fourfold", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="stage", metavar="STAGE")
     _add_estimate_parser(sub)
-    for name, (_, _, help_text) in STAGES.items():
-        p = sub.add_parser(name, help=help_text, description=help_text)
+    for name, stage in STAGES.items():
+        p = sub.add_parser(name, help=stage.help, description=stage.help)
         p.add_argument("--config", "-c", help="YAML config file")
         p.add_argument("--output-dir", help="shorthand for run.output_dir=DIR")
         p.add_argument("--seed", type=int, help="shorthand for run.seed=N")
         p.add_argument("--resume", action="store_true", help="shorthand for run.resume=true")
-        if name in TRAINER_STAGES:
+        if stage.run_dir:
             p.add_argument("--overwrite", action="store_true",
                            help="shorthand for run.overwrite=true: replace the run already in the output directory")
-        if name in ("demo", "experiments"):
+        if stage.cache:
             p.add_argument("--quick", action="store_true", help="a short budget for tests and a first look")
             p.add_argument("--fresh", action="store_true", help="ignore cached stage outputs and rerun all")
         p.add_argument("overrides", nargs="*", metavar="key=value", help="dotted overrides, e.g. ppo.kl_coef=0.02")
@@ -163,7 +140,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         except (FourfoldError, ValueError, OSError) as e:
             print(f"fourfold estimate: error: {e}", file=sys.stderr)
             return 2
-    config_spec, fn_spec, _ = STAGES[args.stage]
+    stage = STAGES[args.stage]
     overrides = list(args.overrides)
     if args.output_dir:
         overrides.append(f"run.output_dir={args.output_dir}")
@@ -181,13 +158,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         from fourfold.config import load_config
 
-        config_cls = _resolve(config_spec)
-        cfg = load_config(config_cls, args.config, overrides)
-        if args.stage in ("ppo", "reinforce"):
+        cfg = load_config(_resolve(stage.config), args.config, overrides)
+        if stage.rollout_batch and dist.rank_from_env() == 0:  # rank 0 alone under torchrun
             from fourfold.trainers.memory import estimate_line
 
             print(f"fourfold {args.stage}: {estimate_line(args.stage, cfg)}", file=sys.stderr)
-        _resolve(fn_spec)(cfg, **task_inputs(args.stage, cfg))
+        _resolve(stage.run)(cfg, **task_inputs(args.stage, cfg))
         finished = True
     except FourfoldError as e:
         if dist.world().is_main or isinstance(e, dist.PeerLostError):

@@ -1,7 +1,7 @@
 """Section 5 of the demo's ``report.html``: which tokens got the credit.
 
 Freshly sampled PPO responses, scored exactly as in a PPO iteration by the trainers' own code
-(:func:`fourfold.trainers.lm.load_roles`, :func:`fourfold.trainers.lm.collect`,
+(:func:`fourfold.models.build.build_roles`, :func:`fourfold.trainers.rollouts.collect`,
 :func:`fourfold.trainers.ppo.compute_advantages`) under the PPO stage's own config
 (``stages/ppo/config.yaml``), and shown as per-token advantages (not whitened).
 """
@@ -60,14 +60,17 @@ def compute_token_credit(out: Path, prompts: list[str], task=None) -> dict:
     import torch
 
     from fourfold.data import left_pad, tokenize_prompts
+    from fourfold.models.build import build_roles
+    from fourfold.models.plan import plan_roles
     from fourfold.rollout.lm import decode_responses
-    from fourfold.trainers.lm import collect, load_roles
     from fourfold.trainers.ppo import compute_advantages
+    from fourfold.trainers.rollouts import collect
 
     cfg = credit_config(out)
     algo, gen = dataclasses.replace(cfg.ppo, whiten_advantages=False), cfg.generation
     with torch.no_grad():
-        roles = load_roles(cfg.model, torch.device("cpu"), with_critic=cfg.model.critic is not None)
+        plan = plan_roles("ppo", cfg)
+        roles = build_roles(plan if cfg.model.critic is not None else plan.without("critic"), torch.device("cpu"))
         tok = roles.tokenizer
         pid, pmask = left_pad(tokenize_prompts(prompts, tok, cfg.data.max_prompt_len, truncate=True), tok.pad_token_id)
         with torch.random.fork_rng(devices=[]):

@@ -74,6 +74,12 @@ def launched_by_torchrun() -> bool:
     return all(k in os.environ for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK"))
 
 
+def rank_from_env() -> int:
+    """This process's rank as torchrun's environment gives it (0 without torchrun), usable before the
+    process group starts."""
+    return int(os.environ["RANK"]) if launched_by_torchrun() else 0
+
+
 def world() -> World:
     """This process's :class:`World`: from the started process group, else a single process."""
     if tdist.is_available() and tdist.is_initialized():

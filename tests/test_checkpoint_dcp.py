@@ -8,7 +8,7 @@ import torch
 
 from fourfold.checkpoint import CheckpointError, CorruptCheckpointError, latest_checkpoint, load_checkpoint, save_checkpoint
 from fourfold.checkpoint_dcp import is_sharded_checkpoint, load_plain_sharded, load_sharded, save_sharded
-from fourfold.trainers.common import make_optimizer, make_schedule
+from fourfold.trainers.optim import make_optimizer, make_schedule
 
 
 def _trained(seed: int, width: int = 4):

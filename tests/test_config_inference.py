@@ -32,7 +32,7 @@ def err(cls, overrides) -> str:
 def test_examples_load_and_are_cli_stages(name, cls):
     cfg = load_config(cls, ROOT / "examples" / f"{name}.yaml")
     assert isinstance(cfg, cls)
-    assert STAGES[name][0] == f"fourfold.config:{cls.__name__}"
+    assert STAGES[name].config == f"fourfold.config:{cls.__name__}"
     assert build_parser().parse_args([name, "a=1"]).stage == name
 
 

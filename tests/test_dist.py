@@ -5,9 +5,11 @@ import pytest
 import torch
 
 from fourfold import dist
+from fourfold.models.build import Roles
+from fourfold.models.plan import FULL, RolePlan, RoleSpec
 from fourfold.reporting import MetricsLogger
-from fourfold.trainers.common import global_sums, global_weight, local_rows
-from fourfold.trainers.fsdp import decoder_layers, export_state_dict, shard_roles
+from fourfold.trainers.fsdp import decoder_layers, export_state_dict
+from fourfold.trainers.parallel import Part, global_sums, loss_scale, place_roles, shard_rows
 from fourfold.trainers.scaffold import NullLogger
 
 
@@ -22,18 +24,20 @@ def test_a_batch_splits_without_overlap_or_loss(n, world):
 
 def test_a_rank_without_rows_runs_on_a_row_that_does_not_count():
     batch = [11, 12, 13]
-    assert local_rows(batch, dist.World(0, 1, 0)) == ([11, 12, 13], 3)
-    assert local_rows([11], dist.World(0, 2, 0)) == ([11], 0)  # nothing of its own: the first row, weight 0
-    assert local_rows([11], dist.World(1, 2, 1)) == ([11], 1)
-    assert local_rows(batch, dist.World(1, 2, 1)) == ([12, 13], 2)
+    assert shard_rows(batch, dist.World(0, 1, 0)) == Part([11, 12, 13], True)
+    assert shard_rows([11], dist.World(0, 2, 0)) == Part([11], False)  # nothing of its own: the first row, not counted
+    assert shard_rows([11], dist.World(1, 2, 1)) == Part([11], True)
+    assert shard_rows(batch, dist.World(1, 2, 1)) == Part([12, 13], True)
 
 
 def test_one_process_is_left_alone():
     assert not dist.started() and dist.world() == dist.SINGLE
     assert global_sums([1.5, 2.0]) == [1.5, 2.0]
-    assert global_weight(3, 3) == 1.0 and global_weight(0, 0) == 0.0
+    assert loss_scale(1.0) == 1.0 and loss_scale(0.25) == 0.25
     model = torch.nn.Linear(2, 1)
-    assert shard_roles({"model": model}, object(), "cpu") == {"model": model}  # no group: nothing sharded
+    plan = RolePlan("sft", (RoleSpec("policy", FULL, "m", "model.path", True, torch.float32),), "m", "model.path")
+    place_roles(Roles(None, policy=model), plan, "cpu")  # no group: nothing sharded
+    assert type(model) is torch.nn.Linear
     assert export_state_dict(model) is None
     assert not dist.is_peer_failure(RuntimeError("Connection reset by peer"))
 

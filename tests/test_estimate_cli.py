@@ -9,8 +9,9 @@ from transformers import AutoConfig
 
 from fourfold import cli
 from fourfold.config import LoraConfig, PPOConfig, load_config
-from fourfold.models.estimate import EstimateSettings, LoraSettings, estimate_from_settings
+from fourfold.models.estimate import EstimateSettings, estimate_from_settings
 from fourfold.models.factory import llama_config
+from fourfold.models.lora import LoraSettings
 from fourfold.models.param_count import count_lora
 from fourfold.trainers.memory import estimate_line, estimate_settings
 
@@ -110,7 +111,8 @@ def test_lora_settings_are_read_when_the_config_has_them(dirs, tmp_path):
     cfg.model.lora = LoraConfig(r=4, alpha=8, dropout=0.0, target_modules=["q_proj", "v_proj"])
     cfg.model.critic_mode = "adapter"
     s = estimate_settings("ppo", cfg)
-    assert s.lora == LoraSettings(r=4, target_modules=["q_proj", "v_proj"], dropout=0.0, critic_mode="adapter")
+    assert s.lora == LoraSettings(r=4, alpha=8.0, target_modules=["q_proj", "v_proj"], dropout=0.0)
+    assert (s.critic_mode, s.reward_mode) == ("adapter", "separate")
     assert s.reference is None
     est = estimate_from_settings(s)
     lora_params = count_lora(AutoConfig.from_pretrained(dirs / "sft"), 4, ["q_proj", "v_proj"]).params
@@ -118,7 +120,7 @@ def test_lora_settings_are_read_when_the_config_has_them(dirs, tmp_path):
     assert est.roles["critic"].weights_bytes < est.roles["reward"].weights_bytes  # the critic is an adapter
     cfg.model.lora = LoraConfig(r=8)
     cfg.model.critic_mode = "separate"
-    assert estimate_settings("ppo", cfg).lora.r == 8 and estimate_settings("ppo", cfg).lora.critic_mode == "separate"
+    assert estimate_settings("ppo", cfg).lora.r == 8 and estimate_settings("ppo", cfg).critic_mode == "separate"
 
 
 def test_ppo_prints_the_estimate_line_first_and_never_fails_on_it(dirs, tmp_path, capsys, monkeypatch):

@@ -74,7 +74,7 @@ def _bad_values(tp) -> list[str]:
 
 SETTING_CASES = [
     pytest.param(stage, key, value, id=f"{stage}:{key}={value}")
-    for stage, (config_spec, _, _) in STAGES.items()
+    for stage, config_spec in ((name, s.config) for name, s in STAGES.items())
     for key, tp in _leaves(_resolve(config_spec), _resolve(config_spec)())
     for value in _bad_values(tp)
 ]
@@ -102,7 +102,7 @@ def no_training(monkeypatch):
     real = cli._resolve
 
     def resolve(spec):
-        if spec in {fn for _, fn, _ in STAGES.values()}:
+        if spec in {s.run for s in STAGES.values()}:
             return lambda cfg, **kw: pytest.fail(f"the config accepted it and {spec} started")
         return real(spec)
 
@@ -293,7 +293,7 @@ def test_skipped_prompt_rows_run_with_a_warning_that_counts_them(capsys, caplog,
 
 # ---- random values at random keys of every stage (hypothesis) ----------------------------------
 
-_ALL_KEYS = [(stage, key) for stage, (spec, _, _) in STAGES.items() for key, _ in _leaves(_resolve(spec), _resolve(spec)())]
+_ALL_KEYS = [(stage, key) for stage, s in STAGES.items() for key, _ in _leaves(_resolve(s.config), _resolve(s.config)())]
 _VALUES = st.one_of(st.none(), st.booleans(), st.integers(-2**70, 2**70), st.floats(allow_nan=True, allow_infinity=True),
                     st.text(max_size=6), st.lists(st.one_of(st.integers(-3, 3), st.floats(), st.text(max_size=3)), max_size=3),
                     st.dictionaries(st.text(max_size=3), st.integers(), max_size=2))
@@ -313,7 +313,7 @@ def test_random_values_give_a_valid_config_or_one_config_error(entry, value):
         node = node.setdefault(part, {})
     node[key.split(".")[-1]] = value
     try:
-        load_config(_resolve(STAGES[stage][0]), None, REQUIRED[stage], base=tree)
+        load_config(_resolve(STAGES[stage].config), None, REQUIRED[stage], base=tree)
     except ConfigError as e:
         assert "\n" not in str(e)
         assert key.rsplit(".", 1)[0] in str(e), str(e)  # the key, or its section (a cross-check in it)

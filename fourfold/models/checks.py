@@ -14,7 +14,9 @@ before its embeddings are resized for an added pad token:
   that row is added by the resize);
 * a directory with its own tokenizer files must hold the same tokenizer as the run's (the same
   vocabulary, the pad token aside, and the same BOS/EOS ids); a directory without them must have
-  as many embedding rows as the first model checked (the policy).
+  as many embedding rows as the first model checked (the policy);
+* every causal LM of a run (policy, reference) has as many token embeddings as the first: their
+  log-probs are compared token by token.
 
 Every refusal is one :class:`~fourfold.errors.ModelLoadError` line naming the config key and path.
 """
@@ -72,6 +74,7 @@ class RoleChecker:
         self.tokenizer_key, self.tokenizer_path = tokenizer_key, tokenizer_path
         self.trust_remote_code = trust_remote_code
         self.first_rows: Optional[int] = None
+        self.first_lm: Optional[tuple[str, int]] = None  # (key, embedding rows) of the first causal LM checked
         self._differences: dict[str, Optional[str]] = {}
 
     def causal_lm(self, model: nn.Module, key: str, path: str) -> None:
@@ -83,6 +86,12 @@ class RoleChecker:
                                  f"no trained lm_head): a reward model or classifier directory? Give the causal LM")
         self._no_random_weights(missing, key, path)
         self._vocabulary(model, key, path)
+        rows = model.get_input_embeddings().num_embeddings
+        if self.first_lm is None:
+            self.first_lm = (key, rows)
+        elif rows != self.first_lm[1]:
+            raise ModelLoadError(f"{key}: {path} has {rows} token embeddings, {self.first_lm[0]} {self.first_lm[1]}: "
+                                 "their log-probs would be over different vocabularies; give a model of the same vocabulary")
 
     def scorer(self, model: nn.Module, key: str, path: str, *, head_required: bool = True) -> None:
         """A reward model or critic (``AutoModelForSequenceClassification``): a trained score head
@@ -98,6 +107,15 @@ class RoleChecker:
             )
         self._no_random_weights([k for k in missing if k not in head], key, path)
         self._vocabulary(model, key, path)
+
+    def same_tokenizer(self, key: str, path: str) -> None:
+        """A LoRA adapter directory (it holds no embedding): the tokenizer saved beside it, when there
+        is one, must be the run's."""
+        if has_tokenizer_files(path):
+            difference = self._tokenizer_difference(path)
+            if difference is not None:
+                raise ModelLoadError(f"{key}: {path}: its tokenizer differs from {self.tokenizer_key} "
+                                     f"({self.tokenizer_path}): {difference}")
 
     @staticmethod
     def _no_random_weights(missing: list[str], key: str, path: str) -> None:
@@ -117,10 +135,7 @@ class RoleChecker:
         if path == self.tokenizer_path:
             return
         if has_tokenizer_files(path):
-            difference = self._tokenizer_difference(path)
-            if difference is not None:
-                raise ModelLoadError(f"{key}: {path}: its tokenizer differs from {self.tokenizer_key} "
-                                     f"({self.tokenizer_path}): {difference}")
+            self.same_tokenizer(key, path)
         elif rows != self.first_rows:
             raise ModelLoadError(f"{key}: {path}: the embedding has {rows} rows, the first model's {self.first_rows} "
                                  "(another vocabulary?); save the tokenizer with the model to compare them")

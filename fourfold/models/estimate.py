@@ -66,7 +66,7 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass
-from typing import Optional, Sequence, Union
+from typing import Optional
 
 from fourfold.core.logprobs import _BLOCK_ELEMENTS  # elements of one float32 log-prob block
 from fourfold.models.param_count import (
@@ -78,27 +78,12 @@ from fourfold.models.param_count import (
     load_config,
     shape_of,
 )
+from fourfold.models.plan import LoraSettings
 
 ROLES = ("policy", "reference", "reward", "critic")
 PRECISIONS = ("fp32", "bf16-mixed", "bf16")
 _DTYPE_BYTES = {"float32": 4, "fp32": 4, "bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2}
 GiB = 1 << 30
-
-
-@dataclass
-class LoraSettings:
-    """LoRA on one shared base (see the module docstring for who holds which weights)."""
-
-    r: int = 8
-    """LoRA rank."""
-    target_modules: Union[str, Sequence[str]] = "all-linear"
-    """What peft adapts: module names or ``"all-linear"``."""
-    dropout: float = 0.0
-    """LoRA dropout: above 0 each adapted Linear saves a dropped copy of its input (and the mask)."""
-    critic_mode: str = "separate"
-    """``separate``: a full critic model, trained in full; ``adapter``: adapter + value head on the base."""
-    reward_mode: str = "separate"
-    """``separate``: a full frozen reward model; ``adapter``: a frozen adapter + score head on the base."""
 
 
 @dataclass
@@ -110,12 +95,17 @@ class EstimateSettings:
     reference: Optional[ModelSource] = None
     """The reference's model; None = the same as the policy (in LoRA mode it is always the base)."""
     reward: Optional[ModelSource] = None
-    """The reward model; None = a reward function (no model). Unused with ``lora.reward_mode='adapter'``."""
+    """The reward model; None = a reward function (no model). Unused with ``reward_mode='adapter'``."""
     critic: Optional[ModelSource] = None
-    """The critic's model; None = no critic. With ``lora.critic_mode='adapter'`` it lives on the base
+    """The critic's model; None = no critic. With ``critic_mode='adapter'`` it lives on the base
     and only whether this is None matters."""
     lora: Optional[LoraSettings] = None
-    """None = full fine-tuning of every trained role."""
+    """None = full fine-tuning of every trained role; else the adapters' settings (r, target
+    modules and dropout count)."""
+    critic_mode: str = "separate"
+    """With ``lora``: ``separate``, a full critic model trained in full; ``adapter``, adapter + value head on the base."""
+    reward_mode: str = "separate"
+    """With ``lora``: ``separate``, a full frozen reward model; ``adapter``, a frozen adapter + score head on the base."""
     precision: str = "fp32"
     """``fp32`` | ``bf16-mixed`` | ``bf16`` (see the module docstring)."""
     frozen_dtype: Optional[str] = None
@@ -146,6 +136,30 @@ class EstimateSettings:
     """Tokens per chunk of the LM head in the log-prob passes (``model.logits_chunk``); None = all
     response positions at once."""
 
+    @classmethod
+    def from_plan(cls, plan, *, nproc: int = 1, **shape) -> "EstimateSettings":
+        """The settings of a role plan (:func:`fourfold.models.plan.plan_roles`: which roles, from
+        where, full or adapter, dtypes, levers) run on ``nproc`` devices; ``shape``: the batch sizes
+        and lengths (``rollout_batch_size``, ``minibatch_size``, ``max_prompt_len``, ...)."""
+        import torch
+
+        from fourfold.models.plan import ADAPTER, FULL
+
+        policy = plan.base_source or plan.role("policy").source
+        reference, reward, critic = plan.role("reference"), plan.role("reward"), plan.role("critic")
+        trained = plan.trained_dtype
+        return cls(
+            policy=policy,
+            reference=reference.source if reference.form == FULL and reference.source != policy else None,
+            reward=reward.source if reward.form == FULL else None,
+            critic=None if critic is None else (critic.source if critic.form == FULL else policy),
+            lora=plan.lora, critic_mode="adapter" if critic is not None and critic.form == ADAPTER else "separate",
+            reward_mode="adapter" if reward.form == ADAPTER else "separate",
+            precision=plan.precision if trained == torch.float32 else "bf16",
+            frozen_dtype=str(plan.frozen_dtype).removeprefix("torch."),
+            gradient_checkpointing=plan.gradient_checkpointing, concurrent_roles=plan.concurrent, nproc=nproc,
+            trust_remote_code=plan.trust_remote_code, logits_chunk=plan.logits_chunk, **shape)
+
     def validate(self) -> None:
         """Raise ValueError on an inconsistent combination."""
         if self.precision not in PRECISIONS:
@@ -159,10 +173,10 @@ class EstimateSettings:
         lora = self.lora
         if lora is None:
             return
-        if lora.critic_mode not in ("separate", "adapter") or lora.reward_mode not in ("separate", "adapter"):
-            raise ValueError("lora.critic_mode and lora.reward_mode: expected 'separate' or 'adapter'")
-        if lora.critic_mode == "adapter" and self.critic is None:
-            raise ValueError("lora.critic_mode='adapter' needs a critic (critic is None)")
+        if self.critic_mode not in ("separate", "adapter") or self.reward_mode not in ("separate", "adapter"):
+            raise ValueError("critic_mode and reward_mode: expected 'separate' or 'adapter'")
+        if self.critic_mode == "adapter" and self.critic is None:
+            raise ValueError("critic_mode='adapter' needs a critic (critic is None)")
         if self.reference is not None and self.reference != self.policy:
             raise ValueError("in LoRA mode the reference is the policy's base: leave reference None")
 
@@ -312,12 +326,12 @@ def _separate_roles(s: EstimateSettings, cfg_of) -> dict[str, Optional[_Role]]:
     """The reward model and critic that are models of their own (None where absent or adapters)."""
     master, frozen, _ = _dtype_bytes(s)
     roles: dict[str, Optional[_Role]] = {"reward": None, "critic": None}
-    if s.reward is not None and (s.lora is None or s.lora.reward_mode == "separate"):
+    if s.reward is not None and (s.lora is None or s.reward_mode == "separate"):
         wcfg = cfg_of(s.reward)
         wc = count_model(wcfg, scorer=True)
         roles["reward"] = _Role(_frozen_memory(wc.total, wc.total, s), shape_of(wcfg), frozen, causal=False,
                                 layer_params=wc.layer, sharded=s.nproc > 1 and s.shard_frozen)
-    if s.critic is not None and (s.lora is None or s.lora.critic_mode == "separate"):
+    if s.critic is not None and (s.lora is None or s.critic_mode == "separate"):
         ccfg = cfg_of(s.critic)
         cc = count_model(ccfg, scorer=True)
         roles["critic"] = _Role(_trained_memory(cc.total, cc.total, cc.tensors, 0, s), shape_of(ccfg), master,
@@ -355,13 +369,13 @@ def _lora_roles(s: EstimateSettings, cfg_of) -> dict[str, Optional[_Role]]:
     roles["policy"] = _Role(_trained_memory(base.total + lc.params, lc.params, lc.tensors, base.total, s),
                             trained=True, sharded=s.nproc > 1, **common, **casts)
     roles["reference"] = _Role(RoleMemory(params=base.total), **common)
-    if lora.critic_mode == "adapter" or lora.reward_mode == "adapter":
+    if s.critic_mode == "adapter" or s.reward_mode == "adapter":
         sc = count_model(bcfg, scorer=True)
-    if lora.critic_mode == "adapter":
+    if s.critic_mode == "adapter":
         trainable = lc.params + sc.head
         roles["critic"] = _Role(_trained_memory(sc.total + lc.params, trainable, lc.tensors + sc.head_tensors, 0, s),
                                 trained=True, causal=False, sharded=s.nproc > 1, **common, **casts)
-    if lora.reward_mode == "adapter":
+    if s.reward_mode == "adapter":
         roles["reward"] = _Role(_frozen_memory(sc.total + lc.params, lc.params + sc.head, s), causal=False, **common)
     return roles
 
@@ -584,8 +598,8 @@ def _describe(s: EstimateSettings) -> str:
     if s.lora is None:
         mode = "full fine-tuning"
     else:
-        mode = (f"LoRA r={s.lora.r} on a shared base (critic {s.lora.critic_mode}, "
-                f"reward model {s.lora.reward_mode})")
+        mode = (f"LoRA r={s.lora.r} on a shared base (critic {s.critic_mode}, "
+                f"reward model {s.reward_mode})")
     devices = f"{s.nproc} device" + ("s, FSDP" + (", frozen roles sharded" if s.shard_frozen else "") if s.nproc > 1 else "")
     ckpt = ", gradient checkpointing" if s.gradient_checkpointing else ""
     return f"{mode}, {s.precision}{ckpt}, {devices}"

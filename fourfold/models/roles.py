@@ -209,6 +209,26 @@ class ScalarRole:
         if self.head.bias is not None:
             self.head.bias.zero_()
 
+    score_shift: Optional[float]
+    """A constant added to every scalar (the reward normalisation's shift on a bias-free head)."""
+
+    @torch.no_grad()
+    def set_affine(self, scale: float, shift: float) -> None:
+        """Fold ``score' = scale * score + shift`` into the role (reward normalisation).
+
+        The scale goes into the head's weight (and bias, when it has one). The shift goes into the
+        head's bias when it has one; a bias-free head (Llama's ``score``: ``bias=False``, and
+        ``from_pretrained`` would drop an added bias as an unexpected key) keeps it as
+        :attr:`score_shift` (a :class:`ScalarModel` in its config as ``fourfold_score_shift``, which
+        ``save_pretrained`` writes to ``config.json``). So the saved model reproduces the affine
+        exactly; plain transformers' logits are ``score - fourfold_score_shift``.
+        """
+        self.head.weight.mul_(scale)
+        if self.head.bias is not None:
+            self.head.bias.mul_(scale).add_(shift)
+            return
+        self.score_shift = scale * float(self.score_shift or 0.0) + float(shift)
+
 
 class ScalarModel(ScalarRole, nn.Module):
     """Backbone + linear head -> one float per position (reward model and critic).
@@ -235,28 +255,19 @@ class ScalarModel(ScalarRole, nn.Module):
     def config(self):
         return self.hf.config
 
+    @property
+    def score_shift(self) -> Optional[float]:
+        """The normalisation's shift, kept in the config as ``fourfold_score_shift`` (see
+        :meth:`~ScalarRole.set_affine`)."""
+        return getattr(self.hf.config, "fourfold_score_shift", None)
+
+    @score_shift.setter
+    def score_shift(self, value: float) -> None:
+        self.hf.config.fourfold_score_shift = value
+
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, keep_last: Optional[int] = None) -> torch.Tensor:
         """Per-position scalars [B, L] (or [B, keep_last] for the last positions), float32."""
-        shift = getattr(self.hf.config, "fourfold_score_shift", None)  # see set_affine
-        return per_position_scalars(self.backbone, self.head, input_ids, attention_mask, keep_last, shift)
-
-    @torch.no_grad()
-    def set_affine(self, scale: float, shift: float) -> None:
-        """Fold ``score' = scale * score + shift`` into the model (reward normalisation).
-
-        The scale goes into the head's weight (and bias, when it has one). The shift goes into the
-        head's bias when it has one; a bias-free head (Llama's ``score``: ``bias=False``, and
-        ``from_pretrained`` would drop an added bias as an unexpected key) keeps it in the config
-        as ``fourfold_score_shift``, which :meth:`forward` adds and ``save_pretrained`` writes to
-        ``config.json``. So :func:`~fourfold.models.loading.load_sequence_scorer` + ScalarModel
-        reproduce the affine exactly; plain transformers' logits are ``score - fourfold_score_shift``.
-        """
-        self.head.weight.mul_(scale)
-        if self.head.bias is not None:
-            self.head.bias.mul_(scale).add_(shift)
-            return
-        previous = float(getattr(self.hf.config, "fourfold_score_shift", None) or 0.0)
-        self.hf.config.fourfold_score_shift = scale * previous + float(shift)
+        return per_position_scalars(self.backbone, self.head, input_ids, attention_mask, keep_last, self.score_shift)
 
     def save_pretrained(self, path, **kwargs):
         return self.hf.save_pretrained(path, **kwargs)

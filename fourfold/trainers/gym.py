@@ -68,7 +68,7 @@ from fourfold.core import (
 from fourfold.errors import ConfigError, NonFiniteError
 from fourfold.gym_plots import plot_run
 from fourfold.rollout.gym import EpisodeStats, VecEnvRunner, collect, collect_episodes, greedy_returns, make_vec_env
-from fourfold.trainers.common import NonFiniteGuard, guarded_step, make_optimizer
+from fourfold.trainers.optim import NonFiniteGuard, guarded_step, make_optimizer
 from fourfold.trainers.scaffold import RunScaffold
 
 __all__ = [
@@ -403,6 +403,6 @@ def _finish(run: RunScaffold, cfg: GymConfig, progress: _Progress, threshold: Op
     }
     run.write(plot_run, run.out, progress.evals, f"{cfg.algo} on {cfg.env.id}, seed {cfg.run.seed}", threshold)
     run.write((run.out / "summary.json").write_text, json.dumps(summary) + "\n", encoding="utf-8")
-    run.done("gym", summary=run.out / "summary.json", curve=run.out / "learning_curve.png")
+    run.finish(summary, summary=run.out / "summary.json", curve=run.out / "learning_curve.png")
     print(json.dumps(summary), flush=True)  # the last line: the summary as JSON
     return summary

@@ -22,9 +22,9 @@ minibatches are trimmed to their longest valid response; the LM head is applied 
 positions; log-probs never materialise a float32 copy of the full-vocabulary log-softmax.
 
 With ``model.lora`` the roles are adapters over one frozen base (the reference is the base itself,
-the reward and, with ``critic_mode: adapter``, the critic can be adapters too; see
-:func:`fourfold.trainers.lm.load_shared_roles`): the loop is the same, each role's parameters being
-its adapter (and head) only.
+the reward and, with ``critic_mode: adapter``, the critic can be adapters too; the role plan,
+:mod:`fourfold.models.plan`, says which): the loop is the same, each role's parameters being its
+adapter (and head) only.
 """
 
 from __future__ import annotations
@@ -56,24 +56,15 @@ from fourfold.core import (
 )
 from fourfold.dist import World
 from fourfold.errors import ConfigError
+from fourfold.models.build import Roles, apply_levers, build_roles
 from fourfold.models.levers import autocast_region
+from fourfold.models.plan import plan_roles
 from fourfold.models.roles import ScalarModel, response_logprobs
 from fourfold.rollout.noise import RowNoise
-from fourfold.trainers.common import NonFiniteGuard, guarded_step, make_optimizer, make_schedule
-from fourfold.trainers.lm import (
-    Probe,
-    PromptStream,
-    Roles,
-    check_world,
-    collect,
-    load_roles,
-    repeat_prompts,
-    sample_rows,
-    shard_lm_roles,
-    sum_over_ranks,
-)
-from fourfold.trainers.lora import save_trained
-from fourfold.trainers.memory import apply_levers
+from fourfold.trainers.export import save_trained
+from fourfold.trainers.optim import NonFiniteGuard, guarded_step, make_optimizer, make_schedule
+from fourfold.trainers.parallel import check_world, loss_scale, place_roles, sum_over_ranks
+from fourfold.trainers.rollouts import Probe, PromptStream, collect, repeat_prompts, sample_rows
 from fourfold.trainers.scaffold import RunScaffold
 
 
@@ -186,13 +177,13 @@ def _micro(rows: Rollout, micro: Optional[int], agg: str, total_units: float):
         yield part, float(aggregation_units(part.mask, agg)) / total
 
 
-def policy_step(policy, mb: Minibatch, algo: PPOAlgoConfig, opt: Optim, temperature: float, guard: NonFiniteGuard,
-                world_size: int = 1) -> dict:
+def policy_step(policy, mb: Minibatch, algo: PPOAlgoConfig, opt: Optim, temperature: float,
+                guard: NonFiniteGuard) -> dict:
     """One optimizer step of the policy loss on a minibatch (accumulated over micro-batches): the
     clipped surrogate (``clip_eps_low/high``), minus the entropy bonus, plus ``kl_coef`` x the k3 KL
     to the reference under ``kl_in: loss``, each aggregated by ``loss_agg`` over the whole
-    minibatch (each part weighted by its share of the minibatch's units, times ``world_size``
-    because the sharded model averages the ranks' gradients). Returns this rank's share of the
+    minibatch (each part weighted by its share of the minibatch's units, scaled by
+    :func:`~fourfold.trainers.parallel.loss_scale` for the ranks' averaged gradients). Returns this rank's share of the
     logged statistics (the loss as the minibatch's aggregate, the others as means over its valid
     tokens; summed over ranks by the caller) and the grad norm, the same on every rank."""
     stats_sum: dict[str, float] = {}
@@ -214,7 +205,7 @@ def policy_step(policy, mb: Minibatch, algo: PPOAlgoConfig, opt: Optim, temperat
                 kl, kl_stats = kl_loss(logprobs, part.ref_logprobs, part.mask, "k3", algo.loss_agg)
                 loss = loss + algo.kl_coef * kl
                 stats["kl_loss"] = kl_stats["kl"]
-            yield loss * (weight * world_size), {"policy_loss": dist.all_reduce_sum(loss.detach())}
+            yield loss * loss_scale(weight), {"policy_loss": dist.all_reduce_sum(loss.detach())}
             stats_sum["loss"] = stats_sum.get("loss", 0.0) + float(loss.detach()) * weight
             share = float(part.mask.sum()) / total_tokens  # = weight under token-mean
             for k, v in stats.items():
@@ -231,8 +222,7 @@ def policy_step(policy, mb: Minibatch, algo: PPOAlgoConfig, opt: Optim, temperat
     return out
 
 
-def critic_step(critic: ScalarModel, mb: Minibatch, algo: PPOAlgoConfig, opt: Optim, guard: NonFiniteGuard,
-                world_size: int = 1) -> dict:
+def critic_step(critic: ScalarModel, mb: Minibatch, algo: PPOAlgoConfig, opt: Optim, guard: NonFiniteGuard) -> dict:
     """One optimizer step of the (clipped) value loss to the returns, a token mean over the whole
     minibatch (weighted and scaled as in :func:`policy_step`); this rank's share of the statistics."""
     stats_sum: dict[str, float] = {}
@@ -242,7 +232,7 @@ def critic_step(critic: ScalarModel, mb: Minibatch, algo: PPOAlgoConfig, opt: Op
             T = part.mask.shape[1]
             values = critic.response_values(part.context["input_ids"], part.context["attention_mask"], T)
             loss, stats = value_loss(values, part.values, part.returns, part.mask, algo.vf_clip_eps)
-            yield loss * (weight * world_size), {"value_loss": dist.all_reduce_sum(loss.detach())}
+            yield loss * loss_scale(weight), {"value_loss": dist.all_reduce_sum(loss.detach())}
             for k, v in {"loss": loss.detach(), "clipfrac": stats["clipfrac"]}.items():
                 stats_sum[k] = stats_sum.get(k, 0.0) + float(v) * weight
 
@@ -270,7 +260,6 @@ def ppo_update(roles: Roles, rollout: Rollout, algo: PPOAlgoConfig, opt: Optim, 
     """
     perms = [torch.randperm(rollout.batch_size) for _ in range(algo.ppo_epochs)]
     mbs = minibatches(rollout, algo, perms, iteration, world)
-    W = world.world_size
 
     def mean_over(step_fn) -> dict:
         sums: dict[str, float] = {}
@@ -280,10 +269,10 @@ def ppo_update(roles: Roles, rollout: Rollout, algo: PPOAlgoConfig, opt: Optim, 
         return {k: v / len(mbs) for k, v in sums.items()}
 
     def policy_epochs() -> dict:
-        return mean_over(lambda mb: policy_step(roles.policy, mb, algo, opt, temperature, guard, W))
+        return mean_over(lambda mb: policy_step(roles.policy, mb, algo, opt, temperature, guard))
 
     def critic_epochs() -> dict:
-        return mean_over(lambda mb: critic_step(roles.critic, mb, algo, opt, guard, W))
+        return mean_over(lambda mb: critic_step(roles.critic, mb, algo, opt, guard))
 
     if roles.critic is None:
         stats = policy_epochs()
@@ -316,24 +305,25 @@ def _set_up(cfg: PPOConfig, run: RunScaffold, roles: Roles, prompts: Optional[Se
     state = run.resume()
     if state is None:
         return opt, stream, kl_ctl, 0
+    run.require_not_past(state["iteration"], algo.iterations, "ppo.iterations", "iteration")
     kl_ctl.load_state_dict(state["kl_ctl"])
     stream.load_state_dict(state["prompts"])
     return opt, stream, kl_ctl, state["iteration"]
 
 
 def _placed_roles(cfg: PPOConfig, run: RunScaffold, device: torch.device, roles: Optional[Roles]) -> Roles:
-    """Step 0 for the roles: the world checks (:func:`~fourfold.trainers.lm.check_world`), the roles
-    passed in (refused with a critic a critic-free estimator would not train) or loaded, then placed
-    on the ranks (:func:`~fourfold.trainers.lm.shard_lm_roles`; nothing in one process)."""
+    """Step 0 for the roles: the world checks (:func:`~fourfold.trainers.parallel.check_world`), the
+    roles passed in (refused with a critic a critic-free estimator would not train; the plan's
+    levers applied) or built from the role plan, then placed on the ranks
+    (:func:`~fourfold.trainers.parallel.place_roles`; nothing in one process)."""
     algo = cfg.ppo
     check_world(run.world, cfg.run.concurrent_roles, {"ppo.rollout_batch_size": algo.rollout_batch_size,
                                                       "ppo.minibatch_size": algo.minibatch_size})
     if roles is not None and roles.critic is not None and not get_advantage_estimator(algo.advantage).needs_critic:
         raise ConfigError(f"ppo.advantage: {algo.advantage} uses no critic, but the roles passed in have one")
-    roles = roles or load_roles(cfg.model, device, with_critic=algo.loads_critic,
-                               concurrent=cfg.run.concurrent_roles)
-    roles = apply_levers(roles, cfg.model, device)  # dtypes, checkpointing, autocast: before sharding
-    shard_lm_roles(roles, cfg.dist, device)
+    plan = plan_roles("ppo", cfg)
+    roles = apply_levers(roles, plan, device) if roles is not None else build_roles(plan, device)
+    place_roles(roles, plan, device)
     return roles
 
 
@@ -388,8 +378,7 @@ def train(cfg: PPOConfig, *, prompts: Optional[Sequence[str]] = None, probe: Opt
     last: dict = {}
     with run.loop(total=algo.iterations, desc="ppo",
                   key_metrics=("reward/score_mean", "reward/gold_mean", "kl/k1")) as logger:
-        if run.resumed_step is None:
-            stream.warn_skipped(logger)
+        run.warn_skipped(logger, stream.skipped)
         for it in range(start + 1, algo.iterations + 1):
             t_iter = time.perf_counter()
             # 1. sample prompts, each on samples_per_prompt consecutive rows
@@ -428,11 +417,12 @@ def train(cfg: PPOConfig, *, prompts: Optional[Sequence[str]] = None, probe: Opt
                 logger.samples(it, sample_rows(col, roles.tokenizer, probe))
             last = metrics
             run.checkpoint_if_due(it)
+        run.require_an_update(algo.iterations - start)
         # the final models, loadable with plain transformers (LoRA: merged, and the adapters beside)
         written = save_trained(run, roles.policy, roles.tokenizer, run.out / "policy")
         if roles.critic is not None:
             save_trained(run, roles.critic, roles.tokenizer, run.out / "critic")
-    run.done("ppo", model=run.out / "policy", **({"critic": run.out / "critic"} if roles.critic is not None else {}))
-    return {"output_dir": str(run.out), "policy": written["model"], "final": last,
-            **({"policy_adapter": written["adapter"]} if "adapter" in written else {})}
+    return run.finish({"output_dir": str(run.out), "policy": written["model"], "final": last,
+                       **({"policy_adapter": written["adapter"]} if "adapter" in written else {})},
+                      model=run.out / "policy", **({"critic": run.out / "critic"} if roles.critic is not None else {}))
 

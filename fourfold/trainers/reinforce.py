@@ -21,13 +21,15 @@ from fourfold import dist
 from fourfold.config import ReinforceConfig
 from fourfold.core import FixedKLController, Rollout, discounted_returns, masked_mean, reinforce_loss
 from fourfold.dist import World
+from fourfold.models.build import Roles, apply_levers, build_roles
 from fourfold.models.levers import autocast_region
+from fourfold.models.plan import plan_roles
 from fourfold.models.roles import response_logprobs
 from fourfold.rollout.noise import RowNoise
-from fourfold.trainers.common import guarded_step, make_optimizer, make_schedule
-from fourfold.trainers.lm import Probe, PromptStream, Roles, check_world, collect, load_roles, sample_rows, shard_lm_roles
-from fourfold.trainers.lora import save_trained
-from fourfold.trainers.memory import apply_levers
+from fourfold.trainers.export import save_trained
+from fourfold.trainers.optim import guarded_step, make_optimizer, make_schedule
+from fourfold.trainers.parallel import check_world, loss_scale, place_roles
+from fourfold.trainers.rollouts import Probe, PromptStream, collect, sample_rows
 from fourfold.trainers.scaffold import RunScaffold
 
 
@@ -35,15 +37,15 @@ def rank_loss(policy, r: Rollout, returns: Tensor, baseline: Optional[Tensor], t
               world: World = dist.SINGLE) -> tuple[Tensor, Tensor]:
     """Step 6's loss on this rank's contiguous share of the batch ``r`` (the whole batch, the same
     on every rank): ``(to_backward, loss)``. ``loss`` is the batch's token-mean REINFORCE loss
-    (summed over ranks, so the same on each); ``to_backward`` is this rank's part of it times the
-    world size, because the sharded model averages the ranks' gradients."""
+    (summed over ranks, so the same on each); ``to_backward`` is this rank's part of it, scaled by
+    :func:`~fourfold.trainers.parallel.loss_scale` for the ranks' averaged gradients."""
     rows = dist.shard(r.batch_size, world)
     mine = r.select(rows)
     ids, attn = mine.context["input_ids"], mine.context["attention_mask"]
     logprobs, _ = response_logprobs(policy, ids, attn, mine.mask.shape[1], temperature)
     local, _ = reinforce_loss(logprobs, returns[rows], mine.mask, baseline)
     share = float(mine.mask.sum()) / max(float(r.mask.sum()), 1.0)
-    return local * (share * world.world_size), dist.all_reduce_sum(local.detach() * share)
+    return local * loss_scale(share, world), dist.all_reduce_sum(local.detach() * share)
 
 
 def _set_up(cfg: ReinforceConfig, run: RunScaffold, roles: Roles, prompts: Optional[Sequence[str]]):
@@ -60,6 +62,7 @@ def _set_up(cfg: ReinforceConfig, run: RunScaffold, roles: Roles, prompts: Optio
     state = run.resume()
     if state is None:
         return optimizer, schedule, stream, 0
+    run.require_not_past(state["iteration"], algo.iterations, "reinforce.iterations", "iteration")
     stream.load_state_dict(state["prompts"])
     return optimizer, schedule, stream, state["iteration"]
 
@@ -74,16 +77,16 @@ def train(cfg: ReinforceConfig, *, prompts: Optional[Sequence[str]] = None, prob
     device = run.hf_device()
     world = run.world
     check_world(world, False, {"reinforce.rollout_batch_size": algo.rollout_batch_size})
-    roles = apply_levers(roles or load_roles(cfg.model, device, with_critic=False), cfg.model, device)
-    shard_lm_roles(roles, cfg.dist, device)  # torchrun: FSDP2 (before the optimizer sees the parameters)
+    plan = plan_roles("reinforce", cfg)
+    roles = apply_levers(roles, plan, device) if roles is not None else build_roles(plan, device)
+    place_roles(roles, plan, device)  # torchrun: FSDP2 (before the optimizer sees the parameters)
     optimizer, schedule, stream, start = _set_up(cfg, run, roles, prompts)
     kl_ctl = FixedKLController(algo.kl_coef)
     guard = run.guard
     last: dict = {}
     with run.loop(total=algo.iterations, desc="reinforce",
                   key_metrics=("reward/score_mean", "reward/gold_mean", "kl/k1")) as logger:
-        if run.resumed_step is None:
-            stream.warn_skipped(logger)
+        run.warn_skipped(logger, stream.skipped)
         for it in range(start + 1, algo.iterations + 1):
             t_iter = time.perf_counter()
             # 1. sample prompts
@@ -123,7 +126,8 @@ def train(cfg: ReinforceConfig, *, prompts: Optional[Sequence[str]] = None, prob
             last = metrics
             run.stop_if_stuck(it)  # skipped steps never touched the weights
             run.checkpoint_if_due(it)
+        run.require_an_update(algo.iterations - start)
         written = save_trained(run, roles.policy, roles.tokenizer, run.out / "policy")
-    run.done("reinforce", model=run.out / "policy")
-    return {"output_dir": str(run.out), "policy": written["model"], "final": last,
-            **({"policy_adapter": written["adapter"]} if "adapter" in written else {})}
+    return run.finish({"output_dir": str(run.out), "policy": written["model"], "final": last,
+                       **({"policy_adapter": written["adapter"]} if "adapter" in written else {})},
+                      model=run.out / "policy")

@@ -17,8 +17,8 @@ stays in the trainer, flat and in numbered steps; the scaffold has no hooks::
             run.stop_if_stuck(step)
             logger.log(step, row)
             run.checkpoint_if_due(step, final=step == total)
-        run.write(save_hf, model, tokenizer, run.out / "model")
-    run.done("sft", model=run.out / "model")                #    the final summary line
+        written = save_trained(run, model, tokenizer, run.out / "model")
+    return run.finish({"output_dir": ..., **written}, model=run.out / "model")  # the summary line
 
 Under ``torchrun`` (sft, reward, dpo, ppo and reinforce) the scaffold starts the process group
 (:func:`fourfold.dist.init_from_env`: gloo on CPU, NCCL on CUDA, each rank on ``cuda:LOCAL_RANK``),
@@ -47,9 +47,11 @@ import torch
 from fourfold import dist
 from fourfold.allocator import set_mmap_threshold
 from fourfold.config import config_to_dict, save_config, validate_tree
-from fourfold.errors import ConfigError, FourfoldError, OutputError
+from fourfold.config.stages import stage_of, torchrun_stages
+from fourfold.errors import ConfigError, FourfoldError, NonFiniteError, OutputError
 from fourfold.sinks import done_line, open_sinks, require_sinks
-from fourfold.trainers.common import NonFiniteGuard, quiet_transformers, seed_everything
+from fourfold.trainers.common import quiet_transformers, seed_everything
+from fourfold.trainers.optim import NonFiniteGuard
 from fourfold.trainers.run_dir import prepare_run_dir
 
 
@@ -69,6 +71,7 @@ class RunScaffold:
     def __init__(self, cfg) -> None:
         validate_tree(cfg)  # a config built in Python is checked as the CLI checks a loaded one
         self.run_cfg = cfg.run
+        self.stage = getattr(stage_of(cfg), "name", "run")  # the summary line's name
         self._t0 = time.perf_counter()
         self.world = _start_group(cfg)  # torchrun: the process group; one process: rank 0 of 1
         seed_everything(self.run_cfg.seed)  # first: everything after draws from the seeded generators
@@ -303,22 +306,57 @@ class RunScaffold:
         every = self.run_cfg.samples_every
         return bool(every) and (iteration % every == 0 or iteration == total)
 
-    def done(self, stage: str, **outputs) -> None:
-        """Print the run's final summary line (on every run, terminal or not): the time it took,
-        ``outputs`` (name -> path, e.g. ``model=...``), then the metrics, the samples and
-        TensorBoard files when written, and the checkpoints when there are any."""
+    def warn_skipped(self, logger, skipped: list) -> None:
+        """Say on the console and in events.jsonl how many bad data rows were skipped
+        (``data.on_error: skip``) and the first, once: not again on resume."""
+        if skipped and self.resumed_step is None:
+            logger.warn(f"{len(skipped)} bad rows skipped (data.on_error=skip); first: {skipped[0]}", step=0)
+
+    def require_not_past(self, resumed: int, total: int, key: str, unit: str) -> None:
+        """A resumed checkpoint at ``resumed`` (a ``unit``: step, iteration) past the run's last one,
+        ``total`` (config ``key``), is refused: there is nothing to train, and exporting the
+        checkpoint's model as the result of a shorter run would misstate it."""
+        if resumed > total:
+            raise ConfigError(f"{key}: {total}, but the checkpoint resumed from {self.out / 'checkpoints'} is at "
+                              f"{unit} {resumed}, past the end; raise {key} above {resumed} to continue it, or "
+                              "start over with --overwrite")
+
+    def require_an_update(self, ran: int) -> None:
+        """After the loop of a fresh run that ran ``ran`` steps or iterations: when not one update went
+        through (every one skipped for a non-finite quantity, too few to reach
+        ``run.max_consecutive_skips``), a NonFiniteError saying why, before the untrained model is
+        exported as if it were the result."""
+        if ran and self.resumed_step is None and self.guard.good == 0 and self.guard.events:
+            last = self.guard.events[-1]
+            raise NonFiniteError(f"no update went through in {ran} step(s): every one was skipped for a non-finite "
+                                 f"quantity (last: {last['quantity']} at {last['where']}; events.jsonl lists them); "
+                                 "the model was not trained and nothing was exported")
+
+    def last_metrics_row(self) -> dict:
+        """The last row of ``metrics.jsonl`` without its step ({} when there is none): what a trainer
+        reports when it resumed a run that had already finished."""
+        from fourfold.reporting import read_metrics
+
+        rows = read_metrics(self.out / "metrics.jsonl")
+        return {k: v for k, v in rows[-1].items() if k != "step"} if rows else {}
+
+    def finish(self, result: dict, **outputs) -> dict:
+        """End the run: print its final summary line (rank 0; on every run, terminal or not): the
+        stage, the time it took, ``outputs`` (name -> path, e.g. ``model=...``), then the metrics,
+        the samples and TensorBoard files when written, and the checkpoints when there are any.
+        Returns ``result``, the trainer's summary dict."""
         from fourfold.checkpoint import CHECKPOINTS_DIR, list_checkpoints
 
-        if not self.is_main:
-            return
-        where = dict(outputs, metrics=self.logger.metrics_path)
-        if self.logger.samples_path.is_file() and self.logger.samples_path.stat().st_size:
-            where["samples"] = self.logger.samples_path
-        if self.logger.tensorboard_dir is not None:
-            where["tensorboard"] = self.logger.tensorboard_dir
-        if list_checkpoints(self.out):
-            where["checkpoints"] = self.out / CHECKPOINTS_DIR
-        print(done_line(stage, time.perf_counter() - self._t0, where), flush=True)
+        if self.is_main:
+            where = dict(outputs, metrics=self.logger.metrics_path)
+            if self.logger.samples_path.is_file() and self.logger.samples_path.stat().st_size:
+                where["samples"] = self.logger.samples_path
+            if self.logger.tensorboard_dir is not None:
+                where["tensorboard"] = self.logger.tensorboard_dir
+            if list_checkpoints(self.out):
+                where["checkpoints"] = self.out / CHECKPOINTS_DIR
+            print(done_line(self.stage, time.perf_counter() - self._t0, where), flush=True)
+        return result
 
 
 class NullLogger:
@@ -366,8 +404,8 @@ def _start_group(cfg) -> dist.World:
     then start the process group on the run's device. Without torchrun: rank 0 of 1."""
     if not dist.launched_by_torchrun():
         return dist.world()
-    if getattr(cfg, "dist", None) is None:
-        raise ConfigError("torchrun: this stage runs in one process only (sft, reward, dpo, ppo and reinforce "
+    if not getattr(stage_of(cfg), "torchrun", False):
+        raise ConfigError(f"torchrun: this stage runs in one process only ({', '.join(torchrun_stages())} "
                           "run under torchrun); start it without torchrun")
     if getattr(cfg.model, "lora", None) is not None:
         raise ConfigError("model.lora: LoRA does not run under torchrun yet; run it in one process (without torchrun)")

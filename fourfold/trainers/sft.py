@@ -6,12 +6,15 @@ One step, as numbered in :func:`train`:
    right-padded to the batch's longest row (examples are tokenised once, up front);
 2. forward; ``logits[:, :-1]`` predict ``input_ids[:, 1:]`` under the loss mask shifted the same
    way (1 on completion tokens and the EOS after them; 0 on BOS, prompt and padding);
-3. :func:`fourfold.core.sft_loss` (mean over the batch's completion tokens), backward, global-norm
-   clip and an AdamW step - skipped when the loss or the gradient norm is not finite - then the LR
-   schedule (linear warm-up, then linear decay to 0 or constant);
+   :func:`fourfold.core.sft_loss`, the mean over the batch's completion tokens;
+3. backward, global-norm clip and an AdamW step - skipped when the loss or the gradient norm is not
+   finite - then the LR schedule (linear warm-up, then linear decay to 0 or constant);
 4. a metrics row every ``train.log_every`` steps (means over the steps since the previous row) and
    the held-out loss on ``data.eval`` every ``train.eval_every`` steps and at the end;
 5. a checkpoint every ``run.save_every`` steps, at the end, and on SIGTERM/SIGINT (then exit).
+
+Steps 1, 3, 4 and 5 are the supervised loop's (:mod:`fourfold.trainers.supervised`); this module
+holds the data set-up, the loss (step 2) and the metrics.
 
 Tokenisation matches generation: a prompt is encoded exactly as
 :func:`fourfold.data.tokenize_prompts` encodes it for PPO (BOS first, no other special tokens), so
@@ -19,67 +22,32 @@ the ids PPO generates after are the ids SFT trained on. The run writes ``output_
 Hugging Face directory (safetensors + tokenizer) that ``AutoModelForCausalLM.from_pretrained`` loads.
 With ``model.lora`` only a LoRA adapter over the frozen ``model.path`` trains (checkpoints hold the
 adapter); ``model/`` is then the merged model and ``model-adapter/`` the adapter
-(:mod:`fourfold.trainers.lora`).
+(:mod:`fourfold.trainers.export`).
 """
 
 from __future__ import annotations
 
-import time
 from typing import Optional
 
 import torch
 
-from fourfold import dist
-from fourfold.config import InitModelConfig, SFTConfig
+from fourfold.config import SFTConfig
 from fourfold.core import sft_loss
-from fourfold.data import EpochSampler, SFTExample, chat_template_renderer, collate_sft, encode_sft, line_of, load_sft
+from fourfold.data import SFTExample, chat_template_renderer, collate_sft, encode_sft, line_of, load_sft
 from fourfold.errors import DataError
-from fourfold.models.checks import checker
-from fourfold.models.factory import llama_config, random_causal_lm
-from fourfold.models.loading import ensure_pad_embedding, load_causal_lm, load_tokenizer
-from fourfold.trainers.common import (
-    global_sums,
-    global_weight,
-    guarded_step,
-    last_metrics_row,
-    local_rows,
-    make_optimizer,
-    make_schedule,
-    num_steps,
-    require_batch,
-    track_steps,
-)
-from fourfold.trainers.fsdp import shard_roles
-from fourfold.trainers.lora import adapted_lm, save_trained
-from fourfold.trainers.memory import apply_model_levers, trained_dtype
+from fourfold.models.build import build_roles
+from fourfold.models.plan import plan_roles
+from fourfold.trainers.export import save_trained
+from fourfold.trainers.parallel import Figures, check_world, place_roles
 from fourfold.trainers.scaffold import RunScaffold
+from fourfold.trainers.supervised import SupervisedSteps, Window, require_batch
 
-_WINDOW_KEYS = ("steps", "good_steps", "loss", "token_accuracy", "grad_norm", "tokens", "seconds")
+FIGURES = ("loss", "token_accuracy", "tokens")
 
 
 # ---------------------------------------------------------------------------------------------
 # set-up pieces
 # ---------------------------------------------------------------------------------------------
-
-
-def load_model(model_cfg: InitModelConfig, device: torch.device):
-    """(tokenizer with a dedicated pad, causal LM on ``device``): from ``model.path`` or, with
-    ``model.from_scratch``, a random-init Llama of the configured sizes over the tokenizer's vocabulary.
-    With ``model.lora`` the model is an :class:`~fourfold.models.lora.AdapterLM` over the frozen one."""
-    tok = load_tokenizer(model_cfg.tokenizer or model_cfg.path, trust_remote_code=model_cfg.trust_remote_code)
-    if model_cfg.from_scratch:
-        config = llama_config(
-            len(tok), model_cfg.hidden_size, model_cfg.num_layers, model_cfg.num_heads,
-            model_cfg.intermediate_size, model_cfg.max_positions,
-            pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
-        )
-        model = random_causal_lm(config, dtype=trained_dtype(model_cfg))  # global RNG: seeded by the caller
-    else:
-        model = load_causal_lm(model_cfg.path, dtype=trained_dtype(model_cfg), trust_remote_code=model_cfg.trust_remote_code)
-        checker(tok, model_cfg).causal_lm(model, "model.path", model_cfg.path)  # an LM head, the tokenizer's vocabulary
-    ensure_pad_embedding(model, tok)
-    model = model.to(device)
-    return tok, adapted_lm(model, model_cfg.lora)  # LoRA: the adapter over the frozen model is what trains
 
 
 def encode_file(path: str, tokenizer, max_len: int, on_error: str) -> tuple[list[SFTExample], list[str]]:
@@ -135,48 +103,28 @@ def evaluate(model, examples: list[SFTExample], batch_size: int, pad_id: int, de
     return total / max(count, 1.0)
 
 
-def step_loss(model, batch: dict[str, torch.Tensor], counted: int, world) -> tuple[torch.Tensor, float, float, float]:
-    """Step 2 on this rank's part of the batch: (the loss to backpropagate, and over the whole
-    global batch: the loss, the token accuracy, the completion tokens). In one process the loss is
-    the batch's token mean; under torchrun every rank's share of the global token mean
-    (:func:`~fourfold.trainers.common.global_weight`), and the reported figures are global sums
-    divided by the global token count. ``counted``: 0 when this rank's row does not count."""
+def step_loss(model, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, Figures]:
+    """Step 2 on this rank's rows: the loss (their token mean) and its figures (the loss and the
+    token accuracy, means weighted by the completion tokens)."""
     loss, stats = batch_loss(model, batch)
     tokens = float(batch["loss_mask"][:, 1:].sum())
-    if not world.distributed:
-        return loss, float(loss.detach()), float(stats["token_accuracy"]), tokens
-    tokens = tokens if counted else 0.0
-    loss_sum, correct, total = global_sums([float(loss.detach()) * tokens, float(stats["token_accuracy"]) * tokens, tokens])
-    per_token = 1.0 / total if total else 0.0
-    return loss * global_weight(tokens, total), loss_sum * per_token, correct * per_token, total
+    return loss, Figures({"loss": float(loss.detach()), "token_accuracy": float(stats["token_accuracy"])},
+                         {"tokens": tokens}, weight="tokens")
 
 
-def _add_step(window: dict, loss: float, accuracy: float, tokens: float, grad_norm: Optional[float],
-              seconds: float) -> None:
-    """Add one step to the metrics window (``grad_norm`` None: the update was skipped)."""
-    window["steps"] += 1
-    window["good_steps"] += int(grad_norm is not None)
-    window["loss"] += loss
-    window["token_accuracy"] += accuracy
-    window["grad_norm"] += grad_norm if grad_norm is not None else 0.0
-    window["tokens"] += tokens
-    window["seconds"] += seconds
-
-
-def _window_row(window: dict) -> dict:
+def window_row(window: Window) -> dict:
     """Means over the steps since the previous metrics row."""
-    steps, good = max(window["steps"], 1), max(window["good_steps"], 1)
     return {
-        "sft/loss": window["loss"] / steps,
-        "sft/token_accuracy": window["token_accuracy"] / steps,
-        "sft/grad_norm": window["grad_norm"] / good if window["good_steps"] else float("nan"),
-        "time/step_s": window["seconds"] / steps,
+        "sft/loss": window.per_step("loss"),
+        "sft/token_accuracy": window.per_step("token_accuracy"),
+        "sft/grad_norm": window.mean_grad_norm(),
+        "time/step_s": window.per_step("seconds"),
         "time/train_tokens_per_s": window["tokens"] / max(window["seconds"], 1e-9),
     }
 
 
 # ---------------------------------------------------------------------------------------------
-# the loop
+# the stage
 # ---------------------------------------------------------------------------------------------
 
 
@@ -186,57 +134,26 @@ def train(cfg: SFTConfig) -> dict:
     # 0. set-up: seed, run directory, model, data (tokenised once), optimiser, schedule, resume
     run = RunScaffold(cfg)
     device = run.hf_device()
-    dist.check_divisible("train.batch_size", tc.batch_size, run.world)
-    tok, model = load_model(cfg.model, device)
-    apply_model_levers(model, cfg.model, device)
-    shard_roles({"model": model}, cfg.dist, device)  # torchrun: FSDP2 (before the optimizer sees the parameters)
+    check_world(run.world, False, {"train.batch_size": tc.batch_size})
+    plan = plan_roles("sft", cfg)
+    roles = build_roles(plan, device)
+    tok, model = roles.tokenizer, roles.policy
+    place_roles(roles, plan, device)  # torchrun: FSDP2 (before the optimizer sees the parameters)
     train_ex, eval_ex, skipped = load_examples(cfg, tok)
     require_batch(tc.batch_size, len(train_ex), f"training examples in {cfg.data.train}")
-    sampler = EpochSampler(len(train_ex), tc.batch_size, seed=cfg.run.seed)
-    total = num_steps(tc.max_steps, tc.epochs, len(sampler))
-    opt = make_optimizer(model.parameters(), tc.lr, tc.weight_decay)
-    sched = make_schedule(opt, total, tc.lr_schedule, tc.warmup_steps)
-    window = dict.fromkeys(_WINDOW_KEYS, 0.0)
-    start = track_steps(run, "model", model, opt, sched, sampler, window)
-    model.train()
+    steps = SupervisedSteps(run, model, tc, len(train_ex), "model", FIGURES)
     pad_id = tok.pad_token_id
-    batches = sampler.batches()
-    last: dict = {}
-    with run.loop(total=total, desc="sft", key_metrics=("sft/loss", "sft/eval_loss")) as logger:
-        if skipped and run.resumed_step is None:
-            logger.warn(f"{len(skipped)} bad rows skipped (data.on_error=skip); first: {skipped[0]}", step=0)
-        for step in range(start + 1, total + 1):
-            t0 = time.perf_counter()
-            where = f"step {step}"
-            # 1. batch (this rank's part of it under torchrun): right-padded to its longest row
-            rows, counted = local_rows(next(batches), run.world)
-            batch = to_device(collate_sft([train_ex[i] for i in rows], pad_id), device)
-            # 2. forward and loss on the completion tokens
-            loss, loss_value, accuracy, tokens = step_loss(model, batch, counted, run.world)
-            lr = opt.param_groups[0]["lr"]  # the rate this step uses
-            # 3. backward, clip, guarded AdamW step, schedule
-            grad_norm, good = guarded_step(model, opt, sched, tc.max_grad_norm, run.guard, where,
-                                           [(loss, {"sft_loss": torch.tensor(loss_value)})])
-            if good:
-                run.guard.good_step()
-            run.log_skips(step)
-            _add_step(window, loss_value, accuracy, tokens, grad_norm if good else None, time.perf_counter() - t0)
-            run.stop_if_stuck(step)
-            # 4. metrics (means since the previous row) and the held-out loss
-            row: dict = {}
-            if step % tc.log_every == 0 or step == total:
-                row.update(_window_row(window), **{"sft/lr": lr, "train/nonfinite_skips": run.guard.total})
-                window.update(dict.fromkeys(_WINDOW_KEYS, 0.0))  # the same dict: checkpoints read it
-            if eval_ex is not None and ((tc.eval_every and step % tc.eval_every == 0) or step == total):
-                row["sft/eval_loss"] = evaluate(model, eval_ex, tc.batch_size, pad_id, device)
-            if row:
-                logger.log(step, row)
-                last = row
-            # 5. checkpoint (every save_every steps, at the end, and when asked to stop)
-            run.checkpoint_if_due(step, final=step == total)
+
+    def step(rows: list) -> tuple[torch.Tensor, Figures]:
+        return step_loss(model, to_device(collate_sft([train_ex[i] for i in rows], pad_id), device))
+
+    def held_out() -> dict:
+        return {"sft/eval_loss": evaluate(model, eval_ex, tc.batch_size, pad_id, device)}
+
+    with run.loop(total=steps.total, desc="sft", key_metrics=("sft/loss", "sft/eval_loss")) as logger:
+        run.warn_skipped(logger, skipped)
+        last = steps.run(logger, step=step, row=window_row, evaluate=held_out if eval_ex is not None else None,
+                         check="sft_loss", lr_key="sft/lr")
         # the final model, loadable with plain transformers (LoRA: merged, and the adapter beside)
         written = save_trained(run, model, tok, run.out / "model")
-    if not last:  # resumed a run that had already finished: report its last row
-        last = last_metrics_row(run.out)
-    run.done("sft", model=run.out / "model")
-    return {"output_dir": str(run.out), **written, "final": last}
+    return run.finish({"output_dir": str(run.out), **written, "final": last}, model=run.out / "model")

@@ -7,8 +7,9 @@ import torch
 
 from fourfold import dist
 from fourfold.config import PPOConfig, load_config
+from fourfold.models.build import load_roles
 from fourfold.rollout.noise import RowNoise
-from fourfold.trainers.lm import PromptStream, collect, load_roles, repeat_prompts
+from fourfold.trainers.rollouts import PromptStream, collect, repeat_prompts
 
 
 def run(tiny_lm: str, world) -> dict:
@@ -16,7 +17,7 @@ def run(tiny_lm: str, world) -> dict:
     over = {"model.policy": f"{tiny_lm}/sft", "model.reward": f"{tiny_lm}/rm", "data.prompts": f"{tiny_lm}/prompts.jsonl",
             "generation.max_new_tokens": 16, "generation.temperature": 2.0, "generation.missing_eos_score": -1.0}
     cfg = load_config(PPOConfig, None, [f"{k}={v}" for k, v in over.items()])
-    roles = load_roles(cfg.model, torch.device("cpu"), with_critic=True)
+    roles = load_roles("ppo", cfg, torch.device("cpu"))
     stream = PromptStream(cfg.data, roles.tokenizer, 4, seed=0)
     texts, ids, mask = repeat_prompts(*stream.next("cpu"), 2)
     probe = lambda prompts, responses: {"probe/words": sum(len(r.split()) for r in responses) / len(responses)}

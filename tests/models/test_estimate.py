@@ -28,7 +28,7 @@ from fourfold.models.estimate import (
 )
 from fourfold.models.param_count import count_lora, shape_of
 from fourfold.models.roles import response_logprobs
-from fourfold.trainers.common import make_optimizer
+from fourfold.trainers.optim import make_optimizer
 
 SMALL = dict(vocab_size=97, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, max_position_embeddings=64)
 CONFIGS = {
@@ -75,8 +75,9 @@ def test_lora_counts_are_exact(arch):
     """Policy = base + adapter (what get_peft_model builds); critic = backbone + its own adapter
     (add_adapter) + value head; reference = the base; reward adapter counted like the critic's."""
     cfg, targets = CONFIGS[arch](), TARGETS[arch]
-    lora = LoraSettings(r=4, target_modules=targets, critic_mode="adapter", reward_mode="adapter")
-    roles = estimate_from_settings(EstimateSettings(policy=cfg, critic=cfg, lora=lora)).roles
+    lora = LoraSettings(r=4, target_modules=targets)
+    roles = estimate_from_settings(EstimateSettings(policy=cfg, critic=cfg, lora=lora, critic_mode="adapter",
+                                                    reward_mode="adapter")).roles
     base = AutoModelForCausalLM.from_config(cfg)
     base_params = numel(base.parameters())
     peft_model = get_peft_model(base, LoraConfig(r=4, target_modules=targets), adapter_name="policy")
@@ -163,8 +164,9 @@ def test_shared_base_model_state_bytes_match_one_optimizer_step(precision):
     critic_opt = one_step(model, [*model.parameters(), *head.parameters()], value_loss, ids)
     reward = scorer(cfg).to(frozen)
     measured = allocated_bytes([model, head, reward], [policy_opt, critic_opt])
-    lora = LoraSettings(r=4, target_modules=targets, critic_mode="adapter")
-    est = estimate_from_settings(EstimateSettings(policy=cfg, reward=cfg, critic=cfg, lora=lora, precision=precision))
+    lora = LoraSettings(r=4, target_modules=targets)
+    est = estimate_from_settings(EstimateSettings(policy=cfg, reward=cfg, critic=cfg, lora=lora, critic_mode="adapter",
+                                                  precision=precision))
     assert abs(model_state_bytes(est) - measured) <= 0.05 * measured, (model_state_bytes(est), measured)
 
 
@@ -192,7 +194,7 @@ def test_model_state_bytes_match_one_optimizer_step_for_each_architecture(arch, 
         critic_opt = one_step(model, [*model.parameters(), *head.parameters()], value_loss, ids)
         measured = allocated_bytes([model, head, scorer(cfg)], [policy_opt, critic_opt])
         settings = EstimateSettings(policy=cfg, reward=cfg, critic=cfg,
-                                    lora=LoraSettings(r=4, target_modules=targets, critic_mode="adapter"))
+                                    lora=LoraSettings(r=4, target_modules=targets), critic_mode="adapter")
     else:
         policy, critic = AutoModelForCausalLM.from_config(cfg), scorer(cfg)
         opts = [one_step(policy, policy.parameters(), lm_loss, ids), one_step(critic, critic.parameters(), lm_loss, ids)]
@@ -294,7 +296,8 @@ def test_levers_lower_the_estimate_and_devices_shard_the_trained_state():
                 max_prompt_len=64, max_new_tokens=128)
     full = estimate_from_settings(EstimateSettings(**base))
     ckpt = estimate_from_settings(EstimateSettings(**base, gradient_checkpointing=True))
-    lora = estimate_from_settings(EstimateSettings(**base, lora=LoraSettings(critic_mode="adapter", reward_mode="adapter")))
+    lora = estimate_from_settings(EstimateSettings(**base, lora=LoraSettings(), critic_mode="adapter",
+                                                   reward_mode="adapter"))
     mixed = estimate_from_settings(EstimateSettings(**base, precision="bf16-mixed"))
     resident = full.train["weights"] + full.train["AdamW state"]
     assert ckpt.train_peak_bytes - resident < 0.3 * (full.train_peak_bytes - resident)
@@ -326,7 +329,7 @@ def test_inconsistent_settings_are_refused():
     with pytest.raises(ValueError, match="precision"):
         estimate_from_settings(EstimateSettings(policy=cfg, precision="fp8"))
     with pytest.raises(ValueError, match="needs a critic"):
-        estimate_from_settings(EstimateSettings(policy=cfg, lora=LoraSettings(critic_mode="adapter")))
+        estimate_from_settings(EstimateSettings(policy=cfg, lora=LoraSettings(), critic_mode="adapter"))
     with pytest.raises(ValueError, match="reference"):
         estimate_from_settings(EstimateSettings(policy=cfg, reference=tiny_llama().__class__(), lora=LoraSettings()))
 

@@ -7,21 +7,24 @@ import pytest
 import torch
 
 from fourfold.checkpoint import load_checkpoint, save_checkpoint, save_pretrained_atomic
+from fourfold.config import PPOConfig, RewardConfig, load_config
 from fourfold.errors import ConfigError, ModelLoadError
+from fourfold.models.build import load_roles
 from fourfold.models.factory import llama_config, random_causal_lm
 from fourfold.models.loading import load_causal_lm, load_sequence_scorer
 from fourfold.models.lora import (
     SCORE_FILE,
     AdapterConcurrencyError,
     AdapterLM,
+    AdapterScalarModel,
     LoraSettings,
     SharedBase,
     add_critic,
     backbone_prefixes,
-    build_shared_roles,
     load_reward_adapter,
-    lora_scalar_model,
     rename_target_modules,
+    save_adapter,
+    save_merged,
     split_reward_state,
 )
 from fourfold.models.roles import (
@@ -64,11 +67,18 @@ def _base_weights(base: SharedBase) -> dict[str, torch.Tensor]:
     return {n: p for n, p in base.lm.named_parameters() if "lora_" not in n}
 
 
+def _shared_roles(tiny_lm, reward, critic_init: str = "policy", *extra: str):
+    """The PPO roles of ``model.lora`` (r 4, alpha 8) with an adapter critic, from the role plan."""
+    cfg = load_config(PPOConfig, None, [f"model.policy={tiny_lm / 'sft'}", f"model.reward={reward}", "data.prompts=p",
+                                        "model.lora.r=4", "model.lora.alpha=8", "model.critic_mode=adapter",
+                                        f"model.critic_init={critic_init}", "run.concurrent_roles=false", *extra])
+    return load_roles("ppo", cfg, torch.device("cpu"))
+
+
 @pytest.fixture
 def roles(tiny_lm):
     torch.manual_seed(0)
-    return build_shared_roles(str(tiny_lm / "sft"), SETTINGS, reward=str(tiny_lm / "rm"),
-                              with_critic=True, critic_init="policy")
+    return _shared_roles(tiny_lm, tiny_lm / "rm")
 
 
 def test_settings_are_validated():
@@ -144,8 +154,7 @@ def test_both_adapters_and_the_value_head_get_gradients(roles):
 
 def test_roles_share_one_copy_of_the_base(tiny_lm, tmp_path):
     _write_lora_reward(tiny_lm, tmp_path / "rm-lora")
-    roles = build_shared_roles(str(tiny_lm / "sft"), SETTINGS, reward=str(tmp_path / "rm-lora"),
-                               with_critic=True, critic_init="reward")
+    roles = _shared_roles(tiny_lm, tmp_path / "rm-lora", "reward")
     lms = [roles.policy.base.lm, roles.reference.base.lm, roles.critic.base.lm, roles.reward_model.base.lm]
     assert len({lm.get_input_embeddings().weight.data_ptr() for lm in lms}) == 1
     embedding = lms[0].get_input_embeddings().weight
@@ -162,8 +171,8 @@ def test_export_merged_and_adapter_directories(roles, tiny_lm, tmp_path):
 
     _train_policy(roles.policy)
     ids, attn = _batch()
-    save_pretrained_atomic(roles.policy.save_merged, tmp_path / "policy")
-    save_pretrained_atomic(roles.policy.save_adapter, tmp_path / "policy-adapter")
+    save_pretrained_atomic(lambda d: save_merged(roles.policy, d), tmp_path / "policy")
+    save_pretrained_atomic(lambda d: save_adapter(roles.policy, d), tmp_path / "policy-adapter")
     for d in ("policy", "policy-adapter"):
         assert not list((tmp_path / d).glob("*.bin")) and list((tmp_path / d).glob("*.safetensors"))
     merged = AutoModelForCausalLM.from_pretrained(tmp_path / "policy")
@@ -180,17 +189,19 @@ def test_export_merged_and_adapter_directories(roles, tiny_lm, tmp_path):
 
 
 def _write_lora_reward(tiny_lm, out, seed: int = 5):
-    """What a LoRA reward run writes: a SEQ_CLS peft model on the SFT base, 'trained' (random B and
-    head), normalised (a shift in fourfold_score.json). Returns the model."""
+    """What a LoRA reward run writes: the reward stage's adapter role on the SFT model's backbone,
+    'trained' (random B and head), normalised (a shift in fourfold_score.json). Returns the role."""
     torch.manual_seed(seed)
-    rm = lora_scalar_model(ScalarModel(load_sequence_scorer(str(tiny_lm / "sft"))), SETTINGS)
-    rm.reset_head("normal")
+    cfg = load_config(RewardConfig, None, [f"model.path={tiny_lm / 'sft'}", "data.train=p", "model.lora.r=4",
+                                           "model.lora.alpha=8"])
+    rm = load_roles("reward", cfg, torch.device("cpu")).reward_model
+    assert isinstance(rm, AdapterScalarModel)  # the type PPO loads
     with torch.no_grad():
         for name, p in rm.named_parameters():
             if "lora_B" in name:
                 p.normal_(0.0, 0.05)
     rm.set_affine(2.0, 0.5)
-    save_pretrained_atomic(rm.save_pretrained, out)
+    save_pretrained_atomic(lambda d: save_adapter(rm, d), out)
     return rm
 
 
@@ -204,8 +215,7 @@ def test_lora_reward_round_trip(tiny_lm, tmp_path):
     ids, attn = _batch()
     with torch.no_grad():
         want = rm.score(ids, attn)
-    roles = build_shared_roles(str(tiny_lm / "sft"), SETTINGS, reward=str(tmp_path / "rm-lora"),
-                               with_critic=True, critic_init="reward")
+    roles = _shared_roles(tiny_lm, tmp_path / "rm-lora", "reward")
     torch.testing.assert_close(roles.reward(ids, attn), want, atol=1e-6, rtol=1e-6)
     assert all(not p.requires_grad for p in roles.reward_model.parameters())
     with torch.no_grad():  # critic_init: reward -> the critic starts as the reward model
@@ -218,7 +228,7 @@ def test_lora_reward_round_trip(tiny_lm, tmp_path):
         logits = peft_rm(input_ids=ids[1:], attention_mask=attn[1:]).logits.squeeze(-1)
     torch.testing.assert_close(logits + 0.5, want[1:], atol=1e-5, rtol=1e-5)
     # merged: a plain sequence classifier with the shift in config.json
-    save_pretrained_atomic(rm.save_merged, tmp_path / "rm-merged")
+    save_pretrained_atomic(lambda d: save_merged(rm, d), tmp_path / "rm-merged")
     with torch.no_grad():
         merged = ScalarModel(load_sequence_scorer(str(tmp_path / "rm-merged"))).score(ids, attn)
     torch.testing.assert_close(merged, want, atol=1e-5, rtol=1e-5)
@@ -248,7 +258,7 @@ def test_reward_adapter_from_another_base_is_refused(tiny_lm, tmp_path):
         load_reward_adapter(SharedBase(other, SETTINGS), tmp_path / "rm-lora")
 
 
-def test_rollout_runs_on_the_shared_roles_one_at_a_time(roles):
+def test_rollout_runs_on_the_shared_roles_one_at_a_time(roles, tiny_lm):
     ids, attn = _batch()
     assert accepts_kwarg(roles.policy, "logits_to_keep")
     samples = sample(roles.policy, ids[:, :5], attn[:, :5], max_new_tokens=3, pad_token_id=0,
@@ -256,7 +266,7 @@ def test_rollout_runs_on_the_shared_roles_one_at_a_time(roles):
     scores = score(samples, reference=roles.reference, reward=roles.reward, critic=roles.critic)
     assert scores.values.shape == scores.ref_logprobs.shape == samples.logprobs.shape and scores.scores.shape == (3,)
     with pytest.raises(ConfigError, match="concurrent"):
-        build_shared_roles("unused", SETTINGS, reward_fn=lambda p, r: [0.0] * len(r), concurrent=True)
+        _shared_roles(tiny_lm, tiny_lm / "rm", "policy", "run.concurrent_roles=true")
     with roles.base.activate("critic"):  # a second role while one runs: refused, never the wrong adapter
         with pytest.raises(AdapterConcurrencyError):
             roles.policy(input_ids=ids, attention_mask=attn)
@@ -300,7 +310,7 @@ def test_qwen2_base(tmp_path):
     with torch.no_grad():
         with base.adapters_disabled():
             assert torch.equal(_logits(base.lm, ids, attn), _logits(plain, ids, attn))
-        save_pretrained_atomic(policy.save_merged, tmp_path / "merged")
+        save_pretrained_atomic(lambda d: save_merged(policy, d), tmp_path / "merged")
         merged = AutoModelForCausalLM.from_pretrained(tmp_path / "merged")
         assert merged.lm_head.weight.data_ptr() == merged.get_input_embeddings().weight.data_ptr()
         torch.testing.assert_close(_logits(merged, ids, attn), _logits(policy, ids, attn), atol=1e-5, rtol=1e-5)

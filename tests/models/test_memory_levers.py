@@ -303,25 +303,30 @@ def _close(rows, other, rel):
 def test_ppo_with_levers_matches_ppo_without(tiny_lm, tmp_path):
     """Two PPO iterations: gradient checkpointing and logits chunks change no metric beyond float
     rounding; bf16-mixed with bf16 frozen roles trains float32 weights and gives finite metrics."""
-    from fourfold.trainers.lm import load_roles
-    from fourfold.trainers.memory import apply_levers
-
     plain = _ppo(tiny_lm, tmp_path / "plain")
     _close(plain, _ppo(tiny_lm, tmp_path / "ckpt", gradient_checkpointing="true", logits_chunk=16), 1e-4)
     mixed = _ppo(tiny_lm, tmp_path / "mixed", precision="bf16-mixed", frozen_dtype="bfloat16")
     assert all(math.isfinite(v) for row in mixed for v in row.values())
     model = LMModelConfig(policy=str(tiny_lm / "sft"), reward=str(tiny_lm / "rm"), critic_init="reward",
                           precision="bf16-mixed", frozen_dtype="bfloat16", gradient_checkpointing=True, logits_chunk=16)
-    roles = apply_levers(load_roles(model, torch.device("cpu"), with_critic=True), model, torch.device("cpu"))
+    roles = _ppo_roles(model)  # the plan's levers applied by the loader
     assert roles.policy(torch.tensor([[1, 5]])).logits.dtype == torch.bfloat16
-    default = load_roles(LMModelConfig(policy=str(tiny_lm / "sft"), reward=str(tiny_lm / "rm")),
-                         torch.device("cpu"), with_critic=True)
+    default = _ppo_roles(LMModelConfig(policy=str(tiny_lm / "sft"), reward=str(tiny_lm / "rm")))
     assert {p.dtype for p in roles.reference.model.parameters()} == {torch.bfloat16}
     assert {p.dtype for p in roles.reward_model.parameters()} == {torch.bfloat16}
     assert {p.dtype for m in (roles.policy, roles.critic) for p in m.parameters()} == {torch.float32}
     # the critic is copied from the reward model before the reward model takes the frozen dtype
     assert all(torch.equal(a, b) for a, b in zip(roles.critic.state_dict().values(), default.critic.state_dict().values()))
     _assert_bf16_reference_close(roles, default)
+
+
+def _ppo_roles(model):
+    """The roles of a PPO config with this model section (GAE: with a critic), from its role plan."""
+    from fourfold.config import PPOConfig, PromptDataConfig, RunConfig
+    from fourfold.models.build import load_roles
+
+    cfg = PPOConfig(model=model, data=PromptDataConfig(prompts="p"), run=RunConfig(concurrent_roles=False))
+    return load_roles("ppo", cfg, torch.device("cpu"))
 
 
 def _assert_bf16_reference_close(roles, default):
@@ -338,12 +343,10 @@ def test_lora_roles_put_the_shared_base_in_the_frozen_dtype(tiny_lm):
     reward model in bf16; a separate critic that starts as the reward model is trained in float32,
     with the reward model's own float32 weights (loaded as such, not copied from the bf16 one)."""
     from fourfold.config import LoraConfig
-    from fourfold.trainers.lm import load_roles
 
-    cpu = torch.device("cpu")
     kw = dict(policy=str(tiny_lm / "sft"), reward=str(tiny_lm / "rm"), critic_init="reward", lora=LoraConfig(r=4))
-    roles = load_roles(LMModelConfig(**kw, frozen_dtype="bfloat16"), cpu, with_critic=True)
-    default = load_roles(LMModelConfig(**kw), cpu, with_critic=True)
+    roles = _ppo_roles(LMModelConfig(**kw, frozen_dtype="bfloat16"))
+    default = _ppo_roles(LMModelConfig(**kw))
     assert {p.dtype for n, p in roles.base.lm.named_parameters() if "lora_" not in n} == {torch.bfloat16}
     assert {p.dtype for p in default.base.lm.parameters()} == {torch.float32}
     assert {p.dtype for p in roles.reward_model.parameters()} == {torch.bfloat16}

@@ -17,6 +17,7 @@ from fourfold.checkpoint import latest_checkpoint
 from fourfold.config import ConfigError, DPOAlgoConfig, DPOConfig, load_config
 from fourfold.core import DPO_LOSSES
 from fourfold.data import collate_pair_responses, encode_preferences, load_preferences
+from fourfold.errors import ModelLoadError
 from fourfold.models.factory import llama_config, random_causal_lm
 from fourfold.models.loading import load_causal_lm, load_tokenizer
 from fourfold.models.roles import FrozenReference
@@ -156,14 +157,14 @@ def test_resume_after_sigkill_is_exact(toy, tmp_path):
     script = (
         "import os, signal, sys\n"
         "from fourfold.config import DPOConfig, load_config\n"
-        "from fourfold.trainers import common, dpo\n"
-        "real, calls = common.clip_and_step, [0]\n"
+        "from fourfold.trainers import dpo, optim\n"
+        "real, calls = optim.clip_and_step, [0]\n"
         "def step(*a, **k):\n"
         "    calls[0] += 1\n"
         "    if calls[0] == 11:\n"
         "        os.kill(os.getpid(), signal.SIGKILL)\n"
         "    return real(*a, **k)\n"
-        "common.clip_and_step = step  # the guarded step calls it through trainers.common\n"
+        "optim.clip_and_step = step  # the guarded step calls it through trainers.optim\n"
         "dpo.train(load_config(DPOConfig, None, sys.argv[1:]))\n"
     )
     argv = _overrides(toy, part, *args, "run.save_every=4")
@@ -195,7 +196,7 @@ def test_a_reference_role_ipo_and_a_reference_of_another_vocabulary(toy, tmp_pat
     assert abs(res["final"]["dpo/loss"] - 25.0) < 1e-3
 
     other = _save_lm(toy["tok"], tmp_path / "other", seed=1, vocab=len(toy["tok"]) + 3)
-    with pytest.raises(ConfigError, match=r"dpo\.reference: .*other has 29 token embeddings, the policy 26"):
+    with pytest.raises(ModelLoadError, match=r"dpo\.reference: .*other has 29 token embeddings, model\.path 26"):
         dpo.train(_cfg(toy, tmp_path / "bad", *args, f"dpo.reference={other}"))
 
 
@@ -260,7 +261,7 @@ def test_config_defaults_and_loss_names():
 def test_cli_runs_the_example_config(toy, tmp_path, capsys):
     from fourfold.cli import STAGES, main
 
-    assert STAGES["dpo"][:2] == ("fourfold.config:DPOConfig", "fourfold.trainers.dpo:train")
+    assert (STAGES["dpo"].config, STAGES["dpo"].run) == ("fourfold.config:DPOConfig", "fourfold.trainers.dpo:train")
     example = load_config(DPOConfig, EXAMPLE)
     assert example == DPOConfig(model=example.model, data=example.data)  # the example states the defaults
     assert example.model.path.startswith("path/to/") and example.data.train.startswith("path/to/")

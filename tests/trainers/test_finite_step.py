@@ -11,8 +11,8 @@ from fourfold.checkpoint import latest_checkpoint
 from fourfold.config import SFTConfig, load_config
 from fourfold.errors import NonFiniteError
 from fourfold.reporting import read_metrics
-from fourfold.trainers.common import NonFiniteGuard, guarded_step, make_optimizer
 from fourfold.trainers.finite_step import adam_update_bound, finite_step, may_overflow
+from fourfold.trainers.optim import NonFiniteGuard, guarded_step, make_optimizer
 
 
 def _model(seed=0):

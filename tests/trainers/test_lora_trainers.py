@@ -29,13 +29,13 @@ from fourfold.config import (
     config_to_dict,
     load_config,
 )
-from fourfold.errors import ConfigError
+from fourfold.errors import ConfigError, ModelLoadError
+from fourfold.models.build import build_roles, load_roles
 from fourfold.models.loading import load_causal_lm, load_sequence_scorer
 from fourfold.models.lora import AdapterScalarModel, LoraSettings, SharedBase, load_reward_adapter
+from fourfold.models.plan import plan_roles
 from fourfold.models.roles import ScalarModel, position_ids_from_mask, response_logits
 from fourfold.reporting import is_timing_key, read_metrics
-from fourfold.trainers.lm import load_roles
-from fourfold.trainers.lora import lora_settings
 
 LORA = ["model.lora.r=4", "model.lora.alpha=8"]
 
@@ -126,8 +126,8 @@ def _module_keys(run_dir, name):
 def test_config_keys_mirror_the_settings_and_refuse_what_lora_cannot_do(tiny_lm):
     assert [(f.name, f.default) for f in dataclasses.fields(LoraConfig)] == \
         [(f.name, f.default) for f in dataclasses.fields(LoraSettings)]
-    assert lora_settings(None) is None
-    assert lora_settings(LoraConfig(r=2, alpha=3, target_modules=["q_proj"])) == \
+    assert LoraSettings.from_config(None) is None
+    assert LoraSettings.from_config(LoraConfig(r=2, alpha=3, target_modules=["q_proj"])) == \
         LoraSettings(r=2, alpha=3.0, target_modules=["q_proj"])
     ppo = [f"model.policy={tiny_lm / 'sft'}", f"model.reward={tiny_lm / 'rm'}", "data.prompts=p.jsonl"]
     assert load_config(PPOConfig, None, ppo + LORA).model.critic_mode == "separate"  # the default
@@ -166,7 +166,7 @@ def test_reward_lora_writes_an_adapter_that_scores_as_the_merged_model(chain):
     adapter = Path(res["adapter"])
     assert json.loads((adapter / "adapter_config.json").read_text())["task_type"] == "SEQ_CLS"
     assert (adapter / "fourfold_score.json").is_file()  # the normalisation's shift
-    assert all("lora_" in k or "score" in k for k in _module_keys(res["output_dir"], "reward_model"))
+    assert all("lora" in k or k == "head.weight" for k in _module_keys(res["output_dir"], "reward_model"))
     ids, attn = _ids()
     with torch.no_grad():
         merged = ScalarModel(load_sequence_scorer(res["model"])).score(ids, attn)
@@ -182,7 +182,7 @@ def test_ppo_holds_one_base_for_the_four_roles_and_trains_only_adapters(chain, t
 
     cfg = load_config(PPOConfig, None, _ppo_over(chain["sft"]["model"], chain["rm"]["adapter"],
                                                   tiny_lm / "prompts.jsonl", tmp_path / "ppo"))
-    roles = load_roles(cfg.model, torch.device("cpu"), with_critic=True)
+    roles = load_roles("ppo", cfg, torch.device("cpu"))
     lms = [roles.policy.base.lm, roles.reference.base.lm, roles.critic.base.lm, roles.reward_model.base.lm]
     assert len({lm.get_input_embeddings().weight.data_ptr() for lm in lms}) == 1
     assert isinstance(roles.reward_model, AdapterScalarModel) and roles.base.adapters == ["policy", "reward", "critic"]
@@ -294,7 +294,7 @@ def test_reinforce_lora_and_ppo_lora_with_a_separate_critic(tiny_lm, tmp_path):
     assert (Path(res["policy_adapter"]) / "adapter_config.json").is_file() and (tmp_path / "rf" / "policy").is_dir()
     pp = load_config(PPOConfig, None, common + ["ppo.iterations=1", "ppo.rollout_batch_size=4", "ppo.minibatch_size=4",
                                                 *_run(output_dir=tmp_path / "ppo", concurrent_roles="false")])
-    roles = load_roles(pp.model, torch.device("cpu"), with_critic=True)
+    roles = load_roles("ppo", pp, torch.device("cpu"))
     assert isinstance(roles.critic, ScalarModel) and roles.critic.hf is not roles.reward_model.hf  # a full copy
     ppo.train(pp, roles=roles)
     assert (tmp_path / "ppo" / "critic" / "model.safetensors").is_file()
@@ -312,12 +312,40 @@ def test_roles_refuse_what_one_base_cannot_hold(chain, tiny_lm):
     ]
     for over, message in refused:
         with pytest.raises(ConfigError, match=message):
-            load_roles(load_config(PPOConfig, None, over).model, cpu, with_critic=True)
+            load_roles("ppo", load_config(PPOConfig, None, over), cpu)
     cfg = load_config(PPOConfig, None, ppo + LORA + [lora_rm, "model.critic_mode=adapter"])
     with pytest.raises(ConfigError, match="run.concurrent_roles"):
-        load_roles(cfg.model, cpu, with_critic=True, concurrent=True)
-    roles = load_roles(cfg.model, cpu, with_critic=False)  # REINFORCE: a LoRA reward without a critic
+        load_roles("ppo", dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, concurrent_roles=True)), cpu)
+    roles = build_roles(plan_roles("ppo", cfg).without("critic"), cpu)  # REINFORCE: a LoRA reward without a critic
     assert roles.critic is None and roles.base.adapters == ["policy", "reward"]
+
+
+def test_lora_roles_get_the_model_checks_of_a_full_run(chain, tiny_lm, tmp_path):
+    """Under model.lora every model is checked as in full fine-tuning: a causal LM as the reward
+    model or the critic, a base of another vocabulary and a reward adapter saved with another
+    tokenizer are each one line naming the key."""
+    from fourfold.tasks.tokenizer import build_word_tokenizer
+
+    cpu = torch.device("cpu")
+    base = [f"model.policy={chain['sft']['model']}", "data.prompts=p.jsonl", *LORA]
+    other_tok = tmp_path / "tok70"
+    build_word_tokenizer([f"w{i}" for i in range(70)], other_tok)
+    other_adapter = tmp_path / "rm-adapter-other"
+    shutil.copytree(chain["rm"]["adapter"], other_adapter)
+    build_word_tokenizer([f"v{i}" for i in range(60)], other_adapter)  # same size, other words
+    refused = [
+        ([f"model.reward={tiny_lm / 'sft'}", "model.critic_init=policy"], ModelLoadError,
+         r"model\.reward: .*has no trained score head"),
+        ([f"model.reward={tiny_lm / 'rm'}", f"model.critic={tiny_lm / 'sft'}"], ModelLoadError,
+         r"model\.critic: .*has no trained score head"),
+        ([f"model.reward={tiny_lm / 'rm'}", f"model.tokenizer={other_tok}"], ModelLoadError,
+         r"model\.policy: .*the embedding has \d+ rows but the tokenizer"),
+        ([f"model.reward={other_adapter}", "model.critic_mode=adapter"], ModelLoadError,
+         r"model\.reward: .*its tokenizer differs"),
+    ]
+    for over, error, message in refused:
+        with pytest.raises(error, match=message):
+            load_roles("ppo", load_config(PPOConfig, None, base + over), cpu)
 
 
 def test_response_logits_of_a_peft_model_apply_the_head_at_response_positions_only(tiny_lm):

@@ -39,11 +39,11 @@ def _mean(rows, key, sl):
 
 
 def test_ppo_raises_reward_and_keeps_kl_finite(tiny_lm, tmp_path):
-    from fourfold.trainers.lm import load_roles
+    from fourfold.models.build import load_roles
     from fourfold.trainers.ppo import train
 
     cfg = load_config(PPOConfig, None, _ppo_overrides(tiny_lm, tmp_path / "ppo"))
-    roles = load_roles(cfg.model, torch.device("cpu"), with_critic=True)
+    roles = load_roles("ppo", cfg, torch.device("cpu"))
     train(cfg, roles=roles)
     rows = read_metrics(tmp_path / "ppo" / "metrics.jsonl")
     assert len(rows) == 20
@@ -166,10 +166,12 @@ def test_cli_runs_from_the_example_yaml(tiny_lm, tmp_path, stage):
 def test_missing_eos_score_replaces_the_score(tiny_lm, tmp_path):
     """Responses cut at max_new_tokens without EOS get generation.missing_eos_score."""
     from fourfold.config import GenerationConfig
-    from fourfold.trainers.lm import collect, load_roles
+    from fourfold.models.build import build_roles
+    from fourfold.models.plan import plan_roles
+    from fourfold.trainers.rollouts import collect
 
     cfg = load_config(PPOConfig, None, _ppo_overrides(tiny_lm, tmp_path / "x"))
-    roles = load_roles(cfg.model, torch.device("cpu"), with_critic=False)
+    roles = build_roles(plan_roles("ppo", cfg).without("critic"), torch.device("cpu"))
     torch.manual_seed(0)
     ids = torch.tensor([[1, 5, 6]] * 16)
     gen = GenerationConfig(max_new_tokens=2, temperature=1.0, missing_eos_score=-7.0)

@@ -45,12 +45,13 @@ def test_critic_free_estimators_train_the_policy_without_a_critic(tiny_lm, tmp_p
     """`fourfold ppo --config examples/<example>.yaml`: no critic is loaded (the only scalar model
     read is the reward model), no value loss runs, and the policy moves."""
     from fourfold.cli import main
-    from fourfold.trainers import lm, ppo
+    from fourfold.models import build
+    from fourfold.trainers import ppo
 
     loaded, scorers = [], []
-    real_load_roles, real_scorer = ppo.load_roles, lm.load_sequence_scorer
-    monkeypatch.setattr(ppo, "load_roles", lambda *a, **k: loaded.append(real_load_roles(*a, **k)) or loaded[-1])
-    monkeypatch.setattr(lm, "load_sequence_scorer", lambda path, **k: scorers.append(str(path)) or real_scorer(path, **k))
+    real_build_roles, real_scorer = ppo.build_roles, build.load_sequence_scorer
+    monkeypatch.setattr(ppo, "build_roles", lambda *a, **k: loaded.append(real_build_roles(*a, **k)) or loaded[-1])
+    monkeypatch.setattr(build, "load_sequence_scorer", lambda path, **k: scorers.append(str(path)) or real_scorer(path, **k))
     out = tmp_path / "run"
     over = [o for o in _over(tiny_lm, out) if not o.startswith("run.output_dir=")] + extra
     assert main(["ppo", "--config", str(ROOT / "examples" / f"{example}.yaml"), "--output-dir", str(out), *over]) == 0
@@ -68,7 +69,7 @@ def test_k_samples_of_a_prompt_are_consecutive_rows_and_form_the_groups(tiny_lm,
     """K = 4 and 8 responses per iteration: 2 prompts (the PromptStream's next two), each on 4
     consecutive rows; GRPO's groups are those rows."""
     from fourfold.trainers import ppo
-    from fourfold.trainers.lm import PromptStream
+    from fourfold.trainers.rollouts import PromptStream
 
     seen, rollouts = [], []
     real_collect, real_advantages = ppo.collect, ppo.compute_advantages
@@ -175,11 +176,13 @@ def step_setup(tiny_lm):
     """Roles without a critic, a policy moved away from the reference, and a GRPO minibatch of 8
     responses (2 prompts x 4) of different lengths."""
     from fourfold.config import GenerationConfig
-    from fourfold.trainers.lm import collect, load_roles, repeat_prompts
+    from fourfold.models.build import build_roles
+    from fourfold.models.plan import plan_roles
     from fourfold.trainers.ppo import compute_advantages
+    from fourfold.trainers.rollouts import collect, repeat_prompts
 
     cfg = load_config(PPOConfig, None, _over(tiny_lm, "unused", **{"ppo.advantage": "grpo", "ppo.samples_per_prompt": 4}))
-    roles = load_roles(cfg.model, torch.device("cpu"), with_critic=False)
+    roles = build_roles(plan_roles("ppo", cfg).without("critic"), torch.device("cpu"))
     torch.manual_seed(0)
     with torch.no_grad():
         for p in roles.policy.parameters():
@@ -198,8 +201,8 @@ def step_setup(tiny_lm):
 
 def _step(setup, **algo_changes):
     from fourfold.core import aggregation_units
-    from fourfold.trainers.common import NonFiniteGuard
-    from fourfold.trainers.lm import Roles
+    from fourfold.models.build import Roles
+    from fourfold.trainers.optim import NonFiniteGuard
     from fourfold.trainers.ppo import Minibatch, make_optim, policy_step
 
     roles, rollout, algo = setup
@@ -259,10 +262,12 @@ def test_loss_agg_and_clip_ranges_reach_the_surrogate(step_setup, monkeypatch):
 
 def test_roles_with_a_critic_are_refused_by_a_critic_free_estimator(tiny_lm, tmp_path):
     from fourfold.errors import ConfigError
-    from fourfold.trainers.lm import load_roles
+    from fourfold.models.build import load_roles
     from fourfold.trainers.ppo import train
 
     cfg = load_config(PPOConfig, None, _over(tiny_lm, tmp_path / "x", **{"ppo.advantage": "rloo"}))
-    roles = load_roles(cfg.model, torch.device("cpu"), with_critic=True)
+    gae = dataclasses.replace(cfg, ppo=dataclasses.replace(cfg.ppo, advantage="gae", samples_per_prompt=1))
+    roles = load_roles("ppo", gae, torch.device("cpu"))  # with a critic
+    assert roles.critic is not None
     with pytest.raises(ConfigError, match="ppo.advantage: rloo uses no critic"):
         train(cfg, roles=roles)

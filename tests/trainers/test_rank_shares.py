@@ -17,15 +17,16 @@ def setup(tiny_lm):
     """Roles with a critic, the policy moved away from the reference, and a GAE rollout of 8
     responses of lengths 8, 3, 5, 1, 8, 2, 6, 4 (so that the aggregations differ)."""
     from fourfold.config import GenerationConfig
+    from fourfold.models.build import load_roles
     from fourfold.rollout.noise import RowNoise
-    from fourfold.trainers.lm import collect, load_roles
     from fourfold.trainers.ppo import compute_advantages
+    from fourfold.trainers.rollouts import collect
 
     over = {"model.policy": tiny_lm / "sft", "model.reward": tiny_lm / "rm", "model.critic_init": "policy",
             "data.prompts": tiny_lm / "prompts.jsonl", "ppo.rollout_batch_size": 8, "ppo.minibatch_size": 8,
             "ppo.max_grad_norm": 1e9, "ppo.kl_coef": 0.5}
     cfg = load_config(PPOConfig, None, [f"{k}={v}" for k, v in over.items()])
-    roles = load_roles(cfg.model, torch.device("cpu"), with_critic=True)
+    roles = load_roles("ppo", cfg, torch.device("cpu"))
     torch.manual_seed(0)
     with torch.no_grad():
         for p in [*roles.policy.parameters(), *roles.critic.parameters()]:
@@ -40,9 +41,12 @@ def setup(tiny_lm):
 
 
 def _ranks(setup, step, model_of, world_size, **algo_changes):
-    """Each rank's (statistics, gradients) of one step on the minibatch of all 8 rows (permuted)."""
-    from fourfold.trainers.common import NonFiniteGuard
-    from fourfold.trainers.lm import Roles
+    """Each rank's (statistics, gradients) of one step on the minibatch of all 8 rows (permuted), as
+    rank ``rank`` of ``world_size`` sees it (the collectives are this rank's own values: the
+    shares are summed here)."""
+    from fourfold import dist
+    from fourfold.models.build import Roles
+    from fourfold.trainers.optim import NonFiniteGuard
     from fourfold.trainers.ppo import make_optim, minibatches
 
     roles, rollout, algo = setup
@@ -57,7 +61,10 @@ def _ranks(setup, step, model_of, world_size, **algo_changes):
         optimizer.register_step_pre_hook(lambda *_: grads.extend(p.grad.clone() for p in model.parameters()))
         [mb] = minibatches(rollout, algo, [perm], 1, World(rank, world_size))
         assert mb.rows.batch_size == 8 // world_size
-        stats = step(model, mb, algo, opt, NonFiniteGuard(), world_size)
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(dist, "world", lambda: World(rank, world_size))
+            patch.setattr(dist, "all_reduce_sum", lambda t: t)
+            stats = step(model, mb, algo, opt, NonFiniteGuard())
         out.append((stats, grads))
     return out
 
@@ -77,8 +84,8 @@ def _check_shares(whole, ranks, additive):
 def test_policy_gradient_of_rank_shares_is_the_minibatch_gradient(setup, agg, micro):
     from fourfold.trainers.ppo import policy_step
 
-    def step(model, mb, algo, opt, guard, w):
-        return policy_step(model, mb, algo, opt, 1.0, guard, w)
+    def step(model, mb, algo, opt, guard):
+        return policy_step(model, mb, algo, opt, 1.0, guard)
 
     change = dict(loss_agg=agg, micro_batch_size=micro, kl_in="loss", entropy_coef=0.01)
     model_of = lambda policy, critic, opt: (policy, opt.policy_opt)
@@ -90,10 +97,13 @@ def test_policy_gradient_of_rank_shares_is_the_minibatch_gradient(setup, agg, mi
 
 def test_a_rank_share_alone_is_not_the_minibatch_gradient(setup):
     """The check above can fail: without the factor W the average is half the gradient."""
+    from fourfold import dist
     from fourfold.trainers.ppo import policy_step
 
-    def step(model, mb, algo, opt, guard, w):
-        return policy_step(model, mb, algo, opt, 1.0, guard, 1)
+    def step(model, mb, algo, opt, guard):
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(dist, "world", lambda: World(0, 1))  # every rank scaled as a lone process
+            return policy_step(model, mb, algo, opt, 1.0, guard)
 
     model_of = lambda policy, critic, opt: (policy, opt.policy_opt)
     with pytest.raises(AssertionError):
@@ -135,7 +145,7 @@ def test_reinforce_gradient_of_rank_shares_is_the_batch_gradient(setup):
 
 def test_global_batch_sizes_must_divide_by_the_world():
     from fourfold.errors import ConfigError
-    from fourfold.trainers.lm import check_world
+    from fourfold.trainers.parallel import check_world
 
     check_world(World(1, 2), False, {"ppo.rollout_batch_size": 8, "ppo.minibatch_size": 4})
     with pytest.raises(ConfigError, match=r"^ppo.minibatch_size: 3 does not divide by the world size 2"):

@@ -13,6 +13,7 @@ import torch
 from fourfold.checkpoint import latest_checkpoint
 from fourfold.config import PreferenceDataConfig, RewardConfig, load_config
 from fourfold.data import load_preferences, tokenize_preferences
+from fourfold.models.build import load_roles
 from fourfold.models.factory import llama_config, random_causal_lm, random_scalar_model
 from fourfold.models.loading import load_sequence_scorer, load_tokenizer
 from fourfold.models.roles import ScalarModel
@@ -157,14 +158,14 @@ def test_resume_after_sigkill_is_exact(toy, tmp_path):
     script = (
         "import os, signal, sys\n"
         "from fourfold.config import RewardConfig, load_config\n"
-        "from fourfold.trainers import common, reward\n"
-        "real, calls = common.clip_and_step, [0]\n"
+        "from fourfold.trainers import optim, reward\n"
+        "real, calls = optim.clip_and_step, [0]\n"
         "def step(*a, **k):\n"
         "    calls[0] += 1\n"
         "    if calls[0] == 11:\n"
         "        os.kill(os.getpid(), signal.SIGKILL)\n"
         "    return real(*a, **k)\n"
-        "common.clip_and_step = step  # the guarded step calls it through trainers.common\n"
+        "optim.clip_and_step = step  # the guarded step calls it through trainers.optim\n"
         "reward.train(load_config(RewardConfig, None, sys.argv[1:]))\n"
     )
     argv = _overrides(toy, part, *args, "run.save_every=4")
@@ -220,11 +221,11 @@ def test_causal_lm_directory_gets_a_fresh_head_and_a_reward_directory_keeps_it(t
     tok.save_pretrained(tmp_path / "lm")
     cfg = load_config(RewardConfig, None, [f"model.path={tmp_path / 'lm'}", f"data.train={toy['train']}"])
     torch.manual_seed(0)
-    _, rm = reward.load_model(cfg.model, torch.device("cpu"))
+    rm = load_roles("reward", cfg, torch.device("cpu")).reward_model
     w = rm.head.weight.detach().clone()
     assert 0.005 < float(w.std()) < 0.05  # N(0, 0.02^2)
     torch.manual_seed(0)
-    _, rm2 = reward.load_model(cfg.model, torch.device("cpu"))
+    rm2 = load_roles("reward", cfg, torch.device("cpu")).reward_model
     assert torch.equal(rm2.head.weight, w)  # seeded
     # the backbone came from the LM directory
     assert torch.equal(rm.backbone.embed_tokens.weight, lm.model.embed_tokens.weight)
@@ -234,7 +235,7 @@ def test_causal_lm_directory_gets_a_fresh_head_and_a_reward_directory_keeps_it(t
     rm.save_pretrained(tmp_path / "rm")
     tok.save_pretrained(tmp_path / "rm")
     cfg.model.path = str(tmp_path / "rm")
-    _, kept = reward.load_model(cfg.model, torch.device("cpu"))
+    kept = load_roles("reward", cfg, torch.device("cpu")).reward_model
     assert bool((kept.head.weight == 0.5).all())
 
 

@@ -6,12 +6,14 @@ from fourfold.config import GenerationConfig, PPOConfig, load_config
 
 
 def _collect(tiny_lm, engine):
+    from fourfold.models.build import build_roles
+    from fourfold.models.plan import plan_roles
     from fourfold.rollout.noise import RowNoise
-    from fourfold.trainers.lm import collect, load_roles
+    from fourfold.trainers.rollouts import collect
 
     over = {"model.policy": tiny_lm / "sft", "model.reward": tiny_lm / "rm", "data.prompts": tiny_lm / "prompts.jsonl"}
     cfg = load_config(PPOConfig, None, [f"{k}={v}" for k, v in over.items()])
-    roles = load_roles(cfg.model, torch.device("cpu"), with_critic=False)
+    roles = build_roles(plan_roles("ppo", cfg).without("critic"), torch.device("cpu"))
     ids = torch.tensor([[1, 5, 9], [0, 1, 4], [1, 8, 8], [0, 0, 1]])
     return collect(roles, ["p"] * 4, ids, (ids != 0).long(), GenerationConfig(max_new_tokens=6),
                    kl_coef=0.1, noise=RowNoise(0, 1), engine=engine)

@@ -12,6 +12,7 @@ from fourfold.config import SFTConfig, load_config
 from fourfold.core import logprobs_from_logits
 from fourfold.data import collate_sft, tokenize_prompts
 from fourfold.errors import DataError
+from fourfold.models.build import load_roles
 from fourfold.reporting import is_timing_key, read_metrics
 from fourfold.tasks.tokenizer import build_word_tokenizer
 from fourfold.trainers import sft
@@ -69,7 +70,7 @@ def test_prompt_tokens_carry_no_loss(toy):
         assert batch["loss_mask"][b, n:].sum() == 0  # padding
     # the trainer's loss is the mean NLL of completion tokens only: prompt targets do not move it
     torch.manual_seed(0)
-    _, model = sft.load_model(_cfg(toy, toy["dir"] / "unused").model, torch.device("cpu"))
+    model = load_roles("sft", _cfg(toy, toy["dir"] / "unused"), torch.device("cpu")).policy
     loss, _ = sft.batch_loss(model, batch)
     logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
     nll = -logprobs_from_logits(logits[:, :-1], batch["input_ids"][:, 1:])
@@ -85,16 +86,16 @@ def test_prompt_tokens_carry_no_loss(toy):
 def test_loss_falls_and_model_reloads_with_plain_transformers(toy, tmp_path, monkeypatch):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from fourfold.trainers import lora  # the final export (save_trained) calls save_hf from there
+    from fourfold.trainers import export  # the final export (save_trained) calls save_hf from there
 
     saved = {}
-    real_save = lora.save_hf
+    real_save = export.save_hf
 
     def capture(model, tok, path):
         saved["model"] = model
         return real_save(model, tok, path)
 
-    monkeypatch.setattr(lora, "save_hf", capture)
+    monkeypatch.setattr(export, "save_hf", capture)
     out = tmp_path / "run"
     res = sft.train(_cfg(toy, out, "train.max_steps=150", f"data.eval={toy['train']}"))
     rows = read_metrics(out / "metrics.jsonl")
@@ -164,9 +165,9 @@ def test_resume_after_sigterm_is_exact(toy, tmp_path, monkeypatch):
     sft.train(_cfg(toy, full, "train.max_steps=12", "train.batch_size=5", "train.log_every=2"))
 
     # interrupted run: SIGTERM arrives during step 5 -> checkpoint at 5, KeyboardInterrupt
-    from fourfold.trainers import common
+    from fourfold.trainers import optim
 
-    real_step = common.clip_and_step  # called by the guarded step in trainers.common
+    real_step = optim.clip_and_step  # called by the guarded step in trainers.optim
     calls = {"n": 0}
 
     def step_then_term(*args, **kwargs):
@@ -177,10 +178,10 @@ def test_resume_after_sigterm_is_exact(toy, tmp_path, monkeypatch):
 
     part = tmp_path / "part"
     handler_before = signal.getsignal(signal.SIGTERM)
-    monkeypatch.setattr(common, "clip_and_step", step_then_term)
+    monkeypatch.setattr(optim, "clip_and_step", step_then_term)
     with pytest.raises(KeyboardInterrupt):
         sft.train(_cfg(toy, part, "train.max_steps=12", "train.batch_size=5", "train.log_every=2"))
-    monkeypatch.setattr(common, "clip_and_step", real_step)
+    monkeypatch.setattr(optim, "clip_and_step", real_step)
     assert signal.getsignal(signal.SIGTERM) is handler_before  # the trainer put the handler back
     assert sorted(p.name for p in (part / "checkpoints").iterdir()) == ["step-00000005"]
     assert not (part / "model").exists()

@@ -1,5 +1,6 @@
-"""Shared pieces of the language-model RL stages (PPO and REINFORCE): loading the roles, the prompt
-stream, and one call that turns a batch of prompts into a scored :class:`~fourfold.core.Rollout`.
+"""Shared pieces of the language-model RL stages (PPO and REINFORCE): the prompt stream, and one call
+that turns a batch of prompts into a scored :class:`~fourfold.core.Rollout` (the roles come from
+:func:`fourfold.models.build.build_roles`).
 
 A trainer never knows an embedded task: it gets prompts (a file or a list) and an optional
 :data:`Probe`, ``probe(prompts, responses) -> {metric name: value}``, logged every iteration. The
@@ -8,7 +9,6 @@ CLI and the demo build both from a task (``task_prompts`` and ``task_probe`` in 
 
 from __future__ import annotations
 
-import copy
 import time
 from dataclasses import dataclass, field, replace
 from typing import Callable, Optional, Sequence
@@ -16,23 +16,14 @@ from typing import Callable, Optional, Sequence
 import torch
 
 from fourfold import dist
-from fourfold.config import GenerationConfig, LMModelConfig, PromptDataConfig
+from fourfold.config import GenerationConfig, PromptDataConfig
 from fourfold.core import Rollout, kl_estimate, masked_mean, token_rewards
 from fourfold.data import EpochSampler, chat_template_renderer, encode_prompts, left_pad, line_of, load_prompts
 from fourfold.dist import World
 from fourfold.errors import ConfigError
-from fourfold.models import load_reward_fn
-from fourfold.models.checks import RoleChecker
-from fourfold.models.levers import role_dtypes
-from fourfold.models.loading import ensure_pad_embedding, load_causal_lm, load_sequence_scorer, load_tokenizer
-from fourfold.models.lora import SharedRoles, build_shared_roles
-from fourfold.models.lora_io import is_adapter_dir
-from fourfold.models.roles import FrozenReference, FunctionReward, ModelReward, ScalarModel
+from fourfold.models.build import Roles
 from fourfold.rollout.lm import RolloutEngine, Samples, Scores, decode_responses, gather_rows, sample, score, select_rows
 from fourfold.rollout.noise import RowNoise
-from fourfold.trainers.common import global_sums
-from fourfold.trainers.fsdp import shard_roles
-from fourfold.trainers.lora import lora_settings
 
 Probe = Callable[[list[str], list[str]], dict[str, float]]
 """``probe(prompts, responses) -> {metric name: value}``: extra measurements of each batch of
@@ -43,117 +34,6 @@ the sample completions (``samples.jsonl``) then show those values next to each r
 
 SAMPLE_ROWS = 4
 """How many completions of a batch (its first rows) a samples log shows."""
-
-
-@dataclass
-class Roles:
-    """The four roles of classic RLHF. ``critic`` is None for REINFORCE, the no-critic ablation and
-    the critic-free advantage estimators."""
-
-    tokenizer: object
-    policy: torch.nn.Module
-    reference: object
-    reward: object
-    critic: Optional[ScalarModel] = None
-    reward_model: Optional[ScalarModel] = None
-
-
-def load_roles(model: LMModelConfig, device: torch.device, *, with_critic: bool, concurrent: bool = False) -> Roles:
-    """Tokenizer, trained policy, frozen reference, frozen reward (model or function), critic; each
-    model checked against its role and the tokenizer (:class:`~fourfold.models.checks.RoleChecker`).
-
-    The trained roles (policy, critic) get the weights dtype of ``model.dtype`` and
-    ``model.precision``, the frozen ones (reference, reward model) ``model.frozen_dtype``
-    (:func:`~fourfold.models.levers.role_dtypes`); a critic initialised from the reward model is
-    copied from it before the reward model takes the frozen dtype.
-
-    With ``model.lora``: :func:`load_shared_roles`. ``concurrent``: the trainer will run roles in
-    parallel threads (``run.concurrent_roles``), which roles over one shared base cannot."""
-    if model.lora is not None:
-        return load_shared_roles(model, device, with_critic=with_critic, concurrent=concurrent)
-    if model.reward is not None and is_adapter_dir(model.reward):
-        raise ConfigError(f"model.reward: {model.reward} is a LoRA adapter directory: set model.lora to load it "
-                          f"as an adapter on the policy's base, or give the merged model (model/ of the same run)")
-    tok = load_tokenizer(model.tokenizer or model.policy, trust_remote_code=model.trust_remote_code)
-    check = RoleChecker(tok, "model.tokenizer" if model.tokenizer else "model.policy", model.tokenizer or model.policy,
-                        trust_remote_code=model.trust_remote_code)  # each model fits its role and the vocabulary
-    trained, frozen = role_dtypes(model.dtype, model.precision, model.frozen_dtype)
-    kw = dict(dtype=trained, device=device, trust_remote_code=model.trust_remote_code)
-    frozen_kw = dict(kw, dtype=frozen)
-    policy = load_causal_lm(model.policy, **kw)
-    check.causal_lm(policy, "model.policy", model.policy)
-    ensure_pad_embedding(policy, tok)
-    ref_model = load_causal_lm(model.reference or model.policy, **frozen_kw)
-    check.causal_lm(ref_model, "model.reference" if model.reference else "model.policy", model.reference or model.policy)
-    ensure_pad_embedding(ref_model, tok)
-    reference = FrozenReference(ref_model)
-    reward_model = None
-    copies_reward = with_critic and model.critic is None and model.critic_init == "reward"
-    if model.reward is not None:
-        reward_model = ScalarModel(load_sequence_scorer(model.reward, **(kw if copies_reward else frozen_kw)))
-        check.scorer(reward_model.hf, "model.reward", model.reward)
-        ensure_pad_embedding(reward_model.hf, tok)
-        reward = ModelReward(reward_model)
-    else:
-        reward = FunctionReward(load_reward_fn(model.reward_fn), name=model.reward_fn)
-    critic = separate_critic(model, kw, tok, reward_model, check) if with_critic else None
-    if reward_model is not None:
-        reward_model.to(frozen)  # a no-op unless it was loaded in the trained dtype for the critic's copy
-    policy.train()
-    return Roles(tok, policy, reference, reward, critic, reward_model)
-
-
-def separate_critic(model: LMModelConfig, kw: dict, tok, reward_model, check: Optional[RoleChecker] = None) -> ScalarModel:
-    """The critic as a model of its own (trained in full): ``model.critic``, a copy of the reward
-    model (``critic_init: reward``) or the policy's backbone with a zero value head."""
-    if model.critic is not None:
-        critic = ScalarModel(load_sequence_scorer(model.critic, **kw))
-        if check is not None:
-            check.scorer(critic.hf, "model.critic", model.critic)
-    elif model.critic_init == "reward":
-        if reward_model is None:
-            raise ConfigError("model.critic_init: 'reward' needs model.reward")
-        if not isinstance(reward_model, ScalarModel):
-            raise ConfigError("model.critic_init: 'reward' with critic_mode 'separate' copies a full reward model, "
-                              "and model.reward is a LoRA adapter: use critic_mode=adapter (the critic starts as "
-                              "that adapter) or critic_init=policy")
-        critic = copy.deepcopy(reward_model)  # backbone and head from the reward model
-    else:
-        critic = ScalarModel(load_sequence_scorer(model.policy, **kw))
-        critic.reset_head("zero")  # fresh value head: V = 0 everywhere at the start
-    ensure_pad_embedding(critic.hf, tok)
-    critic.train()
-    critic.requires_grad_(True)
-    return critic
-
-
-def load_shared_roles(model: LMModelConfig, device: torch.device, *, with_critic: bool,
-                      concurrent: bool = False) -> SharedRoles:
-    """LoRA mode (``model.lora``): one frozen copy of ``model.policy`` for the policy (adapter
-    ``policy``), the reference (adapters disabled), a LoRA reward model (adapter ``reward``, when
-    ``model.reward`` is an adapter directory) and, with ``critic_mode: adapter``, the critic (adapter
-    ``critic`` + value head); see :func:`fourfold.models.lora.build_shared_roles`. A full reward
-    model and a ``critic_mode: separate`` critic are models of their own, as without LoRA.
-
-    Dtypes (:func:`~fourfold.models.levers.role_dtypes`): the base and a full reward model are
-    frozen (``model.frozen_dtype``, else the trained roles' dtype); a separate critic is trained. A
-    separate critic that starts as a full reward model of another dtype is loaded from
-    ``model.reward`` in its own dtype rather than copied from the frozen one."""
-    adapter_critic = with_critic and model.critic_mode == "adapter"
-    trained, frozen = role_dtypes(model.dtype, model.precision, model.frozen_dtype)
-    roles = build_shared_roles(
-        model.policy, lora_settings(model.lora), device, tokenizer=model.tokenizer, dtype=frozen,
-        trust_remote_code=model.trust_remote_code, reward=model.reward,
-        reward_fn=load_reward_fn(model.reward_fn) if model.reward is None else None,
-        with_critic=adapter_critic, critic_init=model.critic_init, concurrent=concurrent)
-    if with_critic and not adapter_critic:
-        kw = dict(dtype=trained, device=device, trust_remote_code=model.trust_remote_code)
-        source = model
-        if trained != frozen and model.critic is None and model.critic_init == "reward" \
-                and isinstance(roles.reward_model, ScalarModel):
-            source = replace(model, critic=model.reward)  # the reward model's weights, in the trained dtype
-        roles.critic = separate_critic(source, kw, roles.tokenizer, roles.reward_model)
-    return roles
 
 
 class PromptStream:
@@ -189,11 +69,6 @@ class PromptStream:
         self.pad_id = tokenizer.pad_token_id
         self.sampler = EpochSampler(len(self.texts), batch_size, seed=seed, drop_last=True)
         self._it = self.sampler.batches()
-
-    def warn_skipped(self, logger) -> None:
-        """Say on the console and in events.jsonl how many bad rows were skipped, and the first."""
-        if self.skipped:
-            logger.warn(f"{len(self.skipped)} bad rows skipped (data.on_error=skip); first: {self.skipped[0]}", step=0)
 
     def next(self, device) -> tuple[list[str], torch.Tensor, torch.Tensor]:
         idx = next(self._it)
@@ -345,32 +220,6 @@ def rollout_metrics(samples: Samples, sc: Scores, rewards: torch.Tensor, penalis
         "rollout/no_eos_share": float((~samples.finished).float().mean()),
         "rollout/tokens": float(lengths.sum()),
     }
-
-
-def check_world(world: World, concurrent: bool, batch_sizes: dict[str, int]) -> None:
-    """What a run over several ranks needs of its config: every global batch size (config key ->
-    value) divides by the world size, and no ``run.concurrent_roles`` (two threads issuing
-    collectives could pair them differently on each rank). ConfigError naming the key otherwise."""
-    for key, value in batch_sizes.items():
-        dist.check_divisible(key, value, world)
-    if world.distributed and concurrent:
-        raise ConfigError("run.concurrent_roles: not with more than one process (the roles' collectives must run "
-                          "in one order on every rank); set it to false")
-
-
-def sum_over_ranks(stats: dict, keys: Sequence[str]) -> dict:
-    """``stats`` with the values of ``keys`` (floats: each rank's share of a global statistic)
-    summed over every rank in one all-reduce (:func:`~fourfold.trainers.common.global_sums`)."""
-    names = sorted(keys)
-    return {**stats, **dict(zip(names, global_sums([stats[k] for k in names])))}
-
-
-def shard_lm_roles(roles: Roles, dist_cfg, device: torch.device) -> None:
-    """Under torchrun, place the roles as the run's ``dist`` section says
-    (:func:`fourfold.trainers.fsdp.shard_roles`): the policy and the critic sharded with FSDP2, the
-    reference and the reward model replicated or sharded. Call it before building the optimizers."""
-    shard_roles({"policy": roles.policy, "critic": roles.critic, "reference": getattr(roles.reference, "model", None),
-                 "reward": roles.reward_model}, dist_cfg, device)
 
 
 def sample_rows(col: Collected, tokenizer, probe: Optional[Probe] = None, n: int = SAMPLE_ROWS) -> list[dict]:

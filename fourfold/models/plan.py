@@ -1,0 +1,279 @@
+"""Which roles a stage has and how each one is built, as one pure plan.
+
+:func:`plan_roles` turns a stage's config into a :class:`RolePlan` without loading anything: for
+each role (``policy``, ``reference``, ``reward``, ``critic``) its form (a model of its own, an
+adapter on the shared LoRA base, the base itself with adapters disabled, or a reward function),
+where it comes from, whether it trains, its weights dtype, how a scalar head starts and where it
+goes under torchrun. Three readers, and no other copy of these rules:
+
+* the loader, :func:`fourfold.models.build.build_roles` (every stage's models, checked);
+* the memory estimate, :meth:`fourfold.models.estimate.EstimateSettings.from_plan`;
+* the torchrun placement, :func:`fourfold.trainers.parallel.place_roles`.
+
+The stages' roles::
+
+    sft        policy (trained causal LM: a directory, from scratch, or an adapter on it)
+    reward     reward (trained scorer: a directory's head kept, or a fresh one; or an adapter)
+    dpo        policy (trained), reference (dpo.reference, model.path, or the policy's base)
+    ppo        policy, reference, reward (model, LoRA adapter or function), critic (when loaded)
+    reinforce  policy, reference, reward
+
+Config objects are read by attribute (this module imports no config), so the plan is the same
+for a config loaded from YAML and one built in Python.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Optional, Union
+
+import torch
+
+from fourfold.errors import ConfigError
+from fourfold.models.levers import role_dtypes
+
+FULL, ADAPTER, BASE, FUNCTION = "full", "adapter", "base", "function"
+"""Role forms: a model of its own, an adapter (+ head) on the shared base, the shared base with
+every adapter disabled (the LoRA reference), a reward function."""
+
+ADAPTER_CONFIG = "adapter_config.json"
+
+
+def is_adapter_dir(path) -> bool:
+    """A directory holding a peft adapter (``adapter_config.json``)."""
+    return path is not None and (Path(path) / ADAPTER_CONFIG).is_file()
+
+
+@dataclass(frozen=True)
+class LoraSettings:
+    """LoRA hyper-parameters (the config's ``model.lora``; the config schema mirrors these fields)."""
+
+    r: int = 8
+    """Rank of each update: W + (alpha / r) * B @ A, A of shape r x in, B of shape out x r."""
+    alpha: float = 16.0
+    """Scale numerator of the update (the scale is alpha / r)."""
+    dropout: float = 0.0
+    """Dropout on the adapter's input while training (0 keeps the forwards deterministic)."""
+    target_modules: Union[tuple, str] = "all-linear"
+    """Names (or name suffixes) of the modules that get an adapter, or 'all-linear': every linear
+    layer except the output head."""
+
+    def __post_init__(self):
+        if isinstance(self.target_modules, list):  # frozen: a tuple keeps the settings hashable
+            object.__setattr__(self, "target_modules", tuple(self.target_modules))
+        self.validate()
+
+    def validate(self, prefix: str = "model.lora") -> None:
+        """ConfigError naming the key when a value is out of range."""
+        r, alpha, dropout, targets = self.r, self.alpha, self.dropout, self.target_modules
+        if isinstance(r, bool) or not isinstance(r, int) or r < 1:
+            raise ConfigError(f"{prefix}.r: must be an integer >= 1, got {r!r}")
+        if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not alpha > 0:
+            raise ConfigError(f"{prefix}.alpha: must be a number > 0, got {alpha!r}")
+        if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0 <= dropout < 1:
+            raise ConfigError(f"{prefix}.dropout: must be in [0, 1), got {dropout!r}")
+        if isinstance(targets, str):
+            if targets != "all-linear":
+                raise ConfigError(f"{prefix}.target_modules: a list of module names or 'all-linear', got {targets!r}")
+        elif not targets or not all(isinstance(t, str) and t for t in targets):
+            raise ConfigError(f"{prefix}.target_modules: a non-empty list of module names or 'all-linear', "
+                              f"got {list(targets)!r}")
+
+    @classmethod
+    def from_config(cls, lora) -> Optional["LoraSettings"]:
+        """The settings of a ``model.lora`` section (None: full fine-tuning)."""
+        if lora is None:
+            return None
+        targets = lora.target_modules if isinstance(lora.target_modules, str) else tuple(lora.target_modules)
+        return cls(r=lora.r, alpha=float(lora.alpha), dropout=float(lora.dropout), target_modules=targets)
+
+    def peft_config(self, task_type: str = "CAUSAL_LM", modules_to_save: Optional[list] = None):
+        """The ``peft.LoraConfig`` of these settings (no bias training, B zero-initialised so a fresh
+        adapter computes exactly the base model)."""
+        from peft import LoraConfig
+
+        targets = self.target_modules if isinstance(self.target_modules, str) else list(self.target_modules)
+        return LoraConfig(r=self.r, lora_alpha=self.alpha, lora_dropout=self.dropout, target_modules=targets,
+                          bias="none", task_type=task_type, modules_to_save=modules_to_save)
+
+
+@dataclass(frozen=True)
+class RoleSpec:
+    """How one role is built."""
+
+    name: str
+    """``policy``, ``reference``, ``reward`` or ``critic``."""
+    form: str
+    """FULL, ADAPTER, BASE or FUNCTION."""
+    source: Optional[str]
+    """Where it loads from: a model directory (FULL), an adapter directory (a reward ADAPTER; None
+    for a fresh adapter), ``module:function`` (FUNCTION); None from scratch or for BASE."""
+    key: str
+    """The config key that names the source, for messages (``model.reward``)."""
+    trained: bool
+    dtype: Optional[torch.dtype] = None
+    """Weights dtype of a model of its own (adapters keep float32 heads, the base has its own)."""
+    start: str = "load"
+    """How it starts: ``load`` (everything from ``source``; a scorer's head must be there),
+    ``head-or-fresh`` (a scorer keeps the directory's head, or gets a fresh N(0, 0.02) one),
+    ``scratch`` (random init from ``RolePlan.scratch``), ``copy-reward`` (a critic starting as
+    the reward model), ``zero-head`` (a critic on the policy's backbone with a zero value head)."""
+    placement: str = "fsdp"
+    """Under torchrun: ``fsdp`` (sharded) or ``replicate`` (a full copy on every rank)."""
+
+    @property
+    def causal(self) -> bool:
+        """A causal LM (policy, reference) rather than a scorer (reward, critic)."""
+        return self.name in ("policy", "reference")
+
+
+@dataclass(frozen=True)
+class RolePlan:
+    """Every role of a stage, in load order, and what they share."""
+
+    stage: str
+    roles: tuple
+    tokenizer: str
+    """The tokenizer's directory (``model.tokenizer``, else the first model's)."""
+    tokenizer_key: str
+    lora: Optional[LoraSettings] = None
+    base_source: Optional[str] = None
+    """The shared base's directory (LoRA): every ADAPTER and BASE role runs on one copy of it."""
+    base_dtype: Optional[torch.dtype] = None
+    scratch: Optional[dict] = None
+    """From-scratch sizes (``hidden_size``, ``num_layers``, ``num_heads``, ``intermediate_size``,
+    ``max_positions``) of a model built at random over the tokenizer's vocabulary."""
+    trust_remote_code: bool = False
+    precision: str = "fp32"
+    gradient_checkpointing: bool = False
+    logits_chunk: Optional[int] = None
+    mixed_precision: bool = False
+    """FSDP2's bf16 parameters in forward and backward (``dist.mixed_precision``)."""
+    cpu_offload: bool = False
+    """Frozen roles placed ``fsdp`` stay in CPU memory between their forwards (``dist.cpu_offload``)."""
+    concurrent: bool = False
+    """The trainer runs roles in parallel threads (``run.concurrent_roles``)."""
+    frozen_dtype: Optional[torch.dtype] = field(default=None)
+    """``model.frozen_dtype`` as given (None: the frozen roles take the trained roles' dtype)."""
+
+    def without(self, *names: str) -> "RolePlan":
+        """This plan without the roles ``names`` (roles the caller brings ready-made)."""
+        return replace(self, roles=tuple(r for r in self.roles if r.name not in names))
+
+    def role(self, name: str) -> Optional[RoleSpec]:
+        """The spec of role ``name``, or None when the stage has no such role."""
+        return next((r for r in self.roles if r.name == name), None)
+
+    @property
+    def names(self) -> tuple:
+        return tuple(r.name for r in self.roles)
+
+    @property
+    def trained_dtype(self) -> torch.dtype:
+        trained = [r.dtype for r in self.roles if r.trained and r.form == FULL]
+        return trained[0] if trained else (self.base_dtype or torch.float32)
+
+
+def plan_roles(stage: str, cfg) -> RolePlan:
+    """The :class:`RolePlan` of a stage config (``sft``, ``reward``, ``dpo``, ``ppo``, ``reinforce``)."""
+    if stage in ("ppo", "reinforce"):
+        with_critic = stage == "ppo" and cfg.ppo.loads_critic
+        return _lm_plan(stage, cfg.model, cfg.dist, with_critic, bool(cfg.run.concurrent_roles))
+    if stage in ("sft", "reward", "dpo"):
+        return _supervised_plan(stage, cfg)
+    raise ValueError(f"plan_roles: no roles for stage {stage!r}")
+
+
+def _levers(model) -> dict:
+    return dict(precision=model.precision, gradient_checkpointing=model.gradient_checkpointing,
+                trust_remote_code=model.trust_remote_code)
+
+
+def _supervised_plan(stage: str, cfg) -> RolePlan:
+    """SFT and the reward model: one trained model; DPO: the trained policy and its reference."""
+    m = cfg.model
+    trained, _ = role_dtypes(m.dtype, m.precision)
+    lora = LoraSettings.from_config(m.lora)
+    form = ADAPTER if lora is not None else FULL
+    scratch = None
+    if m.from_scratch:
+        scratch = dict(hidden_size=m.hidden_size, num_layers=m.num_layers, num_heads=m.num_heads,
+                       intermediate_size=m.intermediate_size, max_positions=m.max_positions)
+    name = "reward" if stage == "reward" else "policy"
+    start = "scratch" if scratch else ("head-or-fresh" if stage == "reward" else "load")
+    roles = [RoleSpec(name, form, None if lora else m.path, "model.path", True, trained, start)]
+    if stage == "dpo":
+        if lora is not None and cfg.dpo.reference is None:
+            roles.append(RoleSpec("reference", BASE, None, "model.path", False))
+        else:
+            ref = cfg.dpo.reference or m.path
+            roles.append(RoleSpec("reference", FULL, ref, "dpo.reference" if cfg.dpo.reference else "model.path",
+                                  False, trained, placement="replicate"))  # used before training, whole
+    tokenizer = m.tokenizer or m.path
+    return RolePlan(stage, tuple(roles), tokenizer, "model.tokenizer" if m.tokenizer else "model.path", lora=lora,
+                    base_source=m.path if lora is not None else None, base_dtype=trained if lora else None,
+                    scratch=scratch, mixed_precision=cfg.dist.mixed_precision, **_levers(m))
+
+
+def _lm_plan(stage: str, m, dist_cfg, with_critic: bool, concurrent: bool) -> RolePlan:
+    """PPO and REINFORCE: policy, reference, reward (model or function) and, for PPO, the critic."""
+    lora = LoraSettings.from_config(m.lora)
+    trained, frozen = role_dtypes(m.dtype, m.precision, m.frozen_dtype)
+    if lora is not None and concurrent:
+        raise ConfigError("run.concurrent_roles: roles sharing one LoRA base cannot run concurrently "
+                          "(adapter switching is not thread-safe); set it to false")
+    if lora is None and is_adapter_dir(m.reward):
+        raise ConfigError(f"model.reward: {m.reward} is a LoRA adapter directory: set model.lora to load it "
+                          f"as an adapter on the policy's base, or give the merged model (model/ of the same run)")
+    if m.reward is None and m.reward_fn is None:
+        raise ConfigError("model.reward: a reward model directory or a reward function is needed")
+    roles = [RoleSpec("policy", ADAPTER if lora else FULL, m.policy, "model.policy", True, trained)]
+    if lora is not None:
+        roles.append(RoleSpec("reference", BASE, None, "model.policy", False))
+    else:
+        ref_key = "model.reference" if m.reference else "model.policy"
+        roles.append(RoleSpec("reference", FULL, m.reference or m.policy, ref_key, False, frozen,
+                              placement=dist_cfg.reference))
+    reward = _reward_spec(m, lora, frozen, dist_cfg.reward)
+    roles.append(reward)
+    if with_critic:
+        roles.append(_critic_spec(m, lora, reward, trained, frozen))
+    return RolePlan(stage, tuple(roles), m.tokenizer or m.policy, "model.tokenizer" if m.tokenizer else "model.policy",
+                    lora=lora, base_source=m.policy if lora else None, base_dtype=frozen if lora else None,
+                    logits_chunk=m.logits_chunk, mixed_precision=dist_cfg.mixed_precision,
+                    cpu_offload=dist_cfg.cpu_offload, concurrent=concurrent, frozen_dtype=frozen, **_levers(m))
+
+
+def _reward_spec(m, lora: Optional[LoraSettings], frozen: torch.dtype, placement: str) -> RoleSpec:
+    if m.reward is None:
+        return RoleSpec("reward", FUNCTION, m.reward_fn, "model.reward_fn", False)
+    if lora is not None and is_adapter_dir(m.reward):
+        return RoleSpec("reward", ADAPTER, m.reward, "model.reward", False)
+    return RoleSpec("reward", FULL, m.reward, "model.reward", False, frozen, placement=placement)
+
+
+def _critic_spec(m, lora: Optional[LoraSettings], reward: RoleSpec, trained: torch.dtype,
+                 frozen: torch.dtype) -> RoleSpec:
+    """The critic: ``model.critic``, else from ``critic_init`` (a copy of the reward model, or the
+    policy's backbone with a zero value head); an adapter on the base with ``critic_mode: adapter``."""
+    from_reward = m.critic_init == "reward"
+    if m.critic_mode == "adapter":  # the config requires model.lora and no model.critic
+        if from_reward and reward.form != ADAPTER:
+            raise ConfigError("model.critic_init: 'reward' with an adapter critic needs the reward model as a LoRA "
+                              "adapter on the same base (a LoRA `fourfold reward` run); use 'policy'")
+        return RoleSpec("critic", ADAPTER, None, "model.critic_init", True,
+                        start="copy-reward" if from_reward else "zero-head")
+    if m.critic is not None:
+        return RoleSpec("critic", FULL, m.critic, "model.critic", True, trained)
+    if not from_reward:
+        return RoleSpec("critic", FULL, m.policy, "model.policy", True, trained, start="zero-head")
+    if reward.form == FUNCTION:
+        raise ConfigError("model.critic_init: 'reward' needs model.reward")
+    if reward.form == ADAPTER:
+        raise ConfigError("model.critic_init: 'reward' with critic_mode 'separate' copies a full reward model, "
+                          "and model.reward is a LoRA adapter: use critic_mode=adapter (the critic starts as "
+                          "that adapter) or critic_init=policy")
+    if lora is not None and trained != frozen:  # the reward model's weights, loaded in the trained dtype
+        return RoleSpec("critic", FULL, m.reward, "model.reward", True, trained)
+    return RoleSpec("critic", FULL, m.reward, "model.reward", True, trained, start="copy-reward")

@@ -1,0 +1,122 @@
+"""The data-parallel seam of the training loops: with it a loop reads as one-process code.
+
+Under ``torchrun`` every rank runs the same loop over its own share of each global batch, and the
+trained models are FSDP2-sharded (:mod:`fourfold.trainers.fsdp`), which *averages* the ranks'
+gradients. So that a run is the same at any world size (up to float rounding), a loop needs only:
+
+* :func:`shard_rows`: this rank's rows of a global batch (:class:`Part`);
+* :meth:`Figures.global_`: a step's figures summed over the ranks (the one ``if distributed``);
+* :func:`loss_scale`: what this rank backpropagates, given its share of the global mean (the rule
+  that undoes FSDP's averaging, written once);
+* :func:`sum_over_ranks`: per-rank shares of statistics summed into the global ones;
+* :func:`place_roles`: the roles placed on the ranks as the role plan says;
+* :func:`check_world`: what a multi-rank run needs of a config.
+
+In one process every one of these is an identity (no collective runs).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+import torch
+
+from fourfold import dist
+from fourfold.errors import ConfigError
+from fourfold.trainers.fsdp import shard_model
+
+
+@dataclass(frozen=True)
+class Part:
+    """This rank's share of a global batch: ``rows`` (example indices) and whether they count. A
+    rank left without rows (the last batch of an epoch smaller than the world) takes the batch's
+    first row and counts none of it: its forward and backward still run, which FSDP's collectives
+    need from every rank."""
+
+    rows: list
+    counted: bool
+
+
+def shard_rows(indices: Sequence[int], world: Optional[dist.World] = None) -> Part:
+    """This rank's contiguous part of a global batch of example ``indices`` (as even as can be:
+    :func:`fourfold.dist.shard`); all of them in one process."""
+    world = dist.world() if world is None else world
+    part = list(indices)[dist.shard(len(indices), world)]
+    return Part(part, True) if part else Part(list(indices)[:1], False)
+
+
+def loss_scale(share: float, world: Optional[dist.World] = None) -> float:
+    """The factor on this rank's loss when it holds ``share`` of the global mean: FSDP averages the
+    ranks' gradients, so a rank backpropagates ``share * world_size`` of its own mean (``share`` in
+    one process). ``world``: this process's (default: the started group's)."""
+    return share * (dist.world() if world is None else world).world_size
+
+
+def global_sums(values: list) -> list:
+    """``values`` summed over every rank, in float64 (``values`` themselves in one process)."""
+    if not dist.world().distributed:
+        return values
+    return dist.all_reduce_sum(torch.tensor(values, dtype=torch.float64)).tolist()
+
+
+def sum_over_ranks(stats: dict, keys: Sequence[str]) -> dict:
+    """``stats`` with the values of ``keys`` (each rank's share of a global statistic) summed over
+    every rank in one all-reduce; the other values are already the same on every rank."""
+    names = sorted(keys)
+    return {**stats, **dict(zip(names, global_sums([stats[k] for k in names])))}
+
+
+@dataclass
+class Figures:
+    """A step's figures on this rank's rows: ``means`` over them (a loss, an accuracy), each weighted
+    by ``sums[weight]`` (tokens, pairs) when made global, and ``sums`` (counts and totals)."""
+
+    means: dict
+    sums: dict
+    weight: str
+
+    def global_(self, part: Part) -> tuple["Figures", float]:
+        """(the figures of the whole global batch, this rank's share of its weight: what
+        :func:`loss_scale` takes). A rank whose rows do not count adds nothing."""
+        if not dist.world().distributed:
+            return self, 1.0
+        n = self.sums[self.weight] if part.counted else 0
+        local = [v * n for v in self.means.values()] + [v * part.counted for v in self.sums.values()]
+        totals = global_sums(local)
+        k = len(self.means)
+        sums = dict(zip(self.sums, totals[k:]))
+        total = sums[self.weight]
+        means = {key: (s / total if total else 0.0) for key, s in zip(self.means, totals[:k])}
+        return Figures(means, sums, self.weight), (n / total if total else 0.0)
+
+    def flat(self) -> dict:
+        """Means and sums in one dict (a metrics window adds it up)."""
+        return {**self.means, **self.sums}
+
+
+def check_world(world: dist.World, concurrent: bool, batch_sizes: dict) -> None:
+    """What a run over several ranks needs of its config: every global batch size (config key ->
+    value) divides by the world size, and no ``run.concurrent_roles`` (two threads issuing
+    collectives could pair them differently on each rank). ConfigError naming the key otherwise."""
+    for key, value in batch_sizes.items():
+        dist.check_divisible(key, value, world)
+    if world.distributed and concurrent:
+        raise ConfigError("run.concurrent_roles: not with more than one process (the roles' collectives must run "
+                          "in one order on every rank); set it to false")
+
+
+def place_roles(roles, plan, device: torch.device) -> None:
+    """Under torchrun, place the roles as the role plan says (nothing in one process): every trained
+    role and every frozen one placed ``fsdp`` is sharded with FSDP2 (a frozen one offloaded to CPU
+    memory between forwards with ``dist.cpu_offload``); ``replicate`` leaves a full copy on every
+    rank. Call it before building the optimizers: sharding replaces the parameters."""
+    if not dist.started():
+        return
+    modules = roles.modules()
+    for spec in sorted(plan.roles, key=lambda s: not s.trained):  # the trained roles first
+        module: Optional[torch.nn.Module] = modules.get(spec.name)
+        if module is None or (spec.placement == "replicate" and not spec.trained):
+            continue
+        shard_model(module, device, mixed_precision=plan.mixed_precision,
+                    offload=not spec.trained and plan.cpu_offload)
