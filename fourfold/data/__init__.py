@@ -6,6 +6,8 @@
 * :mod:`fourfold.data.collate` - tokenisation, padding and the resumable :class:`EpochSampler`.
 * :mod:`fourfold.data.responses` - prompt + response rows (and preference pairs) tokenised and padded
   as PPO scores them.
+* :mod:`fourfold.data.encoding` - the pieces every ``encode_*`` shares (the ``on_error`` sink, row
+  locations, special ids, tokenising text as text, BOS).
 
 Every problem with a user's file is a one-line :class:`fourfold.errors.DataError` naming the file,
 the line and the problem; loaders and ``encode_*`` take ``on_error="skip"`` to skip and count bad rows.
