@@ -148,22 +148,24 @@ def shard(n: int, w: World) -> slice:
     return slice(w.rank * n // w.world_size, (w.rank + 1) * n // w.world_size)
 
 
-def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
-    """The element-wise sum of ``t`` over every rank (a new tensor; ``t`` itself in one process)."""
+def _all_reduce(t: torch.Tensor, op: str) -> torch.Tensor:
+    """``t`` reduced element-wise over every rank by ``tdist.ReduceOp.<op>`` (a new tensor; ``t``
+    itself in one process)."""
     if not world().distributed:
         return t
     out = t.detach().clone()
-    tdist.all_reduce(out, op=tdist.ReduceOp.SUM)
+    tdist.all_reduce(out, op=getattr(tdist.ReduceOp, op))
     return out
+
+
+def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
+    """The element-wise sum of ``t`` over every rank (a new tensor; ``t`` itself in one process)."""
+    return _all_reduce(t, "SUM")
 
 
 def all_reduce_max(t: torch.Tensor) -> torch.Tensor:
     """The element-wise maximum of ``t`` over every rank (``t`` itself in one process)."""
-    if not world().distributed:
-        return t
-    out = t.detach().clone()
-    tdist.all_reduce(out, op=tdist.ReduceOp.MAX)
-    return out
+    return _all_reduce(t, "MAX")
 
 
 def all_gather_rows(t: torch.Tensor) -> torch.Tensor:

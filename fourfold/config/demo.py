@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Optional
 
-from fourfold.config.loader import require
+from fourfold.config.loader import require, require_at_least, require_positive
 from fourfold.config.lora import LoraConfig
 from fourfold.config.ppo import GenerationConfig, PPOAlgoConfig
 from fourfold.config.run import RunConfig
@@ -13,9 +13,8 @@ from fourfold.config.run import RunConfig
 
 def _require_steps(section, prefix: str) -> None:
     """The optimiser settings the demo's SFT and reward stages share: steps, batch_size, lr."""
-    require(section.steps >= 1, f"{prefix}.steps", f"must be >= 1, got {section.steps}")
-    require(section.batch_size >= 1, f"{prefix}.batch_size", f"must be >= 1, got {section.batch_size}")
-    require(section.lr > 0, f"{prefix}.lr", f"must be > 0, got {section.lr}")
+    require_at_least(section, prefix, 1, "steps", "batch_size")
+    require_positive(section, prefix, "lr")
 
 
 @dataclasses.dataclass
@@ -32,8 +31,7 @@ class DemoModelConfig:
     """Longest prompt + response in tokens."""
 
     def validate(self, prefix: str = "model") -> None:
-        for name in ("hidden_size", "num_layers", "num_heads", "max_positions"):
-            require(getattr(self, name) >= 1, f"{prefix}.{name}", f"must be >= 1, got {getattr(self, name)}")
+        require_at_least(self, prefix, 1, "hidden_size", "num_layers", "num_heads", "max_positions")
         require(self.hidden_size % self.num_heads == 0, f"{prefix}.hidden_size", "must be divisible by num_heads")
 
 
@@ -52,7 +50,7 @@ class DemoSFTConfig:
 
     def validate(self, prefix: str = "sft") -> None:
         _require_steps(self, prefix)
-        require(self.examples >= 1, f"{prefix}.examples", f"must be >= 1, got {self.examples}")
+        require_at_least(self, prefix, 1, "examples")
 
 
 @dataclasses.dataclass
@@ -75,11 +73,9 @@ class DemoPairsConfig:
     is bad; they help only with a deeper RM (reward.extra_layers, see the README)."""
 
     def validate(self, prefix: str = "pairs") -> None:
-        require(self.pairs > 0, f"{prefix}.pairs", f"must be > 0, got {self.pairs}")
-        require(self.eval_pairs > 0, f"{prefix}.eval_pairs", f"must be > 0, got {self.eval_pairs}")
-        require(self.slip_pairs >= 0, f"{prefix}.slip_pairs", f"must be >= 0, got {self.slip_pairs}")
-        require(self.slip_eval_pairs >= 0, f"{prefix}.slip_eval_pairs", f"must be >= 0, got {self.slip_eval_pairs}")
-        require(self.temperature > 0, f"{prefix}.temperature", f"must be > 0, got {self.temperature}")
+        require_positive(self, prefix, "pairs", "eval_pairs")
+        require_at_least(self, prefix, 0, "slip_pairs", "slip_eval_pairs")
+        require_positive(self, prefix, "temperature")
 
 
 @dataclasses.dataclass
@@ -100,7 +96,7 @@ class DemoRewardConfig:
 
     def validate(self, prefix: str = "reward") -> None:
         _require_steps(self, prefix)
-        require(self.extra_layers >= 0, f"{prefix}.extra_layers", f"must be >= 0, got {self.extra_layers}")
+        require_at_least(self, prefix, 0, "extra_layers")
 
 
 @dataclasses.dataclass
@@ -113,8 +109,8 @@ class DemoEvalConfig:
     """Rows of the before/after sample table (and of the per-token advantage view)."""
 
     def validate(self, prefix: str = "eval") -> None:
-        require(self.prompts >= 1, f"{prefix}.prompts", f"must be >= 1, got {self.prompts}")
-        require(self.samples_in_report >= 0, f"{prefix}.samples_in_report", f"must be >= 0, got {self.samples_in_report}")
+        require_at_least(self, prefix, 1, "prompts")
+        require_at_least(self, prefix, 0, "samples_in_report")
 
 
 @dataclasses.dataclass
@@ -136,7 +132,7 @@ class DemoLoraConfig(LoraConfig):
 
     def validate(self, prefix: str = "lora") -> None:
         super().validate(prefix)
-        require(self.lr_multiplier > 0, f"{prefix}.lr_multiplier", f"must be > 0, got {self.lr_multiplier}")
+        require_positive(self, prefix, "lr_multiplier")
 
     def adapter(self) -> LoraConfig:
         """The `model.lora` section of the stages that train with LoRA."""

@@ -13,7 +13,7 @@ import dataclasses
 from typing import Literal, Optional
 
 from fourfold.config.loader import require
-from fourfold.config.ppo import GenerationConfig
+from fourfold.config.ppo import GenerationConfig, require_one_reward
 from fourfold.config.run import RunConfig
 
 
@@ -99,8 +99,7 @@ class ScoreModelConfig:
     """Weights dtype. float32 on CPU; bfloat16 on recent GPUs."""
 
     def validate(self, prefix: str = "model") -> None:
-        require((self.reward is None) != (self.reward_fn is None), f"{prefix}.reward",
-                f"set exactly one of {prefix}.reward (a reward-model directory) and {prefix}.reward_fn")
+        require_one_reward(self, prefix)
 
 
 @dataclasses.dataclass

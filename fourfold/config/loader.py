@@ -25,6 +25,22 @@ def require(condition: bool, key: str, message: str) -> None:
         raise ConfigError(f"{key}: {message}")
 
 
+def require_at_least(section: Any, prefix: str, low: float, *names: str) -> None:
+    """Each field ``names`` of ``section`` is ``>= low``: else ``"<prefix>.<name>: must be >= <low>,
+    got <value>"``, the first failing name in the order given."""
+    for name in names:
+        value = getattr(section, name)
+        require(value >= low, f"{prefix}.{name}", f"must be >= {low}, got {value}")
+
+
+def require_positive(section: Any, prefix: str, *names: str) -> None:
+    """Each field ``names`` of ``section`` is ``> 0``: else ``"<prefix>.<name>: must be > 0, got
+    <value>"``, the first failing name in the order given."""
+    for name in names:
+        value = getattr(section, name)
+        require(value > 0, f"{prefix}.{name}", f"must be > 0, got {value}")
+
+
 def validate_precision(dtype: str, precision: str, prefix: str = "model") -> None:
     """The model section's ``precision`` against its ``dtype``: bf16-mixed keeps float32 master
     weights (dtype float32), bf16 puts them in bfloat16 (dtype float32 or bfloat16, not float16)."""

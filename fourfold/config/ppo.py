@@ -281,12 +281,18 @@ class PPOConfig:
 
     def validate(self, prefix: str = "") -> None:
         check_dist(self.dist, self.run)
-        require((self.model.reward is None) != (self.model.reward_fn is None), "model.reward",
-                "set exactly one of model.reward (a reward-model directory) and model.reward_fn")
+        require_one_reward(self.model)
         if self.model.reward is None and self.ppo.loads_critic and self.model.critic is None:
             require(self.model.critic_init == "policy", "model.critic_init",
                     "'reward' needs model.reward; use critic_init=policy with a reward_fn")
         require_rollout_fits(self.model, self.data, self.generation)
+
+
+def require_one_reward(model, prefix: str = "model") -> None:
+    """Exactly one of ``reward`` (a reward-model directory) and ``reward_fn`` scores the responses
+    (the model section of PPO, REINFORCE and `fourfold score`)."""
+    require((model.reward is None) != (model.reward_fn is None), f"{prefix}.reward",
+            f"set exactly one of {prefix}.reward (a reward-model directory) and {prefix}.reward_fn")
 
 
 def require_rollout_fits(model: LMModelConfig, data: PromptDataConfig, gen: GenerationConfig) -> None:

@@ -7,7 +7,7 @@ from typing import Literal, Optional
 
 from fourfold.config.dist import LMDistConfig, check_dist
 from fourfold.config.loader import require
-from fourfold.config.ppo import GenerationConfig, LMModelConfig, PromptDataConfig, require_rollout_fits
+from fourfold.config.ppo import GenerationConfig, LMModelConfig, PromptDataConfig, require_one_reward, require_rollout_fits
 from fourfold.config.run import RunConfig
 
 
@@ -53,6 +53,5 @@ class ReinforceConfig:
 
     def validate(self, prefix: str = "") -> None:
         check_dist(self.dist, self.run)
-        require((self.model.reward is None) != (self.model.reward_fn is None), "model.reward",
-                "set exactly one of model.reward (a reward-model directory) and model.reward_fn")
+        require_one_reward(self.model)
         require_rollout_fits(self.model, self.data, self.generation)

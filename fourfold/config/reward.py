@@ -5,10 +5,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Literal, Optional
 
-from fourfold.config.dist import TrainedDistConfig, check_dist
+from fourfold.config.dist import TrainedDistConfig
 from fourfold.config.loader import require
 from fourfold.config.run import RunConfig
-from fourfold.config.sft import InitModelConfig, TrainLoopConfig
+from fourfold.config.sft import InitModelConfig, TrainLoopConfig, check_supervised_stage
 
 
 @dataclasses.dataclass
@@ -55,5 +55,4 @@ class RewardConfig:
     dist: TrainedDistConfig = dataclasses.field(default_factory=TrainedDistConfig)
 
     def validate(self, prefix: str = "") -> None:
-        self.model.check_max_len(self.train.max_len)
-        check_dist(self.dist, self.run)
+        check_supervised_stage(self)

@@ -6,7 +6,7 @@ import dataclasses
 from typing import Literal, Optional
 
 from fourfold.config.dist import TrainedDistConfig, check_dist
-from fourfold.config.loader import require, validate_precision
+from fourfold.config.loader import require, require_at_least, validate_precision
 from fourfold.config.lora import LoraConfig
 from fourfold.config.model_limits import require_fits
 from fourfold.config.run import RunConfig
@@ -52,8 +52,7 @@ class InitModelConfig:
         require(self.path is not None or self.from_scratch, f"{prefix}.path",
                 "missing: a model directory (or model.from_scratch=true with model.tokenizer)")
         validate_precision(self.dtype, self.precision, prefix)
-        for name in ("hidden_size", "num_layers", "num_heads", "max_positions"):
-            require(getattr(self, name) >= 1, f"{prefix}.{name}", f"must be >= 1, got {getattr(self, name)}")
+        require_at_least(self, prefix, 1, "hidden_size", "num_layers", "num_heads", "max_positions")
         require(self.intermediate_size is None or self.intermediate_size >= 1, f"{prefix}.intermediate_size",
                 f"must be >= 1 or null, got {self.intermediate_size}")
         require(self.lora is None or not self.from_scratch, f"{prefix}.lora",
@@ -140,5 +139,11 @@ class SFTConfig:
     dist: TrainedDistConfig = dataclasses.field(default_factory=TrainedDistConfig)
 
     def validate(self, prefix: str = "") -> None:
-        self.model.check_max_len(self.train.max_len)
-        check_dist(self.dist, self.run)
+        check_supervised_stage(self)
+
+
+def check_supervised_stage(stage) -> None:
+    """The checks across the sections of `fourfold sft` and `fourfold reward`: ``train.max_len``
+    fits the model (:meth:`InitModelConfig.check_max_len`), then the ``dist`` section's."""
+    stage.model.check_max_len(stage.train.max_len)
+    check_dist(stage.dist, stage.run)

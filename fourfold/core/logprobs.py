@@ -2,7 +2,7 @@
 
 A language model's logits ``[B, T, V]`` are often bf16 and large (V ~ 50k-150k). Taking
 ``log_softmax(logits.float())`` would allocate a float32 copy of the whole tensor (and keep it for
-backward). Instead both functions work on row blocks of at most ``_BLOCK_ELEMENTS`` elements,
+backward). Instead both functions work on row blocks of at most ``BLOCK_ELEMENTS`` elements,
 upcast each block to float32, and save only the (shared) input logits plus one float32 number per
 row for backward; the backward pass recomputes the softmax block by block and writes the gradient
 straight into a tensor of the logits' dtype. Results are float32 (float64 for float64 input) and
@@ -18,7 +18,8 @@ from torch import Tensor
 
 from fourfold.core.masks import masked_sum
 
-_BLOCK_ELEMENTS = 1 << 24  # 16M elements: 64 MiB per float32 block
+BLOCK_ELEMENTS = 1 << 24
+"""Elements of one row block (16M: 64 MiB in float32); the memory estimate counts its buffers."""
 
 
 def _compute_dtype(logits: Tensor) -> torch.dtype:
@@ -46,9 +47,44 @@ def _for_row_blocks(fn: Callable[..., None], logits: Tensor, *aligned: Tensor) -
             _for_row_blocks(fn, logits[i], *(a[i] for a in aligned))
         return
     flats = [a.view(-1, *a.shape[lead:]) for a in aligned]
-    rows = max(1, _BLOCK_ELEMENTS // max(V, 1))
+    rows = max(1, BLOCK_ELEMENTS // max(V, 1))
     for s in range(0, flat.shape[0], rows):
         fn(flat[s : s + rows], *(f[s : s + rows] for f in flats))
+
+
+def _scaled(x: Tensor, cdt: torch.dtype, temperature: float) -> Tensor:
+    """``z = x / temperature`` in the compute dtype (``x`` itself upcast at temperature 1; it may
+    alias ``x``, so callers never modify it in place)."""
+    z = x.to(cdt)
+    if temperature != 1.0:
+        z = z / temperature
+    return z
+
+
+def _save(ctx, temperature: float, logits: Tensor, saved: Tensor, lse: Tensor) -> None:
+    """What both backwards read: the input logits, one tensor of their own and the row logsumexps."""
+    ctx.save_for_backward(logits, saved, lse)
+    ctx.temperature = temperature
+
+
+def _logits_grad(ctx, grad_out: Tensor, grad_z: Callable[..., Tensor]) -> Tensor:
+    """d loss / d logits, block by block: ``grad_z(z, saved, lse, grad_out)`` gives d loss / d z
+    for a row block (``z = logits / T`` recomputed in the compute dtype; see :func:`_save`), and the
+    chain rule through ``z = x / T`` divides it by T. Written straight into the logits' dtype."""
+    logits, saved, lse = ctx.saved_tensors
+    temperature = ctx.temperature
+    cdt = lse.dtype
+    grad_out = grad_out.contiguous()
+    grad = torch.empty(logits.shape, dtype=logits.dtype, device=logits.device)
+
+    def block(x: Tensor, g: Tensor, s: Tensor, l: Tensor, go: Tensor) -> None:
+        gz = grad_z(_scaled(x, cdt, temperature), s, l, go)
+        if temperature != 1.0:
+            gz = gz / temperature
+        g.copy_(gz)
+
+    _for_row_blocks(block, logits, grad, saved, lse, grad_out)
+    return grad
 
 
 class _TokenLogprob(torch.autograd.Function):
@@ -62,40 +98,24 @@ class _TokenLogprob(torch.autograd.Function):
         lse = torch.empty(tokens.shape, dtype=cdt, device=logits.device)
 
         def block(x: Tensor, tok: Tensor, o: Tensor, l: Tensor) -> None:
-            z = x.to(cdt)
-            if temperature != 1.0:
-                z = z / temperature
+            z = _scaled(x, cdt, temperature)
             l.copy_(torch.logsumexp(z, dim=-1))
             o.copy_(z.gather(-1, tok.unsqueeze(-1)).squeeze(-1) - l)
 
         with torch.no_grad():
             _for_row_blocks(block, logits, tokens, out, lse)
-        ctx.save_for_backward(logits, tokens, lse)
-        ctx.temperature = temperature
+        _save(ctx, temperature, logits, tokens, lse)
         return out
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_out: Tensor):
-        logits, tokens, lse = ctx.saved_tensors
-        temperature = ctx.temperature
-        cdt = lse.dtype
-        grad_out = grad_out.contiguous()
-        grad = torch.empty(logits.shape, dtype=logits.dtype, device=logits.device)
-
-        def block(x: Tensor, g: Tensor, tok: Tensor, l: Tensor, go: Tensor) -> None:
-            z = x.to(cdt)
-            if temperature != 1.0:
-                z = z / temperature
-            # d out / d z = onehot(token) - softmax(z); chain rule through z = x / T
+        def grad_z(z: Tensor, tok: Tensor, l: Tensor, go: Tensor) -> Tensor:
+            # d out / d z = onehot(token) - softmax(z)
             gz = torch.exp(z - l.unsqueeze(-1)).mul_(-go.unsqueeze(-1))
-            gz.scatter_add_(-1, tok.unsqueeze(-1), go.unsqueeze(-1))
-            if temperature != 1.0:
-                gz = gz / temperature
-            g.copy_(gz)
+            return gz.scatter_add_(-1, tok.unsqueeze(-1), go.unsqueeze(-1))
 
-        _for_row_blocks(block, logits, grad, tokens, lse, grad_out)
-        return grad, None, None
+        return _logits_grad(ctx, grad_out, grad_z), None, None
 
 
 class _Entropy(torch.autograd.Function):
@@ -110,9 +130,7 @@ class _Entropy(torch.autograd.Function):
         lse = torch.empty(shape, dtype=cdt, device=logits.device)
 
         def block(x: Tensor, h: Tensor, l: Tensor) -> None:
-            z = x.to(cdt)
-            if temperature != 1.0:
-                z = z / temperature
+            z = _scaled(x, cdt, temperature)
             l.copy_(torch.logsumexp(z, dim=-1))
             p = torch.exp(z - l.unsqueeze(-1))
             pz = torch.where(p > 0, p * z, 0.0)  # p = 0 where z = -inf: contributes 0, not NaN
@@ -120,33 +138,19 @@ class _Entropy(torch.autograd.Function):
 
         with torch.no_grad():
             _for_row_blocks(block, logits, ent, lse)
-        ctx.save_for_backward(logits, ent, lse)
-        ctx.temperature = temperature
+        _save(ctx, temperature, logits, ent, lse)
         return ent
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_out: Tensor):
-        logits, ent, lse = ctx.saved_tensors
-        temperature = ctx.temperature
-        cdt = lse.dtype
-        grad_out = grad_out.contiguous()
-        grad = torch.empty(logits.shape, dtype=logits.dtype, device=logits.device)
-
-        def block(x: Tensor, g: Tensor, h: Tensor, l: Tensor, go: Tensor) -> None:
-            z = x.to(cdt)
-            if temperature != 1.0:
-                z = z / temperature
+        def grad_z(z: Tensor, h: Tensor, l: Tensor, go: Tensor) -> Tensor:
             p = torch.exp(z - l.unsqueeze(-1))
             mean_z = (l - h).unsqueeze(-1)  # sum_u p_u z_u = lse - H
             # z may alias x (float32 input, temperature 1): never modify it in place
-            gz = torch.where(p > 0, p * (z - mean_z), 0.0).mul_(-go.unsqueeze(-1))
-            if temperature != 1.0:
-                gz = gz / temperature
-            g.copy_(gz)
+            return torch.where(p > 0, p * (z - mean_z), 0.0).mul_(-go.unsqueeze(-1))
 
-        _for_row_blocks(block, logits, grad, ent, lse, grad_out)
-        return grad, None
+        return _logits_grad(ctx, grad_out, grad_z), None
 
 
 def logprobs_from_logits(logits: Tensor, tokens: Tensor, temperature: float = 1.0) -> Tensor:

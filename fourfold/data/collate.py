@@ -45,9 +45,17 @@ from typing import Any
 
 import torch
 
+from fourfold.data.encoding import (
+    RowSink,
+    encode_texts,
+    require_special_id,
+    row_location,
+    special_id,
+    start_rows,
+    tokenized_rows,
+    with_bos,
+)
 from fourfold.data.formats import PreferenceRecord, PromptRecord, SFTRecord
-from fourfold.data.io import check_on_error, location, one_line
-from fourfold.data.literal import as_text, special_ids
 from fourfold.errors import DataError
 
 __all__ = [
@@ -100,70 +108,6 @@ class PreferenceExample:
 
 
 # ----------------------------------------------------------------------------------- helpers
-
-
-class _Sink:
-    """Raise or collect per-row problems, as ``on_error`` says."""
-
-    def __init__(self, on_error: str, skipped: list[str] | None, records: Any):
-        check_on_error(on_error)
-        self.on_error = on_error
-        if skipped is None:
-            skipped = getattr(records, "skipped", None)
-            if not isinstance(skipped, list):
-                skipped = []
-        self.skipped = skipped
-
-    def bad(self, where: str, problem: str) -> None:
-        msg = f"{where}: {problem}"
-        if self.on_error == "raise":
-            raise DataError(msg)
-        self.skipped.append(msg)
-
-
-def _where(rec: Any, i: int, default_source: str | None = None, line: int | None = None) -> str:
-    source = getattr(rec, "source", "") or default_source or "<records>"
-    ln = getattr(rec, "line", None) if line is None else line
-    return location(source, ln if ln is not None else i + 1)
-
-
-def _special(tokenizer: Any, name: str) -> int | None:
-    value = getattr(tokenizer, name, None)
-    return int(value) if value is not None else None
-
-
-def _need(tokenizer: Any, name: str, why: str) -> int:
-    value = _special(tokenizer, name)
-    if value is None:
-        raise ValueError(f"the tokenizer has no {name.replace('_id', '')} ({why})")
-    return value
-
-
-def _encode(tokenizer: Any, texts: Sequence[str], wheres: Sequence[str], what: str) -> list[list[int] | str]:
-    """Ids per text without added special tokens, a typed special-token string kept as text
-    (:func:`fourfold.data.literal.as_text`); a problem string where the tokenizer itself failed."""
-    if not texts:
-        return []
-    special, unk = special_ids(tokenizer)
-    try:
-        out = tokenizer(list(texts), add_special_tokens=False)["input_ids"]
-        return [as_text(tokenizer, t, list(map(int, ids)), special, unk, what) for t, ids in zip(texts, out)]
-    except Exception:  # find the text it choked on, and say which line that was
-        pass
-    result: list[list[int] | str] = []
-    for text, _where in zip(texts, wheres):
-        try:
-            ids = list(map(int, tokenizer(text, add_special_tokens=False)["input_ids"]))
-            result.append(as_text(tokenizer, text, ids, special, unk, what))
-        except Exception as e:
-            result.append(f"tokenizer failed on the {what}: {type(e).__name__}: {one_line(e, 120)}")
-    return result
-
-
-def _with_bos(ids: list[int], bos: int | None) -> list[int]:
-    if bos is None or (ids and ids[0] == bos):
-        return ids
-    return [bos] + ids
 
 
 def _prompt_problem(n: int, max_prompt_len: int) -> str:
@@ -224,20 +168,20 @@ def encode_prompts(
     """
     if max_prompt_len < 1:
         raise ValueError(f"max_prompt_len must be >= 1, got {max_prompt_len}")
-    sink = _Sink(on_error, skipped, prompts)
-    bos = _special(tokenizer, "bos_token_id") if add_bos else None
+    sink = RowSink(on_error, skipped, prompts)
+    bos = special_id(tokenizer, "bos_token_id") if add_bos else None
     texts = [p.prompt if isinstance(p, PromptRecord) else p for p in prompts]
     line_of = [
         getattr(p, "line", None) if isinstance(p, PromptRecord) else (lines[i] if lines is not None else i + 1)
         for i, p in enumerate(prompts)
     ]
-    wheres = [_where(p, i, source, line_of[i]) for i, p in enumerate(prompts)]
+    wheres = [row_location(p, i, source, line_of[i]) for i, p in enumerate(prompts)]
     out = []
-    for i, ids in enumerate(_encode(tokenizer, texts, wheres, "prompt")):
+    for i, ids in enumerate(encode_texts(tokenizer, texts, wheres, "prompt")):
         if isinstance(ids, str):
             sink.bad(wheres[i], ids)
             continue
-        ids = _with_bos(ids, bos)
+        ids = with_bos(ids, bos)
         truncated = False
         if len(ids) > max_prompt_len:
             if not truncate:
@@ -302,28 +246,19 @@ def encode_sft(
     skipped: list[str] | None = None,
 ) -> list[SFTExample]:
     """Tokenise SFT records: prompt ids (BOS first) + completion ids (+ EOS), at most ``max_len``."""
-    if max_len < 2:
-        raise ValueError(f"max_len must be >= 2, got {max_len}")
-    sink = _Sink(on_error, skipped, records)
-    bos = _special(tokenizer, "bos_token_id") if add_bos else None
-    eos_id = _need(tokenizer, "eos_token_id", "eos=True appends it to completions") if eos else None
-    wheres = [_where(r, i) for i, r in enumerate(records)]
-    prompts = _encode(tokenizer, [r.prompt for r in records], wheres, "prompt")
-    completions = _encode(tokenizer, [r.completion for r in records], wheres, "completion")
+    sink, bos = start_rows(records, tokenizer, max_len, add_bos=add_bos, on_error=on_error, skipped=skipped)
+    eos_id = require_special_id(tokenizer, "eos_token_id", "eos=True appends it to completions") if eos else None
     out = []
-    for i, (rec, p, c) in enumerate(zip(records, prompts, completions)):
-        problem = p if isinstance(p, str) else c if isinstance(c, str) else None
-        if problem is None:
-            p = _with_bos(p, bos)
-            c = c + [eos_id] if eos_id is not None else c
-            if max_prompt_len is not None and len(p) > max_prompt_len:
-                problem = _prompt_problem(len(p), max_prompt_len)
-            elif not c:
-                problem = "completion is empty after tokenisation (0 tokens)"
-        if problem is None:
+    for i, rec, where, p, (c,) in tokenized_rows(records, tokenizer, sink, bos, [("completion", "completion")]):
+        c = c + [eos_id] if eos_id is not None else c
+        if max_prompt_len is not None and len(p) > max_prompt_len:
+            problem = _prompt_problem(len(p), max_prompt_len)
+        elif not c:
+            problem = "completion is empty after tokenisation (0 tokens)"
+        else:
             c, truncated, problem = _fit(p, c, max_len, truncate, "completion")
         if problem is not None:
-            sink.bad(wheres[i], problem)
+            sink.bad(where, problem)
             continue
         out.append(SFTExample(input_ids=p + c, num_prompt_tokens=len(p), index=i, line=rec.line, truncated=truncated))
     return out
@@ -351,7 +286,7 @@ def tokenize_sft(
     max_prompt_len: int | None = None,
 ) -> dict[str, torch.Tensor]:
     """:func:`encode_sft` then :func:`collate_sft` with the tokenizer's pad id (bad rows raise)."""
-    pad_id = _need(tokenizer, "pad_token_id", "needed to pad")
+    pad_id = require_special_id(tokenizer, "pad_token_id", "needed to pad")
     examples = encode_sft(
         records, tokenizer, max_len, eos=eos, add_bos=add_bos, truncate=truncate, max_prompt_len=max_prompt_len
     )
@@ -373,24 +308,16 @@ def encode_preferences(
     """Tokenise preference pairs: prompt ids + chosen/rejected ids (+ EOS), each at most ``max_len``.
     A pair whose two sequences come out as the same ids (after truncation, or because the
     tokenizer maps both to the same tokens) is a problem: it carries no preference."""
-    if max_len < 2:
-        raise ValueError(f"max_len must be >= 2, got {max_len}")
-    sink = _Sink(on_error, skipped, records)
-    bos = _special(tokenizer, "bos_token_id") if add_bos else None
-    eos_id = _need(tokenizer, "eos_token_id", "eos=True appends it to responses") if eos else None
+    sink, bos = start_rows(records, tokenizer, max_len, add_bos=add_bos, on_error=on_error, skipped=skipped)
+    eos_id = require_special_id(tokenizer, "eos_token_id", "eos=True appends it to responses") if eos else None
     tail = [eos_id] if eos_id is not None else []
-    wheres = [_where(r, i) for i, r in enumerate(records)]
-    prompts = _encode(tokenizer, [r.prompt for r in records], wheres, "prompt")
-    chosen = _encode(tokenizer, [r.chosen for r in records], wheres, "chosen response")
-    rejected = _encode(tokenizer, [r.rejected for r in records], wheres, "rejected response")
+    replies = [("chosen", "chosen response"), ("rejected", "rejected response")]
     out = []
-    for i, (rec, p, c, r) in enumerate(zip(records, prompts, chosen, rejected)):
-        problem = next((x for x in (p, c, r) if isinstance(x, str)), None)
+    for i, rec, where, p, (c, r) in tokenized_rows(records, tokenizer, sink, bos, replies):
+        problem = None
         c_trunc = r_trunc = False
-        if problem is None:
-            p = _with_bos(p, bos)
-            if max_prompt_len is not None and len(p) > max_prompt_len:
-                problem = _prompt_problem(len(p), max_prompt_len)
+        if max_prompt_len is not None and len(p) > max_prompt_len:
+            problem = _prompt_problem(len(p), max_prompt_len)
         if problem is None:
             c, c_trunc, problem = _fit(p, c + tail, max_len, truncate, "chosen response")
         if problem is None:
@@ -399,7 +326,7 @@ def encode_preferences(
             after = f" after truncation to max_len={max_len}" if (c_trunc or r_trunc) else ""
             problem = f"'chosen' and 'rejected' are the same tokens{after}"
         if problem is not None:
-            sink.bad(wheres[i], problem)
+            sink.bad(where, problem)
             continue
         out.append(
             PreferenceExample(
@@ -443,7 +370,7 @@ def tokenize_preferences(
     max_prompt_len: int | None = None,
 ) -> dict[str, torch.Tensor]:
     """:func:`encode_preferences` then :func:`collate_preferences` (bad rows raise)."""
-    pad_id = _need(tokenizer, "pad_token_id", "needed to pad")
+    pad_id = require_special_id(tokenizer, "pad_token_id", "needed to pad")
     examples = encode_preferences(
         records, tokenizer, max_len, eos=eos, add_bos=add_bos, truncate=truncate, max_prompt_len=max_prompt_len
     )

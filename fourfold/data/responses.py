@@ -19,17 +19,8 @@ from typing import Any
 
 import torch
 
-from fourfold.data.collate import (
-    PreferenceExample,
-    _encode,
-    _need,
-    _Sink,
-    _special,
-    _where,
-    _with_bos,
-    left_pad,
-    right_pad,
-)
+from fourfold.data.collate import PreferenceExample, left_pad, right_pad
+from fourfold.data.encoding import require_special_id, start_rows, tokenized_rows
 from fourfold.data.formats import ResponseRecord
 
 __all__ = ["ResponseExample", "encode_responses", "collate_responses", "collate_pair_responses"]
@@ -57,26 +48,18 @@ def encode_responses(
 ) -> list[ResponseExample]:
     """Tokenise rows to score; prompt + response (with BOS and EOS) over ``max_len`` tokens, or a
     prompt with no tokens, is a problem naming ``file:line`` (raised, or skipped and collected)."""
-    if max_len < 2:
-        raise ValueError(f"max_len must be >= 2, got {max_len}")
-    sink = _Sink(on_error, skipped, records)
-    bos = _special(tokenizer, "bos_token_id") if add_bos else None
-    eos = _need(tokenizer, "eos_token_id", "a finished response ends with it")
-    wheres = [_where(r, i) for i, r in enumerate(records)]
-    prompts = _encode(tokenizer, [r.prompt for r in records], wheres, "prompt")
-    responses = _encode(tokenizer, [r.response for r in records], wheres, "response")
+    sink, bos = start_rows(records, tokenizer, max_len, add_bos=add_bos, on_error=on_error, skipped=skipped)
+    eos = require_special_id(tokenizer, "eos_token_id", "a finished response ends with it")
     out = []
-    for i, (rec, p, r) in enumerate(zip(records, prompts, responses)):
-        problem = p if isinstance(p, str) else r if isinstance(r, str) else None
-        if problem is None:
-            p = _with_bos(p, bos)
-            r = r + [eos] if rec.finished else r
-            if not p:
-                problem = "prompt is empty after tokenisation (0 tokens)"
-            elif len(p) + len(r) > max_len:
-                problem = f"prompt + response have {len(p) + len(r)} tokens, more than max_len={max_len}"
+    for i, rec, where, p, (r,) in tokenized_rows(records, tokenizer, sink, bos, [("response", "response")]):
+        r = r + [eos] if rec.finished else r
+        problem = None
+        if not p:
+            problem = "prompt is empty after tokenisation (0 tokens)"
+        elif len(p) + len(r) > max_len:
+            problem = f"prompt + response have {len(p) + len(r)} tokens, more than max_len={max_len}"
         if problem is not None:
-            sink.bad(wheres[i], problem)
+            sink.bad(where, problem)
             continue
         out.append(ResponseExample(prompt_ids=p, response_ids=r, index=i, line=rec.line))
     return out

@@ -68,7 +68,7 @@ import os
 from dataclasses import dataclass
 from typing import Optional
 
-from fourfold.core.logprobs import _BLOCK_ELEMENTS  # elements of one float32 log-prob block
+from fourfold.core.logprobs import BLOCK_ELEMENTS  # elements of one float32 log-prob block
 from fourfold.models.param_count import (
     LoraCount,
     ModelSource,
@@ -511,10 +511,10 @@ def _logits_bytes(shape: Shape, b: int, T: int, c: int, chunk: Optional[int], co
     ``copies`` tensors of one chunk of logits instead."""
     V = shape.vocab
     if not chunk:
-        return copies * b * (T + 1) * V * c + 3 * min(T, max(1, _BLOCK_ELEMENTS // V)) * V * 4
+        return copies * b * (T + 1) * V * c + 3 * min(T, max(1, BLOCK_ELEMENTS // V)) * V * 4
     rows = min(chunk, b * T)
     return (b * T * shape.hidden * c + b * V * c + copies * rows * V * c
-            + 3 * min(rows, max(1, _BLOCK_ELEMENTS // V)) * V * 4)
+            + 3 * min(rows, max(1, BLOCK_ELEMENTS // V)) * V * 4)
 
 
 def _forward_bytes(role: _Role, b: int, seq: int, c: int) -> int:

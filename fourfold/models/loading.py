@@ -54,7 +54,7 @@ def resolve_dtype(name: str | torch.dtype | None) -> torch.dtype:
     return table[name]
 
 
-def _check_source(path: str, trust_remote_code: bool, what: str) -> None:
+def check_source(path: str, trust_remote_code: bool, what: str) -> None:
     """Refuse a missing local path, a config that needs remote code when it is not allowed, and a
     model directory with pickle-only or corrupt safetensors weights."""
     p = Path(path)
@@ -140,7 +140,7 @@ def load_tokenizer(path: str, *, trust_remote_code: bool = False, padding_side: 
     """
     from transformers import AutoTokenizer
 
-    _check_source(path, trust_remote_code, "tokenizer")
+    check_source(path, trust_remote_code, "tokenizer")
     try:
         tok = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
     except Exception as e:  # transformers raises many types here; surface one line
@@ -190,7 +190,7 @@ def load_causal_lm(path: str, *, dtype: Any = None, device: Any = "cpu", trust_r
     """``AutoModelForCausalLM`` from a directory (or a hub name when online), dropout disabled."""
     from transformers import AutoModelForCausalLM
 
-    _check_source(path, trust_remote_code, "causal LM")
+    check_source(path, trust_remote_code, "causal LM")
     try:
         model, info = AutoModelForCausalLM.from_pretrained(
             path, dtype=resolve_dtype(dtype), trust_remote_code=trust_remote_code, output_loading_info=True
@@ -214,7 +214,7 @@ def load_sequence_scorer(path: str, *, dtype: Any = None, device: Any = "cpu", t
     """
     from transformers import AutoModelForSequenceClassification
 
-    _check_source(path, trust_remote_code, "reward/value model")
+    check_source(path, trust_remote_code, "reward/value model")
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")

@@ -62,10 +62,10 @@ def load_config(source: ModelSource, trust_remote_code: bool = False):
     from transformers import AutoConfig
 
     from fourfold.errors import ModelLoadError
-    from fourfold.models.loading import _check_source
+    from fourfold.models.loading import check_source
 
     path = os.fspath(source)
-    _check_source(path, trust_remote_code, "model")
+    check_source(path, trust_remote_code, "model")
     try:
         return AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
     except (OSError, ValueError) as e:

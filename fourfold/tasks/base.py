@@ -61,13 +61,7 @@ class Task(Protocol):
         """
         ...
 
-    def label_pairs(
-        self,
-        prompts: list[str],
-        responses_a: list[str],
-        responses_b: list[str],
-        rng: random.Random,
-    ) -> list[int]:
+    def label_pairs(self, prompts: list[str], responses_a: list[str], responses_b: list[str], rng: random.Random) -> list[int]:
         """Simulated labelers' choices: ``0`` where ``responses_a[i]`` is preferred, else ``1``."""
         ...
 

@@ -49,19 +49,19 @@ from typing import Iterable
 
 from fourfold.errors import ConfigError
 from fourfold.tasks.review_grammar import (  # noqa: F401  (re-exported: tests and tasks import them from here)
-    _CLAUSES,
-    _FIRST_CLAUSES,
+    CLAUSES,
     COMMA,
     CONNECTIVES,
+    FIRST_CLAUSES,
     PRODUCTS,
     PROMPT_ADJS,
     PROMPT_DETS,
     STARS,
     TERMINATORS,
+    Pattern,
     ReviewParse,
-    _clause_polarity,
-    _join,
-    _Pattern,
+    clause_polarity,
+    full_text,
     has_repetition,
     is_well_formed,
     parse_review,
@@ -156,8 +156,8 @@ class ReviewTask:
 
             config = replace(config, **overrides)
         self.config = config
-        self._clause_weights = [p.weight for p in _CLAUSES]
-        self._first_weights = [p.weight for p in _FIRST_CLAUSES]
+        self._clause_weights = [p.weight for p in CLAUSES]
+        self._first_weights = [p.weight for p in FIRST_CLAUSES]
 
     def __repr__(self) -> str:
         return f"ReviewTask({self.config!r})"
@@ -165,7 +165,7 @@ class ReviewTask:
     # ---- generation ------------------------------------------------------------------------
 
     @staticmethod
-    def _fill(pattern: _Pattern, rng: random.Random, fixed: dict | None = None) -> tuple[list[str], int]:
+    def _fill(pattern: Pattern, rng: random.Random, fixed: dict | None = None) -> tuple[list[str], int]:
         filled: dict[str, tuple[str, ...]] = {}
         for slot in pattern.slots:
             if fixed and slot.name in fixed:
@@ -178,12 +178,12 @@ class ReviewTask:
                 alt = alts[rng.randrange(len(alts))]
             filled[slot.name] = alt
         words = [w for s in pattern.slots for w in filled[s.name]]
-        return words, _clause_polarity(pattern.name, filled)
+        return words, clause_polarity(pattern.name, filled)
 
     def _clause(
         self, rng: random.Random, polarity: int, first: bool, subject: dict | None
     ) -> list[str]:
-        patterns = _FIRST_CLAUSES if first else _CLAUSES
+        patterns = FIRST_CLAUSES if first else CLAUSES
         weights = self._first_weights if first else self._clause_weights
         for _ in range(200):
             pat = rng.choices(patterns, weights)[0]
@@ -248,7 +248,7 @@ class ReviewTask:
 
     def parse(self, prompt: str, response: str) -> ReviewParse | None:
         """Parse ``prompt + " " + response``; ``None`` if it is not a review of the grammar."""
-        return parse_review(_join(prompt, response))
+        return parse_review(full_text(prompt, response))
 
     is_well_formed = staticmethod(is_well_formed)
     has_repetition = staticmethod(has_repetition)
@@ -285,13 +285,7 @@ class ReviewTask:
         gold = self.gold_reward(prompts, responses)
         return [g + b * len(r.split()) for g, r in zip(gold, responses)]
 
-    def label_pairs(
-        self,
-        prompts: list[str],
-        responses_a: list[str],
-        responses_b: list[str],
-        rng: random.Random,
-    ) -> list[int]:
+    def label_pairs(self, prompts: list[str], responses_a: list[str], responses_b: list[str], rng: random.Random) -> list[int]:
         _check_parallel(prompts, responses_a)
         _check_parallel(prompts, responses_b)
         cfg = self.config

@@ -121,106 +121,108 @@ def _alts(*phrases: str, optional: bool = False) -> tuple[tuple[str, ...], ...]:
     return (((),) + out) if optional else out
 
 
-class _Slot(NamedTuple):
+class Slot(NamedTuple):
+    """One slot of a clause pattern: its name (read by :func:`clause_polarity`) and its phrases."""
+
     name: str
     alts: tuple[tuple[str, ...], ...]
     p_empty: float = 0.0  # generator: probability of choosing the empty alternative, if allowed
 
 
-class _Pattern(NamedTuple):
+class Pattern(NamedTuple):
+    """A clause pattern: the sampler (:mod:`fourfold.tasks.review`) fills it, the recogniser matches it."""
+
     name: str
-    slots: tuple[_Slot, ...]
+    slots: tuple[Slot, ...]
     weight: float  # generator: relative frequency among clauses of its kind
 
 
-_THE = _Slot("the", _alts("the"))
+_THE = Slot("the", _alts("the"))
 _SUBJ_FIRST = (
-    _Slot("det", _alts(*PROMPT_DETS)),
-    _Slot("padj", _alts(*PROMPT_ADJS, optional=True), 0.7),
-    _Slot("product", _alts(*PRODUCTS)),
+    Slot("det", _alts(*PROMPT_DETS)),
+    Slot("padj", _alts(*PROMPT_ADJS, optional=True), 0.7),
+    Slot("product", _alts(*PRODUCTS)),
 )
-_SUBJ_IT = (_Slot("it", _alts("it")),)
-_SUBJ_PART = (_THE, _Slot("part", _alts(*PARTS)))
-_SUBJ_ASPECT = (_THE, _Slot("aspect", _alts(*ASPECTS)))
+_SUBJ_IT = (Slot("it", _alts("it")),)
+_SUBJ_PART = (_THE, Slot("part", _alts(*PARTS)))
+_SUBJ_ASPECT = (_THE, Slot("aspect", _alts(*ASPECTS)))
 
 _COP_PRED = (
-    _Slot("cop", _alts(*COPULAS)),
-    _Slot("neg", _alts("not", optional=True), 0.85),
-    _Slot("int", _alts(*INTENSIFIERS, optional=True), 0.7),
-    _Slot("adj", _alts(*_ADJ_POLARITY)),
+    Slot("cop", _alts(*COPULAS)),
+    Slot("neg", _alts("not", optional=True), 0.85),
+    Slot("int", _alts(*INTENSIFIERS, optional=True), 0.7),
+    Slot("adj", _alts(*_ADJ_POLARITY)),
 )
-_PERF_PRED = (_Slot("perf", _alts(*PERF_VERBS)), _Slot("adv", _alts(*_ADV_POLARITY)))
-_FAIL_PRED = (_Slot("fail", _alts(*FAIL_VERBS)), _Slot("when", _alts(*FAIL_TIMES, optional=True), 0.5))
-_ARRIVE_PRED = (_Slot("arrived", _alts("arrived")), _Slot("when", _alts(*ARRIVE_TIMES)))
+_PERF_PRED = (Slot("perf", _alts(*PERF_VERBS)), Slot("adv", _alts(*_ADV_POLARITY)))
+_FAIL_PRED = (Slot("fail", _alts(*FAIL_VERBS)), Slot("when", _alts(*FAIL_TIMES, optional=True), 0.5))
+_ARRIVE_PRED = (Slot("arrived", _alts("arrived")), Slot("when", _alts(*ARRIVE_TIMES)))
 _COMES_PRED = (
-    _Slot("comes", _alts("came", "comes")),
-    _Slot("with", _alts("with a spare")),
-    _Slot("part", _alts(*PARTS)),
+    Slot("comes", _alts("came", "comes")),
+    Slot("with", _alts("with a spare")),
+    Slot("part", _alts(*PARTS)),
 )
 
-_FIRST_CLAUSES = (
-    _Pattern("first_cop", _SUBJ_FIRST + _COP_PRED, 4.0),
-    _Pattern("first_perf", _SUBJ_FIRST + _PERF_PRED, 1.5),
-    _Pattern("first_fail", _SUBJ_FIRST + _FAIL_PRED, 1.0),
-    _Pattern("first_arrived", _SUBJ_FIRST + _ARRIVE_PRED, 0.6),
-    _Pattern("first_comes", _SUBJ_FIRST + _COMES_PRED, 0.3),
-)
-_CLAUSES = (
-    _Pattern("it_cop", _SUBJ_IT + _COP_PRED, 3.0),
-    _Pattern("it_perf", _SUBJ_IT + _PERF_PRED, 1.0),
-    _Pattern("it_fail", _SUBJ_IT + _FAIL_PRED, 0.8),
-    _Pattern("it_arrived", _SUBJ_IT + _ARRIVE_PRED, 0.5),
-    _Pattern("it_comes", _SUBJ_IT + _COMES_PRED, 0.3),
-    _Pattern("part_cop", _SUBJ_PART + _COP_PRED, 2.0),
-    _Pattern("part_perf", _SUBJ_PART + _PERF_PRED, 0.5),
-    _Pattern("part_fail", _SUBJ_PART + _FAIL_PRED, 0.8),
-    _Pattern("aspect_cop", _SUBJ_ASPECT + _COP_PRED, 1.5),
-    _Pattern(
+_PREDICATES = {"cop": _COP_PRED, "perf": _PERF_PRED, "fail": _FAIL_PRED, "arrived": _ARRIVE_PRED, "comes": _COMES_PRED}
+
+
+def _subject_clauses(subject: str, slots: tuple[Slot, ...], weights: dict[str, float]) -> tuple[Pattern, ...]:
+    """``subject`` + each predicate named in ``weights``: patterns ``"<subject>_<predicate>"``."""
+    return tuple(Pattern(f"{subject}_{pred}", slots + _PREDICATES[pred], w) for pred, w in weights.items())
+
+
+FIRST_CLAUSES = _subject_clauses("first", _SUBJ_FIRST, {"cop": 4.0, "perf": 1.5, "fail": 1.0, "arrived": 0.6, "comes": 0.3})
+"""The clauses that open a review: the prompt's noun phrase, then a predicate."""
+CLAUSES = (
+    *_subject_clauses("it", _SUBJ_IT, {"cop": 3.0, "perf": 1.0, "fail": 0.8, "arrived": 0.5, "comes": 0.3}),
+    *_subject_clauses("part", _SUBJ_PART, {"cop": 2.0, "perf": 0.5, "fail": 0.8}),
+    *_subject_clauses("aspect", _SUBJ_ASPECT, {"cop": 1.5}),
+    Pattern(
         "i_feel",
         (
-            _Slot("i", _alts("i")),
-            _Slot("feel", _alts(*_FEEL_POLARITY)),
-            _Slot("obj", _alts("it") + tuple(("the", w) for w in PARTS + ASPECTS)),
+            Slot("i", _alts("i")),
+            Slot("feel", _alts(*_FEEL_POLARITY)),
+            Slot("obj", _alts("it") + tuple(("the", w) for w in PARTS + ASPECTS)),
         ),
         1.0,
     ),
-    _Pattern(
+    Pattern(
         "i_rec",
         (
-            _Slot("i", _alts("i")),
-            _Slot("modal", _alts("would", "will")),
-            _Slot("neg", _alts("not", optional=True), 0.6),
-            _Slot("rec", _alts(*REC_PHRASES)),
+            Slot("i", _alts("i")),
+            Slot("modal", _alts("would", "will")),
+            Slot("neg", _alts("not", optional=True), 0.6),
+            Slot("rec", _alts(*REC_PHRASES)),
         ),
         1.2,
     ),
-    _Pattern(
+    Pattern(
         "i_buy",
         (
-            _Slot("i", _alts("i")),
-            _Slot("buy", _alts(*BUY_VERBS)),
-            _Slot("it", _alts("it")),
-            _Slot("when", _alts(*BUY_TIMES)),
+            Slot("i", _alts("i")),
+            Slot("buy", _alts(*BUY_VERBS)),
+            Slot("it", _alts("it")),
+            Slot("when", _alts(*BUY_TIMES)),
         ),
         0.6,
     ),
-    _Pattern(
+    Pattern(
         "kin_feel",
-        (_Slot("my", _alts("my")), _Slot("kin", _alts(*KIN)), _Slot("feel", _alts(*KIN_FEELINGS)),
-         _Slot("it", _alts("it"))),
+        (Slot("my", _alts("my")), Slot("kin", _alts(*KIN)), Slot("feel", _alts(*KIN_FEELINGS)),
+         Slot("it", _alts("it"))),
         0.5,
     ),
-    _Pattern(
+    Pattern(
         "kin_use",
-        (_Slot("my", _alts("my")), _Slot("kin", _alts(*KIN)), _Slot("uses", _alts("uses it")),
-         _Slot("when", _alts(*USE_TIMES))),
+        (Slot("my", _alts("my")), Slot("kin", _alts(*KIN)), Slot("uses", _alts("uses it")),
+         Slot("when", _alts(*USE_TIMES))),
         0.4,
     ),
 )
-_STARS_PATTERN = _Pattern("stars", (_Slot("stars", _alts(*STARS)),), 1.0)
+"""Every clause but a review's first (which is one of :data:`FIRST_CLAUSES`)."""
+_STARS_PATTERN = Pattern("stars", (Slot("stars", _alts(*STARS)),), 1.0)
 
 
-def _clause_polarity(pattern: str, filled: dict[str, tuple[str, ...]]) -> int:
+def clause_polarity(pattern: str, filled: dict[str, tuple[str, ...]]) -> int:
     """Polarity of a recognised clause from its filled slots (see the module docstring)."""
     flip = -1 if filled.get("neg") == ("not",) else 1
     if "adj" in filled:
@@ -267,7 +269,7 @@ class ReviewParse(NamedTuple):
 
 
 def _match_slots(
-    slots: tuple[_Slot, ...], words: tuple[str, ...], i: int, filled: dict
+    slots: tuple[Slot, ...], words: tuple[str, ...], i: int, filled: dict
 ) -> Iterator[dict]:
     """All ways the slots match exactly ``words[i:]`` (backtracking; clauses are short)."""
     if not slots:
@@ -283,10 +285,10 @@ def _match_slots(
             del filled[slot.name]
 
 
-def _match_clause(words: tuple[str, ...], patterns: tuple[_Pattern, ...]) -> Clause | None:
+def _match_clause(words: tuple[str, ...], patterns: tuple[Pattern, ...]) -> Clause | None:
     for pat in patterns:
         for filled in _match_slots(pat.slots, words, 0, {}):
-            return Clause(pat.name, words, _clause_polarity(pat.name, filled))
+            return Clause(pat.name, words, clause_polarity(pat.name, filled))
     return None
 
 
@@ -327,7 +329,7 @@ def parse_review(text: str) -> ReviewParse | None:
                 if not piece or piece[0] not in CONNECTIVES:
                     return None
                 piece = piece[1:]
-            patterns = _FIRST_CLAUSES if (first and j == 0) else _CLAUSES
+            patterns = FIRST_CLAUSES if (first and j == 0) else CLAUSES
             clause = _match_clause(piece, patterns)
             if clause is None:
                 return None
@@ -335,13 +337,14 @@ def parse_review(text: str) -> ReviewParse | None:
     return ReviewParse(tuple(clauses), n_sentences)
 
 
-def _join(prompt: str, response: str) -> str:
+def full_text(prompt: str, response: str) -> str:
+    """The text the grammar reads for a prompt and its response: ``prompt + " " + response``."""
     return f"{prompt} {response}"
 
 
 def is_well_formed(prompt: str, response: str) -> bool:
     """True if ``prompt + " " + response`` is a review of the grammar (repetition not checked)."""
-    return parse_review(_join(prompt, response)) is not None
+    return parse_review(full_text(prompt, response)) is not None
 
 
 def has_repetition(text: str) -> bool:
@@ -361,7 +364,7 @@ def has_repetition(text: str) -> bool:
 def vocabulary() -> list[str]:
     """Every word a review can contain (prompts included), sorted."""
     words: set[str] = {COMMA, *CONNECTIVES, *TERMINATORS}
-    for pat in _FIRST_CLAUSES + _CLAUSES + (_STARS_PATTERN,):
+    for pat in FIRST_CLAUSES + CLAUSES + (_STARS_PATTERN,):
         for slot in pat.slots:
             for alt in slot.alts:
                 words.update(alt)

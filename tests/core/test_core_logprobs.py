@@ -111,7 +111,7 @@ def test_bf16_close_to_float32_reference(b, t, v, seed):
 def test_blocks_and_non_viewable_slices_match_reference(monkeypatch, temperature):
     """Force tiny blocks (several rows per block, rows split across blocks) and a slice of logits that
     cannot be viewed as [-1, V] (the causal-LM shift): same values and gradients as the reference."""
-    monkeypatch.setattr(lp_mod, "_BLOCK_ELEMENTS", 11)
+    monkeypatch.setattr(lp_mod, "BLOCK_ELEMENTS", 11)
     g = torch.Generator().manual_seed(0)
     full = torch.randn(3, 6, 5, generator=g, dtype=F64, requires_grad=True)
     logits = full[:, 1:-1]  # [3, 4, 5], not viewable as [-1, 5]

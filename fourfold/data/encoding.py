@@ -1,0 +1,131 @@
+"""The pieces every ``encode_*`` shares (:mod:`fourfold.data.collate`, :mod:`fourfold.data.responses`).
+
+* :class:`RowSink` raises or collects a row's problem, as ``on_error`` says.
+* :func:`row_location` names a record ``file:line`` in messages.
+* :func:`special_id` / :func:`require_special_id`: a tokenizer's BOS, EOS or pad id.
+* :func:`encode_texts` tokenises texts without added special tokens, a typed special-token
+  string kept as text; :func:`with_bos` puts BOS first.
+* :func:`start_rows` and :func:`tokenized_rows`: the start and the per-row loop of an ``encode_*``
+  of prompt + reply records (``max_len`` checked, the prompt and each reply field tokenised, BOS
+  first, rows the tokenizer failed on handed to the sink).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from fourfold.data.io import check_on_error, location, one_line
+from fourfold.data.literal import as_text, special_ids
+from fourfold.errors import DataError
+
+__all__ = [
+    "RowSink",
+    "row_location",
+    "special_id",
+    "require_special_id",
+    "encode_texts",
+    "with_bos",
+    "start_rows",
+    "tokenized_rows",
+]
+
+
+class RowSink:
+    """Raise or collect per-row problems, as ``on_error`` says."""
+
+    def __init__(self, on_error: str, skipped: list[str] | None, records: Any):
+        check_on_error(on_error)
+        self.on_error = on_error
+        if skipped is None:
+            skipped = getattr(records, "skipped", None)
+            if not isinstance(skipped, list):
+                skipped = []
+        self.skipped = skipped
+
+    def bad(self, where: str, problem: str) -> None:
+        msg = f"{where}: {problem}"
+        if self.on_error == "raise":
+            raise DataError(msg)
+        self.skipped.append(msg)
+
+
+def row_location(rec: Any, i: int, default_source: str | None = None, line: int | None = None) -> str:
+    """``source:line`` of record ``i``: its own ``source`` and ``line`` when it has them, else
+    ``default_source`` (``<records>``) and ``line`` (the 1-based position ``i + 1``)."""
+    source = getattr(rec, "source", "") or default_source or "<records>"
+    ln = getattr(rec, "line", None) if line is None else line
+    return location(source, ln if ln is not None else i + 1)
+
+
+def special_id(tokenizer: Any, name: str) -> int | None:
+    """``tokenizer.<name>`` (e.g. ``bos_token_id``) as an int, or None when it has none."""
+    value = getattr(tokenizer, name, None)
+    return int(value) if value is not None else None
+
+
+def require_special_id(tokenizer: Any, name: str, why: str) -> int:
+    """``tokenizer.<name>`` as an int; a ValueError saying ``why`` it is needed when it has none."""
+    value = special_id(tokenizer, name)
+    if value is None:
+        raise ValueError(f"the tokenizer has no {name.replace('_id', '')} ({why})")
+    return value
+
+
+def encode_texts(tokenizer: Any, texts: Sequence[str], wheres: Sequence[str], what: str) -> list[list[int] | str]:
+    """Ids per text without added special tokens, a typed special-token string kept as text
+    (:func:`fourfold.data.literal.as_text`); a problem string where the tokenizer itself failed."""
+    if not texts:
+        return []
+    special, unk = special_ids(tokenizer)
+    try:
+        out = tokenizer(list(texts), add_special_tokens=False)["input_ids"]
+        return [as_text(tokenizer, t, list(map(int, ids)), special, unk, what) for t, ids in zip(texts, out)]
+    except Exception:  # find the text it choked on, and say which line that was
+        pass
+    result: list[list[int] | str] = []
+    for text, _where in zip(texts, wheres):
+        try:
+            ids = list(map(int, tokenizer(text, add_special_tokens=False)["input_ids"]))
+            result.append(as_text(tokenizer, text, ids, special, unk, what))
+        except Exception as e:
+            result.append(f"tokenizer failed on the {what}: {type(e).__name__}: {one_line(e, 120)}")
+    return result
+
+
+def with_bos(ids: list[int], bos: int | None) -> list[int]:
+    """``ids`` with BOS first, unless there is no BOS or they already start with it."""
+    if bos is None or (ids and ids[0] == bos):
+        return ids
+    return [bos] + ids
+
+
+def start_rows(
+    records: Any, tokenizer: Any, max_len: int, *, add_bos: bool, on_error: str, skipped: list[str] | None
+) -> tuple[RowSink, int | None]:
+    """The start of an ``encode_*`` of prompt + reply records: ``max_len >= 2`` (else ValueError),
+    then ``(sink, bos)``: the :class:`RowSink` for ``on_error`` and the BOS id (None without
+    ``add_bos`` or when the tokenizer has none)."""
+    if max_len < 2:
+        raise ValueError(f"max_len must be >= 2, got {max_len}")
+    sink = RowSink(on_error, skipped, records)
+    return sink, special_id(tokenizer, "bos_token_id") if add_bos else None
+
+
+def tokenized_rows(
+    records: Sequence[Any], tokenizer: Any, sink: RowSink, bos: int | None, replies: Sequence[tuple[str, str]]
+) -> Iterator[tuple[int, Any, str, list[int], list[list[int]]]]:
+    """``(index, record, where, prompt_ids, reply_ids)`` per record, in order: the record's
+    ``prompt`` tokenised, BOS first, and one id list per ``(attribute, what)`` of ``replies``
+    (each field tokenised as one batch, the prompts first; ``what`` names it in messages). A
+    record the tokenizer failed on goes to ``sink`` (the first failed field's message) instead."""
+    wheres = [row_location(r, i) for i, r in enumerate(records)]
+    columns = [encode_texts(tokenizer, [r.prompt for r in records], wheres, "prompt")]
+    columns += [encode_texts(tokenizer, [getattr(r, attr) for r in records], wheres, what) for attr, what in replies]
+    for i, rec in enumerate(records):
+        ids = [column[i] for column in columns]
+        problem = next((x for x in ids if isinstance(x, str)), None)
+        if problem is not None:
+            sink.bad(wheres[i], problem)
+            continue
+        yield i, rec, wheres[i], with_bos(ids[0], bos), ids[1:]
