@@ -6,8 +6,17 @@ import json
 import pytest
 import torch
 
-from fourfold.checkpoint import CheckpointError, CorruptCheckpointError, latest_checkpoint, load_checkpoint, save_checkpoint
-from fourfold.checkpoint_dcp import is_sharded_checkpoint, load_plain_sharded, load_sharded, save_sharded
+from fourfold.checkpoint import (
+    CheckpointError,
+    CorruptCheckpointError,
+    is_sharded_checkpoint,
+    latest_checkpoint,
+    load_checkpoint,
+    load_plain_sharded,
+    load_sharded,
+    save_checkpoint,
+    save_sharded,
+)
 from fourfold.trainers.common import make_optimizer, make_schedule
 
 

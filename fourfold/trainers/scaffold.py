@@ -202,8 +202,7 @@ class RunScaffold:
 
     def _load(self, ckpt) -> tuple[dict, Optional[str]]:
         """(state, resharding note or None) of the checkpoint ``ckpt``, loaded into the tracked objects."""
-        from fourfold.checkpoint import load_checkpoint
-        from fourfold.checkpoint_dcp import is_sharded_checkpoint, load_plain_sharded, load_sharded
+        from fourfold.checkpoint import is_sharded_checkpoint, load_checkpoint, load_plain_sharded, load_sharded
 
         if is_sharded_checkpoint(ckpt):
             return load_sharded(ckpt, **self._tracked)
@@ -214,8 +213,7 @@ class RunScaffold:
     def save(self, step: int) -> None:
         """Checkpoint ``step``: the tracked objects, ``state(step)`` and the RNG states, keeping the
         newest ``run.keep_checkpoints`` (under torchrun: sharded, written by every rank)."""
-        from fourfold.checkpoint import save_checkpoint
-        from fourfold.checkpoint_dcp import save_sharded
+        from fourfold.checkpoint import save_checkpoint, save_sharded
 
         if self.sharded:
             self._writing(save_sharded, self.out, step, **self._tracked, state=self._state(step),
