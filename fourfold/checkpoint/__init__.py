@@ -29,6 +29,12 @@ The modules:
 - :mod:`~fourfold.checkpoint.plain`: :func:`save_checkpoint` / :func:`load_checkpoint` (one process).
 - :mod:`~fourfold.checkpoint.sharded`: :func:`save_sharded` / :func:`load_sharded` (DCP, every rank)
   and :func:`load_plain_sharded` (a plain checkpoint into sharded models).
+- :mod:`~fourfold.checkpoint.interface`: what a run uses: :func:`checkpointer` (``sharded``) picks a
+  :class:`Checkpointer` once, whose ``save`` writes the run's kind and whose ``load`` reads either::
+
+      ckpt = checkpointer(sharded=dist.started())
+      ckpt.save(run_dir, step, modules=..., optimizers=..., schedulers=..., state=..., keep=2)
+      state, note = ckpt.load(run_dir / "checkpoints" / "step-00000120", modules=..., optimizers=...)
 """
 from fourfold.checkpoint.durable import TMP_PREFIX, save_pretrained_atomic
 from fourfold.checkpoint.format import (
@@ -43,6 +49,7 @@ from fourfold.checkpoint.format import (
     latest_checkpoint,
     list_checkpoints,
 )
+from fourfold.checkpoint.interface import Checkpointer, PlainCheckpointer, ShardedCheckpointer, checkpointer
 from fourfold.checkpoint.plain import load_checkpoint, save_checkpoint
 from fourfold.checkpoint.rng import capture_rng_state, restore_rng_state
 from fourfold.checkpoint.sharded import is_sharded_checkpoint, load_plain_sharded, load_sharded, save_sharded
@@ -54,10 +61,14 @@ __all__ = [
     "FORMAT_VERSION",
     "TMP_PREFIX",
     "CheckpointError",
+    "Checkpointer",
     "CorruptCheckpointError",
+    "PlainCheckpointer",
+    "ShardedCheckpointer",
     "capture_rng_state",
     "checkpoint_dirs",
     "checkpoint_step",
+    "checkpointer",
     "is_sharded_checkpoint",
     "latest_checkpoint",
     "list_checkpoints",
