@@ -23,8 +23,10 @@ The modules:
 
 - :mod:`~fourfold.checkpoint.durable`: fsynced writes, temporary names, swapping a directory into
   place, the error that names the directory being saved; :func:`save_pretrained_atomic`.
-- :mod:`~fourfold.checkpoint.format`: what both kinds share on disk: names, the manifest, the
-  tagged-JSON + safetensors components, finding and pruning a run's checkpoints.
+- :mod:`~fourfold.checkpoint.errors`: :class:`CheckpointError`, :class:`CorruptCheckpointError`.
+- :mod:`~fourfold.checkpoint.encoding`: the tagged-JSON + safetensors components (no pickle).
+- :mod:`~fourfold.checkpoint.format`: what both kinds share on disk: names, the manifest, finding
+  a run's checkpoints, putting a finished one in place and pruning the old ones.
 - :mod:`~fourfold.checkpoint.rng`: the global random-number states.
 - :mod:`~fourfold.checkpoint.plain`: :func:`save_checkpoint` / :func:`load_checkpoint` (one process).
 - :mod:`~fourfold.checkpoint.sharded`: :func:`save_sharded` / :func:`load_sharded` (DCP, every rank)
@@ -37,13 +39,12 @@ The modules:
       state, note = ckpt.load(run_dir / "checkpoints" / "step-00000120", modules=..., optimizers=...)
 """
 from fourfold.checkpoint.durable import TMP_PREFIX, save_pretrained_atomic
+from fourfold.checkpoint.errors import CheckpointError, CorruptCheckpointError
 from fourfold.checkpoint.format import (
     CHECKPOINTS_DIR,
     COMPLETE,
     FORMAT,
     FORMAT_VERSION,
-    CheckpointError,
-    CorruptCheckpointError,
     checkpoint_dirs,
     checkpoint_step,
     latest_checkpoint,

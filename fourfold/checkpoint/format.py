@@ -1,53 +1,39 @@
-"""The on-disk format that plain and sharded checkpoints share: the names (``checkpoints/``,
+"""The on-disk layout that plain and sharded checkpoints share: the names (``checkpoints/``,
 ``step-XXXXXXXX``, ``COMPLETE``), the manifest (written last; read, checked and verified), finding
-a run's checkpoints and pruning old ones, and the pickle-free encoding of everything that is not a
-model's or optimizer's sharded state: JSON for structure, safetensors for tensors.
-
-A component ``<name>`` is ``<name>.json`` (``{"tree": ..., "tensors_file": bool, "dropped": [...]}``)
-and, when it holds tensors, ``<name>.safetensors``. Tuples, non-string dict keys, NaN/inf and numpy
-arrays survive the round trip through small tagged JSON objects (see ``_Encoder``).
+a run's checkpoints, and putting a finished one in place (pruning the old ones).
 
 The manifest (``COMPLETE``, JSON) holds ``format``, ``version``, ``layout`` (sharded only),
 ``step``, ``world_size`` (sharded only), the names of the ``modules``, ``optimizers`` and
-``schedulers``, and ``files``: the size and sha256 of every other file of the checkpoint.
+``schedulers``, and ``files``: the size and sha256 of every other file of the checkpoint. The files
+themselves are components (:mod:`fourfold.checkpoint.encoding`) or, in a sharded checkpoint, DCP's.
 """
 from __future__ import annotations
 
 import json
-import math
 import os
 import re
-import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import safetensors.torch
-import torch
-
 from fourfold.atomic import fsync_dir
-from fourfold.checkpoint.durable import TMP_PREFIX, fsync_file, remove, sha256, temp_name, write_bytes
-from fourfold.errors import FourfoldError
+from fourfold.checkpoint.durable import TMP_PREFIX, remove, sha256, swap_into_place, temp_name, write_bytes
+from fourfold.checkpoint.errors import CheckpointError
 
 __all__ = [
     "CHECKPOINTS_DIR",
     "COMPLETE",
     "FORMAT",
     "FORMAT_VERSION",
-    "KINDS",
-    "CheckpointError",
-    "CorruptCheckpointError",
     "checkpoint_dirs",
     "checkpoint_step",
     "find_corruption",
     "latest_checkpoint",
     "list_checkpoints",
-    "prune",
-    "read_component",
+    "publish",
     "read_manifest",
     "require_named",
     "step_dir",
-    "write_component",
     "write_manifest",
 ]
 
@@ -55,155 +41,12 @@ FORMAT = "fourfold-checkpoint"
 FORMAT_VERSION = 1
 CHECKPOINTS_DIR = "checkpoints"
 COMPLETE = "COMPLETE"
-KINDS = ("modules", "optimizers", "schedulers")
-"""The kinds of named objects a checkpoint holds (name -> object with ``state_dict()``)."""
 _STEP_DIR = re.compile(r"^step-(\d{8,})$")
 
 
-class CheckpointError(FourfoldError, RuntimeError):
-    """A checkpoint is missing, incomplete, or does not hold what the caller asked to load."""
-
-
-class CorruptCheckpointError(CheckpointError):
-    """A checkpoint directory is not whole: no valid manifest, or a file whose sha256 does not match
-    it. Nothing was loaded from it; an older checkpoint may still be good."""
-
-
-def step_dir(root: Path, step: int) -> Path:
-    """``root/step-XXXXXXXX``: the final name of the checkpoint of ``step`` under ``root``
-    (a run's ``checkpoints/`` directory)."""
-    return root / f"step-{step:08d}"
-
-
-# ---- pickle-free encoding: JSON for structure, safetensors for tensors ---------------------------
-
-_DROP = object()  # marker for a value left out by a lenient _Encoder
-_TAGS = frozenset({"__tensor__", "__tuple__", "__dict__", "__float__", "__ndarray__"})
-
-
-class _Encoder:
-    """Turns a nested structure into (JSON-able tree, {key: tensor}).
-
-    Tags: ``{"__tensor__": key}`` (tensor in the safetensors file), ``{"__tuple__": [...]}``,
-    ``{"__dict__": [[k, v], ...]}`` (dicts with non-str keys, e.g. optimizer state ``{0: ...}``),
-    ``{"__float__": "nan" | "inf" | "-inf"}``, ``{"__ndarray__": {dtype, shape, hex}}``.
-    Tensors that are the same view of the same memory (tied weights) are stored once.
-    ``lenient`` (schedulers, whose state may hold callables): instead of raising, a value that
-    cannot be stored is left out of its dict (so ``__dict__.update`` keeps the caller's rebuilt
-    one) or becomes ``None`` in a list/tuple, and its path is listed in ``dropped``.
-    """
-
-    def __init__(self, what: str, *, lenient: bool = False):
-        self.what = what
-        self.lenient = lenient
-        self.tensors: dict[str, torch.Tensor] = {}
-        self.dropped: list[str] = []
-        self._views: dict[tuple, str] = {}
-
-    def _tensor_key(self, t: torch.Tensor, path: tuple[str, ...]) -> str:
-        if t.is_sparse or t.layout != torch.strided:
-            raise CheckpointError(f"{self.what}: {'/'.join(path)}: only dense tensors can be stored")
-        view = (t.device, t.dtype, t.data_ptr(), tuple(t.shape), tuple(t.stride()))
-        if view in self._views:
-            return self._views[view]
-        key = "/".join(path) or "tensor"
-        base, n = key, 1
-        while key in self.tensors:
-            n += 1
-            key = f"{base}#{n}"
-        x = t.detach()
-        if x.device.type != "cpu":
-            x = x.to("cpu")  # already a copy
-        else:
-            x = x.clone()  # a snapshot that shares memory with nothing else (safetensors needs that)
-        self.tensors[key] = x.contiguous()
-        self._views[view] = key
-        return key
-
-    def encode(self, obj: Any, path: tuple[str, ...] = ()) -> Any:
-        if isinstance(obj, torch.Tensor):
-            return {"__tensor__": self._tensor_key(obj, path)}
-        if obj is None or isinstance(obj, (bool, str)):
-            return obj
-        if isinstance(obj, int):
-            return int(obj)
-        if isinstance(obj, float):
-            return float(obj) if math.isfinite(obj) else {"__float__": repr(float(obj))}
-        if isinstance(obj, (tuple, list)):
-            items = [self.encode(v, path + (str(i),)) for i, v in enumerate(obj)]
-            items = [None if v is _DROP else v for v in items]
-            return {"__tuple__": items} if isinstance(obj, tuple) else items
-        if isinstance(obj, Mapping):
-            pairs = [(k, self.encode(v, path + (str(k),))) for k, v in obj.items()]
-            pairs = [(k, v) for k, v in pairs if v is not _DROP]
-            if all(isinstance(k, str) and k not in _TAGS for k, _ in pairs):
-                return dict(pairs)
-            keys = [self.encode(k, path + ("key",)) for k, _ in pairs]
-            if any(k is _DROP for k in keys):
-                raise CheckpointError(f"{self.what}: {'/'.join(path)}: a dict key is not storable")
-            return {"__dict__": [[k, v] for k, (_, v) in zip(keys, pairs)]}
-        np = sys.modules.get("numpy")
-        if np is not None:
-            if isinstance(obj, np.ndarray) and obj.dtype != object:
-                a = np.ascontiguousarray(obj)
-                return {"__ndarray__": {"dtype": a.dtype.str, "shape": list(a.shape), "hex": a.tobytes().hex()}}
-            if isinstance(obj, np.generic):
-                return self.encode(obj.item(), path)
-        if self.lenient:
-            self.dropped.append("/".join(path))
-            return _DROP
-        raise CheckpointError(
-            f"{self.what}: {'/'.join(path) or '<root>'}: a {type(obj).__name__} is neither a tensor nor "
-            "JSON-able (checkpoints never pickle); store plain values instead"
-        )
-
-
-def _decode(obj: Any, tensors: Mapping[str, torch.Tensor]) -> Any:
-    if isinstance(obj, list):
-        return [_decode(v, tensors) for v in obj]
-    if not isinstance(obj, dict):
-        return obj
-    if len(obj) == 1:
-        (tag, val), = obj.items()
-        if tag == "__tensor__":
-            return tensors[val]
-        if tag == "__tuple__":
-            return tuple(_decode(v, tensors) for v in val)
-        if tag == "__dict__":
-            return {_decode(k, tensors): _decode(v, tensors) for k, v in val}
-        if tag == "__float__":
-            return float(val)
-        if tag == "__ndarray__":
-            import numpy as np
-
-            a = np.frombuffer(bytes.fromhex(val["hex"]), dtype=np.dtype(val["dtype"]))
-            return a.reshape(val["shape"]).copy()
-    return {k: _decode(v, tensors) for k, v in obj.items()}
-
-
-def write_component(directory: Path, name: str, obj: Any, *, what: str, lenient: bool = False) -> None:
-    """``directory/name.json`` (+ ``name.safetensors`` when there are tensors), each fsynced.
-    ``what`` names ``obj`` in errors; ``lenient``: leave out what cannot be stored (see ``_Encoder``)."""
-    directory.mkdir(parents=True, exist_ok=True)
-    enc = _Encoder(what, lenient=lenient)
-    tree = enc.encode(obj)
-    tree = None if tree is _DROP else tree
-    if enc.tensors:
-        st_path = directory / f"{name}.safetensors"
-        safetensors.torch.save_file(enc.tensors, str(st_path), metadata={"format": "pt"})
-        fsync_file(st_path)
-    doc = {"tree": tree, "tensors_file": bool(enc.tensors), "dropped": enc.dropped}
-    write_bytes(directory / f"{name}.json", json.dumps(doc, allow_nan=False).encode())
-
-
-def read_component(directory: Path, name: str, *, map_location: Any = "cpu") -> Any:
-    """The object :func:`write_component` stored as ``directory/name``, its tensors on ``map_location``."""
-    doc = json.loads((directory / f"{name}.json").read_text())
-    tensors: dict[str, torch.Tensor] = {}
-    if doc["tensors_file"]:
-        device = str(torch.device(map_location)) if map_location is not None else "cpu"
-        tensors = safetensors.torch.load_file(str(directory / f"{name}.safetensors"), device=device)
-    return _decode(doc["tree"], tensors)
+def step_dir(run_dir: str | os.PathLike, step: int) -> Path:
+    """``run_dir/checkpoints/step-XXXXXXXX``: the final name of the checkpoint of ``step``."""
+    return Path(run_dir) / CHECKPOINTS_DIR / f"step-{step:08d}"
 
 
 # ---- the manifest --------------------------------------------------------------------------------
@@ -315,10 +158,16 @@ def checkpoint_step(path: str | os.PathLike) -> int:
     return int(manifest["step"])
 
 
-def prune(root: Path, keep: int | None) -> None:
-    """In a run's ``checkpoints/`` directory ``root``: delete all but the newest ``keep`` complete
-    checkpoints (``keep`` None or <= 0: keep all), each renamed to ``.tmp-del-*`` first, then every
-    ``.tmp-*`` entry (stale saves of killed runs)."""
+def publish(tmp: Path, final: Path, keep: int | None) -> None:
+    """Rename the finished checkpoint directory ``tmp`` to ``final`` (:func:`step_dir`), replacing
+    one of the same step, then prune the run's ``checkpoints/``: all but the newest ``keep`` complete
+    checkpoints (``keep`` None or <= 0: keep all) are renamed to ``.tmp-del-*`` and deleted, and
+    every other ``.tmp-*`` entry (stale saves of killed runs) is deleted."""
+    swap_into_place(tmp, final)
+    _prune(final.parent, keep)
+
+
+def _prune(root: Path, keep: int | None) -> None:
     if keep is not None and keep > 0:
         for old in list_checkpoints(root.parent)[:-keep]:
             doomed = root / temp_name(f"del-{old.name}")

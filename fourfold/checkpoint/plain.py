@@ -26,20 +26,10 @@ from typing import Any
 import torch
 
 from fourfold.atomic import fsync_dir
-from fourfold.checkpoint.durable import remove, reraise_naming, swap_into_place, temp_name
-from fourfold.checkpoint.format import (
-    CHECKPOINTS_DIR,
-    CheckpointError,
-    CorruptCheckpointError,
-    find_corruption,
-    prune,
-    read_component,
-    read_manifest,
-    require_named,
-    step_dir,
-    write_component,
-    write_manifest,
-)
+from fourfold.checkpoint.durable import remove, reraise_naming, temp_name
+from fourfold.checkpoint.encoding import read_component, write_component
+from fourfold.checkpoint.errors import CheckpointError, CorruptCheckpointError
+from fourfold.checkpoint.format import find_corruption, publish, read_manifest, require_named, step_dir, write_manifest
 from fourfold.checkpoint.rng import capture_rng_state, restore_rng_state
 
 __all__ = ["load_checkpoint", "save_checkpoint"]
@@ -81,12 +71,11 @@ def save_checkpoint(
             _check_name(kind, name)
     rng = capture_rng_state()  # first: nothing below draws random numbers, but be explicit
 
-    run_dir = Path(run_dir)
-    root = run_dir / CHECKPOINTS_DIR
+    final = step_dir(run_dir, step)
+    root = final.parent
     if not root.is_dir():
         root.mkdir(parents=True, exist_ok=True)
-        fsync_dir(run_dir)
-    final = step_dir(root, step)
+        fsync_dir(root.parent)
     tmp = root / temp_name(final.name)
     tmp.mkdir()
     try:
@@ -101,8 +90,7 @@ def save_checkpoint(
     except BaseException as e:
         remove(tmp)
         reraise_naming(e, final)
-    swap_into_place(tmp, final)
-    prune(root, keep)
+    publish(tmp, final, keep)
     return final
 
 

@@ -37,20 +37,10 @@ from typing import Any
 import torch
 
 from fourfold import dist
-from fourfold.checkpoint.durable import remove, reraise_naming, swap_into_place, temp_name
-from fourfold.checkpoint.format import (
-    CHECKPOINTS_DIR,
-    CheckpointError,
-    CorruptCheckpointError,
-    find_corruption,
-    prune,
-    read_component,
-    read_manifest,
-    require_named,
-    step_dir,
-    write_component,
-    write_manifest,
-)
+from fourfold.checkpoint.durable import remove, reraise_naming, temp_name
+from fourfold.checkpoint.encoding import read_component, write_component
+from fourfold.checkpoint.errors import CheckpointError, CorruptCheckpointError
+from fourfold.checkpoint.format import find_corruption, publish, read_manifest, require_named, step_dir, write_manifest
 from fourfold.checkpoint.rng import capture_rng_state, restore_rng_state
 
 __all__ = ["DCP_DIR", "LAYOUT", "is_sharded_checkpoint", "load_plain_sharded", "load_sharded", "save_sharded"]
@@ -123,8 +113,8 @@ def save_sharded(run_dir: str | Path, step: int, *, modules: Mapping[str, torch.
     import torch.distributed.checkpoint as dcp
 
     w = dist.world()
-    root = Path(run_dir) / CHECKPOINTS_DIR
-    final = step_dir(root, step)
+    final = step_dir(run_dir, step)
+    root = final.parent
     tmp = root / dist.broadcast_object(temp_name(final.name) if w.is_main else None)
     groups = {"modules": dict(modules), "optimizers": dict(optimizers), "schedulers": dict(schedulers or {})}
     if w.is_main:
@@ -145,8 +135,7 @@ def save_sharded(run_dir: str | Path, step: int, *, modules: Mapping[str, torch.
             remove(tmp)
         reraise_naming(_first_failure(e), final)
     if w.is_main:
-        swap_into_place(tmp, final)
-        prune(root, keep)
+        publish(tmp, final, keep)
     dist.barrier()
     return final
 
