@@ -356,17 +356,22 @@ def test_save_pretrained_atomic(tmp_path):
 def test_import_rules():
     """checkpoint/reporting import only torch, safetensors, numpy, rich, matplotlib, the stdlib and
     fourfold.core/errors/atomic (design.md rule 6): never transformers or another fourfold
-    subpackage; atomic (their shared file writes) imports the stdlib alone."""
+    subpackage (the checkpoint package: its own modules, and fourfold.dist for the sharded ones);
+    atomic (their shared file writes) imports the stdlib alone."""
     import ast
 
     allowed_third_party = {"torch", "safetensors", "numpy", "rich", "matplotlib", "wandb"}  # wandb: sinks.py, lazily
     root = Path(__file__).resolve().parents[1] / "fourfold"
-    for name in ("checkpoint.py", "reporting.py", "sinks.py", "atomic.py"):
-        for node in ast.walk(ast.parse((root / name).read_text())):
+    files = sorted((root / "checkpoint").glob("*.py")) + [root / name for name in ("reporting.py", "sinks.py", "atomic.py")]
+    assert len(files) > 3
+    for path in files:
+        name = path.relative_to(root).as_posix()
+        allowed_fourfold = {"core", "errors", "atomic", "sinks"} | ({"checkpoint", "dist"} if name.startswith("checkpoint/") else set())
+        for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Import):
                 mods = [a.name for a in node.names]
-            elif isinstance(node, ast.ImportFrom):
-                mods = [node.module or ""]
+            elif isinstance(node, ast.ImportFrom):  # `from fourfold import dist`: fourfold.dist
+                mods = [f"fourfold.{a.name}" for a in node.names] if node.module == "fourfold" else [node.module or ""]
             else:
                 continue
             for mod in mods:
@@ -374,7 +379,7 @@ def test_import_rules():
                 if name == "atomic.py":
                     assert top == "__future__" or top in sys.stdlib_module_names, (name, mod)
                 elif top == "fourfold":
-                    assert mod.split(".")[1] in {"core", "errors", "atomic", "sinks"}, (name, mod)
+                    assert mod.split(".")[1] in allowed_fourfold, (name, mod)
                 elif top != "__future__":
                     assert top in allowed_third_party or top in sys.stdlib_module_names, (name, mod)
 

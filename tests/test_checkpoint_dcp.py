@@ -6,8 +6,20 @@ import json
 import pytest
 import torch
 
-from fourfold.checkpoint import CheckpointError, CorruptCheckpointError, latest_checkpoint, load_checkpoint, save_checkpoint
-from fourfold.checkpoint_dcp import is_sharded_checkpoint, load_plain_sharded, load_sharded, save_sharded
+from fourfold.checkpoint import (
+    CheckpointError,
+    CorruptCheckpointError,
+    PlainCheckpointer,
+    ShardedCheckpointer,
+    checkpointer,
+    is_sharded_checkpoint,
+    latest_checkpoint,
+    load_checkpoint,
+    load_plain_sharded,
+    load_sharded,
+    save_checkpoint,
+    save_sharded,
+)
 from fourfold.trainers.optim import make_optimizer, make_schedule
 
 
@@ -80,3 +92,21 @@ def test_a_plain_checkpoint_loads_by_parameter_name(tmp_path):
     assert _same(model, other)
     assert all(torch.equal(opt.state[p]["exp_avg_sq"], other_opt.state[q]["exp_avg_sq"])
                for p, q in zip(model.parameters(), other.parameters()))
+
+
+@pytest.mark.parametrize("sharded", [False, True])
+def test_a_checkpointer_saves_its_kind_and_loads_either(tmp_path, sharded):
+    """checkpointer(sharded) picks the run's kind; its load reads both kinds, with a note only when
+    a plain checkpoint goes into a sharded run (one process here: no resharding)."""
+    ckpt = checkpointer(sharded)
+    assert isinstance(ckpt, ShardedCheckpointer if sharded else PlainCheckpointer)
+    for written_sharded in (False, True):
+        model, opt, sched = _trained(0)
+        path = checkpointer(written_sharded).save(tmp_path / str(written_sharded), 2, modules={"m": model},
+                                                  optimizers={"m": opt}, schedulers={"m": sched}, state={"step": 2})
+        assert is_sharded_checkpoint(path) == written_sharded
+        other, other_opt, other_sched = _trained(1)
+        state, note = ckpt.load(path, modules={"m": other}, optimizers={"m": other_opt}, schedulers={"m": other_sched})
+        assert state == {"step": 2} and _same(model, other)
+        assert other_sched.state_dict() == sched.state_dict()
+        assert (note is not None) == (sharded and not written_sharded)

@@ -26,7 +26,7 @@ seeds every rank with the same ``run.seed`` (data order, initial weights and min
 are global), and only rank 0 writes: the run directory and ``config.yaml``, the metrics (other
 ranks get a :class:`NullLogger`), exported models (:meth:`RunScaffold.write` runs its writer on
 rank 0 only) and the summary line. Checkpoints are then sharded
-(:mod:`fourfold.checkpoint_dcp`, written by every rank); a stop signal is acted on at the end of a
+(:mod:`fourfold.checkpoint.sharded`, written by every rank); a stop signal is acted on at the end of a
 step only when every rank has agreed on it, so a collective checkpoint starts only with every peer
 alive. In one process nothing of this changes anything.
 """
@@ -46,6 +46,7 @@ import torch
 
 from fourfold import dist
 from fourfold.allocator import set_mmap_threshold
+from fourfold.checkpoint import checkpointer
 from fourfold.config import config_to_dict, save_config, validate_tree
 from fourfold.config.stages import stage_of, torchrun_stages
 from fourfold.errors import ConfigError, FourfoldError, NonFiniteError, OutputError
@@ -90,6 +91,7 @@ class RunScaffold:
         self.logger = None
         self._tracked: dict = {"modules": {}, "optimizers": {}, "schedulers": {}}
         self._state: Callable[[int], dict] = lambda step: {}
+        self._checkpointer = checkpointer(self.sharded)  # the process group is known: plain or sharded
         self._stop = {"stop": False}
 
     def _warn(self, message: Optional[str]) -> None:
@@ -205,27 +207,13 @@ class RunScaffold:
 
     def _load(self, ckpt) -> tuple[dict, Optional[str]]:
         """(state, resharding note or None) of the checkpoint ``ckpt``, loaded into the tracked objects."""
-        from fourfold.checkpoint import load_checkpoint
-        from fourfold.checkpoint_dcp import is_sharded_checkpoint, load_plain_sharded, load_sharded
-
-        if is_sharded_checkpoint(ckpt):
-            return load_sharded(ckpt, **self._tracked)
-        if self.sharded:
-            return load_plain_sharded(ckpt, **self._tracked)
-        return load_checkpoint(ckpt, **self._tracked), None
+        return self._checkpointer.load(ckpt, **self._tracked)
 
     def save(self, step: int) -> None:
         """Checkpoint ``step``: the tracked objects, ``state(step)`` and the RNG states, keeping the
         newest ``run.keep_checkpoints`` (under torchrun: sharded, written by every rank)."""
-        from fourfold.checkpoint import save_checkpoint
-        from fourfold.checkpoint_dcp import save_sharded
-
-        if self.sharded:
-            self._writing(save_sharded, self.out, step, **self._tracked, state=self._state(step),
-                          keep=self.run_cfg.keep_checkpoints)
-        else:
-            self.write(save_checkpoint, self.out, step, **self._tracked, state=self._state(step),
-                       keep=self.run_cfg.keep_checkpoints)
+        self._writing(self._checkpointer.save, self.out, step, **self._tracked, state=self._state(step),
+                      keep=self.run_cfg.keep_checkpoints)
 
     def checkpoint_if_due(self, step: int, *, count: Optional[int] = None, final: bool = False) -> None:
         """End of a step: checkpoint ``step`` when ``count`` (default ``step``) is a multiple of

@@ -1,16 +1,17 @@
 """Sharded checkpoints of a run under ``torchrun``: ``torch.distributed.checkpoint`` (DCP).
 
-The same directory names, the same atomicity and the same manifest as :mod:`fourfold.checkpoint`
-(a 1-process run keeps that module's format); what differs is how the models and optimizers are
-stored. Every rank writes its own shards of each tracked model and optimizer state (the state dicts
-of ``torch.distributed.checkpoint.state_dict.get_model_state_dict`` / ``get_optimizer_state_dict``,
-keyed by parameter name, so the same checkpoint loads at any world size, and in one process
-without torchrun) and its own random-number states; rank 0 writes the schedulers and the trainer's
-state as JSON, then, after every rank has finished, the ``COMPLETE`` manifest and the rename::
+The same directory names, the same atomicity and the same manifest as a plain checkpoint
+(:mod:`fourfold.checkpoint.plain`; a 1-process run keeps that format); what differs is how the
+models and optimizers are stored. Every rank writes its own shards of each tracked model and
+optimizer state (the state dicts of ``torch.distributed.checkpoint.state_dict.get_model_state_dict``
+/ ``get_optimizer_state_dict``, keyed by parameter name, so the same checkpoint loads at any world
+size, and in one process without torchrun) and its own random-number states; rank 0 writes the
+schedulers and the trainer's state as JSON, then, after every rank has finished, the ``COMPLETE``
+manifest and the rename::
 
     step-00000120/
       dcp/                          # DCP: .metadata and one __<rank>_0.distcp per rank
-      schedulers/<name>.json        # as in fourfold.checkpoint
+      schedulers/<name>.json        # as in a plain checkpoint
       state.json (+ .safetensors)
       rng-rank00000.json, rng-rank00000.safetensors, rng-rank00001.json, ...
       COMPLETE                      # manifest (layout "dcp", world_size, sha256 of every file)
@@ -22,41 +23,27 @@ DCP's own ``.metadata`` file is a pickle (torch's format, not fourfold's): resum
 wrote. Loading on another world size reshards the models and optimizers (DCP); the random-number
 states of the old ranks cannot map onto new ones, so every rank then takes rank 0's (every rank
 draws the same global streams in fourfold's runs: data order, minibatch permutations, init).
+:func:`load_plain_sharded` loads a plain checkpoint into sharded models.
 """
 
 from __future__ import annotations
 
-import json
 import warnings
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Optional
+from typing import Any
 
 import torch
 
 from fourfold import dist
-from fourfold.checkpoint import (
-    CHECKPOINTS_DIR,
-    COMPLETE,
-    FORMAT,
-    FORMAT_VERSION,
-    TMP_PREFIX,
-    CheckpointError,
-    CorruptCheckpointError,
-    _fsync_dir,
-    _prune,
-    _read_component,
-    _read_manifest,
-    _remove,
-    _reraise_naming,
-    _sha256,
-    _swap_into_place,
-    _token,
-    _write_bytes,
-    _write_component,
-    capture_rng_state,
-    restore_rng_state,
-)
+from fourfold.checkpoint.durable import remove, reraise_naming, temp_name
+from fourfold.checkpoint.encoding import read_component, write_component
+from fourfold.checkpoint.errors import CheckpointError, CorruptCheckpointError
+from fourfold.checkpoint.format import find_corruption, publish, read_manifest, require_named, step_dir, write_manifest
+from fourfold.checkpoint.rng import capture_rng_state, restore_rng_state
+
+__all__ = ["DCP_DIR", "LAYOUT", "is_sharded_checkpoint", "load_plain_sharded", "load_sharded", "save_sharded"]
 
 LAYOUT = "dcp"
 """The manifest's ``layout`` of a sharded checkpoint (a plain one has none)."""
@@ -65,7 +52,7 @@ DCP_DIR = "dcp"
 
 def is_sharded_checkpoint(path: str | Path) -> bool:
     """Whether the complete checkpoint at ``path`` was written by :func:`save_sharded`."""
-    manifest = _read_manifest(Path(path))
+    manifest = read_manifest(Path(path))
     return manifest is not None and manifest.get("layout") == LAYOUT
 
 
@@ -78,6 +65,12 @@ def _first_failure(error: BaseException) -> BaseException:
         return error
     first = next(iter(failures.values()))
     return first[0] if isinstance(first, tuple) else first
+
+
+def _mismatch(path: Path, error: BaseException) -> CheckpointError:
+    """The one-line error of models that do not load (torch lists every mismatch over many lines)."""
+    first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    return CheckpointError(f"{path}: its models do not load into this run's ({first[:300]}); another architecture?")
 
 
 @contextmanager
@@ -106,27 +99,13 @@ def _dcp_state(modules: Mapping[str, torch.nn.Module], optimizers: Mapping[str, 
 
 def _write_rank0_parts(tmp: Path, schedulers: Mapping[str, Any], state: Mapping[str, Any]) -> None:
     for name, sched in schedulers.items():
-        _write_component(tmp / "schedulers", name, sched.state_dict(), what=f"schedulers[{name!r}]", lenient=True)
-    _write_component(tmp, "state", dict(state), what="state")
-
-
-def _write_manifest(tmp: Path, step: int, groups: Mapping[str, Mapping]) -> None:
-    files = {}
-    for p in sorted(tmp.rglob("*")):
-        if p.is_file():
-            files[p.relative_to(tmp).as_posix()] = {"bytes": p.stat().st_size, "sha256": _sha256(p)}
-    manifest = {"format": FORMAT, "version": FORMAT_VERSION, "layout": LAYOUT, "step": step,
-                "world_size": dist.world().world_size, **{kind: sorted(objs) for kind, objs in groups.items()},
-                "files": files}
-    _write_bytes(tmp / COMPLETE, json.dumps(manifest, indent=1).encode())
-    for sub in (tmp / DCP_DIR, tmp / "schedulers", tmp):
-        if sub.is_dir():
-            _fsync_dir(sub)
+        write_component(tmp / "schedulers", name, sched.state_dict(), what=f"schedulers[{name!r}]", lenient=True)
+    write_component(tmp, "state", dict(state), what="state")
 
 
 def save_sharded(run_dir: str | Path, step: int, *, modules: Mapping[str, torch.nn.Module],
-                 optimizers: Mapping[str, torch.optim.Optimizer], schedulers: Optional[Mapping[str, Any]] = None,
-                 state: Optional[Mapping[str, Any]] = None, keep: Optional[int] = 2) -> Path:
+                 optimizers: Mapping[str, torch.optim.Optimizer], schedulers: Mapping[str, Any] | None = None,
+                 state: Mapping[str, Any] | None = None, keep: int | None = 2) -> Path:
     """Write ``run_dir/checkpoints/step-{step:08d}`` from every rank (a collective: every rank calls
     it at the same step; in one process without a group it works alone) and return its path; see
     the module docstring for what goes where.
@@ -134,30 +113,29 @@ def save_sharded(run_dir: str | Path, step: int, *, modules: Mapping[str, torch.
     import torch.distributed.checkpoint as dcp
 
     w = dist.world()
-    root = Path(run_dir) / CHECKPOINTS_DIR
-    final = root / f"step-{step:08d}"
-    tmp = root / dist.broadcast_object(f"{TMP_PREFIX}{final.name}-{_token()}" if w.is_main else None)
+    final = step_dir(run_dir, step)
+    root = final.parent
+    tmp = root / dist.broadcast_object(temp_name(final.name) if w.is_main else None)
     groups = {"modules": dict(modules), "optimizers": dict(optimizers), "schedulers": dict(schedulers or {})}
     if w.is_main:
         root.mkdir(parents=True, exist_ok=True)
         tmp.mkdir()
     dist.barrier()
     try:
-        _write_component(tmp, _rng_name(w.rank), capture_rng_state(), what="rng")
+        write_component(tmp, _rng_name(w.rank), capture_rng_state(), what="rng")
         with _one_process_is_known():
             dcp.save(_dcp_state(modules, optimizers), checkpoint_id=str(tmp / DCP_DIR), no_dist=not dist.started())
         if w.is_main:
             _write_rank0_parts(tmp, groups["schedulers"], state or {})
         dist.barrier()  # every rank's files are in place
         if w.is_main:
-            _write_manifest(tmp, step, groups)
+            write_manifest(tmp, step, groups, layout=LAYOUT, world_size=w.world_size)
     except BaseException as e:
         if w.is_main:
-            _remove(tmp)
-        _reraise_naming(_first_failure(e), final)
+            remove(tmp)
+        reraise_naming(_first_failure(e), final)
     if w.is_main:
-        _swap_into_place(tmp, final)
-        _prune(root, keep)
+        publish(tmp, final, keep)
     dist.barrier()
     return final
 
@@ -165,14 +143,8 @@ def save_sharded(run_dir: str | Path, step: int, *, modules: Mapping[str, torch.
 def _verified_manifest(path: Path, verify: bool) -> dict:
     """The manifest of ``path`` after rank 0 checked every file's size and sha256 (every rank gets
     its verdict: a CorruptCheckpointError everywhere, or the manifest)."""
-    problem = None
-    manifest = _read_manifest(path)
-    if dist.world().is_main:
-        if manifest is None:
-            problem = f"{path}: not a complete checkpoint (no valid {COMPLETE} manifest)"
-        elif verify:
-            bad = [rel for rel, info in manifest["files"].items() if _sha256(path / rel) != info["sha256"]]
-            problem = f"{path / bad[0]}: sha256 does not match the manifest (corrupted)" if bad else None
+    manifest = read_manifest(path)
+    problem = find_corruption(path, manifest, verify=verify) if dist.world().is_main else None
     problem = dist.broadcast_object(problem)
     if problem is not None or manifest is None:
         raise CorruptCheckpointError(problem or f"{path}: not a complete checkpoint")
@@ -194,44 +166,33 @@ def _load_models(path: Path, modules: Mapping, optimizers: Mapping) -> None:
         e = _first_failure(e)
         if dist.is_peer_failure(e):
             raise e from None
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise CheckpointError(f"{path}: its models do not load into this run's ({first[:300]}); "
-                              "another architecture?") from None
+        raise _mismatch(path, e) from None
     for name, module in modules.items():
         set_model_state_dict(module, state["modules"][name])
     for name, opt in optimizers.items():
         set_optimizer_state_dict(modules[name], opt, state["optimizers"][name])
 
 
-def _require_named(path: Path, manifest: dict, **kinds: Mapping) -> None:
-    """Every object to load has its name among the checkpoint's of that kind (modules, optimizers,
-    schedulers); else a CheckpointError naming the missing ones and what the checkpoint has."""
-    for kind, objs in kinds.items():
-        missing = sorted(set(objs) - set(manifest.get(kind, [])))
-        if missing:
-            raise CheckpointError(f"{path}: no {kind} named {missing} (it has {manifest.get(kind, [])})")
-
-
 def load_sharded(path: str | Path, *, modules: Mapping[str, torch.nn.Module],
-                 optimizers: Mapping[str, torch.optim.Optimizer], schedulers: Optional[Mapping[str, Any]] = None,
-                 restore_rng: bool = True, verify: bool = True) -> tuple[dict, Optional[str]]:
+                 optimizers: Mapping[str, torch.optim.Optimizer], schedulers: Mapping[str, Any] | None = None,
+                 restore_rng: bool = True, verify: bool = True) -> tuple[dict, str | None]:
     """Load a sharded checkpoint into the given objects (every rank calls it; also in one process
     without torchrun) and return ``(its state, a note when it was resharded, else None)``. The note
     says from how many ranks to how many and that every rank took rank 0's random-number state."""
     path = Path(path)
     manifest = _verified_manifest(path, verify)
-    _require_named(path, manifest, modules=modules, optimizers=optimizers, schedulers=schedulers or {})
+    require_named(path, manifest, modules=modules, optimizers=optimizers, schedulers=schedulers or {})
     _load_models(path, modules, optimizers)
     for name, sched in (schedulers or {}).items():
-        sched.load_state_dict(_read_component(path / "schedulers", name))
+        sched.load_state_dict(read_component(path / "schedulers", name))
     w, saved = dist.world(), int(manifest["world_size"])
     note = None
     if saved != w.world_size:
         note = (f"{path.name} was written by {saved} rank{'s' if saved > 1 else ''} and resumes on {w.world_size}: "
                 "resharded the models and optimizers; every rank takes rank 0's random-number state")
     if restore_rng:
-        restore_rng_state(_read_component(path, _rng_name(w.rank if note is None else 0)))
-    return _read_component(path, "state"), note
+        restore_rng_state(read_component(path, _rng_name(w.rank if note is None else 0)))
+    return read_component(path, "state"), note
 
 
 def _by_name(saved: dict, module: torch.nn.Module, opt: torch.optim.Optimizer) -> dict:
@@ -244,30 +205,28 @@ def _by_name(saved: dict, module: torch.nn.Module, opt: torch.optim.Optimizer) -
 
 
 def load_plain_sharded(path: str | Path, *, modules: Mapping[str, torch.nn.Module],
-                       optimizers: Mapping[str, torch.optim.Optimizer], schedulers: Optional[Mapping[str, Any]] = None,
+                       optimizers: Mapping[str, torch.optim.Optimizer], schedulers: Mapping[str, Any] | None = None,
                        verify: bool = True) -> tuple[dict, str]:
-    """Load a one-process (plain, :mod:`fourfold.checkpoint`) checkpoint into sharded models under
-    torchrun: every rank reads the whole weights and AdamW state and keeps its shards; every rank
-    takes the one random-number state. Returns ``(its state, the note that it was sharded)``."""
+    """Load a one-process (plain, :mod:`fourfold.checkpoint.plain`) checkpoint into sharded models
+    under torchrun: every rank reads the whole weights and AdamW state and keeps its shards; every
+    rank takes the one random-number state. Returns ``(its state, the note that it was sharded)``."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict, set_optimizer_state_dict
 
     path = Path(path)
     manifest = _verified_manifest(path, verify)
-    _require_named(path, manifest, modules=modules, optimizers=optimizers, schedulers=schedulers or {})
+    require_named(path, manifest, modules=modules, optimizers=optimizers, schedulers=schedulers or {})
     full = StateDictOptions(full_state_dict=True)
     try:
         for name, module in modules.items():
-            set_model_state_dict(module, _read_component(path / "modules", name), options=full)
+            set_model_state_dict(module, read_component(path / "modules", name), options=full)
         for name, opt in optimizers.items():
-            saved = _by_name(_read_component(path / "optimizers", name), modules[name], opt)
+            saved = _by_name(read_component(path / "optimizers", name), modules[name], opt)
             set_optimizer_state_dict(modules[name], opt, saved, options=full)
     except (RuntimeError, KeyError, ValueError, IndexError) as e:  # torch lists every mismatch over many lines
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise CheckpointError(f"{path}: its models do not load into this run's ({first[:300]}); "
-                              "another architecture?") from None
+        raise _mismatch(path, e) from None
     for name, sched in (schedulers or {}).items():
-        sched.load_state_dict(_read_component(path / "schedulers", name))
-    restore_rng_state(_read_component(path, "rng"))
+        sched.load_state_dict(read_component(path / "schedulers", name))
+    restore_rng_state(read_component(path, "rng"))
     note = (f"{path.name} was written by one process (no torchrun) and resumes on {dist.world().world_size} "
             "ranks: sharded the models and optimizers; every rank takes its random-number state")
-    return _read_component(path, "state"), note
+    return read_component(path, "state"), note
