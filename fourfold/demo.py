@@ -59,8 +59,6 @@ from fourfold.evaluation import evaluate_policy, pair_accuracy, sample_texts
 from fourfold.seeds import stream_seed
 from fourfold.stages import Stages, publish, stage_key
 
-STAGES = ("sft", "pairs", "reward", "ppo", "eval", "report")
-
 QUICK = {  # --quick: the same pipeline on about 2.5 minutes of 2 cores (measured 97-104 s of stages, seeds 0-2, on a busy machine)
     "sft.examples": 12000, "sft.steps": 700, "pairs.pairs": 3000, "pairs.eval_pairs": 200, "pairs.slip_eval_pairs": 100,
     "reward.steps": 200, "ppo.iterations": 24, "ppo.rollout_batch_size": 64, "ppo.minibatch_size": 16,

@@ -24,7 +24,6 @@ from typing import Mapping, Sequence
 
 from fourfold.atomic import write_text_atomic
 from fourfold.config import DemoConfig, load_config
-from fourfold.demo import STAGES
 from fourfold.demo_credit import credit_section
 from fourfold.demo_format import esc, fmt, html_table, mean, num, pct, signed, std
 from fourfold.reporting import fig_to_data_uri, html_image, html_page, read_metrics
@@ -38,6 +37,8 @@ STAGE_WHAT = {
     "eval": "SFT vs PPO policy on held-out prompts, scored by the reward model and by the hidden gold reward",
     "report": "this page",
 }
+STAGES = tuple(STAGE_WHAT)
+"""The demo's stages in the order :func:`fourfold.demo.run` runs them (the report is the last)."""
 DPI = 80
 
 _EXTRA_CSS = """
