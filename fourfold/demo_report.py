@@ -25,7 +25,7 @@ from typing import Mapping, Sequence
 from fourfold.atomic import write_text_atomic
 from fourfold.config import DemoConfig, load_config
 from fourfold.demo_credit import credit_section
-from fourfold.demo_format import esc, fmt, html_table, mean, num, pct, signed, std
+from fourfold.report_format import esc, fmt, html_table, mean, num, pct, signed, std
 from fourfold.reporting import fig_to_data_uri, html_image, html_page, read_metrics
 from fourfold.stages import read_done, read_json
 

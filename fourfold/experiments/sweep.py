@@ -19,8 +19,9 @@ from fourfold.experiments.config import ExperimentsConfig
 from fourfold.experiments.final_eval import eval_prompts, eval_sample_seed
 from fourfold.experiments.jobs import ExperimentError, Finished, Job, run_jobs
 from fourfold.experiments.report import summary_header, write_report, write_summary_md
-from fourfold.experiments.results import duration, read_curves, summarize_arm, summarize_costs, train_seconds
+from fourfold.experiments.results import read_curves, summarize_arm, summarize_costs, train_seconds
 from fourfold.experiments.unbiased import seed_sft_stage, unbiased_demo_config
+from fourfold.report_format import duration
 from fourfold.stages import digest, done_key, read_json
 
 QUICK: dict[str, Any] = {  # --quick: the claims its budget settles, in about 5 minutes on 2 cores
