@@ -45,7 +45,6 @@ __all__ = [
     "fig_to_data_uri",
     "html_image",
     "html_page",
-    "html_table",
     "is_timing_key",
     "metrics_markdown_table",
     "plot_curves",
@@ -486,36 +485,6 @@ def html_page(title: str, body_html: str) -> str:
         f"<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n<title>{t}</title>\n"
         f"<style>\n{_CSS}\n</style>\n</head>\n<body>\n<h1>{t}</h1>\n{body_html}\n</body>\n</html>\n"
     )
-
-
-def _fmt(value: Any) -> tuple[str, bool]:
-    """Cell text and whether it is numeric."""
-    if value is None:
-        return "", False
-    if isinstance(value, bool):
-        return str(value), False
-    if isinstance(value, numbers.Integral):
-        return str(int(value)), True
-    if isinstance(value, numbers.Real):
-        return f"{float(value):.4g}", True
-    return str(value), False
-
-
-def html_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str] | None = None) -> str:
-    """An escaped <table>: one row per dict; ``columns`` defaults to every key in first-seen order.
-    Floats are shown with 4 significant digits, missing/None cells are empty."""
-    if columns is None:
-        columns = list(dict.fromkeys(k for r in rows for k in r))
-    head = "".join(f"<th>{html.escape(str(c))}</th>" for c in columns)
-    body = []
-    for r in rows:
-        cells = []
-        for c in columns:
-            text, num = _fmt(r.get(c))
-            cls = ' class="num"' if num else ""
-            cells.append(f"<td{cls}>{html.escape(text)}</td>")
-        body.append("<tr>" + "".join(cells) + "</tr>")
-    return f"<table>\n<thead><tr>{head}</tr></thead>\n<tbody>\n" + "\n".join(body) + "\n</tbody>\n</table>"
 
 
 def html_image(data_uri: str, alt: str = "") -> str:
