@@ -34,6 +34,7 @@ import json
 import random
 import time
 from pathlib import Path
+from typing import Any, Mapping
 
 import torch
 
@@ -66,12 +67,18 @@ QUICK = {  # --quick: the same pipeline on about 2.5 minutes of 2 cores (measure
 }
 
 
-def apply_quick(cfg: DemoConfig) -> DemoConfig:
+def apply_quick(cfg, quick: Mapping[str, Any] = QUICK):
+    """A copy of the config ``cfg`` with the settings ``quick`` over it: ``{"field" or
+    "section.field": value}``. The demo's --quick is :data:`QUICK` (the default); ``fourfold
+    experiments --quick`` applies its own table (:data:`fourfold.experiments.QUICK`) with it."""
     cfg = dataclasses.replace(cfg)
-    for key, value in QUICK.items():
-        section, field = key.split(".")
-        sub = dataclasses.replace(getattr(cfg, section), **{field: value})
-        setattr(cfg, section, sub)
+    for key, value in quick.items():
+        *section, field = key.split(".")
+        value = list(value) if isinstance(value, list) else value  # never share the table's lists
+        if section:
+            setattr(cfg, section[0], dataclasses.replace(getattr(cfg, section[0]), **{field: value}))
+        else:
+            setattr(cfg, field, value)
     return cfg
 
 

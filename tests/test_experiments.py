@@ -19,10 +19,10 @@ from fourfold.errors import ConfigError
 from fourfold.experiments import (
     QUICK_CLAIMS,
     Job,
-    apply_quick,
     build_arms,
     compute_claims,
     models_in_memory,
+    quick_config,
     run_config,
     run_jobs,
     run_key,
@@ -250,7 +250,7 @@ def test_critic_free_and_dpo_arms_configs(tmp_path):
     assert key != run_key(dpo, "dpo", {"pairs": "b"})
     assert key != run_key(dataclasses.replace(dpo, dpo=dataclasses.replace(dpo.dpo, beta=0.2)), "dpo", {"pairs": "a"})
     assert key == run_key(dataclasses.replace(dpo, run=dataclasses.replace(dpo.run, output_dir="x")), "dpo", {"pairs": "a"})
-    quick = apply_quick(ExperimentsConfig())
+    quick = quick_config(ExperimentsConfig())
     assert {"ppo", "grpo", "dpo"} <= set(quick.arms) and quick.claims.quick
 
 
