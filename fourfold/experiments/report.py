@@ -81,6 +81,14 @@ def _colors(arms: Sequence[str]) -> dict[str, Any]:
     return {a: cmap(i % 10) for i, a in enumerate(arms)}
 
 
+def _finish_panel(ax, title: str, xlabel: str, legend: bool) -> None:
+    ax.set_title(title, fontsize=10)
+    ax.set_xlabel(xlabel, fontsize=8)
+    ax.grid(alpha=0.3)
+    if legend:
+        ax.legend(fontsize=7, ncol=2)
+
+
 def _curves_figure(curves: Mapping[str, Sequence[Mapping]], sft: Mapping, iterations: int) -> str:
     from matplotlib.figure import Figure
 
@@ -105,11 +113,7 @@ def _curves_figure(curves: Mapping[str, Sequence[Mapping]], sft: Mapping, iterat
             ax.axhline(sft["gold"], color="black", linestyle=":", linewidth=1, label="SFT (final evaluation)")
         if key == "kl/k1":
             ax.set_yscale("symlog", linthresh=0.1)
-        ax.set_title(title, fontsize=10)
-        ax.set_xlabel("iteration (same samples per iteration for every arm)", fontsize=8)
-        ax.grid(alpha=0.3)
-        if i == 0:
-            ax.legend(fontsize=7, ncol=2)
+        _finish_panel(ax, title, "iteration (same samples per iteration for every arm)", legend=i == 0)
     fig.suptitle(f"mean over seeds (line) and min-max band; moving average over {w} iterations", fontsize=9)
     fig.tight_layout()
     return fig_to_data_uri(fig, dpi=80)
@@ -141,11 +145,7 @@ def _frontier_figure(curves: Mapping[str, Sequence[Mapping]], finals: Mapping[st
                            edgecolor="black", linewidth=0.5, zorder=3, label=None if kl else a)
         ax.scatter([0.0], [sft[fkey]], color="black", marker="*", s=80, zorder=4, label="SFT (eval)")
         ax.set_xscale("symlog", linthresh=1.0)
-        ax.set_title(title, fontsize=10)
-        ax.set_xlabel("KL to the reference (nats per response)", fontsize=8)
-        ax.grid(alpha=0.3)
-        if i == 1:
-            ax.legend(fontsize=7, ncol=2)
+        _finish_panel(ax, title, "KL to the reference (nats per response)", legend=i == 1)
     fig.suptitle(f"the over-optimisation frontier: small dots are training batches, lines their seed mean "
                  f"(moving average over {w} iterations), ringed dots each seed's final evaluation", fontsize=9)
     fig.tight_layout()
