@@ -301,19 +301,9 @@ class MetricsLogger:
         self._metrics_f = open(self.metrics_path, "a", encoding="utf-8")
         self._events_f = open(self.events_path, "a", encoding="utf-8")
 
-        self._writer = None
-        self.tensorboard_dir: Path | None = None  # set when TensorBoard event files are written
-        if tensorboard:
-            try:
-                from torch.utils.tensorboard import SummaryWriter
-            except Exception as e:  # tensorboard not installed (or broken): JSONL is the record
-                log.warning("TensorBoard disabled (%s: %s); metrics.jsonl has every metric (pip install tensorboard)",
-                            type(e).__name__, e)
-                SummaryWriter = None
-            if SummaryWriter is not None:
-                purge = resume_step + 1 if resume_step is not None else None
-                self.tensorboard_dir = self.run_dir / "tensorboard"
-                self._writer = SummaryWriter(log_dir=str(self.tensorboard_dir), purge_step=purge)
+        self._writer = _tensorboard_writer(self.run_dir / "tensorboard", resume_step) if tensorboard else None
+        # set when TensorBoard event files are written
+        self.tensorboard_dir: Path | None = None if self._writer is None else self.run_dir / "tensorboard"
 
         self._progress = None
         self._task = None
@@ -444,6 +434,19 @@ class MetricsLogger:
         self._events_f.close()
         if self._samples_f is not None:
             self._samples_f.close()
+
+
+def _tensorboard_writer(log_dir: Path, resume_step: int | None):
+    """A TensorBoard ``SummaryWriter`` into ``log_dir`` (its events after ``resume_step`` purged), or
+    None with a one-line warning when ``torch.utils.tensorboard`` does not import."""
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except Exception as e:  # tensorboard not installed (or broken): JSONL is the record
+        log.warning("TensorBoard disabled (%s: %s); metrics.jsonl has every metric (pip install tensorboard)",
+                    type(e).__name__, e)
+        return None
+    purge = resume_step + 1 if resume_step is not None else None
+    return SummaryWriter(log_dir=str(log_dir), purge_step=purge)
 
 
 def _step_of(obj: Mapping[str, Any], *, keep_none: bool) -> float:
