@@ -26,6 +26,7 @@ from fourfold.experiments import (
     run_config,
     run_jobs,
     run_key,
+    summarize_arm,
 )
 from fourfold.experiments.claims import GROUP_CLAIMS
 from fourfold.experiments.config import CLAIM_GROUPS, ExperimentsClaimsConfig, ExperimentsConfig
@@ -91,6 +92,18 @@ def test_every_claim_holds_on_healthy_numbers():
     best = [r for r in rows if "best learning rate" in r["claim"]][0]
     assert "reinforce-lr10x" in best["claim"]  # the better of the two learning rates (mean gold)
     assert "3/3 seeds" in best["measured"]
+
+
+def test_one_seed_has_no_spread():
+    """A single seed's sd over seeds is undefined (the sample sd needs two): the claims say 'n/a',
+    never '+- 0.00', and the arm's summary holds nan (the results table then shows no '±')."""
+    finals = {"ppo": [row(0, gold=0.3)], "ppo-1epoch": [row(0, gold=0.1)]}
+    (epochs,), _ = claims_of(finals, groups=["epochs"])
+    assert "ppo +0.60 +- n/a sd, ppo-1epoch +0.20 +- n/a sd" in epochs["measured"], epochs["measured"]
+    two = {"ppo": arm({"gold": [0.3, 0.2]}), "ppo-1epoch": arm({"gold": [0.1, 0.1]})}
+    assert "ppo +0.50 +- 0.14 sd" in claims_of(two, groups=["epochs"])[0][0]["measured"]
+    one = summarize_arm(finals["ppo"], [], SFT, SFT)
+    assert one["gold"] == 0.3 and math.isnan(one["gold_sd"]) and math.isnan(one["gold_delta_sd_sd"])
 
 
 def test_claims_that_do_not_hold():
