@@ -15,7 +15,7 @@ import random
 from pathlib import Path
 
 from fourfold.config import DemoConfig, PPOConfig, load_config
-from fourfold.demo_format import esc, html_table, mean, signed
+from fourfold.report_format import esc, html_table, mean, signed
 from fourfold.reporting import token_heatmap_html
 from fourfold.seeds import stream_seed
 

@@ -24,9 +24,8 @@ from typing import Mapping, Sequence
 
 from fourfold.atomic import write_text_atomic
 from fourfold.config import DemoConfig, load_config
-from fourfold.demo import STAGES
 from fourfold.demo_credit import credit_section
-from fourfold.demo_format import esc, fmt, html_table, mean, num, pct, signed, std
+from fourfold.report_format import esc, fmt, html_table, mean, num, pct, signed, std
 from fourfold.reporting import fig_to_data_uri, html_image, html_page, read_metrics
 from fourfold.stages import read_done, read_json
 
@@ -38,6 +37,8 @@ STAGE_WHAT = {
     "eval": "SFT vs PPO policy on held-out prompts, scored by the reward model and by the hidden gold reward",
     "report": "this page",
 }
+STAGES = tuple(STAGE_WHAT)
+"""The demo's stages in the order :func:`fourfold.demo.run` runs them (the report is the last)."""
 DPI = 80
 
 _EXTRA_CSS = """
@@ -149,38 +150,42 @@ def _ppo_figure(rows: list[dict], ev: Mapping) -> str:
     return fig_to_data_uri(fig, dpi=DPI)
 
 
+def _batches_and_held_out(ax, rows: list[dict], key: str, eval_key: str, eval_label: str) -> list[float] | None:
+    """Plot a trainer's ``key`` per logged batch and its held-out ``eval_key``; the held-out steps
+    (None, and nothing plotted, when ``key`` was never logged)."""
+    xs, ys = _series(rows, key)
+    if not xs:
+        return None
+    ax.plot(xs, ys, linewidth=1.4, marker="o", markersize=2.5, label="train batch")
+    ex, ey = _series(rows, eval_key)
+    if ex:
+        ax.plot(ex, ey, "s", color="#d62728", markersize=5, label=eval_label)
+    return ex
+
+
 def _training_figure(sft_rows: list[dict], rm_rows: list[dict], pairs: Mapping, rm: Mapping) -> str:
     from matplotlib.figure import Figure
 
     fig = Figure(figsize=(8.5, 2.7))
     a1, a2 = fig.subplots(1, 2)
-    xs, ys = _series(sft_rows, "sft/loss")
-    if xs:
-        a1.plot(xs, ys, linewidth=1.4, marker="o", markersize=2.5, label="train batch")
-        ex, ey = _series(sft_rows, "sft/eval_loss")
-        if ex:
-            a1.plot(ex, ey, "s", color="#d62728", markersize=5, label="held-out")
+    if _batches_and_held_out(a1, sft_rows, "sft/loss", "sft/eval_loss", "held-out") is None:
+        _no_data(a1, "SFT loss")
+    else:
         _style(a1, "SFT loss (cross-entropy / token)", "step")
         a1.legend(fontsize=6.5)
+    ex = _batches_and_held_out(a2, rm_rows, "rm/accuracy", "rm/eval_accuracy", "held-out (vs labelers)")
+    if ex is None:
+        _no_data(a2, "Reward-model accuracy")
     else:
-        _no_data(a1, "SFT loss")
-    xs, ys = _series(rm_rows, "rm/accuracy")
-    if xs:
-        a2.plot(xs, ys, linewidth=1.4, marker="o", markersize=2.5, label="train batch")
-        ex, ey = _series(rm_rows, "rm/eval_accuracy")
-        if ex:
-            a2.plot(ex, ey, "s", color="#d62728", markersize=5, label="held-out (vs labelers)")
-            vs_gold = num(rm.get("accuracy_vs_gold"))
-            if vs_gold is not None:
-                a2.plot([ex[-1]], [vs_gold], "D", color="#ff7f0e", markersize=5, label="held-out (vs gold)")
+        vs_gold = num(rm.get("accuracy_vs_gold"))
+        if ex and vs_gold is not None:
+            a2.plot([ex[-1]], [vs_gold], "D", color="#ff7f0e", markersize=5, label="held-out (vs gold)")
         agree = num(pairs.get("labels_agree_with_gold"))
         if agree is not None:
             a2.axhline(agree, color="#2ca02c", linestyle=":", linewidth=1, label="labelers agree with gold")
         a2.axhline(0.5, color="#888", linestyle="--", linewidth=0.8, label="chance")
         _style(a2, "Reward-model accuracy on pairs", "step")
         a2.legend(fontsize=6.5)
-    else:
-        _no_data(a2, "Reward-model accuracy")
     fig.tight_layout()
     return fig_to_data_uri(fig, dpi=DPI)
 

@@ -45,7 +45,6 @@ __all__ = [
     "fig_to_data_uri",
     "html_image",
     "html_page",
-    "html_table",
     "is_timing_key",
     "metrics_markdown_table",
     "plot_curves",
@@ -302,19 +301,9 @@ class MetricsLogger:
         self._metrics_f = open(self.metrics_path, "a", encoding="utf-8")
         self._events_f = open(self.events_path, "a", encoding="utf-8")
 
-        self._writer = None
-        self.tensorboard_dir: Path | None = None  # set when TensorBoard event files are written
-        if tensorboard:
-            try:
-                from torch.utils.tensorboard import SummaryWriter
-            except Exception as e:  # tensorboard not installed (or broken): JSONL is the record
-                log.warning("TensorBoard disabled (%s: %s); metrics.jsonl has every metric (pip install tensorboard)",
-                            type(e).__name__, e)
-                SummaryWriter = None
-            if SummaryWriter is not None:
-                purge = resume_step + 1 if resume_step is not None else None
-                self.tensorboard_dir = self.run_dir / "tensorboard"
-                self._writer = SummaryWriter(log_dir=str(self.tensorboard_dir), purge_step=purge)
+        self._writer = _tensorboard_writer(self.run_dir / "tensorboard", resume_step) if tensorboard else None
+        # set when TensorBoard event files are written
+        self.tensorboard_dir: Path | None = None if self._writer is None else self.run_dir / "tensorboard"
 
         self._progress = None
         self._task = None
@@ -447,6 +436,19 @@ class MetricsLogger:
             self._samples_f.close()
 
 
+def _tensorboard_writer(log_dir: Path, resume_step: int | None):
+    """A TensorBoard ``SummaryWriter`` into ``log_dir`` (its events after ``resume_step`` purged), or
+    None with a one-line warning when ``torch.utils.tensorboard`` does not import."""
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except Exception as e:  # tensorboard not installed (or broken): JSONL is the record
+        log.warning("TensorBoard disabled (%s: %s); metrics.jsonl has every metric (pip install tensorboard)",
+                    type(e).__name__, e)
+        return None
+    purge = resume_step + 1 if resume_step is not None else None
+    return SummaryWriter(log_dir=str(log_dir), purge_step=purge)
+
+
 def _step_of(obj: Mapping[str, Any], *, keep_none: bool) -> float:
     step = obj.get("step")
     if isinstance(step, int) and not isinstance(step, bool):
@@ -486,36 +488,6 @@ def html_page(title: str, body_html: str) -> str:
         f"<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n<title>{t}</title>\n"
         f"<style>\n{_CSS}\n</style>\n</head>\n<body>\n<h1>{t}</h1>\n{body_html}\n</body>\n</html>\n"
     )
-
-
-def _fmt(value: Any) -> tuple[str, bool]:
-    """Cell text and whether it is numeric."""
-    if value is None:
-        return "", False
-    if isinstance(value, bool):
-        return str(value), False
-    if isinstance(value, numbers.Integral):
-        return str(int(value)), True
-    if isinstance(value, numbers.Real):
-        return f"{float(value):.4g}", True
-    return str(value), False
-
-
-def html_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str] | None = None) -> str:
-    """An escaped <table>: one row per dict; ``columns`` defaults to every key in first-seen order.
-    Floats are shown with 4 significant digits, missing/None cells are empty."""
-    if columns is None:
-        columns = list(dict.fromkeys(k for r in rows for k in r))
-    head = "".join(f"<th>{html.escape(str(c))}</th>" for c in columns)
-    body = []
-    for r in rows:
-        cells = []
-        for c in columns:
-            text, num = _fmt(r.get(c))
-            cls = ' class="num"' if num else ""
-            cells.append(f"<td{cls}>{html.escape(text)}</td>")
-        body.append("<tr>" + "".join(cells) + "</tr>")
-    return f"<table>\n<thead><tr>{head}</tr></thead>\n<tbody>\n" + "\n".join(body) + "\n</tbody>\n</table>"
 
 
 def html_image(data_uri: str, alt: str = "") -> str:

@@ -2,7 +2,8 @@
 import dataclasses
 
 from fourfold.config import DemoConfig
-from fourfold.demo import sft_stage_settings
+from fourfold.demo import eval_stage_settings, pairs_stage_settings, sft_stage_settings
+from fourfold.stages import stage_key
 from fourfold.tasks import ReviewTaskConfig
 
 
@@ -21,3 +22,11 @@ def test_labeler_options_leave_the_sft_settings_unchanged_corpus_options_do_not(
 def test_corpus_fields_are_fields_of_the_config():
     names = {f.name for f in dataclasses.fields(ReviewTaskConfig)}
     assert set(ReviewTaskConfig.CORPUS_FIELDS) <= names
+
+
+def test_pairs_and_eval_keys_are_those_the_demo_always_wrote():
+    """The default config's pairs and eval settings key as they did when run() wrote them inline
+    (over fixed upstream keys: those test_lora_trainers pins)."""
+    cfg, up = DemoConfig(), {"sft": "aaadffe7664f9a26"}
+    assert stage_key(pairs_stage_settings(cfg), up) == "faee640d940a5a8f"
+    assert stage_key(eval_stage_settings(cfg), {**up, "pairs": "faee640d940a5a8f"}) == "39e917ddbaeaab31"

@@ -19,13 +19,14 @@ from fourfold.errors import ConfigError
 from fourfold.experiments import (
     QUICK_CLAIMS,
     Job,
-    apply_quick,
     build_arms,
     compute_claims,
     models_in_memory,
+    quick_config,
     run_config,
     run_jobs,
     run_key,
+    summarize_arm,
 )
 from fourfold.experiments.claims import GROUP_CLAIMS
 from fourfold.experiments.config import CLAIM_GROUPS, ExperimentsClaimsConfig, ExperimentsConfig
@@ -91,6 +92,18 @@ def test_every_claim_holds_on_healthy_numbers():
     best = [r for r in rows if "best learning rate" in r["claim"]][0]
     assert "reinforce-lr10x" in best["claim"]  # the better of the two learning rates (mean gold)
     assert "3/3 seeds" in best["measured"]
+
+
+def test_one_seed_has_no_spread():
+    """A single seed's sd over seeds is undefined (the sample sd needs two): the claims say 'n/a',
+    never '+- 0.00', and the arm's summary holds nan (the results table then shows no '±')."""
+    finals = {"ppo": [row(0, gold=0.3)], "ppo-1epoch": [row(0, gold=0.1)]}
+    (epochs,), _ = claims_of(finals, groups=["epochs"])
+    assert "ppo +0.60 +- n/a sd, ppo-1epoch +0.20 +- n/a sd" in epochs["measured"], epochs["measured"]
+    two = {"ppo": arm({"gold": [0.3, 0.2]}), "ppo-1epoch": arm({"gold": [0.1, 0.1]})}
+    assert "ppo +0.50 +- 0.14 sd" in claims_of(two, groups=["epochs"])[0][0]["measured"]
+    one = summarize_arm(finals["ppo"], [], SFT, SFT)
+    assert one["gold"] == 0.3 and math.isnan(one["gold_sd"]) and math.isnan(one["gold_delta_sd_sd"])
 
 
 def test_claims_that_do_not_hold():
@@ -250,7 +263,7 @@ def test_critic_free_and_dpo_arms_configs(tmp_path):
     assert key != run_key(dpo, "dpo", {"pairs": "b"})
     assert key != run_key(dataclasses.replace(dpo, dpo=dataclasses.replace(dpo.dpo, beta=0.2)), "dpo", {"pairs": "a"})
     assert key == run_key(dataclasses.replace(dpo, run=dataclasses.replace(dpo.run, output_dir="x")), "dpo", {"pairs": "a"})
-    quick = apply_quick(ExperimentsConfig())
+    quick = quick_config(ExperimentsConfig())
     assert {"ppo", "grpo", "dpo"} <= set(quick.arms) and quick.claims.quick
 
 
@@ -268,7 +281,8 @@ def test_train_seconds_and_costs(tmp_path):
     assert train_seconds(tmp_path / "dpo") == 5.0 + 2.5 + 5.0
     assert math.isnan(train_seconds(tmp_path / "none"))
     c = summarize_costs([{"peak_rss_mb": 100.0, "train_s": 10.0}, {"peak_rss_mb": None, "train_s": 14.0}])
-    assert (c["peak_rss_mb"], c["peak_rss_mb_sd"], c["train_s"]) == (100.0, 0.0, 12.0)
+    assert (c["peak_rss_mb"], c["train_s"]) == (100.0, 12.0)
+    assert math.isnan(c["peak_rss_mb_sd"])  # one value: no spread (the sample sd needs two)
 
 
 def test_config_defaults_example_and_errors():

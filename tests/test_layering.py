@@ -227,3 +227,45 @@ def test_rule_checks_detect_violations(tmp_path):
     assert any(v.startswith("fake.reporting: ") and "fourfold.rollout.lm" in v and "fourfold.models" in v
                for v in loaded), loaded
     assert not any(v.startswith(("fake.trainers.clean:", "fake.trainers.lazy:")) for v in loaded), loaded
+
+
+# ---- the applications sit on top ---------------------------------------------------------------------
+
+APPLICATIONS = ("fourfold.demo", "fourfold.demo_report", "fourfold.demo_credit", "fourfold.report_format",
+                "fourfold.experiments", "fourfold.evaluation", "fourfold.stages")
+"""The applications (the demo, its report, the experiments, evaluation and the stage cache): they may
+import everything below them; nothing below imports them (only ``cli`` calls them)."""
+
+
+def _below_applications() -> list[str]:
+    """Every top-level module and package of fourfold other than the applications and the CLI."""
+    names = sorted({p.stem if p.is_file() else p.name for p in PACKAGE.iterdir()
+                    if (p.suffix == ".py" or (p / "__init__.py").is_file()) and not p.name.startswith("_")})
+    return [f"fourfold.{n}" for n in names if f"fourfold.{n}" not in APPLICATIONS and n != "cli"]
+
+
+def test_nothing_below_the_applications_imports_them():
+    below = _below_applications()
+    assert {"fourfold.trainers", "fourfold.models", "fourfold.reporting", "fourfold.core"} <= set(below), below
+    assert static_violations(PACKAGE.parent, {m: APPLICATIONS for m in below}) == []
+
+
+def private_imports(root: Path, prefix: str) -> list[str]:
+    """``file:line: name`` for every ``from fourfold... import _name`` in the modules of ``prefix``."""
+    found = []
+    for path in _module_files(root, prefix).values():
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.ImportFrom) and ((node.module or "").startswith("fourfold") or node.level):
+                found += [f"{path.relative_to(root)}:{node.lineno}: {a.name}" for a in node.names
+                          if a.name.startswith("_")]
+    return found
+
+
+def test_applications_take_no_private_names(tmp_path):
+    """No application module imports another module's private (``_name``) names (a shared piece is
+    given a public name where it lives); the check finds one in a fake module that does."""
+    assert [v for app in APPLICATIONS for v in private_imports(PACKAGE.parent, app)] == []
+    (tmp_path / "fake").mkdir()
+    (tmp_path / "fake" / "__init__.py").write_text("")
+    (tmp_path / "fake" / "app.py").write_text("from fourfold.stages import digest, _x\nfrom .other import _y\n")
+    assert private_imports(tmp_path, "fake") == ["fake/app.py:1: _x", "fake/app.py:2: _y"]

@@ -56,12 +56,12 @@ from fourfold.experiments.final_eval import eval_prompts, evaluate_spec
 from fourfold.experiments.jobs import ExperimentError, Finished, Job, run_jobs
 from fourfold.experiments.report import write_report, write_summary_md
 from fourfold.experiments.results import CURVE_KEYS, read_curves, summarize_arm
-from fourfold.experiments.sweep import DEFAULT_DEMO_OUTPUT, DEFAULT_OUTPUT, QUICK, apply_quick, run
+from fourfold.experiments.sweep import DEFAULT_DEMO_OUTPUT, DEFAULT_OUTPUT, QUICK, quick_config, run
 from fourfold.experiments.unbiased import seed_sft_stage, unbiased_demo_config
 
 __all__ = [
     "ARM_ORDER", "Arm", "build_arms", "models_in_memory", "run_config", "run_key", "QUICK_CLAIMS", "compute_claims",
     "eval_prompts", "evaluate_spec", "ExperimentError", "Finished", "Job", "run_jobs", "CURVE_KEYS", "read_curves",
-    "summarize_arm", "DEFAULT_DEMO_OUTPUT", "DEFAULT_OUTPUT", "QUICK", "apply_quick", "run", "seed_sft_stage",
+    "summarize_arm", "DEFAULT_DEMO_OUTPUT", "DEFAULT_OUTPUT", "QUICK", "quick_config", "run", "seed_sft_stage",
     "unbiased_demo_config", "write_report", "write_summary_md",
 ]

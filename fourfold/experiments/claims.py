@@ -17,7 +17,7 @@ import math
 from typing import Mapping, Sequence
 
 from fourfold.experiments.config import CLAIM_GROUPS, ExperimentsClaimsConfig
-from fourfold.experiments.results import fmt, mean, sd, signed
+from fourfold.report_format import fmt, mean, signed, std
 
 QUICK_CLAIMS = ("beta0.hack", "beta0.drift", "beta0.degeneration", "dpo.length")
 """The claims ``--quick`` states (``group.key``): those whose effect at its budget is many times its
@@ -151,7 +151,7 @@ class _Table:
 
     def spread(self, arm: str) -> str:
         g = [self.gold_u(r) for r in self.finals[arm]]
-        return f"{arm} {signed(mean(g))} +- {fmt(sd(g), 2)} sd"
+        return f"{arm} {signed(mean(g))} +- {fmt(std(g), 2)} sd"
 
     def add_beats(self, group: str, claim: str, a: str, b: str, spread_label: str = "") -> None:
         """A claim that ``a`` beats ``b`` on gold beyond the evaluation's noise, in every seed."""

@@ -15,7 +15,7 @@ from typing import Any, Mapping
 from fourfold.atomic import write_text_atomic
 from fourfold.config import DemoConfig, GenerationConfig
 from fourfold.experiments.config import ExperimentsConfig
-from fourfold.experiments.results import sd
+from fourfold.report_format import std
 from fourfold.seeds import stream_seed
 
 
@@ -59,7 +59,7 @@ def evaluate_spec(spec: Mapping[str, Any]) -> dict:
     t0 = time.perf_counter()
     summary, rows = evaluate_policy(policy, ref, rm, tok, task, prompts, gen)
     lengths = [len(r["response"].split()) for r in rows]
-    summary.update({"n": len(rows), "length_std": sd(lengths), "kl_std": sd([r["kl"] for r in rows]),
+    summary.update({"n": len(rows), "length_std": std(lengths), "kl_std": std([r["kl"] for r in rows]),
                     "eval_s": round(time.perf_counter() - t0, 2)})
     result = {"key": spec["key"], "summary": summary, "rows": rows}
     write_text_atomic(Path(spec["out"]), json.dumps(result, sort_keys=True))

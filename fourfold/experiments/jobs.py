@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from fourfold.errors import FourfoldError
-from fourfold.experiments.results import duration
+from fourfold.report_format import duration
 
 
 class ExperimentError(FourfoldError, RuntimeError):

@@ -4,7 +4,6 @@
 
 from __future__ import annotations
 
-import html
 import math
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -12,7 +11,7 @@ from typing import Any, Mapping, Sequence
 from fourfold.atomic import write_text_atomic
 from fourfold.experiments.arms import Arm
 from fourfold.experiments.config import ExperimentsConfig
-from fourfold.experiments.results import duration, fmt, mean
+from fourfold.report_format import duration, esc, finite, fmt, html_table, mean, num, signed
 
 RESULT_COLUMNS = (
     ("arm", "arm"), ("seeds", "seeds"), ("proxy", "proxy (RM)"), ("proxy_delta_sd", "proxy - SFT (sd)"),
@@ -32,41 +31,33 @@ _DIGITS = {"length": 1, "kl": 1, "well_formed": 2, "repetition": 2, "s_per_itera
 
 
 def _cell(row: Mapping, key: str) -> str:
+    """A results-table cell: the value, and '± sd' over seeds where that is defined (two seeds or more)."""
     if key in ("arm", "seeds", "models"):
         return str(row.get(key, "n/a"))
-    v = row.get(key)
-    if v is None or (isinstance(v, float) and not math.isfinite(v)):
-        return "n/a"
     digits = _DIGITS.get(key, 2 if key.endswith("_sd") else 3)
-    sd = row.get(key + "_sd") if key not in ("gold_spread_seeds_sd", "gold_spread_iters_sd") else None
-    text = f"{v:+.{digits}f}" if key.endswith("delta_sd") else f"{v:.{digits}f}"
-    if sd is not None and row.get("seeds", 1) > 1 and math.isfinite(sd):
+    text = signed(row.get(key), digits) if key.endswith("delta_sd") else fmt(row.get(key), digits)
+    sd = num(row.get(key + "_sd")) if key not in ("gold_spread_seeds_sd", "gold_spread_iters_sd") else None
+    if text != "n/a" and sd is not None:
         text += f" ± {sd:.{digits}f}"
     return text
 
 
 def _md_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    def esc(s: str) -> str:
+    def cell(s: str) -> str:
         return str(s).replace("|", "\\|").replace("\n", " ")
 
-    lines = ["| " + " | ".join(esc(h) for h in header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    lines += ["| " + " | ".join(esc(c) for c in r) + " |" for r in rows]
+    lines = ["| " + " | ".join(cell(h) for h in header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(cell(c) for c in r) + " |" for r in rows]
     return "\n".join(lines)
 
 
-def _html_table(header: Sequence[str], rows: Sequence[Sequence[str]], cls: str = "") -> str:
-    head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
-    body = "\n".join("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in r) + "</tr>" for r in rows)
-    c = f' class="{cls}"' if cls else ""
-    return f"<table{c}>\n<thead><tr>{head}</tr></thead>\n<tbody>\n{body}\n</tbody>\n</table>"
+def _text_table(header: Sequence[str], rows: Sequence[Sequence[Any]], cls: str = "") -> str:
+    """An HTML table of plain-text cells (escaped here)."""
+    return html_table([esc(h) for h in header], [[esc(c) for c in r] for r in rows], cls=cls)
 
 
 def _smooth(xs: Sequence[float], w: int) -> list[float]:
-    out = []
-    for i in range(len(xs)):
-        win = [x for x in xs[max(0, i - w + 1): i + 1] if math.isfinite(x)]
-        out.append(sum(win) / len(win) if win else math.nan)
-    return out
+    return [mean(xs[max(0, i - w + 1): i + 1]) for i in range(len(xs))]  # the window's finite values
 
 
 def _seed_band(curves: Sequence[Mapping], key: str, w: int) -> tuple[list[float], list[float], list[float], list[float]]:
@@ -78,8 +69,8 @@ def _seed_band(curves: Sequence[Mapping], key: str, w: int) -> tuple[list[float]
     series = [_smooth(c[key][:n], w) for c in curves]
     cols = list(zip(*series))
     avg = [mean(col) for col in cols]
-    lo = [min((x for x in col if math.isfinite(x)), default=math.nan) for col in cols]
-    hi = [max((x for x in col if math.isfinite(x)), default=math.nan) for col in cols]
+    lo = [min(finite(col), default=math.nan) for col in cols]
+    hi = [max(finite(col), default=math.nan) for col in cols]
     return its, avg, lo, hi
 
 
@@ -88,6 +79,14 @@ def _colors(arms: Sequence[str]) -> dict[str, Any]:
 
     cmap = colormaps["tab10"]
     return {a: cmap(i % 10) for i, a in enumerate(arms)}
+
+
+def _finish_panel(ax, title: str, xlabel: str, legend: bool) -> None:
+    ax.set_title(title, fontsize=10)
+    ax.set_xlabel(xlabel, fontsize=8)
+    ax.grid(alpha=0.3)
+    if legend:
+        ax.legend(fontsize=7, ncol=2)
 
 
 def _curves_figure(curves: Mapping[str, Sequence[Mapping]], sft: Mapping, iterations: int) -> str:
@@ -114,11 +113,7 @@ def _curves_figure(curves: Mapping[str, Sequence[Mapping]], sft: Mapping, iterat
             ax.axhline(sft["gold"], color="black", linestyle=":", linewidth=1, label="SFT (final evaluation)")
         if key == "kl/k1":
             ax.set_yscale("symlog", linthresh=0.1)
-        ax.set_title(title, fontsize=10)
-        ax.set_xlabel("iteration (same samples per iteration for every arm)", fontsize=8)
-        ax.grid(alpha=0.3)
-        if i == 0:
-            ax.legend(fontsize=7, ncol=2)
+        _finish_panel(ax, title, "iteration (same samples per iteration for every arm)", legend=i == 0)
     fig.suptitle(f"mean over seeds (line) and min-max band; moving average over {w} iterations", fontsize=9)
     fig.tight_layout()
     return fig_to_data_uri(fig, dpi=80)
@@ -150,11 +145,7 @@ def _frontier_figure(curves: Mapping[str, Sequence[Mapping]], finals: Mapping[st
                            edgecolor="black", linewidth=0.5, zorder=3, label=None if kl else a)
         ax.scatter([0.0], [sft[fkey]], color="black", marker="*", s=80, zorder=4, label="SFT (eval)")
         ax.set_xscale("symlog", linthresh=1.0)
-        ax.set_title(title, fontsize=10)
-        ax.set_xlabel("KL to the reference (nats per response)", fontsize=8)
-        ax.grid(alpha=0.3)
-        if i == 1:
-            ax.legend(fontsize=7, ncol=2)
+        _finish_panel(ax, title, "KL to the reference (nats per response)", legend=i == 1)
     fig.suptitle(f"the over-optimisation frontier: small dots are training batches, lines their seed mean "
                  f"(moving average over {w} iterations), ringed dots each seed's final evaluation", fontsize=9)
     fig.tight_layout()
@@ -184,8 +175,8 @@ def _samples_html(finals_rows: Mapping[str, list[dict]], sft_rows: list[dict], n
             if i < len(rs):
                 r = rs[i]
                 rows.append([arm, r["response"], fmt(r["proxy"], 2), fmt(r["gold"], 2)])
-        parts.append(f"<h3>prompt: <code>{html.escape(base['prompt'])}</code></h3>"
-                     + _html_table(["model", "response", "proxy", "gold"], rows, cls="samples"))
+        parts.append(f"<h3>prompt: <code>{esc(base['prompt'])}</code></h3>"
+                     + _text_table(["model", "response", "proxy", "gold"], rows, cls="samples"))
     return "\n".join(parts)
 
 
@@ -217,8 +208,8 @@ def summary_header(cfg: ExperimentsConfig, arms: Sequence[Arm], *, n_prompts: in
 
 def _claims_html(claims: Sequence[Mapping], notes: Sequence[str]) -> list[str]:
     claim_rows = "\n".join(
-        f"<tr><td>{html.escape(c['claim'])}</td><td>{html.escape(c['measured'])}</td>"
-        f"<td>{html.escape(c['threshold'])}</td>"
+        f"<tr><td>{esc(c['claim'])}</td><td>{esc(c['measured'])}</td>"
+        f"<td>{esc(c['threshold'])}</td>"
         f"<td style=\"font-weight:bold;color:{'#186a18' if c['holds'] == 'yes' else '#a01010'}\">{c['holds']}</td></tr>"
         for c in claims)
     body = ["<h2>Claims</h2>",
@@ -227,7 +218,7 @@ def _claims_html(claims: Sequence[Mapping], notes: Sequence[str]) -> list[str]:
             "<table><thead><tr><th>claim</th><th>measured</th><th>threshold</th><th>holds</th></tr></thead>"
             f"<tbody>{claim_rows}</tbody></table>"]
     if notes:
-        body.append("<ul>" + "".join(f"<li>{html.escape(n)}</li>" for n in notes) + "</ul>")
+        body.append("<ul>" + "".join(f"<li>{esc(n)}</li>" for n in notes) + "</ul>")
     return body
 
 
@@ -237,14 +228,14 @@ def write_report(path: Path, *, cfg: ExperimentsConfig, arms: Sequence[Arm], hea
     """Write the self-contained report.html of the sweep."""
     from fourfold.reporting import html_image, html_page
 
-    intro = "\n".join(f"<p>{html.escape(p)}</p>" for p in header.split("\n\n")[1:] if p.strip())
-    body = [intro, "<h2>Arms</h2>", _html_table(["arm", "what"], [[a.name, a.what] for a in arms])]
+    intro = "\n".join(f"<p>{esc(p)}</p>" for p in header.split("\n\n")[1:] if p.strip())
+    body = [intro, "<h2>Arms</h2>", _text_table(["arm", "what"], [[a.name, a.what] for a in arms])]
     body += _claims_html(claims, notes)
     body += ["<h2>Results at the end of the budget</h2>",
-             _html_table([h for _, h in RESULT_COLUMNS], [[_cell(r, k) for k, _ in RESULT_COLUMNS] for r in result_rows]),
+             _text_table([h for _, h in RESULT_COLUMNS], [[_cell(r, k) for k, _ in RESULT_COLUMNS] for r in result_rows]),
              "<p>gold sd over seeds: spread of the final gold across seeds; gold sd over iterations: spread of "
              "the training batches' gold over the last quarter of the run (mean over seeds); both in SFT sd.</p>",
-             f"<p>{html.escape(COST_NOTE)}</p>"]
+             f"<p>{esc(COST_NOTE)}</p>"]
     if curves:
         body += ["<h2>Training curves</h2>", html_image(_curves_figure(curves, sft, cfg.iterations), "curves"),
                  "<h2>Gold vs KL</h2>",

@@ -1,4 +1,5 @@
-"""Results: each run's curves, the per-arm summary over seeds, and the number formats of the report."""
+"""Results: each run's curves and training seconds, and the per-arm summary over seeds (mean and
+sample standard deviation, :mod:`fourfold.report_format`'s rule: nan for a single seed)."""
 
 from __future__ import annotations
 
@@ -6,41 +7,9 @@ import math
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from fourfold.report_format import mean, std
+
 CURVE_KEYS = ("reward/gold_mean", "reward/score_mean", "kl/k1", "rollout/response_length")
-
-
-def mean(xs: Sequence[float]) -> float:
-    """The mean of the finite values (nan for none)."""
-    xs = [x for x in xs if x is not None and math.isfinite(x)]
-    return sum(xs) / len(xs) if xs else math.nan
-
-
-def sd(xs: Sequence[float]) -> float:
-    """Sample standard deviation (n - 1) of the finite values; 0 for a single value, nan for none."""
-    xs = [x for x in xs if x is not None and math.isfinite(x)]
-    if not xs:
-        return math.nan
-    if len(xs) == 1:
-        return 0.0
-    m = sum(xs) / len(xs)
-    return math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1))
-
-
-def fmt(x: Any, digits: int = 3) -> str:
-    """``x`` with ``digits`` decimals ('n/a' for None and non-finite floats)."""
-    if x is None or (isinstance(x, float) and not math.isfinite(x)):
-        return "n/a"
-    return f"{x:.{digits}f}"
-
-
-def signed(x: float, digits: int = 2) -> str:
-    """``x`` with its sign ('n/a' for None and non-finite)."""
-    return "n/a" if x is None or not math.isfinite(x) else f"{x:+.{digits}f}"
-
-
-def duration(s: float) -> str:
-    """Seconds as '42s' or, from two minutes, '2.5min'."""
-    return f"{s:.0f}s" if s < 120 else f"{s / 60:.1f}min"
 
 
 def read_curves(run_dir: Path) -> dict[str, list[float]]:
@@ -84,7 +53,7 @@ def summarize_costs(costs: Sequence[Mapping]) -> dict:
     for k in ("peak_rss_mb", "train_s"):
         vals = [c.get(k) for c in costs]
         vals = [float(v) for v in vals if v is not None]
-        out[k], out[k + "_sd"] = mean(vals), sd(vals)
+        out[k], out[k + "_sd"] = mean(vals), std(vals)
     return out
 
 
@@ -98,18 +67,18 @@ def summarize_arm(finals: Sequence[Mapping], curves: Sequence[Mapping], sft: Map
     out: dict[str, Any] = {"seeds": len(finals)}
     for k in ("proxy", "gold", "kl", "length", "well_formed", "repetition"):
         vals = [f[k] for f in finals]
-        out[k], out[k + "_sd"] = mean(vals), sd(vals)
+        out[k], out[k + "_sd"] = mean(vals), std(vals)
     gold_u = [_sd_units(f["gold"], sft["gold"], sft["gold_std"]) for f in finals]
     proxy_u = [_sd_units(f["proxy"], proxy_sft["proxy"], proxy_sft["proxy_std"]) for f in finals]
-    out["gold_delta_sd"], out["gold_delta_sd_sd"] = mean(gold_u), sd(gold_u)
-    out["proxy_delta_sd"], out["proxy_delta_sd_sd"] = mean(proxy_u), sd(proxy_u)
-    out["gold_spread_seeds_sd"] = sd(gold_u) if len(gold_u) > 1 else math.nan  # undefined for one seed
+    out["gold_delta_sd"], out["gold_delta_sd_sd"] = mean(gold_u), std(gold_u)
+    out["proxy_delta_sd"], out["proxy_delta_sd_sd"] = mean(proxy_u), std(proxy_u)
+    out["gold_spread_seeds_sd"] = std(gold_u)  # undefined (nan) for one seed
     within = []
     for c in curves:
         g = [x for x in c.get("reward/gold_mean", []) if math.isfinite(x)]
         tail = g[len(g) - max(2, len(g) // 4):] if len(g) >= 2 else []
         if tail:
-            within.append(sd(tail) / sft["gold_std"] if sft["gold_std"] else math.nan)
+            within.append(std(tail) / sft["gold_std"] if sft["gold_std"] else math.nan)
     out["gold_spread_iters_sd"] = mean(within)
     times = [t for c in curves for t in c.get("time/iteration_s", []) if math.isfinite(t)]
     out["s_per_iteration"] = mean(times)

@@ -11,6 +11,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any, Callable
 
+from fourfold import demo
 from fourfold.atomic import write_text_atomic
 from fourfold.config import DemoConfig, config_to_dict, save_config
 from fourfold.experiments.arms import Arm, build_arms, models_in_memory, run_config, run_key
@@ -19,8 +20,9 @@ from fourfold.experiments.config import ExperimentsConfig
 from fourfold.experiments.final_eval import eval_prompts, eval_sample_seed
 from fourfold.experiments.jobs import ExperimentError, Finished, Job, run_jobs
 from fourfold.experiments.report import summary_header, write_report, write_summary_md
-from fourfold.experiments.results import duration, read_curves, summarize_arm, summarize_costs, train_seconds
+from fourfold.experiments.results import read_curves, summarize_arm, summarize_costs, train_seconds
 from fourfold.experiments.unbiased import seed_sft_stage, unbiased_demo_config
+from fourfold.report_format import duration
 from fourfold.stages import digest, done_key, read_json
 
 QUICK: dict[str, Any] = {  # --quick: the claims its budget settles, in about 5 minutes on 2 cores
@@ -29,20 +31,19 @@ QUICK: dict[str, Any] = {  # --quick: the claims its budget settles, in about 5 
     "iterations": 16,  # ppo-beta0's gold and KL level off by iteration 12-16 (they carry 3 of its 4 claims)
     "eval_prompts": 128,
     "claims.groups": ["beta0", "dpo"],
+    "claims.quick": True,
+    "demo.quick": True,
 }
 DEFAULT_OUTPUT = "runs/experiments"
 DEFAULT_DEMO_OUTPUT = "runs/demo"
 
 
-def apply_quick(cfg: ExperimentsConfig) -> ExperimentsConfig:
-    """The --quick settings: QUICK over cfg, demo.quick=true, '-quick' on default output paths."""
-    cfg = dataclasses.replace(cfg, seeds=list(QUICK["seeds"]), arms=list(QUICK["arms"]),
-                              iterations=QUICK["iterations"], eval_prompts=QUICK["eval_prompts"],
-                              claims=dataclasses.replace(cfg.claims, groups=list(QUICK["claims.groups"]), quick=True))
-    demo_run = cfg.demo.run
-    if demo_run.output_dir == DEFAULT_DEMO_OUTPUT:
-        demo_run = dataclasses.replace(demo_run, output_dir=DEFAULT_DEMO_OUTPUT + "-quick")
-    cfg.demo = dataclasses.replace(cfg.demo, quick=True, run=demo_run)
+def quick_config(cfg: ExperimentsConfig) -> ExperimentsConfig:
+    """The --quick settings: QUICK over cfg (with demo.quick=true), '-quick' on default output paths."""
+    cfg = demo.apply_quick(cfg, QUICK)
+    if cfg.demo.run.output_dir == DEFAULT_DEMO_OUTPUT:
+        cfg.demo = dataclasses.replace(cfg.demo, run=dataclasses.replace(cfg.demo.run,
+                                                                          output_dir=DEFAULT_DEMO_OUTPUT + "-quick"))
     if cfg.run.output_dir == DEFAULT_OUTPUT:
         cfg.run = dataclasses.replace(cfg.run, output_dir=DEFAULT_OUTPUT + "-quick")
     return cfg
@@ -269,10 +270,8 @@ def _start(cfg: ExperimentsConfig) -> tuple[ExperimentsConfig, Path, Callable[..
     """The effective config (--quick, the quick demo), the output directory (cleared with --fresh), the log."""
     from rich.console import Console
 
-    from fourfold import demo
-
     if cfg.quick:
-        cfg = apply_quick(cfg)
+        cfg = quick_config(cfg)
     if cfg.demo.quick:  # the quick demo's settings (its PPO batch too) are what the arms start from
         cfg = dataclasses.replace(cfg, demo=demo.apply_quick(cfg.demo))
     console = Console(stderr=True, highlight=False)
@@ -301,8 +300,6 @@ def _log_claims(log: Callable[..., Any], claims: list[dict], out: Path, total_s:
 
 def run(cfg: ExperimentsConfig) -> dict:
     """Run (or resume) the sweep and write the report; returns {output_dir, claims, summaries}."""
-    from fourfold import demo
-
     t_start = time.perf_counter()
     cfg, out, log = _start(cfg)
     arms = build_arms(cfg)

@@ -1,5 +1,11 @@
-"""Number and HTML formatting shared by the demo's report pages (:mod:`fourfold.demo_report` and
-its per-token credit view, :mod:`fourfold.demo_credit`). Missing or non-finite numbers read "n/a".
+"""The numbers of the applications' reports, and how they read: used by the demo's report
+(:mod:`fourfold.demo_report`, :mod:`fourfold.demo_credit`) and by ``fourfold experiments``
+(its summaries, claims, ``summary.md`` and ``report.html``).
+
+One rule for each: :func:`mean` and :func:`std` take the finite values of a sequence (None, nan
+and inf are left out); the standard deviation is the sample one (n - 1), nan for fewer than two
+values. Every format reads "n/a" for a missing or non-finite number, so a single seed's spread
+shows as "n/a", never as a made-up 0.
 """
 
 from __future__ import annotations
@@ -25,6 +31,26 @@ def num(x: Any) -> float | None:
     return v if math.isfinite(v) else None
 
 
+def finite(xs: Sequence[Any]) -> list:
+    """The values of ``xs`` that are neither None nor nan nor inf."""
+    return [x for x in xs if x is not None and math.isfinite(x)]
+
+
+def mean(xs: Sequence[float]) -> float:
+    """The mean of the finite values (nan for none)."""
+    xs = finite(xs)
+    return sum(xs) / len(xs) if xs else math.nan
+
+
+def std(xs: Sequence[float]) -> float:
+    """The sample standard deviation (n - 1) of the finite values; nan for fewer than two."""
+    xs = finite(xs)
+    if len(xs) < 2:
+        return math.nan
+    m = sum(xs) / len(xs)
+    return math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1))
+
+
 def fmt(x: Any, digits: int = 3) -> str:
     """``x`` with ``digits`` decimals."""
     v = num(x)
@@ -43,17 +69,9 @@ def signed(x: Any, digits: int = 2) -> str:
     return "n/a" if v is None else f"{v:+.{digits}f}"
 
 
-def mean(xs: Sequence[float]) -> float:
-    """The mean (nan for none)."""
-    return sum(xs) / len(xs) if xs else float("nan")
-
-
-def std(xs: Sequence[float]) -> float:
-    """The sample standard deviation (n - 1; nan for fewer than two)."""
-    if len(xs) < 2:
-        return float("nan")
-    m = mean(xs)
-    return math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1))
+def duration(s: float) -> str:
+    """Seconds as '42s' or, from two minutes, '2.5min'."""
+    return f"{s:.0f}s" if s < 120 else f"{s / 60:.1f}min"
 
 
 def html_table(header: Sequence[str], rows: Sequence[Sequence[str]], cls: str = "", num_cols: Sequence[int] = ()) -> str:
