@@ -45,7 +45,7 @@ from typing import Any, Callable, Mapping
 import torch
 
 from fourfold.atomic import write_text_atomic
-from fourfold.checkpoint import save_pretrained_atomic
+from fourfold.checkpoint import checkpoint_dirs, save_pretrained_atomic
 from fourfold.config import (
     DemoConfig,
     InitModelConfig,
@@ -218,11 +218,13 @@ class DemoRun:
         return self.cfg.model.max_positions
 
     def sub_run(self, d: Path, save_every: int | None = None) -> RunConfig:
-        """The ``run`` section of a trainer stage writing into its stage directory ``d``."""
+        """The ``run`` section of a trainer stage writing into its stage directory ``d``: it resumes
+        the stage's newest checkpoint (a killed demo continues), else starts over there."""
         run = self.cfg.run
+        resume = bool(checkpoint_dirs(d))
         return RunConfig(output_dir=str(d), seed=self.seed, device=run.device, threads=run.threads,
                          save_every=run.save_every if save_every is None else save_every, keep_checkpoints=2,
-                         resume=True, progress=run.progress, tensorboard=run.tensorboard,
+                         resume=resume, overwrite=not resume, progress=run.progress, tensorboard=run.tensorboard,
                          concurrent_roles=run.concurrent_roles, report_to=run.report_to,
                          samples_every=run.samples_every)
 

@@ -251,21 +251,64 @@ def test_nothing_below_the_applications_imports_them():
 
 
 def private_imports(root: Path, prefix: str) -> list[str]:
-    """``file:line: name`` for every ``from fourfold... import _name`` in the modules of ``prefix``."""
+    """``file:line: name`` for every private (``_name``) name a module of ``prefix`` takes from
+    another fourfold module: ``from fourfold... import _name`` (relative imports too), and
+    ``module._name`` on a name it imported from fourfold."""
     found = []
     for path in _module_files(root, prefix).values():
-        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
-            if isinstance(node, ast.ImportFrom) and ((node.module or "").startswith("fourfold") or node.level):
-                found += [f"{path.relative_to(root)}:{node.lineno}: {a.name}" for a in node.names
-                          if a.name.startswith("_")]
+        tree = ast.parse(path.read_text(), filename=str(path))
+        imported = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and ((node.module or "").startswith(("fourfold", "fake")) or node.level):
+                found += [f"{path.relative_to(root)}:{node.lineno}: {a.name}" for a in node.names if _private(a.name)]
+                imported |= {a.asname or a.name for a in node.names}
+            elif isinstance(node, ast.Import):
+                imported |= {a.asname or a.name.split(".")[0] for a in node.names if a.name.startswith(("fourfold", "fake"))}
+        found += [f"{path.relative_to(root)}:{node.lineno}: {node.value.id}.{node.attr}" for node in ast.walk(tree)
+                  if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+                  and node.value.id in imported and _private(node.attr)]
+    return sorted(found)
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def test_no_module_takes_another_modules_private_names(tmp_path):
+    """No module of the package imports another module's private (``_name``) names, nor reaches one
+    through a module it imported (a shared piece is given a public name where it lives); the check
+    finds each pattern in a fake module that does."""
+    assert private_imports(PACKAGE.parent, "fourfold") == []
+    (tmp_path / "fake").mkdir()
+    (tmp_path / "fake" / "__init__.py").write_text("")
+    (tmp_path / "fake" / "app.py").write_text("from fourfold.stages import digest, _x\nfrom .other import _y\n"
+                                              "from fourfold import dist\nimport fourfold.cli as c\n"
+                                              "dist._peer(c._resolve, dist.world, __name__)\n")
+    assert private_imports(tmp_path, "fake") == ["fake/app.py:1: _x", "fake/app.py:2: _y", "fake/app.py:5: c._resolve",
+                                                 "fake/app.py:5: dist._peer"]
+
+
+MAX_MODULE_LINES, MAX_FUNCTION_LINES = 600, 80
+
+
+def oversized(root: Path, prefix: str) -> list[str]:
+    """Modules over MAX_MODULE_LINES lines and functions (or methods) over MAX_FUNCTION_LINES."""
+    found = []
+    for path in _module_files(root, prefix).values():
+        source = path.read_text()
+        rel = path.relative_to(root)
+        if len(source.splitlines()) > MAX_MODULE_LINES:
+            found.append(f"{rel}: {len(source.splitlines())} lines")
+        found += [f"{rel}:{node.lineno}: {node.name} {node.end_lineno - node.lineno + 1} lines"
+                  for node in ast.walk(ast.parse(source)) if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+                  and node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES]
     return found
 
 
-def test_applications_take_no_private_names(tmp_path):
-    """No application module imports another module's private (``_name``) names (a shared piece is
-    given a public name where it lives); the check finds one in a fake module that does."""
-    assert [v for app in APPLICATIONS for v in private_imports(PACKAGE.parent, app)] == []
+def test_no_module_over_600_lines_and_no_function_over_80(tmp_path):
+    assert oversized(PACKAGE.parent, "fourfold") == []
     (tmp_path / "fake").mkdir()
     (tmp_path / "fake" / "__init__.py").write_text("")
-    (tmp_path / "fake" / "app.py").write_text("from fourfold.stages import digest, _x\nfrom .other import _y\n")
-    assert private_imports(tmp_path, "fake") == ["fake/app.py:1: _x", "fake/app.py:2: _y"]
+    body = "".join(f"    x{i} = {i}\n" for i in range(80))
+    (tmp_path / "fake" / "big.py").write_text("def long():\n" + body + "\n" * 600)
+    assert oversized(tmp_path, "fake") == ["fake/big.py: 681 lines", "fake/big.py:1: long 81 lines"]

@@ -269,23 +269,33 @@ class PPOAlgoConfig:
 
 
 @dataclasses.dataclass
-class PPOConfig:
-    """`fourfold ppo`: the four-model PPO stage."""
+class RolloutStageConfig:
+    """What the language-model RL stages (PPO, REINFORCE) share: the models, the prompts and the
+    generation; each stage adds its algorithm section, then ``run`` and ``dist``."""
 
     model: LMModelConfig = dataclasses.field(default_factory=LMModelConfig)
     data: PromptDataConfig = dataclasses.field(default_factory=PromptDataConfig)
     generation: GenerationConfig = dataclasses.field(default_factory=GenerationConfig)
+
+    def validate(self, prefix: str = "") -> None:
+        check_dist(self.dist, self.run)
+        require_one_reward(self.model)
+        require_rollout_fits(self.model, self.data, self.generation)
+
+
+@dataclasses.dataclass
+class PPOConfig(RolloutStageConfig):
+    """`fourfold ppo`: the four-model PPO stage."""
+
     ppo: PPOAlgoConfig = dataclasses.field(default_factory=PPOAlgoConfig)
     run: RunConfig = dataclasses.field(default_factory=lambda: RunConfig(output_dir="runs/ppo"))
     dist: LMDistConfig = dataclasses.field(default_factory=LMDistConfig)
 
     def validate(self, prefix: str = "") -> None:
-        check_dist(self.dist, self.run)
-        require_one_reward(self.model)
+        super().validate(prefix)
         if self.model.reward is None and self.ppo.loads_critic and self.model.critic is None:
             require(self.model.critic_init == "policy", "model.critic_init",
                     "'reward' needs model.reward; use critic_init=policy with a reward_fn")
-        require_rollout_fits(self.model, self.data, self.generation)
 
 
 def require_one_reward(model, prefix: str = "model") -> None:

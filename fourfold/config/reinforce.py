@@ -5,9 +5,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Literal, Optional
 
-from fourfold.config.dist import LMDistConfig, check_dist
+from fourfold.config.dist import LMDistConfig
 from fourfold.config.loader import require
-from fourfold.config.ppo import GenerationConfig, LMModelConfig, PromptDataConfig, require_one_reward, require_rollout_fits
+from fourfold.config.ppo import RolloutStageConfig
 from fourfold.config.run import RunConfig
 
 
@@ -41,17 +41,9 @@ class ReinforceAlgoConfig:
 
 
 @dataclasses.dataclass
-class ReinforceConfig:
+class ReinforceConfig(RolloutStageConfig):
     """`fourfold reinforce`: the naive policy-gradient baseline on the same rollout."""
 
-    model: LMModelConfig = dataclasses.field(default_factory=LMModelConfig)
-    data: PromptDataConfig = dataclasses.field(default_factory=PromptDataConfig)
-    generation: GenerationConfig = dataclasses.field(default_factory=GenerationConfig)
     reinforce: ReinforceAlgoConfig = dataclasses.field(default_factory=ReinforceAlgoConfig)
     run: RunConfig = dataclasses.field(default_factory=lambda: RunConfig(output_dir="runs/reinforce"))
     dist: LMDistConfig = dataclasses.field(default_factory=LMDistConfig)
-
-    def validate(self, prefix: str = "") -> None:
-        check_dist(self.dist, self.run)
-        require_one_reward(self.model)
-        require_rollout_fits(self.model, self.data, self.generation)

@@ -11,6 +11,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any, Mapping
 
+from fourfold.checkpoint import checkpoint_dirs
 from fourfold.config import (
     DPOAlgoConfig,
     DPOConfig,
@@ -131,8 +132,9 @@ def run_config(cfg: ExperimentsConfig, arm: Arm, seed: int, *, sft: Path, rm: Pa
     prompts, batch size and number of iterations: the same sample budget; dpo trains on the demo's
     pairs in ``sft``'s sibling ``data/``)."""
     d = cfg.demo
+    resume = bool(checkpoint_dirs(run_dir))  # a killed sweep continues its runs; a new one starts over
     run = RunConfig(output_dir=str(run_dir), seed=seed, device=cfg.run.device, threads=cfg.run.threads,
-                    save_every=cfg.run.save_every, keep_checkpoints=1, resume=True, progress=False,
+                    save_every=cfg.run.save_every, keep_checkpoints=1, resume=resume, overwrite=not resume, progress=False,
                     tensorboard=False, max_consecutive_skips=cfg.run.max_consecutive_skips,
                     concurrent_roles=cfg.run.concurrent_roles)
     if arm.stage == "dpo":

@@ -1,64 +1,18 @@
 """Memory of a PPO run per device, before anything is loaded (``fourfold estimate``).
 
 :func:`estimate_from_settings` takes an :class:`EstimateSettings` (the four roles' model sources,
-the mode, precision, batch shape and number of devices) and returns an :class:`Estimate`: per role
-the parameter counts and the bytes of weights, gradients and AdamW state, and per device the peak of
-the two phases of an iteration.
+the mode, precision, batch shape and number of devices; :meth:`EstimateSettings.from_plan` reads
+them off a role plan) and returns an :class:`Estimate`: per role the parameter counts and the bytes
+of weights, gradients and AdamW state, and per device the peak of the two phases of an iteration,
+generation (weights, AdamW state, the KV cache and sampling logits or the largest scoring pass) and
+training (weights, AdamW state, the gradients, activations and logits of the role that needs most).
 
-**Parameter counts** are exact (:mod:`fourfold.models.param_count`: the model built from its
-``config.json`` on the meta device, LoRA adapters as peft creates them). Policy and reference are
-``AutoModelForCausalLM``; reward model and critic ``AutoModelForSequenceClassification`` with one
-label (backbone + score head).
-
-**Bytes per parameter** (``precision``): ``fp32`` = fp32 everywhere; ``bf16-mixed`` = the trained
-weights, their gradients and AdamW moments in fp32, compute under bf16 autocast; ``bf16`` =
-weights, gradients and AdamW moments all in bf16 (torch's AdamW keeps its moments in the
-parameter's dtype). Frozen weights (reference, reward model, the LoRA base) use ``frozen_dtype``
-(default: fp32 for ``fp32``, bf16 otherwise). AdamW state = two moments per trained parameter plus
-fused AdamW's fp32 ``step`` scalar per trained tensor.
-
-**Shared base (LoRA)**: policy = base + adapter ``policy``; reference = the same base with adapters
-disabled; ``critic_mode='adapter'`` = a second adapter + value head on the base; ``reward_mode=
-'adapter'`` = a third (frozen) adapter + score head. The base's weights are counted once, in the
-policy's ``weights_bytes``; the roles that reuse it report 0 bytes for it, while their ``params``
-still report their own model's size (reference: the base; critic/reward: the base's backbone +
-head + their adapter). Each adapter has the policy adapter's size (same LoRA config on the same
-base, as peft's ``add_adapter`` builds it).
-
-**Devices** (``nproc`` N): batch sizes are global, split evenly across devices; FSDP shards what is
-trained (weights, gradients, AdamW state, divided by N) and, with ``shard_frozen``, the frozen
-weights too (else each device holds a replica). A sharded model all-gathers one decoder layer at a
-time: two layers (current + prefetched) and the embedding are counted as gather buffers, plus two
-layers of fp32 gradients for the reduce-scatter in training. Role bytes are per device.
-
-The two phases, per device (every model and the AdamW state stay resident throughout; gradients
-exist only during a role's optimizer step, they are freed with ``zero_grad(set_to_none=True)``):
-
-* **generate** = weights + AdamW state + the larger of
-  sampling = KV cache ``2 * layers * B * (P + T) * kv_heads * head_dim * c`` (+ one layer of it
-  while the cache grows) + the larger of the prompt's prefill forward and the sampling logits
-  ``B * V * (c + 16)`` (the float32 copy, log-softmax, probabilities and their product), and
-  scoring = one no-grad forward of the reference, reward model and critic over ``B x (P + T)``
-  (the reference's with its response logits ``B * (T + 1) * V * c`` and the float32 blocks of
-  :mod:`fourfold.core.logprobs`); under bf16-mixed also the bf16 copies of the trained fp32 weights
-  that autocast caches for the collection (B = rollout batch per device, P = max prompt length,
-  T = max new tokens, c = compute bytes).
-* **train** = weights + AdamW state + the training of the role that needs most (policy or critic;
-  both at once with ``concurrent_roles``): its gradients, the activations and logits of one
-  micro-batch, and under bf16-mixed the bf16 copies of its weights that the Linears save for
-  backward. See :func:`layer_activation_bytes_per_token` for the per-layer activation formula.
-  Logits: fourfold applies the LM head only at the ``T + 1`` positions that score the response
-  (``logits_to_keep``), so a micro-batch of b rows holds ``b * (T + 1) * V * c`` of logits (kept for
-  backward by :mod:`fourfold.core.logprobs`, which never makes a float32 copy of them: it works on
-  float32 blocks of at most 2^24 elements) and, in backward, two more tensors of that size (the
-  gradient of the response slice and of the whole logits; three with an entropy bonus).
-  (A peft ``PeftModel`` takes ``logits_to_keep`` only through ``**kwargs``, so
-  :func:`~fourfold.models.roles.response_logits`, which looks for it in the signature, computes
-  logits at every position of a PeftModel today; the estimate assumes response positions only.)
-  With ``logits_chunk`` the head runs on that many tokens at a time: see :func:`_logits_bytes`.
-
-Not counted: the allocator's caching and fragmentation, CUDA/cuBLAS workspaces, the tokenizer,
-the rollout buffers (a few ``[B, P + T]`` tensors), and a pad token added to the vocabulary at load.
+Parameter counts are exact (:mod:`fourfold.models.param_count`: each model built from its
+``config.json`` on the meta device, LoRA adapters as peft creates them); bytes follow the precision
+(``fp32``, ``bf16-mixed``, ``bf16``) and ``frozen_dtype``; a shared LoRA base is counted once; FSDP
+divides what it shards by the number of devices and adds its gather buffers. The model in full, term
+by term (with what it leaves out: the allocator's caching, CUDA workspaces, the tokenizer, the
+rollout buffers), is in docs/estimate.md.
 """
 
 from __future__ import annotations

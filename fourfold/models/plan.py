@@ -133,14 +133,19 @@ class RolePlan:
     """Every role of a stage, in load order, and what they share."""
 
     stage: str
-    roles: tuple
+    """The stage the plan is for (``sft``, ``reward``, ``dpo``, ``ppo``, ``reinforce``)."""
+    roles: tuple[RoleSpec, ...]
+    """The :class:`RoleSpec` of each role, in the order they are built."""
     tokenizer: str
     """The tokenizer's directory (``model.tokenizer``, else the first model's)."""
     tokenizer_key: str
+    """The config key that names it, for messages."""
     lora: Optional[LoraSettings] = None
+    """The adapters' settings (``model.lora``); None: full fine-tuning."""
     base_source: Optional[str] = None
     """The shared base's directory (LoRA): every ADAPTER and BASE role runs on one copy of it."""
     base_dtype: Optional[torch.dtype] = None
+    """The shared base's weights dtype (the frozen roles' for PPO and REINFORCE)."""
     scratch: Optional[dict] = None
     """From-scratch sizes (``hidden_size``, ``num_layers``, ``num_heads``, ``intermediate_size``,
     ``max_positions``) of a model built at random over the tokenizer's vocabulary."""

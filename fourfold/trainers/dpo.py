@@ -206,8 +206,7 @@ def train(cfg: DPOConfig, *, reference=None) -> dict:
     def held_out() -> dict:
         return evaluate(policy, eval_ex, ref_eval, algo, tc.batch_size, pad_id, device)
 
-    with run.loop(total=steps.total, desc="dpo", key_metrics=("dpo/loss", "dpo/eval_accuracy")) as logger:
-        run.warn_skipped(logger, skipped)
+    with steps.loop("dpo", ("dpo/loss", "dpo/eval_accuracy"), skipped) as logger:
         last = steps.run(logger, step=step, row=window_row, evaluate=held_out if eval_ex is not None else None,
                          check="dpo_loss", lr_key="train/lr")
         # the final model, loadable with plain transformers (sharded: gathered by every rank first;

@@ -1,6 +1,6 @@
 """An optimizer step that can never leave a NaN or Inf in the weights.
 
-The guarded step (:func:`fourfold.trainers.common.guarded_step`) already refuses a non-finite loss
+The guarded step (:func:`fourfold.trainers.optim.guarded_step`) already refuses a non-finite loss
 or gradient norm. What is left is the step itself overflowing: a huge learning rate (``lr=1e39``
 in float32, ``lr=1e5`` in float16) turns finite gradients into infinite weights. :func:`finite_step`
 checks the parameters after the step and, when one is not finite, puts the pre-step parameters and

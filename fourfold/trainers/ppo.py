@@ -64,7 +64,7 @@ from fourfold.rollout.noise import RowNoise
 from fourfold.trainers.export import save_trained
 from fourfold.trainers.optim import NonFiniteGuard, guarded_step, make_optimizer, make_schedule
 from fourfold.trainers.parallel import check_world, loss_scale, place_roles, sum_over_ranks
-from fourfold.trainers.rollouts import Probe, PromptStream, collect, repeat_prompts, sample_rows
+from fourfold.trainers.rollouts import KEY_METRICS, Probe, PromptStream, collect, repeat_prompts, sample_rows
 from fourfold.trainers.scaffold import RunScaffold
 
 
@@ -376,8 +376,7 @@ def train(cfg: PPOConfig, *, prompts: Optional[Sequence[str]] = None, probe: Opt
     opt, stream, kl_ctl, start = _set_up(cfg, run, roles, prompts)
     guard = run.guard
     last: dict = {}
-    with run.loop(total=algo.iterations, desc="ppo",
-                  key_metrics=("reward/score_mean", "reward/gold_mean", "kl/k1")) as logger:
+    with run.loop(total=algo.iterations, desc="ppo", key_metrics=KEY_METRICS) as logger:
         run.warn_skipped(logger, stream.skipped)
         for it in range(start + 1, algo.iterations + 1):
             t_iter = time.perf_counter()

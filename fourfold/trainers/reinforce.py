@@ -29,7 +29,7 @@ from fourfold.rollout.noise import RowNoise
 from fourfold.trainers.export import save_trained
 from fourfold.trainers.optim import guarded_step, make_optimizer, make_schedule
 from fourfold.trainers.parallel import check_world, loss_scale, place_roles
-from fourfold.trainers.rollouts import Probe, PromptStream, collect, sample_rows
+from fourfold.trainers.rollouts import KEY_METRICS, Probe, PromptStream, collect, sample_rows
 from fourfold.trainers.scaffold import RunScaffold
 
 
@@ -72,20 +72,16 @@ def train(cfg: ReinforceConfig, *, prompts: Optional[Sequence[str]] = None, prob
     """Run REINFORCE; returns a summary dict (final metrics, output paths). ``prompts``, ``probe``
     and ``roles`` as for :func:`fourfold.trainers.ppo.train`."""
     algo, gen = cfg.reinforce, cfg.generation
-    # 0. set-up
+    # 0. set-up: seed, run directory, roles (placed on the ranks), optimiser, prompt stream, resume
     run = RunScaffold(cfg)
-    device = run.hf_device()
-    world = run.world
+    device, world, guard = run.hf_device(), run.world, run.guard
     check_world(world, False, {"reinforce.rollout_batch_size": algo.rollout_batch_size})
     plan = plan_roles("reinforce", cfg)
     roles = apply_levers(roles, plan, device) if roles is not None else build_roles(plan, device)
     place_roles(roles, plan, device)  # torchrun: FSDP2 (before the optimizer sees the parameters)
     optimizer, schedule, stream, start = _set_up(cfg, run, roles, prompts)
-    kl_ctl = FixedKLController(algo.kl_coef)
-    guard = run.guard
-    last: dict = {}
-    with run.loop(total=algo.iterations, desc="reinforce",
-                  key_metrics=("reward/score_mean", "reward/gold_mean", "kl/k1")) as logger:
+    kl_ctl, last = FixedKLController(algo.kl_coef), {}
+    with run.loop(total=algo.iterations, desc="reinforce", key_metrics=KEY_METRICS) as logger:
         run.warn_skipped(logger, stream.skipped)
         for it in range(start + 1, algo.iterations + 1):
             t_iter = time.perf_counter()

@@ -176,8 +176,7 @@ def train(cfg: RewardConfig) -> dict:
         return evaluate(rm, eval_ex, tc.batch_size, pad_id, device, margin)
 
     stats_norm = None
-    with run.loop(total=steps.total, desc="reward", key_metrics=("rm/loss", "rm/eval_accuracy")) as logger:
-        run.warn_skipped(logger, skipped)
+    with steps.loop("reward", ("rm/loss", "rm/eval_accuracy"), skipped) as logger:
         last = steps.run(logger, step=step, row=window_row, evaluate=held_out if eval_ex is not None else None,
                          check="rm_loss", lr_key="rm/lr")
         # normalise on the training responses (after the last checkpoint: a resume never sees it)

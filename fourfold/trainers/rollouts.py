@@ -32,6 +32,9 @@ under the names it returns; it never affects training. A probe may also carry
 ``probe.per_response(prompts, responses) -> {name: [one value per response]}`` (e.g. ``gold``):
 the sample completions (``samples.jsonl``) then show those values next to each response."""
 
+KEY_METRICS = ("reward/score_mean", "reward/gold_mean", "kl/k1")
+"""The metrics the progress line of a language-model RL run shows."""
+
 SAMPLE_ROWS = 4
 """How many completions of a batch (its first rows) a samples log shows."""
 

@@ -7,6 +7,8 @@
   unless ``run.resume`` (continue it) or ``run.overwrite`` (remove its metrics, events, TensorBoard
   files and checkpoints first): two runs never mix their metrics, and a later ``--resume`` never
   continues an older run's checkpoints;
+* ``run.resume`` in a directory without a checkpoint is refused before anything is created there
+  (a mistyped ``--output-dir`` never restarts a long run from step 0);
 * resuming with another model or batch size than the checkpoints were written with is refused,
   naming the key (compared with the ``config.yaml`` the run wrote, before it is rewritten).
 """
@@ -44,6 +46,10 @@ def prepare_run_dir(cfg) -> Path:
         raise ConfigError("run.overwrite: cannot be combined with run.resume (resume continues the run, "
                           "overwrite replaces it)")
     out = Path(run.output_dir)
+    if run.resume and not _checkpoint_dirs(out):  # before anything is created: a mistyped directory stays absent
+        held = " (it holds a run without one: --overwrite replaces it)" if out.is_dir() and holds_a_run(out) else ""
+        raise ConfigError(f"run.resume: {out} holds no checkpoint to resume from{held}; check the output directory, "
+                          "or start the run there without --resume")
     _create_writable(out)
     if not run.resume and holds_a_run(out):
         if not run.overwrite:

@@ -147,13 +147,10 @@ def train(cfg: SFTConfig) -> dict:
     def step(rows: list) -> tuple[torch.Tensor, Figures]:
         return step_loss(model, to_device(collate_sft([train_ex[i] for i in rows], pad_id), device))
 
-    def held_out() -> dict:
-        return {"sft/eval_loss": evaluate(model, eval_ex, tc.batch_size, pad_id, device)}
-
-    with run.loop(total=steps.total, desc="sft", key_metrics=("sft/loss", "sft/eval_loss")) as logger:
-        run.warn_skipped(logger, skipped)
-        last = steps.run(logger, step=step, row=window_row, evaluate=held_out if eval_ex is not None else None,
-                         check="sft_loss", lr_key="sft/lr")
+    held_out = None if eval_ex is None else (
+        lambda: {"sft/eval_loss": evaluate(model, eval_ex, tc.batch_size, pad_id, device)})
+    with steps.loop("sft", ("sft/loss", "sft/eval_loss"), skipped) as logger:
+        last = steps.run(logger, step=step, row=window_row, evaluate=held_out, check="sft_loss", lr_key="sft/lr")
         # the final model, loadable with plain transformers (LoRA: merged, and the adapter beside)
         written = save_trained(run, model, tok, run.out / "model")
     return run.finish({"output_dir": str(run.out), **written, "final": last}, model=run.out / "model")

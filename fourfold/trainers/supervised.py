@@ -1,10 +1,10 @@
 """The one loop of the supervised stages (SFT, reward model, DPO): each stage keeps its data set-up,
 its loss and its metrics; the steps around them are written here once.
 
-    steps = SupervisedSteps(run, model, cfg.train, n_examples, checkpoint_name)  # 0. optimizer, schedule, resume
-    with run.loop(total=steps.total, desc=..., key_metrics=...) as logger:
+    steps = SupervisedSteps(run, model, cfg.train, n_examples, checkpoint_name, figures)  # 0. optimizer, resume
+    with steps.loop("sft", key_metrics, skipped) as logger:  # the scaffold's loop context
         last = steps.run(logger, step=..., row=..., evaluate=..., check=..., lr_key=...)
-        ...                                                                     # the stage's export
+        ...                                                  # the stage's export
 
 Each step, as numbered in :meth:`SupervisedSteps.run`:
 
@@ -25,7 +25,8 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Callable, Optional
+from contextlib import contextmanager
+from typing import Callable, Iterator, Optional
 
 import torch
 
@@ -109,6 +110,14 @@ class SupervisedSteps:
             self.start = state["step"]
             run.require_not_past(self.start, self.total, "train.max_steps", "step")
         model.train()
+
+    @contextmanager
+    def loop(self, desc: str, key_metrics: tuple, skipped: list) -> Iterator:
+        """The run's loop context (:meth:`RunScaffold.loop`: the metrics logger, the stop signal),
+        after saying how many bad data rows were skipped."""
+        with self.run_ctx.loop(total=self.total, desc=desc, key_metrics=key_metrics) as logger:
+            self.run_ctx.warn_skipped(logger, skipped)
+            yield logger
 
     def run(self, logger, *, step: StepFn, row: Callable[[Window], dict], evaluate: Optional[Callable[[], dict]],
             check: str, lr_key: str) -> dict:

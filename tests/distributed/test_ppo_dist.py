@@ -51,6 +51,7 @@ def ppo_runs(tiny_lm, tmp_path_factory):
     assert main(["ppo", *_overrides(tiny_lm, "ppo", root / "p1")]) == 0
     proc = torchrun("ppo", _overrides(tiny_lm, "ppo", root / "p2"))
     assert proc.stdout.count("fourfold ppo: done") == 1  # rank 0's summary line alone
+    assert proc.stderr.count("fourfold ppo: memory estimate") == 1  # and its estimate line alone
     return root, proc.wall_s
 
 

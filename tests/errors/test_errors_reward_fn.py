@@ -57,6 +57,22 @@ def test_an_exception_inside_the_users_function_keeps_its_traceback(zoo, tmp_pat
     assert "fourfold/" not in rest  # the user's frames only
 
 
+@pytest.mark.parametrize("stage", ["reinforce", "ppo"])
+def test_a_run_where_no_update_goes_through_exits_with_one_line(zoo, tmp_path, capsys, stage):
+    """A reward function that returns only NaN, in a run shorter than run.max_consecutive_skips:
+    every iteration is skipped, and the run ends non-zero saying so, exporting no policy."""
+    path = _reward_file(tmp_path, "def score(prompts, responses):\n    return [float('nan')] * len(responses)\n")
+    out = tmp_path / "run"
+    argv = reinforce_args(zoo, out, f"model.reward_fn={path}:score", "reinforce.iterations=2")
+    if stage == "ppo":
+        argv = ["ppo", *[a for a in argv[1:] if not a.startswith("reinforce.")], "ppo.iterations=2",
+                "ppo.rollout_batch_size=2", "ppo.minibatch_size=2", "model.critic_init=policy"]
+    one_line_error(capsys, argv, "no update went through in 2 step(s)", "reward_score", "nothing was exported")
+    assert not (out / "policy").exists()
+    events = (out / "events.jsonl").read_text()
+    assert events.count("nonfinite_skip") == 2
+
+
 def test_an_exception_while_importing_the_users_file(tmp_path):
     path = _reward_file(tmp_path, "raise RuntimeError('no config')\n")
     with pytest.raises(UserCodeError, match="importing .*my_reward.py raised RuntimeError: no config") as info:

@@ -94,6 +94,35 @@ def test_a_read_only_output_dir(zoo, tmp_path, capsys):
 # ---- resume --------------------------------------------------------------------------------------
 
 
+def test_resume_where_there_is_no_checkpoint_is_an_error_and_creates_nothing(zoo, tmp_path, capsys):
+    """A mistyped --output-dir with --resume never starts a long run over from step 0."""
+    typo = tmp_path / "rnu"
+    one_line_error(capsys, _flag(sft_args(zoo, typo), "--resume"), "run.resume", str(typo), "holds no checkpoint")
+    assert not typo.exists()
+    out = tmp_path / "run"  # a run killed before its first checkpoint: --overwrite starts it over
+    _trained(capsys, zoo, out, "train.max_steps=2", "run.save_every=0")
+    for ckpt in checkpoint_dirs(out):
+        for f in sorted(ckpt.rglob("*"), reverse=True):
+            f.rmdir() if f.is_dir() else f.unlink()
+        ckpt.rmdir()
+    before = (out / "metrics.jsonl").read_bytes()
+    one_line_error(capsys, _flag(sft_args(zoo, out), "--resume"), "holds no checkpoint", "--overwrite")
+    assert (out / "metrics.jsonl").read_bytes() == before
+
+
+def test_resume_past_the_end_of_a_shorter_run_is_refused(zoo, tmp_path, capsys):
+    """A checkpoint at step 3 resumed with train.max_steps=2: refused, naming the key and the step,
+    before anything is exported (the model/ of the longer run stays as it was)."""
+    out = tmp_path / "run"
+    _trained(capsys, zoo, out, "train.max_steps=3")
+    model = (out / "model" / "model.safetensors").read_bytes()
+    one_line_error(capsys, _flag(sft_args(zoo, out, "train.max_steps=2"), "--resume"), "train.max_steps: 2",
+                   "step 3", "past the end")
+    assert (out / "model" / "model.safetensors").read_bytes() == model and _steps(out) == [1, 2, 3]
+    code, err = cli(capsys, _flag(sft_args(zoo, out, "train.max_steps=3"), "--resume"))  # the same end: done
+    assert code == 0 and _steps(out) == [1, 2, 3], err
+
+
 def test_resume_passes_over_a_corrupt_newest_checkpoint_and_says_so(zoo, tmp_path, capsys):
     out = tmp_path / "run"
     _trained(capsys, zoo, out, "train.max_steps=2")
