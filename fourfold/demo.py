@@ -62,7 +62,7 @@ from fourfold.config import (
     config_to_dict,
     save_config,
 )
-from fourfold.evaluation import evaluate_policy, pair_accuracy, sample_texts
+from fourfold.evaluation import evaluate_policy, load_eval_roles, pair_accuracy, sample_texts
 from fourfold.seeds import stream_seed
 from fourfold.stages import Stages, publish, stage_key
 
@@ -336,14 +336,11 @@ def stage_ppo(demo: DemoRun, d: Path) -> dict:
 
 def stage_eval(demo: DemoRun, d: Path) -> dict:
     """5. before/after evaluation on held-out prompts -> ``eval.json``."""
-    from fourfold.models.loading import load_causal_lm, load_sequence_scorer, load_tokenizer
-    from fourfold.models.roles import FrozenReference, ScalarModel
+    from fourfold.models.loading import load_causal_lm
 
     out, gen = demo.out, demo.cfg.generation
     torch.manual_seed(stream_seed(demo.seed, "eval_sampling"))
-    tok = load_tokenizer(str(out / "sft"))
-    ref = FrozenReference(load_causal_lm(str(out / "sft")))
-    rm = ScalarModel(load_sequence_scorer(str(out / "reward"))).eval()
+    tok, ref, rm = load_eval_roles(str(out / "sft"), str(out / "reward"))
     prompts = demo.task.sample_prompts(demo.cfg.eval.prompts, random.Random(stream_seed(demo.seed, "eval_prompts")))
     before, rows_b = evaluate_policy(ref.model, ref, rm, tok, demo.task, prompts, gen)
     after, rows_a = evaluate_policy(load_causal_lm(str(out / "policy")), ref, rm, tok, demo.task, prompts, gen)

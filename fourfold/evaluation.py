@@ -14,6 +14,17 @@ from fourfold.config import GenerationConfig
 
 
 @torch.no_grad()
+def load_eval_roles(reference: str, reward: str) -> tuple:
+    """(tokenizer, the frozen reference, the reward model in eval mode) of an evaluation, from the
+    SFT model's directory (its tokenizer too) and the reward model's: what the demo's evaluation
+    stage and the experiments' final evaluation both load."""
+    from fourfold.models.loading import load_causal_lm, load_sequence_scorer, load_tokenizer
+    from fourfold.models.roles import FrozenReference, ScalarModel
+
+    tok = load_tokenizer(reference)
+    return tok, FrozenReference(load_causal_lm(reference)), ScalarModel(load_sequence_scorer(reward)).eval()
+
+
 def sample_texts(model, tokenizer, prompts: list[str], *, max_new_tokens: int, temperature: float,
                  max_prompt_len: int = 16, batch_size: int = 128):
     """Responses (text) and the Samples of each batch for a list of prompts."""

@@ -254,7 +254,11 @@ def test_critic_free_and_dpo_arms_configs(tmp_path):
     assert (dpo.data.train, dpo.data.eval) == (str(data / "preferences.jsonl"), str(data / "preferences_eval.jsonl"))
     assert (dpo.train.max_steps, dpo.train.batch_size) == (cfg.demo.reward.steps, cfg.demo.reward.batch_size)
     assert (dpo.train.lr, dpo.dpo.beta, dpo.train.max_len) == (cfg.dpo_lr, cfg.dpo_beta, cfg.demo.model.max_positions)
-    assert dpo.run.seed == 1 and dpo.run.resume and dpo.run.save_every == 100  # 6 checkpoints, as ppo's 60 / 10
+    assert dpo.run.seed == 1 and dpo.run.save_every == 100  # 6 checkpoints, as ppo's 60 / 10
+    assert (dpo.run.resume, dpo.run.overwrite) == (False, True)  # nothing to resume: start over there
+    (tmp_path / "dpo" / "checkpoints" / "step-00000001").mkdir(parents=True)  # a killed sweep's run
+    again = run_config(cfg, arms["dpo"], 1, sft=sft, rm=rm, run_dir=tmp_path / "dpo")
+    assert (again.run.resume, again.run.overwrite) == (True, False)
     assert (arms["dpo"].model_dir, arms["grpo"].model_dir) == ("model", "policy")
     assert models_in_memory(cfg, arms["dpo"]) == (1, 1)
     save_config(dpo, tmp_path / "dpo.yaml")
@@ -474,7 +478,7 @@ def test_quick_end_to_end(tmp_path):
     assert (demo_dir / "reward" / "config.json").is_file()  # the quick demo's stages, in their own directory
     assert not (demo_dir / "policy").exists()  # the experiments stop the demo after the reward model
     cfg = (out / "configs" / "ppo-beta0-seed0.yaml").read_text()
-    assert "kl_coef: 0.0" in cfg and "resume: true" in cfg
+    assert "kl_coef: 0.0" in cfg and "resume: false" in cfg and "overwrite: true" in cfg  # started afresh
 
     # a rerun skips every finished run and evaluation
     t0 = time.perf_counter()

@@ -40,18 +40,15 @@ def evaluate_spec(spec: Mapping[str, Any]) -> dict:
     """
     import torch
 
-    from fourfold.evaluation import evaluate_policy
-    from fourfold.models.loading import load_causal_lm, load_sequence_scorer, load_tokenizer
-    from fourfold.models.roles import FrozenReference, ScalarModel
+    from fourfold.evaluation import evaluate_policy, load_eval_roles
+    from fourfold.models.loading import load_causal_lm
     from fourfold.tasks import get_task
     from fourfold.trainers.common import quiet_transformers
 
     quiet_transformers()
     torch.set_num_threads(int(spec.get("threads") or 1))
     task = get_task("review", **spec["task_options"])
-    tok = load_tokenizer(spec["reference"])
-    ref = FrozenReference(load_causal_lm(spec["reference"]))
-    rm = ScalarModel(load_sequence_scorer(spec["reward"])).eval()
+    tok, ref, rm = load_eval_roles(spec["reference"], spec["reward"])
     policy = ref.model if spec["policy"] == spec["reference"] else load_causal_lm(spec["policy"])
     gen = GenerationConfig(max_new_tokens=spec["max_new_tokens"], temperature=spec["temperature"])
     prompts = list(spec["prompts"])
