@@ -136,6 +136,30 @@ def test_named_settings_from_the_issue(capsys, no_training, stage, override, key
     _one_line_error(capsys, [stage, *REQUIRED[stage], override], key)
 
 
+def test_output_dir_is_taken_as_typed(monkeypatch, tmp_path):
+    """--output-dir is a path, never read as YAML: " #2" is no comment, trailing spaces stay."""
+    import fourfold.cli as cli
+
+    seen, real = {}, cli._resolve
+    monkeypatch.setattr(cli, "_resolve", lambda spec: (lambda cfg, **kw: seen.setdefault("cfg", cfg))
+                        if spec == STAGES["sft"].run else real(spec))
+    for out in (str(tmp_path / "runs" / "x #2"), "runs/y: z ", "null", "[a, b]"):
+        seen.clear()
+        assert main(["sft", *REQUIRED["sft"], "--output-dir", out]) == 0
+        assert seen["cfg"].run.output_dir == out
+
+
+@pytest.mark.parametrize("override,quoted", [
+    ("data.train=t.jsonl #2", "data.train='t.jsonl #2'"),
+    ("run.output_dir=runs/x #2", "run.output_dir='runs/x #2'"),
+    ("data.train=t.jsonl ", "data.train='t.jsonl '"),
+])
+def test_an_override_yaml_would_cut_is_a_one_line_error(capsys, no_training, override, quoted):
+    key = override.split("=")[0]
+    _one_line_error(capsys, ["sft", *REQUIRED["sft"], override], f"override {override!r}", f"YAML reads {key} as",
+                    f"quote it: {quoted}")
+
+
 # ---- YAML files -------------------------------------------------------------------------------
 
 
