@@ -35,6 +35,10 @@ Choices, documented once:
 dataset once and collate per batch. ``tokenize_*`` do both for a list of records. The ``encode_*``
 functions take ``on_error="skip"``: bad rows are then left out and their one-line messages appended
 to ``skipped`` (by default the ``.skipped`` of the ``LoadResult`` passed as records).
+
+* **No tokens**: a prompt, completion or response with text in it that the tokenizer reads as no
+  tokens at all (a tokenizer that does not fit the data, e.g. tokenizer files that load as another
+  class) is a bad row naming file and line, like any other.
 """
 
 from __future__ import annotations
@@ -164,7 +168,8 @@ def encode_prompts(
 
     Messages name ``source:line`` (from the record, else from ``source`` and ``lines``, else the
     1-based position). Too long: DataError, or with ``truncate=True`` the leftmost tokens are
-    dropped (BOS kept). A prompt with no tokens at all is an error.
+    dropped (BOS kept). A prompt with no tokens at all (or text the tokenizer reads as none) is an
+    error.
     """
     if max_prompt_len < 1:
         raise ValueError(f"max_prompt_len must be >= 1, got {max_prompt_len}")

@@ -4,7 +4,8 @@
 * :func:`row_location` names a record ``file:line`` in messages.
 * :func:`special_id` / :func:`require_special_id`: a tokenizer's BOS, EOS or pad id.
 * :func:`encode_texts` tokenises texts without added special tokens, a typed special-token
-  string kept as text; :func:`with_bos` puts BOS first.
+  string kept as text (a text with something in it that the tokenizer reads as no tokens at all
+  is a problem); :func:`with_bos` puts BOS first.
 * :func:`start_rows` and :func:`tokenized_rows`: the start and the per-row loop of an ``encode_*``
   of prompt + reply records (``max_len`` checked, the prompt and each reply field tokenised, BOS
   first, rows the tokenizer failed on handed to the sink).
@@ -72,22 +73,34 @@ def require_special_id(tokenizer: Any, name: str, why: str) -> int:
     return value
 
 
+def _no_tokens(text: str, ids: list[int] | str, what: str) -> list[int] | str:
+    """``ids``, or a problem when the text has something in it but the tokenizer read no token at
+    all (a tokenizer that does not fit the text: e.g. a model directory whose tokenizer files load
+    as another tokenizer class)."""
+    if isinstance(ids, str) or ids or not text.strip():
+        return ids
+    return (f"the {what} encodes to no tokens: the tokenizer reads nothing in its {len(text.strip())} characters "
+            "(is it the model's own tokenizer?)")
+
+
 def encode_texts(tokenizer: Any, texts: Sequence[str], wheres: Sequence[str], what: str) -> list[list[int] | str]:
     """Ids per text without added special tokens, a typed special-token string kept as text
-    (:func:`fourfold.data.literal.as_text`); a problem string where the tokenizer itself failed."""
+    (:func:`fourfold.data.literal.as_text`); a problem string where the tokenizer itself failed, or
+    where a text that is not blank encodes to no tokens."""
     if not texts:
         return []
     special, unk = special_ids(tokenizer)
     try:
         out = tokenizer(list(texts), add_special_tokens=False)["input_ids"]
-        return [as_text(tokenizer, t, list(map(int, ids)), special, unk, what) for t, ids in zip(texts, out)]
+        return [_no_tokens(t, as_text(tokenizer, t, list(map(int, ids)), special, unk, what), what)
+                for t, ids in zip(texts, out)]
     except Exception:  # find the text it choked on, and say which line that was
         pass
     result: list[list[int] | str] = []
     for text, _where in zip(texts, wheres):
         try:
             ids = list(map(int, tokenizer(text, add_special_tokens=False)["input_ids"]))
-            result.append(as_text(tokenizer, text, ids, special, unk, what))
+            result.append(_no_tokens(text, as_text(tokenizer, text, ids, special, unk, what), what))
         except Exception as e:
             result.append(f"tokenizer failed on the {what}: {type(e).__name__}: {one_line(e, 120)}")
     return result
@@ -118,7 +131,8 @@ def tokenized_rows(
     """``(index, record, where, prompt_ids, reply_ids)`` per record, in order: the record's
     ``prompt`` tokenised, BOS first, and one id list per ``(attribute, what)`` of ``replies``
     (each field tokenised as one batch, the prompts first; ``what`` names it in messages). A
-    record the tokenizer failed on goes to ``sink`` (the first failed field's message) instead."""
+    record the tokenizer failed on (or read a field of as no tokens) goes to ``sink`` (the first
+    failed field's message) instead."""
     wheres = [row_location(r, i) for i, r in enumerate(records)]
     columns = [encode_texts(tokenizer, [r.prompt for r in records], wheres, "prompt")]
     columns += [encode_texts(tokenizer, [getattr(r, attr) for r in records], wheres, what) for attr, what in replies]

@@ -40,9 +40,10 @@ class PromptStream:
     """Prompts tokenised once, served in shuffled batches; resumable through ``state_dict()``.
 
     The prompts are ``prompts`` when given (a list of strings, used as they are), else the rows of
-    the ``data.prompts`` file; with ``data.on_error: skip`` its bad rows (unreadable, or longer than
-    ``data.max_prompt_len``) are left out and their messages kept in ``skipped`` (file order).
-    Fewer prompts than one batch is a ConfigError naming ``batch_key``, the batch size's key."""
+    the ``data.prompts`` file; with ``data.on_error: skip`` its bad rows (unreadable, longer than
+    ``data.max_prompt_len``, or text the tokenizer reads as no tokens) are left out and their
+    messages kept in ``skipped`` (file order). Fewer prompts than one batch is a ConfigError naming
+    ``batch_key``, the batch size's key."""
 
     def __init__(self, data: PromptDataConfig, tokenizer, batch_size: int, seed: int,
                  prompts: Optional[Sequence[str]] = None, batch_key: str = "rollout_batch_size"):
