@@ -282,6 +282,19 @@ def test_bad_data_rows_name_file_and_line(capsys, tmp_path, word_tok, stage, row
     assert path in line or "train.batch_size" in line
 
 
+def test_data_mostly_unknown_to_the_tokenizer_runs_with_one_warning(capsys, caplog, tmp_path, word_tok):
+    """Legal input: most tokens UNK (the tokenizer does not know this text) trains, with one
+    warning line on the terminal and in events.jsonl."""
+    argv, path = _supervised("sft", word_tok, tmp_path, [{"prompt": "x1 x2 w1", "completion": "x3"}] * 2)
+    assert main(argv) == 0
+    shown = capsys.readouterr().err + caplog.text
+    line = (f"{path}: 6 of the 8 tokens of the first 2 rows are the tokenizer's unknown token '<unk>': it does not "
+            "know most of this text (is it the model's own tokenizer?)")
+    assert "Traceback" not in shown and line in shown, shown
+    events = [json.loads(x) for x in (tmp_path / "run" / "events.jsonl").read_text().splitlines()]
+    assert [e["message"] for e in events if e["kind"] == "warning"] == [line]
+
+
 def _rl(stage, tiny_lm, tmp_path, prompts, *extra):
     tmp_path.mkdir(parents=True, exist_ok=True)
     path = tmp_path / "prompts.jsonl"

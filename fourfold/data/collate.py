@@ -39,6 +39,8 @@ to ``skipped`` (by default the ``.skipped`` of the ``LoadResult`` passed as reco
 * **No tokens**: a prompt, completion or response with text in it that the tokenizer reads as no
   tokens at all (a tokenizer that does not fit the data, e.g. tokenizer files that load as another
   class) is a bad row naming file and line, like any other.
+* **Unknown tokens**: when more than half of the tokens of the first rows are the tokenizer's UNK,
+  one warning line goes to ``notes`` (by default the LoadResult's ``.notes``): the caller shows it.
 """
 
 from __future__ import annotations
@@ -51,12 +53,14 @@ import torch
 
 from fourfold.data.encoding import (
     RowSink,
+    data_source,
     encode_texts,
     require_special_id,
     row_location,
     special_id,
     start_rows,
     tokenized_rows,
+    unknown_token_note,
     with_bos,
 )
 from fourfold.data.formats import PreferenceRecord, PromptRecord, SFTRecord
@@ -163,17 +167,18 @@ def encode_prompts(
     add_bos: bool = True,
     on_error: str = "raise",
     skipped: list[str] | None = None,
+    notes: list[str] | None = None,
 ) -> list[PromptExample]:
     """Tokenise prompts (strings or :class:`PromptRecord`), checking ``max_prompt_len``.
 
     Messages name ``source:line`` (from the record, else from ``source`` and ``lines``, else the
     1-based position). Too long: DataError, or with ``truncate=True`` the leftmost tokens are
     dropped (BOS kept). A prompt with no tokens at all (or text the tokenizer reads as none) is an
-    error.
+    error; most tokens UNK, a note.
     """
     if max_prompt_len < 1:
         raise ValueError(f"max_prompt_len must be >= 1, got {max_prompt_len}")
-    sink = RowSink(on_error, skipped, prompts)
+    sink = RowSink(on_error, skipped, prompts, notes=notes)
     bos = special_id(tokenizer, "bos_token_id") if add_bos else None
     texts = [p.prompt if isinstance(p, PromptRecord) else p for p in prompts]
     line_of = [
@@ -181,8 +186,10 @@ def encode_prompts(
         for i, p in enumerate(prompts)
     ]
     wheres = [row_location(p, i, source, line_of[i]) for i, p in enumerate(prompts)]
+    encoded = encode_texts(tokenizer, texts, wheres, "prompt")
+    sink.note(unknown_token_note(tokenizer, [encoded], data_source(prompts, source)))
     out = []
-    for i, ids in enumerate(encode_texts(tokenizer, texts, wheres, "prompt")):
+    for i, ids in enumerate(encoded):
         if isinstance(ids, str):
             sink.bad(wheres[i], ids)
             continue
@@ -249,9 +256,11 @@ def encode_sft(
     max_prompt_len: int | None = None,
     on_error: str = "raise",
     skipped: list[str] | None = None,
+    notes: list[str] | None = None,
 ) -> list[SFTExample]:
     """Tokenise SFT records: prompt ids (BOS first) + completion ids (+ EOS), at most ``max_len``."""
-    sink, bos = start_rows(records, tokenizer, max_len, add_bos=add_bos, on_error=on_error, skipped=skipped)
+    sink, bos = start_rows(records, tokenizer, max_len, add_bos=add_bos, on_error=on_error, skipped=skipped,
+                           notes=notes)
     eos_id = require_special_id(tokenizer, "eos_token_id", "eos=True appends it to completions") if eos else None
     out = []
     for i, rec, where, p, (c,) in tokenized_rows(records, tokenizer, sink, bos, [("completion", "completion")]):
@@ -309,11 +318,13 @@ def encode_preferences(
     max_prompt_len: int | None = None,
     on_error: str = "raise",
     skipped: list[str] | None = None,
+    notes: list[str] | None = None,
 ) -> list[PreferenceExample]:
     """Tokenise preference pairs: prompt ids + chosen/rejected ids (+ EOS), each at most ``max_len``.
     A pair whose two sequences come out as the same ids (after truncation, or because the
     tokenizer maps both to the same tokens) is a problem: it carries no preference."""
-    sink, bos = start_rows(records, tokenizer, max_len, add_bos=add_bos, on_error=on_error, skipped=skipped)
+    sink, bos = start_rows(records, tokenizer, max_len, add_bos=add_bos, on_error=on_error, skipped=skipped,
+                           notes=notes)
     eos_id = require_special_id(tokenizer, "eos_token_id", "eos=True appends it to responses") if eos else None
     tail = [eos_id] if eos_id is not None else []
     replies = [("chosen", "chosen response"), ("rejected", "rejected response")]

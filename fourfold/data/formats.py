@@ -161,6 +161,8 @@ class LoadResult(Generic[R]):
     """One-line message per skipped row (always empty under ``on_error="raise"``)."""
     source: str
     """The file name as given."""
+    notes: list[str] = dataclasses.field(default_factory=list)
+    """Warnings on the data as a whole, one line each (e.g. most tokens unknown), for the caller to show."""
 
     def __len__(self) -> int:
         return len(self.records)

@@ -19,7 +19,7 @@ from fourfold.errors import DataError
 
 
 def split_records(data: PreferenceDataConfig, tokenizer, seed: int):
-    """(train records, held-out records or None, LoadResult of train for the skipped rows).
+    """(train records, held-out records or None, LoadResult of train for the skipped rows and notes).
 
     Held out: ``data.eval`` when given, else ``round(eval_fraction * n)`` pairs (at least one when
     the fraction is > 0 and there are two or more) drawn by a permutation seeded with ``seed``;
@@ -30,6 +30,7 @@ def split_records(data: PreferenceDataConfig, tokenizer, seed: int):
     if data.eval is not None:
         held = load_preferences(data.eval, on_error=data.on_error, chat_template=render)
         loaded.skipped.extend(held.skipped)
+        loaded.notes.extend(held.notes)
         return records, list(held), loaded
     n = len(records)
     n_eval = min(n - 1, max(1, round(data.eval_fraction * n))) if data.eval_fraction > 0 and n >= 2 else 0
@@ -43,26 +44,30 @@ def split_records(data: PreferenceDataConfig, tokenizer, seed: int):
     return train, held, loaded
 
 
-def encode(records, tokenizer, max_len: int, on_error: str, skipped: list[str], what: str) -> list[PreferenceExample]:
-    """Tokenise pairs once: prompt ids (BOS first) + response ids + EOS; over ``max_len`` is an error."""
-    examples = encode_preferences(records, tokenizer, max_len, truncate=False, on_error=on_error, skipped=skipped)
+def encode(records, tokenizer, max_len: int, on_error: str, skipped: list[str], notes: list[str],
+           what: str) -> list[PreferenceExample]:
+    """Tokenise pairs once: prompt ids (BOS first) + response ids + EOS; over ``max_len`` is an error.
+    Skipped rows go to ``skipped``, warnings on the data as a whole to ``notes``."""
+    examples = encode_preferences(records, tokenizer, max_len, truncate=False, on_error=on_error, skipped=skipped,
+                                  notes=notes)
     if not examples:
         raise DataError(f"{what}: no usable preference pairs ({len(skipped)} skipped)")
     return examples
 
 
-def load_examples(cfg, tokenizer
-                  ) -> tuple[list[PreferenceExample], Optional[list[PreferenceExample]], list[str]]:
-    """(training pairs, held-out pairs or None, messages of the skipped rows in file order), each
-    pair tokenised once. ``cfg``: a stage config with ``data`` (:class:`PreferenceDataConfig`),
-    ``train.max_len`` and ``run.seed`` (the reward model's or DPO's)."""
+def load_examples(cfg, tokenizer) -> tuple[list[PreferenceExample], Optional[list[PreferenceExample]], list[str],
+                                           list[str]]:
+    """(training pairs, held-out pairs or None, messages of the skipped rows in file order, warning
+    lines on the data as a whole: most tokens unknown), each pair tokenised once. ``cfg``: a stage
+    config with ``data`` (:class:`PreferenceDataConfig`), ``train.max_len`` and ``run.seed`` (the
+    reward model's or DPO's)."""
     data, max_len = cfg.data, cfg.train.max_len
     train_recs, held_recs, loaded = split_records(data, tokenizer, cfg.run.seed)
-    skipped = loaded.skipped
-    train_ex = encode(train_recs, tokenizer, max_len, data.on_error, skipped, data.train)
+    skipped, notes = loaded.skipped, loaded.notes
+    train_ex = encode(train_recs, tokenizer, max_len, data.on_error, skipped, notes, data.train)
     eval_ex = None
     if held_recs:
-        eval_ex = encode(held_recs, tokenizer, max_len, data.on_error, skipped, data.eval or data.train)
+        eval_ex = encode(held_recs, tokenizer, max_len, data.on_error, skipped, notes, data.eval or data.train)
     skipped.sort(key=lambda msg: (not msg.startswith(f"{data.train}:"), line_of(msg)))  # file order
-    return train_ex, eval_ex, skipped
+    return train_ex, eval_ex, skipped, notes
 

@@ -86,7 +86,7 @@ def train(cfg: ReinforceConfig, *, prompts: Optional[Sequence[str]] = None, prob
     last: dict = {}
     with run.loop(total=algo.iterations, desc="reinforce",
                   key_metrics=("reward/score_mean", "reward/gold_mean", "kl/k1")) as logger:
-        run.warn_skipped(logger, stream.skipped)
+        run.warn_skipped(logger, stream.skipped, stream.notes)
         for it in range(start + 1, algo.iterations + 1):
             t_iter = time.perf_counter()
             # 1. sample prompts

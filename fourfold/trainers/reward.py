@@ -145,16 +145,16 @@ def window_row(window: Window) -> dict:
 
 def _set_up(cfg: RewardConfig, run: RunScaffold, device: torch.device):
     """(tokenizer, reward model (sharded under torchrun), (training pairs, held-out pairs or None,
-    skipped rows)), after the batch-size checks (it divides by the world, it fits the data)."""
+    skipped rows, warning lines on the data)), after the batch-size checks (it divides by the world, it fits the data)."""
     tc = cfg.train
     check_world(run.world, False, {"train.batch_size": tc.batch_size})
     plan = plan_roles("reward", cfg)
     roles = build_roles(plan, device)
     place_roles(roles, plan, device)  # torchrun: FSDP2 (before the optimizer sees the parameters)
-    train_ex, eval_ex, skipped = load_examples(cfg, roles.tokenizer)
+    train_ex, eval_ex, skipped, notes = load_examples(cfg, roles.tokenizer)
     require_batch(tc.batch_size, len(train_ex), f"training pairs from {cfg.data.train}"
                   + (" (after holding out data.eval_fraction)" if cfg.data.eval is None and eval_ex else ""))
-    return roles.tokenizer, roles.reward_model, (train_ex, eval_ex, skipped)
+    return roles.tokenizer, roles.reward_model, (train_ex, eval_ex, skipped, notes)
 
 
 def train(cfg: RewardConfig) -> dict:
@@ -164,7 +164,7 @@ def train(cfg: RewardConfig) -> dict:
     # 0. set-up: seed, run directory, model, data (split and tokenised once), optimiser, resume
     run = RunScaffold(cfg)
     device = run.hf_device()
-    tok, rm, (train_ex, eval_ex, skipped) = _set_up(cfg, run, device)
+    tok, rm, (train_ex, eval_ex, skipped, notes) = _set_up(cfg, run, device)
     # a full reward model's checkpoint holds its HF model (keys as in its directory); LoRA: adapter and head
     steps = SupervisedSteps(run, rm, tc, len(train_ex), "reward_model", FIGURES, tracked=getattr(rm, "hf", rm))
     pad_id = tok.pad_token_id
@@ -177,7 +177,7 @@ def train(cfg: RewardConfig) -> dict:
 
     stats_norm = None
     with run.loop(total=steps.total, desc="reward", key_metrics=("rm/loss", "rm/eval_accuracy")) as logger:
-        run.warn_skipped(logger, skipped)
+        run.warn_skipped(logger, skipped, notes)
         last = steps.run(logger, step=step, row=window_row, evaluate=held_out if eval_ex is not None else None,
                          check="rm_loss", lr_key="rm/lr")
         # normalise on the training responses (after the last checkpoint: a resume never sees it)

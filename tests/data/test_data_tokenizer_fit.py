@@ -1,5 +1,8 @@
 """A tokenizer that does not fit the data: text it reads as no tokens is a bad row naming file and
-line (or skipped and counted with on_error="skip")."""
+line (or skipped and counted with on_error="skip"); data it reads as mostly UNK gets one warning
+line in ``notes`` (the caller shows it)."""
+from types import SimpleNamespace
+
 import pytest
 from datatest_utils import WORDS, write_jsonl
 
@@ -13,6 +16,7 @@ from fourfold.data import (
     load_responses,
     load_sft,
 )
+from fourfold.data.encoding import UNKNOWN_CHECK_ROWS, unknown_token_note
 from fourfold.errors import DataError
 
 NO_TOKENS = "encodes to no tokens: the tokenizer reads nothing in its {n} characters (is it the model's own tokenizer?)"
@@ -77,6 +81,59 @@ def test_pairs_and_rows_to_score_read_as_no_tokens_name_file_and_line(misfit, tm
 def test_a_fitting_tokenizer_keeps_every_row_and_blank_text_stays_legal(tokenizer, tmp_path):
     p = write_jsonl(tmp_path / "sft.jsonl", [{"prompt": "hello", "completion": "yes"}, {"text": "a b"}])
     recs = load_sft(p)
-    assert len(encode_sft(recs, tokenizer, 16)) == 2 and recs.skipped == []
+    assert len(encode_sft(recs, tokenizer, 16)) == 2 and recs.skipped == [] and recs.notes == []
     r = write_jsonl(tmp_path / "rows.jsonl", [{"prompt": "hello", "response": ""}])  # an empty response: only EOS
     assert len(encode_responses(load_responses(r), tokenizer, 16)) == 1
+
+
+# --------------------------------------------------------------------------- mostly unknown tokens
+
+
+def _note(p, unknown, total, rows):
+    return (f"{p}: {unknown} of the {total} tokens of the first {rows} rows are the tokenizer's unknown token '<unk>': "
+            "it does not know most of this text (is it the model's own tokenizer?)")
+
+
+def test_mostly_unknown_prompts_get_one_note(tokenizer, tmp_path):
+    p = write_jsonl(tmp_path / "prompts.jsonl", [{"prompt": "zebra quokka hello"}, {"prompt": "wombat world ibis"}])
+    recs = load_prompts(p)
+    assert len(encode_prompts(recs, tokenizer, 16)) == 2  # a warning, not an error
+    assert recs.notes == [_note(p, 4, 6, 2)]  # BOS is not counted: only the text's own tokens
+    notes: list[str] = []
+    encode_prompts(["zebra hello", "quokka"], tokenizer, 16, source="prompts", notes=notes)
+    assert notes == [_note("prompts", 2, 3, 2)]
+
+
+def test_sft_pairs_and_rows_to_score_count_every_text_field(tokenizer, tmp_path):
+    p = write_jsonl(tmp_path / "sft.jsonl", [{"prompt": "hello", "completion": "zebra quokka"}])
+    recs = load_sft(p)
+    encode_sft(recs, tokenizer, 16)
+    assert recs.notes == [_note(p, 2, 3, 1)]
+    p = write_jsonl(tmp_path / "prefs.jsonl", [{"prompt": "hello world", "chosen": "zebra ibis", "rejected": "quokka"}])
+    recs = load_preferences(p)
+    encode_preferences(recs, tokenizer, 16)
+    assert recs.notes == [_note(p, 3, 5, 1)]
+    p = write_jsonl(tmp_path / "rows.jsonl", [{"prompt": "hello", "response": "zebra quokka"}])
+    recs = load_responses(p)
+    encode_responses(recs, tokenizer, 16)
+    assert recs.notes == [_note(p, 2, 3, 1)]
+
+
+def test_half_unknown_or_unknown_after_the_first_rows_is_no_note(tokenizer, tmp_path):
+    p = write_jsonl(tmp_path / "half.jsonl", [{"prompt": "zebra hello"}])
+    recs = load_prompts(p)
+    encode_prompts(recs, tokenizer, 16)
+    assert recs.notes == []  # 1 of 2: not more than half
+    rows = [{"prompt": "hello world"}] * UNKNOWN_CHECK_ROWS + [{"prompt": "zebra quokka ibis"}] * 300
+    p = write_jsonl(tmp_path / "late.jsonl", rows)
+    recs = load_prompts(p)
+    encode_prompts(recs, tokenizer, 16)
+    assert recs.notes == []  # only the first rows are read
+
+
+def test_no_unk_token_no_check():
+    assert unknown_token_note(SimpleNamespace(unk_token_id=None), [[[5, 5, 5]]], "x") is None
+    tok = SimpleNamespace(unk_token_id=5, unk_token="<unk>")
+    assert unknown_token_note(tok, [[[5, 5, 1], "a problem row"]], "x") == _note("x", 2, 3, 2)
+    assert unknown_token_note(tok, [[]], "x") is None  # no rows
+
