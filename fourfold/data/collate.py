@@ -41,6 +41,9 @@ to ``skipped`` (by default the ``.skipped`` of the ``LoadResult`` passed as reco
   class) is a bad row naming file and line, like any other.
 * **Unknown tokens**: when more than half of the tokens of the first rows are the tokenizer's UNK,
   one warning line goes to ``notes`` (by default the LoadResult's ``.notes``): the caller shows it.
+* **Ties**: a preference pair whose chosen and rejected come out as the same ids carries no
+  preference; it is left out (never an error, whatever ``on_error`` says) and its message goes to
+  ``ties`` (by default the LoadResult's ``.ties``).
 """
 
 from __future__ import annotations
@@ -318,13 +321,15 @@ def encode_preferences(
     max_prompt_len: int | None = None,
     on_error: str = "raise",
     skipped: list[str] | None = None,
+    ties: list[str] | None = None,
     notes: list[str] | None = None,
 ) -> list[PreferenceExample]:
     """Tokenise preference pairs: prompt ids + chosen/rejected ids (+ EOS), each at most ``max_len``.
-    A pair whose two sequences come out as the same ids (after truncation, or because the
-    tokenizer maps both to the same tokens) is a problem: it carries no preference."""
+    A pair whose two sequences come out as the same ids (the tokenizer maps both to the same
+    tokens, or truncation cuts where they differ) is a tie: it carries no preference, so it is
+    left out and its message goes to ``ties``, whatever ``on_error`` says."""
     sink, bos = start_rows(records, tokenizer, max_len, add_bos=add_bos, on_error=on_error, skipped=skipped,
-                           notes=notes)
+                           ties=ties, notes=notes)
     eos_id = require_special_id(tokenizer, "eos_token_id", "eos=True appends it to responses") if eos else None
     tail = [eos_id] if eos_id is not None else []
     replies = [("chosen", "chosen response"), ("rejected", "rejected response")]
@@ -338,11 +343,12 @@ def encode_preferences(
             c, c_trunc, problem = _fit(p, c + tail, max_len, truncate, "chosen response")
         if problem is None:
             r, r_trunc, problem = _fit(p, r + tail, max_len, truncate, "rejected response")
-        if problem is None and c == r:
-            after = f" after truncation to max_len={max_len}" if (c_trunc or r_trunc) else ""
-            problem = f"'chosen' and 'rejected' are the same tokens{after}"
         if problem is not None:
             sink.bad(where, problem)
+            continue
+        if c == r:
+            after = f" after truncation to max_len={max_len}" if (c_trunc or r_trunc) else ""
+            sink.tie(where, f"'chosen' and 'rejected' are the same tokens{after}")
             continue
         out.append(
             PreferenceExample(
@@ -385,7 +391,7 @@ def tokenize_preferences(
     truncate: bool = True,
     max_prompt_len: int | None = None,
 ) -> dict[str, torch.Tensor]:
-    """:func:`encode_preferences` then :func:`collate_preferences` (bad rows raise)."""
+    """:func:`encode_preferences` then :func:`collate_preferences` (bad rows raise; ties are left out)."""
     pad_id = require_special_id(tokenizer, "pad_token_id", "needed to pad")
     examples = encode_preferences(
         records, tokenizer, max_len, eos=eos, add_bos=add_bos, truncate=truncate, max_prompt_len=max_prompt_len

@@ -1,7 +1,7 @@
 """The pieces every ``encode_*`` shares (:mod:`fourfold.data.collate`, :mod:`fourfold.data.responses`).
 
-* :class:`RowSink` raises or collects a row's problem, as ``on_error`` says, and keeps the notes
-  on the data as a whole (:func:`unknown_token_note`).
+* :class:`RowSink` raises or collects a row's problem, as ``on_error`` says, and keeps the tied
+  preference pairs and the notes on the data as a whole (:func:`unknown_token_note`).
 * :func:`row_location` names a record ``file:line`` in messages.
 * :func:`special_id` / :func:`require_special_id`: a tokenizer's BOS, EOS or pad id.
 * :func:`encode_texts` tokenises texts without added special tokens, a typed special-token
@@ -47,13 +47,16 @@ def _out_list(given: list[str] | None, records: Any, name: str) -> list[str]:
 
 class RowSink:
     """Raise or collect per-row problems, as ``on_error`` says; and, whatever it says, collect
-    notes on the data as a whole (:meth:`note`). Each list is the one given, else the records' own
-    (a LoadResult's ``skipped``, ``notes``), else a new one."""
+    tied preference pairs (:meth:`tie`: they are left out, never an error) and notes on the data
+    as a whole (:meth:`note`). Each list is the one given, else the records' own (a LoadResult's
+    ``skipped``, ``ties``, ``notes``), else a new one."""
 
-    def __init__(self, on_error: str, skipped: list[str] | None, records: Any, *, notes: list[str] | None = None):
+    def __init__(self, on_error: str, skipped: list[str] | None, records: Any, *,
+                 ties: list[str] | None = None, notes: list[str] | None = None):
         check_on_error(on_error)
         self.on_error = on_error
         self.skipped = _out_list(skipped, records, "skipped")
+        self.ties = _out_list(ties, records, "ties")
         self.notes = _out_list(notes, records, "notes")
 
     def bad(self, where: str, problem: str) -> None:
@@ -61,6 +64,9 @@ class RowSink:
         if self.on_error == "raise":
             raise DataError(msg)
         self.skipped.append(msg)
+
+    def tie(self, where: str, problem: str) -> None:
+        self.ties.append(f"{where}: {problem}")
 
     def note(self, message: str | None) -> None:
         if message is not None:
@@ -164,14 +170,14 @@ def with_bos(ids: list[int], bos: int | None) -> list[int]:
 
 def start_rows(
     records: Any, tokenizer: Any, max_len: int, *, add_bos: bool, on_error: str, skipped: list[str] | None,
-    notes: list[str] | None = None,
+    ties: list[str] | None = None, notes: list[str] | None = None,
 ) -> tuple[RowSink, int | None]:
     """The start of an ``encode_*`` of prompt + reply records: ``max_len >= 2`` (else ValueError),
-    then ``(sink, bos)``: the :class:`RowSink` for ``on_error`` (and ``skipped``, ``notes``)
+    then ``(sink, bos)``: the :class:`RowSink` for ``on_error`` (and ``skipped``, ``ties``, ``notes``)
     and the BOS id (None without ``add_bos`` or when the tokenizer has none)."""
     if max_len < 2:
         raise ValueError(f"max_len must be >= 2, got {max_len}")
-    sink = RowSink(on_error, skipped, records, notes=notes)
+    sink = RowSink(on_error, skipped, records, ties=ties, notes=notes)
     return sink, special_id(tokenizer, "bos_token_id") if add_bos else None
 
 

@@ -297,7 +297,7 @@ class RunScaffold:
     def warn_skipped(self, logger, skipped: list, notes: Sequence[str] = ()) -> None:
         """Say on the console and in events.jsonl how many bad data rows were skipped
         (``data.on_error: skip``) and the first, then each warning line on the data as a whole
-        (``notes``: e.g. most tokens unknown), once: not again on resume."""
+        (``notes``: tied preference pairs left out, most tokens unknown), once: not again on resume."""
         if self.resumed_step is not None:
             return
         if skipped:
