@@ -115,7 +115,7 @@ def build_parser() -> argparse.ArgumentParser:
     for name, stage in STAGES.items():
         p = sub.add_parser(name, help=stage.help, description=stage.help)
         p.add_argument("--config", "-c", help="YAML config file")
-        p.add_argument("--output-dir", help="shorthand for run.output_dir=DIR")
+        p.add_argument("--output-dir", help="shorthand for run.output_dir=DIR (the path as typed, never read as YAML)")
         p.add_argument("--seed", type=int, help="shorthand for run.seed=N")
         p.add_argument("--resume", action="store_true", help="shorthand for run.resume=true")
         if stage.run_dir:
@@ -142,8 +142,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 2
     stage = STAGES[args.stage]
     overrides = list(args.overrides)
-    if args.output_dir:
-        overrides.append(f"run.output_dir={args.output_dir}")
+    settings = {"run.output_dir": args.output_dir} if args.output_dir else {}  # a path: as typed, never YAML
     if args.seed is not None:
         overrides.append(f"run.seed={args.seed}")
     if args.resume:
@@ -158,7 +157,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         from fourfold.config import load_config
 
-        cfg = load_config(_resolve(stage.config), args.config, overrides)
+        cfg = load_config(_resolve(stage.config), args.config, overrides, settings=settings)
         if stage.rollout_batch and dist.rank_from_env() == 0:  # rank 0 alone under torchrun
             from fourfold.trainers.memory import estimate_line
 

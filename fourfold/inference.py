@@ -89,9 +89,12 @@ def _write_jsonl(path: Path, rows: list[dict]) -> None:
 
 
 def _warn_skipped(command: str, loaded: LoadResult) -> None:
+    """One warning line on stderr for the rows skipped, then one per note on the data as a whole."""
     if loaded.skipped:
         print(f"fourfold {command}: warning: {loaded.num_skipped} bad rows skipped (data.on_error=skip); "
               f"first: {loaded.skipped[0]}", file=sys.stderr)
+    for note in loaded.notes:
+        print(f"fourfold {command}: warning: {note}", file=sys.stderr)
 
 
 def _architectures(model) -> list[str]:
@@ -142,7 +145,7 @@ def generate(cfg: GenerateConfig) -> dict:
     # the prompts, rendered and tokenised as PPO does (chat messages through the chat template)
     loaded = load_prompts(data.prompts, on_error=data.on_error, chat_template=chat_template_renderer(tok))
     examples = encode_prompts(loaded.records, tok, data.max_prompt_len, on_error=data.on_error,
-                              skipped=loaded.skipped)
+                              skipped=loaded.skipped, notes=loaded.notes)
     if not examples:
         raise DataError(f"{loaded.source}: no usable prompts ({loaded.num_skipped} skipped; first: {loaded.skipped[0]})")
     _check_room(examples, loaded, gen.max_new_tokens, _max_positions(model))
@@ -206,7 +209,8 @@ def _max_len(cfg: ScoreConfig, model) -> int:
 def _model_scores(cfg: ScoreConfig, loaded: LoadResult, tok, reward: ModelReward, device: torch.device):
     """(records scored, scores) with the reward model, in batches of ``data.batch_size``."""
     max_len = _max_len(cfg, reward.model.hf)
-    examples = encode_responses(loaded.records, tok, max_len, on_error=cfg.data.on_error, skipped=loaded.skipped)
+    examples = encode_responses(loaded.records, tok, max_len, on_error=cfg.data.on_error, skipped=loaded.skipped,
+                                notes=loaded.notes)
     records, scores = [], []
     for start in range(0, len(examples), cfg.data.batch_size):
         batch = examples[start : start + cfg.data.batch_size]

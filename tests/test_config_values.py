@@ -73,6 +73,48 @@ def test_duplicate_key_in_an_override_value():
         load_config(PPOConfig, None, OK + ["ppo={lr: 1, lr: 2}"])
 
 
+@pytest.mark.parametrize("override,shown,why,quoted", [
+    ("data.prompts=a #b", "'a'", "' #b' is a YAML comment", "data.prompts='a #b'"),
+    ("data.prompts=#b", "null", "all a YAML comment", "data.prompts='#b'"),
+    ("ppo.kl_coef=0.02 # tuned", "0.02", "' # tuned' is a YAML comment", "ppo.kl_coef='0.02 # tuned'"),
+    ("data.prompts=[a, b] #c", "['a', 'b']", "' #c' is a YAML comment", "data.prompts='[a, b] #c'"),
+    ("data.prompts= p.jsonl", "'p.jsonl'", "spaces at its ends", "data.prompts=' p.jsonl'"),
+    ("data.prompts=p.jsonl ", "'p.jsonl'", "spaces at its ends", "data.prompts='p.jsonl '"),
+    ("data.prompts=--- p", "'p'", "YAML drops '---'", "data.prompts='--- p'"),
+    ("data.prompts=&x p", "'p'", "YAML syntax", "data.prompts='&x p'"),
+    ("data.prompts=it's #1", "\"it's\"", "YAML comment", "data.prompts='it''s #1'"),
+])
+def test_an_override_yaml_would_not_keep_as_typed_is_an_error_naming_the_key(override, shown, why, quoted):
+    with pytest.raises(ConfigError) as e:
+        load_config(PPOConfig, None, OK + [override])
+    msg = str(e.value)
+    assert "\n" not in msg and msg.startswith(f"override {override!r}: YAML reads {override.split('=')[0]} as {shown} ")
+    assert why in msg and msg.endswith(f"to keep the text as written, quote it: {quoted}"), msg
+    # the form the message gives is read as the text typed
+    if override.startswith("data.prompts="):
+        assert load_config(PPOConfig, None, OK + [quoted]).data.prompts == override.split("=", 1)[1]
+
+
+def test_every_override_form_reads_as_before():
+    cfg = load_config(PPOConfig, None, [
+        "model.policy=a#b", "model.reward='runs/x #2'", 'data.prompts="p q.jsonl"', "ppo.kl_coef=1e-3",
+        "ppo.vf_clip_eps=null", "ppo.whiten_advantages=false", "run.threads=2", "ppo.lr= 0.5", "run.seed=7 ",
+        "model.lora={r: 4, target_modules: [q_proj, v_proj]}", "generation.stop_at_eos=true",
+    ])
+    assert (cfg.model.policy, cfg.model.reward, cfg.data.prompts) == ("a#b", "runs/x #2", "p q.jsonl")
+    assert cfg.ppo.kl_coef == 1e-3 and cfg.ppo.vf_clip_eps is None and cfg.ppo.whiten_advantages is False
+    assert cfg.run.threads == 2 and cfg.ppo.lr == 0.5 and cfg.run.seed == 7 and cfg.generation.stop_at_eos is True
+    assert cfg.model.lora.r == 4 and list(cfg.model.lora.target_modules) == ["q_proj", "v_proj"]
+    # text YAML cannot parse stays as typed, as before
+    assert load_config(PPOConfig, None, OK[:2] + ["data.prompts=[p"]).data.prompts == "[p"
+
+
+def test_settings_are_set_as_given_never_read_as_yaml():
+    cfg = load_config(SFTConfig, None, ["model.path=m", "data.train=t.jsonl"],
+                      settings={"run.output_dir": "runs/x #2 ", "run.seed": 3})
+    assert cfg.run.output_dir == "runs/x #2 " and cfg.run.seed == 3
+
+
 def test_position_limits_are_read_from_config_json_only(tmp_path):
     def model(name, cfg):
         d = tmp_path / name

@@ -136,6 +136,30 @@ def test_named_settings_from_the_issue(capsys, no_training, stage, override, key
     _one_line_error(capsys, [stage, *REQUIRED[stage], override], key)
 
 
+def test_output_dir_is_taken_as_typed(monkeypatch, tmp_path):
+    """--output-dir is a path, never read as YAML: " #2" is no comment, trailing spaces stay."""
+    import fourfold.cli as cli
+
+    seen, real = {}, cli._resolve
+    monkeypatch.setattr(cli, "_resolve", lambda spec: (lambda cfg, **kw: seen.setdefault("cfg", cfg))
+                        if spec == STAGES["sft"].run else real(spec))
+    for out in (str(tmp_path / "runs" / "x #2"), "runs/y: z ", "null", "[a, b]"):
+        seen.clear()
+        assert main(["sft", *REQUIRED["sft"], "--output-dir", out]) == 0
+        assert seen["cfg"].run.output_dir == out
+
+
+@pytest.mark.parametrize("override,quoted", [
+    ("data.train=t.jsonl #2", "data.train='t.jsonl #2'"),
+    ("run.output_dir=runs/x #2", "run.output_dir='runs/x #2'"),
+    ("data.train=t.jsonl ", "data.train='t.jsonl '"),
+])
+def test_an_override_yaml_would_cut_is_a_one_line_error(capsys, no_training, override, quoted):
+    key = override.split("=")[0]
+    _one_line_error(capsys, ["sft", *REQUIRED["sft"], override], f"override {override!r}", f"YAML reads {key} as",
+                    f"quote it: {quoted}")
+
+
 # ---- YAML files -------------------------------------------------------------------------------
 
 
@@ -248,7 +272,7 @@ PREF_OK = {"prompt": "w1", "chosen": "w2", "rejected": "w3"}
     ("sft", [SFT_OK, SFT_OK], ["train.batch_size=3"], ["train.batch_size: 3 is more than the 2 training examples"]),
     ("reward", [PREF_OK, {"prompt": "w1", "chosen": [{"role": "assistant", "content": "w2"}], "rejected": "w3"}],
      [], [":2:", "'chosen' is a list of messages but 'rejected' is a string"]),
-    ("reward", [PREF_OK, {"prompt": "w1", "chosen": "w2", "rejected": "w2"}], [], [":2:", "identical"]),
+    ("reward", [{"prompt": "w1", "chosen": "w2", "rejected": "w2"}] * 2, [], ["every preference pair is a tie"]),
     ("reward", [PREF_OK, PREF_OK], ["train.batch_size=4", "data.eval_fraction=0"],
      ["train.batch_size: 4 is more than the 2 training pairs"]),
 ])
@@ -256,6 +280,50 @@ def test_bad_data_rows_name_file_and_line(capsys, tmp_path, word_tok, stage, row
     argv, path = _supervised(stage, word_tok, tmp_path, rows, *extra)
     line = _one_line_error(capsys, argv, *needles)
     assert path in line or "train.batch_size" in line
+
+
+def test_data_mostly_unknown_to_the_tokenizer_runs_with_one_warning(capsys, caplog, tmp_path, word_tok):
+    """Legal input: most tokens UNK (the tokenizer does not know this text) trains, with one
+    warning line on the terminal and in events.jsonl."""
+    argv, path = _supervised("sft", word_tok, tmp_path, [{"prompt": "x1 x2 w1", "completion": "x3"}] * 2)
+    assert main(argv) == 0
+    shown = capsys.readouterr().err + caplog.text
+    line = (f"{path}: 6 of the 8 tokens of the first 2 rows are the tokenizer's unknown token '<unk>': it does not "
+            "know most of this text (is it the model's own tokenizer?)")
+    assert "Traceback" not in shown and line in shown, shown
+    events = [json.loads(x) for x in (tmp_path / "run" / "events.jsonl").read_text().splitlines()]
+    assert [e["message"] for e in events if e["kind"] == "warning"] == [line]
+
+
+@pytest.mark.parametrize("stage", ["reward", "dpo"])
+def test_tied_pairs_run_with_a_warning_that_counts_them(capsys, caplog, tmp_path, word_tok, stage):
+    """Legal input: a pair whose chosen and rejected are the same carries no preference; it is left
+    out and counted on the terminal and in events.jsonl, without data.on_error=skip."""
+    tie = {"prompt": "w1", "chosen": "w2", "rejected": "w2"}
+    argv, path = _supervised(stage, word_tok, tmp_path, [PREF_OK, tie, PREF_OK, tie], "data.eval_fraction=0")
+    if stage == "dpo":  # DPO trains a causal LM: a path, not from_scratch
+        argv = [a for a in argv if not a.startswith(("model.from_scratch", "model.tokenizer", "model.hidden_size",
+                                                     "model.num_layers", "model.num_heads", "model.max_positions"))]
+        argv.insert(1, f"model.path={_tiny_causal_lm(tmp_path, word_tok)}")
+    assert main(argv) == 0
+    shown = capsys.readouterr().err + caplog.text
+    line = (f"2 tied preference pairs left out ('chosen' and 'rejected' the same: no preference to learn); first: "
+            f"{path}:2: 'chosen' and 'rejected' are identical")
+    assert "Traceback" not in shown and line in shown, shown
+    events = [json.loads(x) for x in (tmp_path / "run" / "events.jsonl").read_text().splitlines()]
+    assert [e["message"] for e in events if e["kind"] == "warning"] == [line]
+
+
+def _tiny_causal_lm(tmp_path, word_tok) -> str:
+    from fourfold.models.factory import llama_config, random_causal_lm
+    from fourfold.models.loading import load_tokenizer
+
+    tok = load_tokenizer(word_tok)
+    cfg = llama_config(len(tok), hidden=8, layers=1, heads=2, max_positions=16, pad_token_id=tok.pad_token_id,
+                       bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id)
+    random_causal_lm(cfg, seed=0).save_pretrained(tmp_path / "lm")
+    tok.save_pretrained(tmp_path / "lm")
+    return str(tmp_path / "lm")
 
 
 def _rl(stage, tiny_lm, tmp_path, prompts, *extra):

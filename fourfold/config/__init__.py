@@ -6,7 +6,10 @@ Convention (one for every subcommand):
 
 * A config is a dataclass whose fields are plain values or nested dataclasses (sections).
 * YAML gives a mapping of the same shape; ``section.key=value`` overrides are applied after the
-  file, values parsed as YAML scalars (``1e-5``, ``true``, ``null``, ``[1, 2]``).
+  file, values parsed as YAML scalars (``1e-5``, ``true``, ``null``, ``[1, 2]``). A value YAML
+  would not keep as typed (``data.train=a #b`` reads as ``a``: `` #b`` is a comment; spaces at the
+  ends of a string) is an error that shows the quoted form (``data.train='a #b'``). The CLI's
+  ``--output-dir`` is taken as typed, never read as YAML.
 * Every field has a docstring-style comment in its class; unknown keys are refused with a
   "did you mean" suggestion, a key given twice in one YAML mapping names its line, wrong types
   name the key and the type expected, every number must be finite, and each stage's

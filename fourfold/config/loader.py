@@ -12,7 +12,7 @@ import math
 import types
 import typing
 from pathlib import Path
-from typing import Any, Literal, Sequence, TypeVar, Union
+from typing import Any, Literal, Mapping, Sequence, TypeVar, Union
 
 from fourfold.errors import ConfigError
 
@@ -220,24 +220,63 @@ def parse_yaml(text: str) -> Any:
     return yaml.load(text, Loader=_unique_key_loader())  # a SafeLoader subclass: safe
 
 
-def apply_overrides(tree: dict, overrides: Sequence[str]) -> dict:
-    """Apply ``a.b=value`` strings to a nested dict (values parsed as YAML scalars)."""
+def _yaml_change(raw: str, node: Any, value: Any) -> str | None:
+    """How YAML's reading of an override's ``raw`` text differs from that text, or None when it
+    keeps it (what a number, null, true/false, a list or a quoted string means): a `` #`` comment
+    cut, other text outside the value dropped, spaces at the ends of a string dropped, or YAML
+    syntax in a plain string (an anchor, a tag, a line break)."""
+    if node is None:
+        return "it is all a YAML comment"
+    head, tail = raw[: node.start_mark.index].strip(), raw[node.end_mark.index :].strip()
+    if tail.startswith("#"):
+        return f"{raw[node.end_mark.index:].rstrip()!r} is a YAML comment, which it drops"
+    if head or tail:
+        return f"YAML drops {(head or tail)!r}"
+    if isinstance(value, str) and raw != raw.strip():
+        return "YAML drops the spaces at its ends"
+    if isinstance(value, str) and node.style is None and value != raw.strip():
+        return "part of it is YAML syntax"
+    return None
+
+
+def parse_override(item: str) -> tuple[str, Any]:
+    """``(dotted key, value)`` of one ``a.b=value`` override, the value read as YAML (numbers,
+    null, true/false, lists like ``[q_proj, v_proj]``, quoted strings; text YAML cannot parse stays
+    as written). A value YAML would not keep as typed (``data.train=a #b`` reads as ``a``: a
+    comment; spaces at the ends of a string) is a ConfigError naming the key and the quoted form."""
     import yaml
 
+    if "=" not in item:
+        raise ConfigError(f"override {item!r}: expected KEY=VALUE, e.g. ppo.kl_coef=0.02")
+    key, raw = item.split("=", 1)
+    key = key.strip().lstrip("-")
+    if not key:
+        raise ConfigError(f"override {item!r}: empty key")
+    if not raw.strip():
+        return key, ""
+    loader = _unique_key_loader()(raw)
+    try:
+        node = loader.get_single_node()
+        value = None if node is None else loader.construct_document(node)
+    except yaml.YAMLError:
+        return key, raw
+    except DuplicateKeyError as e:
+        raise ConfigError(f"override {item!r}: {e}") from None
+    finally:
+        loader.dispose()
+    change = _yaml_change(raw, node, value)
+    if change is not None:
+        quoted = "'" + raw.replace("'", "''") + "'"
+        shown = "null" if value is None else repr(value)
+        raise ConfigError(f"override {item!r}: YAML reads {key} as {shown} ({change}); to keep the text as "
+                          f"written, quote it: {key}={quoted}")
+    return key, value
+
+
+def apply_overrides(tree: dict, overrides: Sequence[str]) -> dict:
+    """Apply ``a.b=value`` strings to a nested dict (values read by :func:`parse_override`)."""
     for item in overrides:
-        if "=" not in item:
-            raise ConfigError(f"override {item!r}: expected KEY=VALUE, e.g. ppo.kl_coef=0.02")
-        key, raw = item.split("=", 1)
-        key = key.strip().lstrip("-")
-        if not key:
-            raise ConfigError(f"override {item!r}: empty key")
-        try:
-            value = parse_yaml(raw) if raw.strip() else ""
-        except yaml.YAMLError:
-            value = raw
-        except DuplicateKeyError as e:
-            raise ConfigError(f"override {item!r}: {e}") from None
-        _set_dotted(tree, key, value)
+        _set_dotted(tree, *parse_override(item))
     return tree
 
 
@@ -315,9 +354,12 @@ def validate_tree(cfg: Any, prefix: str = "") -> None:
 
 
 def load_config(
-    cls: type[T], path: str | Path | None = None, overrides: Sequence[str] = (), base: dict | None = None
+    cls: type[T], path: str | Path | None = None, overrides: Sequence[str] = (), base: dict | None = None,
+    *, settings: Mapping[str, Any] | None = None,
 ) -> T:
-    """Load ``cls`` from an optional YAML file, then ``key=value`` overrides, then validate.
+    """Load ``cls`` from an optional YAML file, then ``key=value`` overrides, then ``settings``
+    (dotted key -> value, set as they are, never read as YAML: the CLI's ``--output-dir``), then
+    validate.
 
     Errors name the file and the dotted key: ``examples/ppo.yaml: ppo.kl_coeff: unknown key (did
     you mean 'ppo.kl_coef'?)``.
@@ -348,6 +390,9 @@ def load_config(
         tree = _merge(tree, loaded)
     if overrides:
         tree = apply_overrides(tree, overrides)
+    for key, value in (settings or {}).items():
+        _set_dotted(tree, key, value)
+    if overrides or settings:
         where = where or "command line: "
     return config_from_dict(cls, tree, where=where)
 

@@ -22,7 +22,8 @@ class PreferenceDataConfig:
     eval_fraction: float = 0.1
     """Share of train held out when `eval` is null (0 = none)."""
     on_error: Literal["raise", "skip"] = "raise"
-    """Bad rows: error naming file and line, or skip and count."""
+    """Bad rows: error naming file and line, or skip and count. A tie (chosen the same as rejected)
+    is no bad row: it is left out and counted either way; a file of nothing but ties is an error."""
 
     def validate(self, prefix: str = "data") -> None:
         require(self.train is not None, f"{prefix}.train", "missing: path to the preference file")

@@ -16,11 +16,11 @@ the line and the problem; loaders and ``encode_*`` take ``on_error="skip"`` to s
 from fourfold.data import collate, formats, responses
 from fourfold.data.collate import *  # noqa: F403  (the names of collate.__all__)
 from fourfold.data.formats import *  # noqa: F403  (the names of formats.__all__)
-from fourfold.data.io import line_of, location, read_records, read_source
+from fourfold.data.io import line_of, location, no_usable_rows, read_records, read_source
 from fourfold.data.responses import *  # noqa: F403  (the names of responses.__all__)
 
 # Each module's __all__ names its public API once; the package re-exports them all (io: its readers).
-__all__ = ["read_records", "read_source", "location", "line_of"]
+__all__ = ["read_records", "read_source", "location", "line_of", "no_usable_rows"]
 __all__ += formats.__all__
 __all__ += collate.__all__
 __all__ += responses.__all__

@@ -35,6 +35,15 @@ Choices, documented once:
 dataset once and collate per batch. ``tokenize_*`` do both for a list of records. The ``encode_*``
 functions take ``on_error="skip"``: bad rows are then left out and their one-line messages appended
 to ``skipped`` (by default the ``.skipped`` of the ``LoadResult`` passed as records).
+
+* **No tokens**: a prompt, completion or response with text in it that the tokenizer reads as no
+  tokens at all (a tokenizer that does not fit the data, e.g. tokenizer files that load as another
+  class) is a bad row naming file and line, like any other.
+* **Unknown tokens**: when more than half of the tokens of the first rows are the tokenizer's UNK,
+  one warning line goes to ``notes`` (by default the LoadResult's ``.notes``): the caller shows it.
+* **Ties**: a preference pair whose chosen and rejected come out as the same ids carries no
+  preference; it is left out (never an error, whatever ``on_error`` says) and its message goes to
+  ``ties`` (by default the LoadResult's ``.ties``).
 """
 
 from __future__ import annotations
@@ -47,12 +56,14 @@ import torch
 
 from fourfold.data.encoding import (
     RowSink,
+    data_source,
     encode_texts,
     require_special_id,
     row_location,
     special_id,
     start_rows,
     tokenized_rows,
+    unknown_token_note,
     with_bos,
 )
 from fourfold.data.formats import PreferenceRecord, PromptRecord, SFTRecord
@@ -159,16 +170,18 @@ def encode_prompts(
     add_bos: bool = True,
     on_error: str = "raise",
     skipped: list[str] | None = None,
+    notes: list[str] | None = None,
 ) -> list[PromptExample]:
     """Tokenise prompts (strings or :class:`PromptRecord`), checking ``max_prompt_len``.
 
     Messages name ``source:line`` (from the record, else from ``source`` and ``lines``, else the
     1-based position). Too long: DataError, or with ``truncate=True`` the leftmost tokens are
-    dropped (BOS kept). A prompt with no tokens at all is an error.
+    dropped (BOS kept). A prompt with no tokens at all (or text the tokenizer reads as none) is an
+    error; most tokens UNK, a note.
     """
     if max_prompt_len < 1:
         raise ValueError(f"max_prompt_len must be >= 1, got {max_prompt_len}")
-    sink = RowSink(on_error, skipped, prompts)
+    sink = RowSink(on_error, skipped, prompts, notes=notes)
     bos = special_id(tokenizer, "bos_token_id") if add_bos else None
     texts = [p.prompt if isinstance(p, PromptRecord) else p for p in prompts]
     line_of = [
@@ -176,8 +189,10 @@ def encode_prompts(
         for i, p in enumerate(prompts)
     ]
     wheres = [row_location(p, i, source, line_of[i]) for i, p in enumerate(prompts)]
+    encoded = encode_texts(tokenizer, texts, wheres, "prompt")
+    sink.note(unknown_token_note(tokenizer, [encoded], data_source(prompts, source)))
     out = []
-    for i, ids in enumerate(encode_texts(tokenizer, texts, wheres, "prompt")):
+    for i, ids in enumerate(encoded):
         if isinstance(ids, str):
             sink.bad(wheres[i], ids)
             continue
@@ -244,9 +259,11 @@ def encode_sft(
     max_prompt_len: int | None = None,
     on_error: str = "raise",
     skipped: list[str] | None = None,
+    notes: list[str] | None = None,
 ) -> list[SFTExample]:
     """Tokenise SFT records: prompt ids (BOS first) + completion ids (+ EOS), at most ``max_len``."""
-    sink, bos = start_rows(records, tokenizer, max_len, add_bos=add_bos, on_error=on_error, skipped=skipped)
+    sink, bos = start_rows(records, tokenizer, max_len, add_bos=add_bos, on_error=on_error, skipped=skipped,
+                           notes=notes)
     eos_id = require_special_id(tokenizer, "eos_token_id", "eos=True appends it to completions") if eos else None
     out = []
     for i, rec, where, p, (c,) in tokenized_rows(records, tokenizer, sink, bos, [("completion", "completion")]):
@@ -304,11 +321,15 @@ def encode_preferences(
     max_prompt_len: int | None = None,
     on_error: str = "raise",
     skipped: list[str] | None = None,
+    ties: list[str] | None = None,
+    notes: list[str] | None = None,
 ) -> list[PreferenceExample]:
     """Tokenise preference pairs: prompt ids + chosen/rejected ids (+ EOS), each at most ``max_len``.
-    A pair whose two sequences come out as the same ids (after truncation, or because the
-    tokenizer maps both to the same tokens) is a problem: it carries no preference."""
-    sink, bos = start_rows(records, tokenizer, max_len, add_bos=add_bos, on_error=on_error, skipped=skipped)
+    A pair whose two sequences come out as the same ids (the tokenizer maps both to the same
+    tokens, or truncation cuts where they differ) is a tie: it carries no preference, so it is
+    left out and its message goes to ``ties``, whatever ``on_error`` says."""
+    sink, bos = start_rows(records, tokenizer, max_len, add_bos=add_bos, on_error=on_error, skipped=skipped,
+                           ties=ties, notes=notes)
     eos_id = require_special_id(tokenizer, "eos_token_id", "eos=True appends it to responses") if eos else None
     tail = [eos_id] if eos_id is not None else []
     replies = [("chosen", "chosen response"), ("rejected", "rejected response")]
@@ -322,11 +343,12 @@ def encode_preferences(
             c, c_trunc, problem = _fit(p, c + tail, max_len, truncate, "chosen response")
         if problem is None:
             r, r_trunc, problem = _fit(p, r + tail, max_len, truncate, "rejected response")
-        if problem is None and c == r:
-            after = f" after truncation to max_len={max_len}" if (c_trunc or r_trunc) else ""
-            problem = f"'chosen' and 'rejected' are the same tokens{after}"
         if problem is not None:
             sink.bad(where, problem)
+            continue
+        if c == r:
+            after = f" after truncation to max_len={max_len}" if (c_trunc or r_trunc) else ""
+            sink.tie(where, f"'chosen' and 'rejected' are the same tokens{after}")
             continue
         out.append(
             PreferenceExample(
@@ -369,7 +391,7 @@ def tokenize_preferences(
     truncate: bool = True,
     max_prompt_len: int | None = None,
 ) -> dict[str, torch.Tensor]:
-    """:func:`encode_preferences` then :func:`collate_preferences` (bad rows raise)."""
+    """:func:`encode_preferences` then :func:`collate_preferences` (bad rows raise; ties are left out)."""
     pad_id = require_special_id(tokenizer, "pad_token_id", "needed to pad")
     examples = encode_preferences(
         records, tokenizer, max_len, eos=eos, add_bos=add_bos, truncate=truncate, max_prompt_len=max_prompt_len

@@ -47,10 +47,12 @@ stay text.
 Validation (each failure is one line, ``"<file>:<line>: <problem>"``): a missing field (with a
 "did you mean" hint when a key is a near miss of an accepted name, e.g. ``promt``), a wrong type,
 both of two alternative forms at once, an empty (or all-whitespace) prompt, completion, chosen or
-rejected, chosen identical to rejected, ``chosen`` and ``rejected`` in different forms (one a string,
-the other a message list), a malformed message list, text that is not valid Unicode
-(a lone surrogate from a ``\\ud800`` escape). Prompts that are too long in tokens are found at
-tokenisation (``fourfold.data.collate``), where the tokenizer is known.
+rejected, ``chosen`` and ``rejected`` in different forms (one a string, the other a message list), a
+malformed message list, text that is not valid Unicode (a lone surrogate from a ``\\ud800``
+escape). Prompts that are too long in tokens are found at tokenisation (``fourfold.data.collate``).
+A pair whose ``chosen`` and ``rejected`` are identical (but for spaces at their ends) is a tie: it
+carries no preference, so it is left out whatever ``on_error`` says (``LoadResult.ties``); a file
+of nothing but ties is an error.
 
 Sources: a JSONL or Parquet file, a local ``datasets`` directory (``DIR`` or ``DIR:SPLIT``) or a hub
 dataset name (see :func:`fourfold.data.io.read_source`); rows of a ``datasets`` source are named
@@ -70,7 +72,7 @@ import re
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Generic, TypeVar
 
-from fourfold.data.io import check_on_error, json_type_name, location, one_line, read_source
+from fourfold.data.io import check_on_error, json_type_name, location, no_usable_rows, one_line, read_source
 from fourfold.errors import DataError
 
 __all__ = [
@@ -161,6 +163,10 @@ class LoadResult(Generic[R]):
     """One-line message per skipped row (always empty under ``on_error="raise"``)."""
     source: str
     """The file name as given."""
+    ties: list[str] = dataclasses.field(default_factory=list)
+    """One-line message per preference pair left out as a tie (``chosen`` identical to ``rejected``)."""
+    notes: list[str] = dataclasses.field(default_factory=list)
+    """Warnings on the data as a whole, one line each (e.g. most tokens unknown), for the caller to show."""
 
     def __len__(self) -> int:
         return len(self.records)
@@ -258,6 +264,10 @@ def chat_template_renderer(tokenizer: Any) -> ChatRender | None:
 
 class _Bad(Exception):
     """A problem with one row; the loader adds ``file:line:`` in front."""
+
+
+class _Tie(_Bad):
+    """A preference pair with nothing between chosen and rejected: left out, never an error."""
 
 
 def _show(value: Any) -> str:
@@ -451,6 +461,8 @@ def _implicit_prompt(rec: dict) -> tuple[str, str, str]:
     if not (isinstance(chosen, str) and isinstance(rejected, str)):  # reply-only message lists
         raise _Bad("missing field 'prompt' (and 'chosen' and 'rejected' hold only their replies, "
                    "no shared conversation to take it from)")
+    if chosen.strip() == rejected.strip() and chosen.strip():
+        raise _Tie("'chosen' and 'rejected' are identical")
     prompt, chosen, rejected = split_common_prefix(chosen, rejected)
     if not prompt.strip():
         raise _Bad("missing field 'prompt' (and 'chosen' and 'rejected' share no words at their start "
@@ -496,7 +508,7 @@ def _preference_row(rec: dict, render: ChatRender | None) -> tuple[str, str, str
     if not rejected.strip():
         raise _Bad("field 'rejected' is empty")
     if chosen.strip() == rejected.strip():
-        raise _Bad("'chosen' and 'rejected' are identical")
+        raise _Tie("'chosen' and 'rejected' are identical")
     return prompt, chosen, rejected
 
 
@@ -525,6 +537,7 @@ def _response_row(rec: dict, render: ChatRender | None) -> tuple[str, str, bool]
 def _load(path: str | os.PathLike, on_error: str, make: Callable[[dict, int, str], Any]) -> LoadResult:
     check_on_error(on_error)
     skipped: list[str] = []
+    ties: list[str] = []
     name, rows = read_source(path, on_error=on_error, skipped=skipped)
     records = []
     for line, rec in rows:
@@ -532,15 +545,18 @@ def _load(path: str | os.PathLike, on_error: str, make: Callable[[dict, int, str
             records.append(make(rec, line, name))
         except _Bad as bad:
             msg = f"{location(name, line)}: {bad}"
-            if on_error == "raise":
+            if isinstance(bad, _Tie):
+                ties.append(msg)
+            elif on_error == "raise":
                 raise DataError(msg) from None
-            skipped.append(msg)
+            else:
+                skipped.append(msg)
     # Bad JSON lines were collected while reading, bad fields after: list them in row order.
     skipped.sort(key=lambda msg: _row_number(msg, name))
     if not records:
-        first = f"; first: {skipped[0]}" if skipped else ""
-        raise DataError(f"{name}: no usable records ({len(skipped)} skipped{first})")
-    return LoadResult(records=records, skipped=skipped, source=name)
+        raise DataError(no_usable_rows(name, "records", skipped, ties))
+    return LoadResult(records=records, skipped=skipped, source=name, ties=ties)
+
 
 
 def _row_number(message: str, source: str) -> int:

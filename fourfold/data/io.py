@@ -28,12 +28,13 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections.abc import Sequence
 from pathlib import Path
 
 from fourfold.errors import DataError
 
 __all__ = ["read_records", "read_source", "location", "JSONL_SUFFIXES", "PARQUET_SUFFIXES", "json_type_name",
-           "one_line", "line_of"]
+           "one_line", "line_of", "no_usable_rows"]
 
 JSONL_SUFFIXES = (".jsonl", ".ndjson")
 PARQUET_SUFFIXES = (".parquet",)
@@ -80,6 +81,16 @@ def check_on_error(on_error: str) -> None:
     if on_error not in _ON_ERROR:
         raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
 
+
+def no_usable_rows(source: str, what: str, skipped: Sequence[str], ties: Sequence[str] = ()) -> str:
+    """The message for data that left nothing to use: every row a tie (a preference pair with
+    ``chosen`` identical to ``rejected``), or "no usable ``what``" with the counts of skipped rows
+    and ties and the first skipped row."""
+    if ties and not skipped:
+        return (f"{source}: every preference pair is a tie ({len(ties)} with 'chosen' identical to 'rejected'): "
+                "no preference to learn")
+    counts = f"{len(skipped)} skipped" + (f", {len(ties)} ties" if ties else "")
+    return f"{source}: no usable {what} ({counts}{f'; first: {skipped[0]}' if skipped else ''})"
 
 def location(source: str, line: int) -> str:
     """Where a record is, for messages: ``file:line`` for a file, ``DIR[SPLIT]:row N`` for a

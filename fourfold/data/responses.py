@@ -45,10 +45,13 @@ def encode_responses(
     add_bos: bool = True,
     on_error: str = "raise",
     skipped: list[str] | None = None,
+    notes: list[str] | None = None,
 ) -> list[ResponseExample]:
-    """Tokenise rows to score; prompt + response (with BOS and EOS) over ``max_len`` tokens, or a
-    prompt with no tokens, is a problem naming ``file:line`` (raised, or skipped and collected)."""
-    sink, bos = start_rows(records, tokenizer, max_len, add_bos=add_bos, on_error=on_error, skipped=skipped)
+    """Tokenise rows to score; prompt + response (with BOS and EOS) over ``max_len`` tokens, a
+    prompt with no tokens, or a prompt or response with text the tokenizer reads as no tokens, is a
+    problem naming ``file:line`` (raised, or skipped and collected); most tokens UNK, a note."""
+    sink, bos = start_rows(records, tokenizer, max_len, add_bos=add_bos, on_error=on_error, skipped=skipped,
+                           notes=notes)
     eos = require_special_id(tokenizer, "eos_token_id", "a finished response ends with it")
     out = []
     for i, rec, where, p, (r,) in tokenized_rows(records, tokenizer, sink, bos, [("response", "response")]):

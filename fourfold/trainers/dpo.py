@@ -170,7 +170,7 @@ def window_row(window: Window) -> dict:
 
 def _set_up(cfg: DPOConfig, device: torch.device, reference):
     """(tokenizer, policy (sharded under torchrun), (training pairs, held-out pairs or None, skipped
-    rows), the reference's (chosen, rejected) log-probs of both splits). The reference (``reference``,
+    rows, warning lines on the data), the reference's (chosen, rejected) log-probs of both splits). The reference (``reference``,
     else the plan's, loaded with the policy) is used here and released."""
     plan = plan_roles("dpo", cfg)
     roles = build_roles(plan if reference is None else plan.without("reference"), device)
@@ -195,7 +195,7 @@ def train(cfg: DPOConfig, *, reference=None) -> dict:
     run = RunScaffold(cfg)
     device = run.hf_device()
     check_world(run.world, False, {"train.batch_size": tc.batch_size})
-    tok, policy, (train_ex, eval_ex, skipped), (ref_train, ref_eval) = _set_up(cfg, device, reference)
+    tok, policy, (train_ex, eval_ex, skipped, notes), (ref_train, ref_eval) = _set_up(cfg, device, reference)
     steps = SupervisedSteps(run, policy, tc, len(train_ex), "policy", FIGURES)
     pad_id = tok.pad_token_id
 
@@ -206,7 +206,7 @@ def train(cfg: DPOConfig, *, reference=None) -> dict:
     def held_out() -> dict:
         return evaluate(policy, eval_ex, ref_eval, algo, tc.batch_size, pad_id, device)
 
-    with steps.loop("dpo", ("dpo/loss", "dpo/eval_accuracy"), skipped) as logger:
+    with steps.loop("dpo", ("dpo/loss", "dpo/eval_accuracy"), skipped, notes) as logger:
         last = steps.run(logger, step=step, row=window_row, evaluate=held_out if eval_ex is not None else None,
                          check="dpo_loss", lr_key="train/lr")
         # the final model, loadable with plain transformers (sharded: gathered by every rank first;

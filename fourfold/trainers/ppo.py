@@ -377,7 +377,7 @@ def train(cfg: PPOConfig, *, prompts: Optional[Sequence[str]] = None, probe: Opt
     guard = run.guard
     last: dict = {}
     with run.loop(total=algo.iterations, desc="ppo", key_metrics=KEY_METRICS) as logger:
-        run.warn_skipped(logger, stream.skipped)
+        run.warn_skipped(logger, stream.skipped, stream.notes)
         for it in range(start + 1, algo.iterations + 1):
             t_iter = time.perf_counter()
             # 1. sample prompts, each on samples_per_prompt consecutive rows

@@ -82,7 +82,7 @@ def train(cfg: ReinforceConfig, *, prompts: Optional[Sequence[str]] = None, prob
     optimizer, schedule, stream, start = _set_up(cfg, run, roles, prompts)
     kl_ctl, last = FixedKLController(algo.kl_coef), {}
     with run.loop(total=algo.iterations, desc="reinforce", key_metrics=KEY_METRICS) as logger:
-        run.warn_skipped(logger, stream.skipped)
+        run.warn_skipped(logger, stream.skipped, stream.notes)
         for it in range(start + 1, algo.iterations + 1):
             t_iter = time.perf_counter()
             # 1. sample prompts

@@ -145,16 +145,16 @@ def window_row(window: Window) -> dict:
 
 def _set_up(cfg: RewardConfig, run: RunScaffold, device: torch.device):
     """(tokenizer, reward model (sharded under torchrun), (training pairs, held-out pairs or None,
-    skipped rows)), after the batch-size checks (it divides by the world, it fits the data)."""
+    skipped rows, warning lines on the data)), after the batch-size checks (it divides by the world, it fits the data)."""
     tc = cfg.train
     check_world(run.world, False, {"train.batch_size": tc.batch_size})
     plan = plan_roles("reward", cfg)
     roles = build_roles(plan, device)
     place_roles(roles, plan, device)  # torchrun: FSDP2 (before the optimizer sees the parameters)
-    train_ex, eval_ex, skipped = load_examples(cfg, roles.tokenizer)
+    train_ex, eval_ex, skipped, notes = load_examples(cfg, roles.tokenizer)
     require_batch(tc.batch_size, len(train_ex), f"training pairs from {cfg.data.train}"
                   + (" (after holding out data.eval_fraction)" if cfg.data.eval is None and eval_ex else ""))
-    return roles.tokenizer, roles.reward_model, (train_ex, eval_ex, skipped)
+    return roles.tokenizer, roles.reward_model, (train_ex, eval_ex, skipped, notes)
 
 
 def train(cfg: RewardConfig) -> dict:
@@ -164,7 +164,7 @@ def train(cfg: RewardConfig) -> dict:
     # 0. set-up: seed, run directory, model, data (split and tokenised once), optimiser, resume
     run = RunScaffold(cfg)
     device = run.hf_device()
-    tok, rm, (train_ex, eval_ex, skipped) = _set_up(cfg, run, device)
+    tok, rm, (train_ex, eval_ex, skipped, notes) = _set_up(cfg, run, device)
     # a full reward model's checkpoint holds its HF model (keys as in its directory); LoRA: adapter and head
     steps = SupervisedSteps(run, rm, tc, len(train_ex), "reward_model", FIGURES, tracked=getattr(rm, "hf", rm))
     pad_id = tok.pad_token_id
@@ -176,7 +176,7 @@ def train(cfg: RewardConfig) -> dict:
         return evaluate(rm, eval_ex, tc.batch_size, pad_id, device, margin)
 
     stats_norm = None
-    with steps.loop("reward", ("rm/loss", "rm/eval_accuracy"), skipped) as logger:
+    with steps.loop("reward", ("rm/loss", "rm/eval_accuracy"), skipped, notes) as logger:
         last = steps.run(logger, step=step, row=window_row, evaluate=held_out if eval_ex is not None else None,
                          check="rm_loss", lr_key="rm/lr")
         # normalise on the training responses (after the last checkpoint: a resume never sees it)

@@ -43,9 +43,11 @@ class PromptStream:
     """Prompts tokenised once, served in shuffled batches; resumable through ``state_dict()``.
 
     The prompts are ``prompts`` when given (a list of strings, used as they are), else the rows of
-    the ``data.prompts`` file; with ``data.on_error: skip`` its bad rows (unreadable, or longer than
-    ``data.max_prompt_len``) are left out and their messages kept in ``skipped`` (file order).
-    Fewer prompts than one batch is a ConfigError naming ``batch_key``, the batch size's key."""
+    the ``data.prompts`` file; with ``data.on_error: skip`` its bad rows (unreadable, longer than
+    ``data.max_prompt_len``, or text the tokenizer reads as no tokens) are left out and their
+    messages kept in ``skipped`` (file order); ``notes`` holds the warning lines on the prompts as
+    a whole (most tokens unknown). Fewer prompts than one batch is a ConfigError naming
+    ``batch_key``, the batch size's key."""
 
     def __init__(self, data: PromptDataConfig, tokenizer, batch_size: int, seed: int,
                  prompts: Optional[Sequence[str]] = None, batch_key: str = "rollout_batch_size"):
@@ -60,8 +62,9 @@ class PromptStream:
             source, on_error, self.skipped = data.prompts, data.on_error, list(loaded.skipped)
         else:
             raise ConfigError("data.prompts: missing: a prompts file (or prompts passed to the trainer)")
+        self.notes: list[str] = []
         examples = encode_prompts(texts, tokenizer, data.max_prompt_len, lines=lines, source=source,
-                                  on_error=on_error, skipped=self.skipped)
+                                  on_error=on_error, skipped=self.skipped, notes=self.notes)
         self.skipped.sort(key=line_of)
         self.texts = [texts[e.index] for e in examples]
         self.ids = [e.input_ids for e in examples]

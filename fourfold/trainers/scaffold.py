@@ -294,11 +294,16 @@ class RunScaffold:
         every = self.run_cfg.samples_every
         return bool(every) and (iteration % every == 0 or iteration == total)
 
-    def warn_skipped(self, logger, skipped: list) -> None:
+    def warn_skipped(self, logger, skipped: list, notes: Sequence[str] = ()) -> None:
         """Say on the console and in events.jsonl how many bad data rows were skipped
-        (``data.on_error: skip``) and the first, once: not again on resume."""
-        if skipped and self.resumed_step is None:
+        (``data.on_error: skip``) and the first, then each warning line on the data as a whole
+        (``notes``: tied preference pairs left out, most tokens unknown), once: not again on resume."""
+        if self.resumed_step is not None:
+            return
+        if skipped:
             logger.warn(f"{len(skipped)} bad rows skipped (data.on_error=skip); first: {skipped[0]}", step=0)
+        for note in notes:
+            logger.warn(note, step=0)
 
     def require_not_past(self, resumed: int, total: int, key: str, unit: str) -> None:
         """A resumed checkpoint at ``resumed`` (a ``unit``: step, iteration) past the run's last one,

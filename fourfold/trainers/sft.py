@@ -50,8 +50,9 @@ FIGURES = ("loss", "token_accuracy", "tokens")
 # ---------------------------------------------------------------------------------------------
 
 
-def encode_file(path: str, tokenizer, max_len: int, on_error: str) -> tuple[list[SFTExample], list[str]]:
-    """Load and tokenise one SFT file once: (examples, one-line messages of the skipped rows).
+def encode_file(path: str, tokenizer, max_len: int, on_error: str) -> tuple[list[SFTExample], list[str], list[str]]:
+    """Load and tokenise one SFT file once: (examples, one-line messages of the skipped rows,
+    warnings on the file as a whole: most tokens unknown).
 
     Rendering of chat ``messages`` uses the tokenizer's chat template when it has one. A prompt +
     completion over ``max_len`` tokens is a DataError naming file and line (never truncated).
@@ -61,18 +62,21 @@ def encode_file(path: str, tokenizer, max_len: int, on_error: str) -> tuple[list
     skipped = sorted(records.skipped, key=line_of)  # loader and tokeniser problems, in file order
     if not examples:
         raise DataError(f"{path}: no usable examples ({len(skipped)} skipped; first: {skipped[0]})")
-    return examples, skipped
+    return examples, skipped, records.notes
 
 
-def load_examples(cfg: SFTConfig, tokenizer) -> tuple[list[SFTExample], Optional[list[SFTExample]], list[str]]:
-    """(training examples, held-out examples or None, messages of the skipped rows of both files)."""
+def load_examples(cfg: SFTConfig, tokenizer
+                  ) -> tuple[list[SFTExample], Optional[list[SFTExample]], list[str], list[str]]:
+    """(training examples, held-out examples or None, messages of the skipped rows of both files,
+    warnings on the files as wholes)."""
     tc, data = cfg.train, cfg.data
-    train_ex, skipped = encode_file(data.train, tokenizer, tc.max_len, data.on_error)
+    train_ex, skipped, notes = encode_file(data.train, tokenizer, tc.max_len, data.on_error)
     eval_ex = None
     if data.eval is not None:
-        eval_ex, eval_skipped = encode_file(data.eval, tokenizer, tc.max_len, data.on_error)
+        eval_ex, eval_skipped, eval_notes = encode_file(data.eval, tokenizer, tc.max_len, data.on_error)
         skipped += eval_skipped
-    return train_ex, eval_ex, skipped
+        notes += eval_notes
+    return train_ex, eval_ex, skipped, notes
 
 
 def to_device(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
@@ -139,7 +143,7 @@ def train(cfg: SFTConfig) -> dict:
     roles = build_roles(plan, device)
     tok, model = roles.tokenizer, roles.policy
     place_roles(roles, plan, device)  # torchrun: FSDP2 (before the optimizer sees the parameters)
-    train_ex, eval_ex, skipped = load_examples(cfg, tok)
+    train_ex, eval_ex, skipped, notes = load_examples(cfg, tok)
     require_batch(tc.batch_size, len(train_ex), f"training examples in {cfg.data.train}")
     steps = SupervisedSteps(run, model, tc, len(train_ex), "model", FIGURES)
     pad_id = tok.pad_token_id
@@ -149,7 +153,7 @@ def train(cfg: SFTConfig) -> dict:
 
     held_out = None if eval_ex is None else (
         lambda: {"sft/eval_loss": evaluate(model, eval_ex, tc.batch_size, pad_id, device)})
-    with steps.loop("sft", ("sft/loss", "sft/eval_loss"), skipped) as logger:
+    with steps.loop("sft", ("sft/loss", "sft/eval_loss"), skipped, notes) as logger:
         last = steps.run(logger, step=step, row=window_row, evaluate=held_out, check="sft_loss", lr_key="sft/lr")
         # the final model, loadable with plain transformers (LoRA: merged, and the adapter beside)
         written = save_trained(run, model, tok, run.out / "model")

@@ -26,7 +26,7 @@ from __future__ import annotations
 import math
 import time
 from contextlib import contextmanager
-from typing import Callable, Iterator, Optional
+from typing import Callable, Iterator, Optional, Sequence
 
 import torch
 
@@ -112,11 +112,11 @@ class SupervisedSteps:
         model.train()
 
     @contextmanager
-    def loop(self, desc: str, key_metrics: tuple, skipped: list) -> Iterator:
+    def loop(self, desc: str, key_metrics: tuple, skipped: list, notes: Sequence[str] = ()) -> Iterator:
         """The run's loop context (:meth:`RunScaffold.loop`: the metrics logger, the stop signal),
-        after saying how many bad data rows were skipped."""
+        after saying how many bad data rows were skipped and the data's other ``notes``."""
         with self.run_ctx.loop(total=self.total, desc=desc, key_metrics=key_metrics) as logger:
-            self.run_ctx.warn_skipped(logger, skipped)
+            self.run_ctx.warn_skipped(logger, skipped, notes)
             yield logger
 
     def run(self, logger, *, step: StepFn, row: Callable[[Window], dict], evaluate: Optional[Callable[[], dict]],

@@ -134,12 +134,18 @@ def test_preferences_right_padded_with_eos(tokenizer):
             assert x[last].item() == EOS
 
 
-def test_preferences_same_tokens_and_truncation(tokenizer):
-    # different strings, same ids (both unknown words -> <unk>)
-    with pytest.raises(DataError, match=r"^<records>:5: 'chosen' and 'rejected' are the same tokens$"):
-        encode_preferences([PreferenceRecord("hello", "zzz", "yyy", 5)], tokenizer, 16)
-    with pytest.raises(DataError, match="same tokens after truncation to max_len=4"):
-        encode_preferences([PreferenceRecord("hello", "a b c", "a b d", 5)], tokenizer, 4)
+def test_preferences_same_tokens_and_truncation_are_ties_left_out(tokenizer):
+    # different strings, same ids (both unknown words -> <unk>): a tie, whatever on_error says
+    good = PreferenceRecord("hello", "a", "b", 1)
+    for on_error in ("raise", "skip"):
+        ties, skipped = [], []
+        out = encode_preferences([good, PreferenceRecord("hello", "zzz", "yyy", 5)], tokenizer, 16, on_error=on_error,
+                                 ties=ties, skipped=skipped)
+        assert [e.line for e in out] == [1] and skipped == []
+        assert ties == ["<records>:5: 'chosen' and 'rejected' are the same tokens"]
+    ties = []
+    assert encode_preferences([PreferenceRecord("hello", "a b c", "a b d", 5)], tokenizer, 4, ties=ties) == []
+    assert ties == ["<records>:5: 'chosen' and 'rejected' are the same tokens after truncation to max_len=4"]
     (ex,) = encode_preferences([PreferenceRecord("hello", "a b", "a c d", 5)], tokenizer, 4)
     assert ex.truncated and ex.chosen_ids == [BOS, 4] + ids(tokenizer, "a b") and ex.rejected_ids == [BOS, 4] + ids(tokenizer, "a c")
 

@@ -111,8 +111,28 @@ def test_empty_fields(tmp_path):
     _bad(load_sft, tmp_path, [{"text": ""}], 1, "field 'text' is empty")
 
 
-def test_identical_chosen_and_rejected(tmp_path):
-    _bad(load_preferences, tmp_path, [GOOD_PREF, GOOD_PREF, {**GOOD_PREF, "rejected": "four "}], 3, "'chosen' and 'rejected' are identical")
+@pytest.mark.parametrize("on_error", ["raise", "skip"])
+def test_identical_chosen_and_rejected_is_a_tie_left_out(tmp_path, on_error):
+    """A tie carries no preference: left out and counted whatever on_error says, never an error..."""
+    tie = {**GOOD_PREF, "rejected": "four "}
+    p = write_jsonl(tmp_path / "prefs.jsonl", [GOOD_PREF, tie, {**GOOD_PREF, "prompt": "again"}, tie])
+    res = load_preferences(p, on_error=on_error)
+    assert [r.line for r in res] == [1, 3] and res.skipped == []
+    assert res.ties == [f"{p}:{i}: 'chosen' and 'rejected' are identical" for i in (2, 4)]
+
+
+def test_a_file_of_nothing_but_ties_is_an_error_naming_it(tmp_path):
+    """... unless every row is one."""
+    p = write_jsonl(tmp_path / "ties.jsonl", [{**GOOD_PREF, "rejected": "four"}] * 3)
+    for on_error in ("raise", "skip"):
+        with pytest.raises(DataError) as info:
+            load_preferences(p, on_error=on_error)
+        assert str(info.value) == (f"{p}: every preference pair is a tie (3 with 'chosen' identical to 'rejected'): "
+                                   "no preference to learn")
+    # ties and bad rows, nothing usable: the counts of both
+    p = write_jsonl(tmp_path / "mixed.jsonl", [{**GOOD_PREF, "rejected": "four"}, {**GOOD_PREF, "chosen": 1}])
+    with pytest.raises(DataError, match=r"mixed\.jsonl: no usable records \(1 skipped, 1 ties; first: .*mixed\.jsonl:2: "):
+        load_preferences(p, on_error="skip")
 
 
 def test_ambiguous_forms(tmp_path):
@@ -147,8 +167,8 @@ def test_parquet_rows_are_reported_as_lines(tmp_path):
     import pyarrow.parquet as pq
 
     p = tmp_path / "prefs.parquet"
-    pq.write_table(pa.table({"prompt": ["q", "q"], "chosen": ["a", "b"], "rejected": ["b", "b"]}), p)
-    with pytest.raises(DataError, match=r"prefs\.parquet:2: 'chosen' and 'rejected' are identical"):
+    pq.write_table(pa.table({"prompt": ["q", "q"], "chosen": ["a", "b"], "rejected": ["b", ""]}), p)
+    with pytest.raises(DataError, match=r"prefs\.parquet:2: field 'rejected' is empty"):
         load_preferences(p)
     assert len(load_preferences(p, on_error="skip")) == 1
 

@@ -77,11 +77,13 @@ def test_a_single_dataset_takes_no_split(tmp_path):
 
 def test_bad_rows_of_a_dataset_are_named_dir_split_row(tmp_path):
     d = tmp_path / "dd"
-    rows = [{"prompt": "fine", "chosen": "a", "rejected": "b"}, {"prompt": "fine", "chosen": "same", "rejected": "same"}]
+    rows = [{"prompt": "fine", "chosen": "a", "rejected": "b"}, {"prompt": "fine", "chosen": "same", "rejected": ""},
+            {"prompt": "fine", "chosen": "same", "rejected": "same"}]
     datasets.DatasetDict({"train": _dataset(rows)}).save_to_disk(str(d))
-    assert _err(load_preferences, d) == f"{d}[train]:row 1: 'chosen' and 'rejected' are identical"
+    assert _err(load_preferences, d) == f"{d}[train]:row 1: field 'rejected' is empty"
     res = load_preferences(d, on_error="skip")
-    assert len(res) == 1 and res.skipped == [f"{d}[train]:row 1: 'chosen' and 'rejected' are identical"]
+    assert len(res) == 1 and res.skipped == [f"{d}[train]:row 1: field 'rejected' is empty"]
+    assert res.ties == [f"{d}[train]:row 2: 'chosen' and 'rejected' are identical"]  # a tie: left out, no error
     # ... and so are problems found at tokenisation
     long = tmp_path / "long"
     _dataset([{"prompt": "a"}, {"prompt": "a b c d e f g"}]).save_to_disk(str(long))
@@ -191,9 +193,10 @@ def test_preferences_that_share_nothing_are_an_error_naming_the_line(tmp_path):
     # a misspelt prompt key is still named, not silently replaced by the shared start
     p = write_jsonl(tmp_path / "typo.jsonl", [{"promt": "q", **good}])
     assert "did you mean 'prompt'" in _err(load_preferences, p)
-    # replies that are identical once the prompt is taken off are still refused
-    p = write_jsonl(tmp_path / "same.jsonl", [{"chosen": "q: a", "rejected": "q: a "}])
-    assert "'chosen' and 'rejected' are identical" in _err(load_preferences, p)
+    # replies that are identical once the prompt is taken off (or whole texts that are) are ties
+    p = write_jsonl(tmp_path / "same.jsonl", [good, {"chosen": "q: a", "rejected": "q: a "}, {"chosen": "yes", "rejected": "yes"}])
+    res = load_preferences(p)
+    assert len(res) == 1 and res.ties == [f"{p}:{i}: 'chosen' and 'rejected' are identical" for i in (2, 3)]
 
 
 # --------------------------------------------------------------------------- rows to score

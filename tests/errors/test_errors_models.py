@@ -100,6 +100,27 @@ def test_a_model_directory_without_tokenizer_files(zoo, tmp_path, capsys):
     one_line_error(capsys, sft_args(zoo, tmp_path / "b", f"model.path={gpt2}"), str(gpt2), "no tokens besides")
 
 
+def test_tokenizer_files_that_load_as_another_class_stop_the_run_at_the_first_row(zoo, tmp_path, capsys):
+    """A Qwen2 model directory whose tokenizer files were written from a word-level tokenizer loads
+    them as Qwen2Tokenizer, which reads these plain words as no tokens: without a check, every row
+    would train as BOS and EOS alone. SFT and the RL prompt stream stop at the first row, named."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from fourfold.tasks.tokenizer import build_word_tokenizer
+
+    qwen = tmp_path / "qwen2"
+    tok = build_word_tokenizer(WORDS)
+    Qwen2ForCausalLM(Qwen2Config(hidden_size=16, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
+                                 intermediate_size=32, vocab_size=len(tok))).save_pretrained(qwen)
+    tok.save_pretrained(qwen)
+    why = "the prompt encodes to no tokens: the tokenizer reads nothing in its"
+    one_line_error(capsys, sft_args(zoo, tmp_path / "sft", f"model.path={qwen}"), f"{zoo['sft']}:1: {why}")
+    reward_fn = tmp_path / "reward_fn.py"
+    reward_fn.write_text("def score(prompts, responses):\n    return [0.0] * len(responses)\n")
+    one_line_error(capsys, reinforce_args(zoo, tmp_path / "rl", f"model.policy={qwen}", f"model.reward_fn={reward_fn}:score"),
+                   f"{zoo['prompts']}:1: {why}")
+
+
 def test_matching_models_pass_the_checks(zoo, tmp_path):
     tok = load_tokenizer(zoo["lm"])
     check = RoleChecker(tok, "model.policy", zoo["lm"])

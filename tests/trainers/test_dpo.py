@@ -147,6 +147,17 @@ def test_loss_falls_and_accuracy_rises_and_the_export_loads_with_plain_transform
     assert bool((chosen > rejected).float().mean() > 0.9)
 
 
+def test_tied_pairs_are_left_out_with_one_warning(toy, tmp_path):
+    rows = _pairs(6, 3)
+    rows[2] = dict(rows[2], rejected=rows[2]["chosen"])
+    path = _write_jsonl(tmp_path / "prefs.jsonl", rows)
+    out = tmp_path / "run"
+    dpo.train(_cfg(toy, out, f"data.train={path}", "data.eval_fraction=0", "train.max_steps=1", "train.batch_size=5"))
+    warnings = [e["message"] for e in read_metrics(out / "events.jsonl") if e["kind"] == "warning"]
+    assert warnings == [f"1 tied preference pair left out ('chosen' and 'rejected' the same: no preference to learn); "
+                        f"first: {path}:3: 'chosen' and 'rejected' are identical"]
+
+
 def test_resume_after_sigkill_is_exact(toy, tmp_path):
     args = ["train.max_steps=14", "data.eval_fraction=0.25", "train.eval_every=5", "train.log_every=3"]
     full = tmp_path / "full"

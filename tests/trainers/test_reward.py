@@ -189,7 +189,7 @@ def test_resume_after_sigkill_is_exact(toy, tmp_path):
 def test_held_out_split_is_seeded_disjoint_and_complete(toy):
     tok = load_tokenizer(toy["tok"])
     data = PreferenceDataConfig(train=toy["train"], eval_fraction=0.25)
-    train, held, _ = pairs.split_records(data, tok, seed=3)
+    train, held, *_ = pairs.split_records(data, tok, seed=3)
     assert len(held) == 16 and len(train) == 48
     assert sorted(r.line for r in train + held) == list(range(1, 65))
     assert [r.line for r in pairs.split_records(data, tok, seed=3)[1]] == [r.line for r in held]
@@ -212,6 +212,35 @@ def test_bad_pairs_raise_with_file_and_line_or_are_skipped(toy, tmp_path):
     assert res["model"] == str(out / "model")
     warnings = [e["message"] for e in read_metrics(out / "events.jsonl") if e["kind"] == "warning"]
     assert len(warnings) == 1 and "1 bad rows skipped" in warnings[0] and "prefs.jsonl:4:" in warnings[0]
+
+
+def test_tied_pairs_are_left_out_with_one_warning_and_only_all_ties_is_an_error(toy, tmp_path):
+    """A pair whose chosen and rejected are the same (as text, but for spaces at the ends, or as
+    tokens) carries no preference: public preference sets hold such ties, so they are left out,
+    counted in one warning line (events.jsonl too), whatever data.on_error says."""
+    from fourfold.errors import DataError
+
+    rows = _pairs(8, 2)
+    rows[1] = dict(rows[1], rejected=rows[1]["chosen"])
+    rows[4] = dict(rows[4], rejected=rows[4]["chosen"] + " ")
+    rows[6] = dict(rows[6], chosen="qqq", rejected="rrr")  # two words the tokenizer reads as the same UNK
+    path = _write_jsonl(tmp_path / "prefs.jsonl", rows)
+    out = tmp_path / "a"
+    res = reward.train(_cfg(toy, out, f"data.train={path}", "data.eval_fraction=0", "train.max_steps=1",
+                            "train.batch_size=5"))
+    assert res["model"] == str(out / "model")
+    warnings = [e["message"] for e in read_metrics(out / "events.jsonl") if e["kind"] == "warning"]
+    assert warnings == [f"3 tied preference pairs left out ('chosen' and 'rejected' the same: no preference to learn); "
+                        f"first: {path}:2: 'chosen' and 'rejected' are identical"]
+    train_ex, _, skipped, notes = pairs.load_examples(_cfg(toy, out, f"data.train={path}", "data.eval_fraction=0"),
+                                                      load_tokenizer(toy["tok"]))
+    assert [e.line for e in train_ex] == [1, 3, 4, 6, 8] and skipped == [] and notes == warnings
+    # every pair a tie: nothing to learn, an error naming the file
+    ties = _write_jsonl(tmp_path / "ties.jsonl", [dict(r, rejected=r["chosen"]) for r in rows[:3]])
+    with pytest.raises(DataError) as info:
+        reward.train(_cfg(toy, tmp_path / "b", f"data.train={ties}", "train.max_steps=1"))
+    assert str(info.value) == (f"{ties}: every preference pair is a tie (3 with 'chosen' identical to 'rejected'): "
+                               "no preference to learn")
 
 
 def test_causal_lm_directory_gets_a_fresh_head_and_a_reward_directory_keeps_it(toy, tmp_path):

@@ -55,7 +55,7 @@ def test_prompt_tokens_carry_no_loss(toy):
     from fourfold.models.loading import load_tokenizer
 
     tok = load_tokenizer(toy["tok"])
-    examples, skipped = sft.encode_file(toy["train"], tok, 16, "raise")
+    examples, skipped, _ = sft.encode_file(toy["train"], tok, 16, "raise")
     assert skipped == [] and len(examples) == 16
     # a prompt encoded for PPO is a prefix of the same example's SFT ids
     ppo_prompts = tokenize_prompts([r["prompt"] for r in toy["rows"]], tok, 16)
