@@ -64,7 +64,7 @@ from fourfold.config import (
 )
 from fourfold.evaluation import evaluate_policy, load_eval_roles, pair_accuracy, sample_texts
 from fourfold.seeds import stream_seed
-from fourfold.stages import Stages, publish, stage_key
+from fourfold.stages import Stages, keyed, publish, stage_key
 
 QUICK = {  # --quick: the same pipeline on about 2.5 minutes of 2 cores (measured 97-104 s of stages, seeds 0-2, on a busy machine)
     "sft.examples": 12000, "sft.steps": 700, "pairs.pairs": 3000, "pairs.eval_pairs": 200, "pairs.slip_eval_pairs": 100,
@@ -125,7 +125,8 @@ def reward_stage_settings(cfg: DemoConfig) -> dict:
 
 def ppo_stage_settings(cfg: DemoConfig) -> dict:
     """What the PPO stage's cache key holds: its sections, and the LoRA settings only when set."""
-    settings = {"ppo": config_to_dict(cfg.ppo), "gen": config_to_dict(cfg.generation), "task": cfg.task_options}
+    settings = {"ppo": keyed(config_to_dict(cfg.ppo)), "gen": keyed(config_to_dict(cfg.generation)),
+                "task": cfg.task_options}
     if cfg.lora is not None:
         settings["lora"] = config_to_dict(cfg.lora)
     return settings

@@ -25,6 +25,17 @@ def digest(obj: Any) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
+LATER_KEYS: dict[str, Any] = {"micro_batch_tokens": None}
+"""Settings added after the stage cache's keys were first written, each with the default that
+reproduces what ran before it existed: at that default a key leaves it out (:func:`keyed`), so the
+caches of earlier runs stay valid (a speed or memory lever changes no result)."""
+
+
+def keyed(section: dict) -> dict:
+    """A config section's dict as a stage key holds it: :data:`LATER_KEYS` at their defaults left out."""
+    return {k: v for k, v in section.items() if not (k in LATER_KEYS and v == LATER_KEYS[k])}
+
+
 def stage_key(settings: Any, upstream: dict[str, str]) -> str:
     """The key of a stage run with ``settings`` after the stages ``upstream`` ({name: key})."""
     return digest({"settings": settings, "upstream": upstream})

@@ -70,12 +70,19 @@ class LMModelConfig:
     """Apply the LM head to this many response tokens at a time when computing log-probs and
     entropies (recomputed in backward), so the full [tokens x vocab] logits never exist at once;
     null = all at once."""
+    compile: bool = False
+    """torch.compile each micro-batch's training pass of the trained roles (the policy's and the
+    critic's forward and loss: PPO), with dynamic shapes (one graph whatever a minibatch's trimmed
+    width). Same losses and gradients up to float rounding. Compiling costs tens of seconds per graph
+    on a small CPU, so it pays only over long runs (docs/benchmarks.md); not with logits_chunk."""
 
     def validate(self, prefix: str = "model") -> None:
         require(self.policy is not None, f"{prefix}.policy", "missing: path to the SFT model directory")
         validate_precision(self.dtype, self.precision, prefix)
         require(self.logits_chunk is None or self.logits_chunk >= 1, f"{prefix}.logits_chunk",
                 f"must be >= 1 or null, got {self.logits_chunk}")
+        require(not (self.compile and self.logits_chunk), f"{prefix}.compile",
+                "a compiled pass takes the whole logits at once; leave model.logits_chunk null with it")
         if self.lora is not None:
             require(self.reference is None, f"{prefix}.reference",
                     "must be null with model.lora: the reference is the policy's base model with adapters disabled")
@@ -136,6 +143,11 @@ class PPOAlgoConfig:
     """Responses per optimizer step; rollout_batch_size / minibatch_size steps per epoch."""
     micro_batch_size: Optional[int] = None
     """Gradient-accumulation chunk within a minibatch (memory); null = the whole minibatch."""
+    micro_batch_tokens: Optional[int] = None
+    """Instead of micro_batch_size: micro-batches by tokens. A minibatch's rows are sorted by length
+    (prompt + response) and grouped so that each group, padded to its own longest row, holds at most
+    this many tokens (a longer row alone): no compute on the padding a mixed-length minibatch
+    carries. The same loss and gradients up to float rounding; null = rows (micro_batch_size)."""
     ppo_epochs: int = 4
     """Passes over each rollout batch."""
     clip_eps: float = 0.2
@@ -217,6 +229,10 @@ class PPOAlgoConfig:
                 f"{self.minibatch_size} is larger than rollout_batch_size={self.rollout_batch_size}")
         require(self.rollout_batch_size % self.minibatch_size == 0, f"{prefix}.rollout_batch_size",
                 f"{self.rollout_batch_size} is not divisible by minibatch_size={self.minibatch_size}")
+        require(self.micro_batch_tokens is None or self.micro_batch_tokens >= 1, f"{prefix}.micro_batch_tokens",
+                f"must be >= 1 or null, got {self.micro_batch_tokens}")
+        require(self.micro_batch_tokens is None or self.micro_batch_size is None, f"{prefix}.micro_batch_tokens",
+                "splits minibatches by tokens instead of rows: leave micro_batch_size null with it")
         if self.micro_batch_size is not None:
             require(self.micro_batch_size >= 1 and self.minibatch_size % self.micro_batch_size == 0,
                     f"{prefix}.micro_batch_size", f"must divide minibatch_size={self.minibatch_size}")

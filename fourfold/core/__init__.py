@@ -21,7 +21,7 @@ from fourfold.core.estimators import (
     register_advantage_estimator,
 )
 from fourfold.core.kl import KL_KINDS, AdaptiveKLController, FixedKLController, kl_estimate, token_rewards
-from fourfold.core.logprobs import entropy_from_logits, logprobs_from_logits, sequence_logprobs
+from fourfold.core.logprobs import dense_logprobs, entropy_from_logits, logprobs_from_logits, sequence_logprobs
 from fourfold.core.losses import (
     DPO_LOSSES,
     LOSS_AGG_MODES,
@@ -62,6 +62,7 @@ __all__ = [
     "mask_from_lengths",
     "mask_until_eos",
     "logprobs_from_logits",
+    "dense_logprobs",
     "entropy_from_logits",
     "sequence_logprobs",
     "KL_KINDS",

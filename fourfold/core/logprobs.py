@@ -184,6 +184,25 @@ def entropy_from_logits(logits: Tensor, temperature: float = 1.0) -> Tensor:
     return _Entropy.apply(logits, float(temperature))
 
 
+def dense_logprobs(logits: Tensor, tokens: Tensor, temperature: float = 1.0,
+                   with_entropy: bool = False) -> tuple[Tensor, Tensor | None]:
+    """(:func:`logprobs_from_logits`, :func:`entropy_from_logits` or None) in plain tensor ops, for
+    ``torch.compile`` to trace and fuse (the block-wise functions above are autograd Functions with
+    Python loops, which it cannot trace). The same values up to float32 rounding; it holds the
+    float32 log-softmax of the whole ``logits`` for backward, so it is meant for compiled training
+    steps only (inductor fuses most of that away)."""
+    _check_temperature(temperature)
+    z = logits.to(_compute_dtype(logits))
+    if temperature != 1.0:
+        z = z / temperature
+    logp = torch.log_softmax(z, dim=-1)  # (..., V)
+    out = logp.gather(-1, tokens.long().unsqueeze(-1)).squeeze(-1)
+    if not with_entropy:
+        return out, None
+    p = logp.exp()
+    return out, -torch.where(p > 0, p * logp, 0.0).sum(-1)
+
+
 def sequence_logprobs(token_logprobs: Tensor, mask: Tensor) -> Tensor:
     """log pi(response | prompt) of each sequence: the sum of its valid tokens' log-probs.
 

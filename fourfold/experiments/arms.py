@@ -27,7 +27,7 @@ from fourfold.config import (
     config_to_dict,
 )
 from fourfold.experiments.config import EXPERIMENT_ARMS, ExperimentsConfig
-from fourfold.stages import digest
+from fourfold.stages import digest, keyed
 
 ARM_ORDER = EXPERIMENT_ARMS
 """Every arm, in the order they run and are reported ('reinforce' expands to one arm per learning-rate
@@ -159,6 +159,6 @@ def run_key(run_cfg, stage: str, demo_keys: Mapping[str, Any]) -> str:
     if stage == "dpo":
         return digest({"stage": stage, "algo": d["dpo"], "train": d["train"], "seed": d["run"]["seed"],
                        "demo": demo_keys})
-    return digest({"stage": stage, "algo": d.get("ppo") or d.get("reinforce"), "generation": d["generation"],
+    return digest({"stage": stage, "algo": keyed(d.get("ppo") or d.get("reinforce")), "generation": keyed(d["generation"]),
                    "data": d["data"], "critic_init": d["model"].get("critic_init"), "seed": d["run"]["seed"],
                    "demo": demo_keys})

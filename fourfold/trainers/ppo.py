@@ -32,7 +32,8 @@ from __future__ import annotations
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from functools import partial
+from typing import Callable, Optional, Sequence
 
 import torch
 
@@ -45,6 +46,7 @@ from fourfold.core import (
     Rollout,
     aggregate_loss,
     aggregation_units,
+    dense_logprobs,
     discounted_returns,
     explained_variance,
     get_advantage_estimator,
@@ -59,7 +61,7 @@ from fourfold.errors import ConfigError
 from fourfold.models.build import Roles, apply_levers, build_roles
 from fourfold.models.levers import autocast_region
 from fourfold.models.plan import plan_roles
-from fourfold.models.roles import ScalarModel, response_logprobs
+from fourfold.models.roles import ScalarModel, response_logits, response_logprobs
 from fourfold.rollout.noise import RowNoise
 from fourfold.trainers.export import save_trained
 from fourfold.trainers.optim import NonFiniteGuard, guarded_step, make_optimizer, make_schedule
@@ -112,32 +114,6 @@ def trim(mb: Rollout) -> Rollout:
 
 
 @dataclass
-class Optim:
-    policy_opt: torch.optim.Optimizer
-    policy_sched: object
-    critic_opt: Optional[torch.optim.Optimizer]
-    critic_sched: object
-
-    def lrs(self) -> dict:
-        """The learning rates the next update starts with: policy/lr (and value/lr with a critic)."""
-        lrs = {"policy/lr": self.policy_sched.get_last_lr()[0]}
-        if self.critic_sched is not None:
-            lrs["value/lr"] = self.critic_sched.get_last_lr()[0]
-        return lrs
-
-
-def make_optim(roles: Roles, algo: PPOAlgoConfig) -> Optim:
-    total = algo.iterations * algo.steps_per_iteration
-    popt = make_optimizer(roles.policy.parameters(), algo.lr, algo.weight_decay)
-    psched = make_schedule(popt, total, algo.lr_schedule)
-    copt = csched = None
-    if roles.critic is not None:
-        copt = make_optimizer(roles.critic.parameters(), algo.critic_lr, algo.weight_decay)
-        csched = make_schedule(copt, total, algo.lr_schedule)
-    return Optim(popt, psched, copt, csched)
-
-
-@dataclass
 class Minibatch:
     """This rank's share of one global minibatch: its rows (a contiguous 1/W of the minibatch) and
     the whole minibatch's counts, which normalise every rank's loss alike."""
@@ -164,47 +140,118 @@ def minibatches(rollout: Rollout, algo: PPOAlgoConfig, perms: list[torch.Tensor]
     return out
 
 
-def _micro(rows: Rollout, micro: Optional[int], agg: str, total_units: float):
-    """Row-wise micro-batches of ``micro`` rows (trimmed), each with its weight
-    aggregation_units(part) / ``total_units`` (the whole minibatch's, for the loss aggregation
-    ``agg``: tokens for token-mean, responses for the seq-mean modes): the weighted sum of every
-    rank's parts' aggregates is the minibatch's."""
+def micro_groups(rows: Rollout, algo: PPOAlgoConfig) -> list:
+    """How a minibatch's rows split into micro-batches: slices of ``micro_batch_size`` rows in order
+    (all of them when null), or with ``micro_batch_tokens`` the rows sorted by length and grouped so
+    that each group, padded to its own longest row, holds at most that many tokens (a row longer
+    than the budget alone): no compute on padding beyond each group's longest row."""
     n = rows.batch_size
-    size = micro or n
+    if algo.micro_batch_tokens is None:
+        size = algo.micro_batch_size or n
+        return [slice(i, i + size) for i in range(0, n, size)]
+    lengths = rows.context["attention_mask"].sum(1)  # (n,) valid prompt + response tokens
+    order = torch.argsort(lengths, stable=True).tolist()
+    groups, group = [], []
+    for i in order:  # ascending: the row joining a group is its longest
+        if group and (len(group) + 1) * int(lengths[i]) > algo.micro_batch_tokens:
+            groups.append(torch.tensor(group))
+            group = []
+        group.append(i)
+    return groups + [torch.tensor(group)]
+
+
+def _micro(rows: Rollout, algo: PPOAlgoConfig, agg: str, total_units: float):
+    """The micro-batches of a minibatch's rows (:func:`micro_groups`, each trimmed), each with its
+    weight aggregation_units(part) / ``total_units`` (the whole minibatch's, for the loss
+    aggregation ``agg``: tokens for token-mean, responses for the seq-mean modes): the weighted sum
+    of every rank's parts' aggregates is the minibatch's."""
     total = max(total_units, 1.0)
-    for i in range(0, n, size):
-        part = trim(rows.select(slice(i, i + size)))
+    for rows_of_part in micro_groups(rows, algo):
+        part = trim(rows.select(rows_of_part))
         yield part, float(aggregation_units(part.mask, agg)) / total
+
+
+def policy_loss(policy, part: Rollout, algo: PPOAlgoConfig, temperature: float, dense: bool = False
+                ) -> tuple[torch.Tensor, dict]:
+    """The policy's loss on one micro-batch and its statistics (tensors): the clipped surrogate,
+    minus the entropy bonus, plus ``kl_coef`` x the k3 KL under ``kl_in: loss``, aggregated by
+    ``loss_agg``. ``dense``: log-probs in plain tensor ops (:func:`fourfold.core.dense_logprobs`),
+    which ``torch.compile`` traces into one graph with the model's forward (``model.compile``)."""
+    ids, attn, T = part.context["input_ids"], part.context["attention_mask"], part.mask.shape[1]
+    with_entropy = algo.entropy_coef > 0
+    if dense:
+        logprobs, entropy = dense_logprobs(response_logits(policy, ids, attn, T), ids[:, -T:], temperature,
+                                           with_entropy)
+    else:
+        logprobs, entropy = response_logprobs(policy, ids, attn, T, temperature, with_entropy=with_entropy)
+    loss, stats = ppo_policy_loss(logprobs, part.logprobs, part.advantages, part.mask, algo.clip_eps,
+                                  clip_eps_low=algo.clip_eps_low, clip_eps_high=algo.clip_eps_high, agg=algo.loss_agg)
+    if with_entropy:
+        loss = loss - algo.entropy_coef * aggregate_loss(entropy, part.mask, algo.loss_agg)
+    if algo.kl_in == "loss":
+        kl, kl_stats = kl_loss(logprobs, part.ref_logprobs, part.mask, "k3", algo.loss_agg)
+        loss = loss + algo.kl_coef * kl
+        stats["kl_loss"] = kl_stats["kl"]
+    return loss, stats
+
+
+def critic_loss(critic, part: Rollout, algo: PPOAlgoConfig) -> tuple[torch.Tensor, dict]:
+    """The critic's (clipped) value loss on one micro-batch, a token mean, and its statistics."""
+    values = critic.response_values(part.context["input_ids"], part.context["attention_mask"], part.mask.shape[1])
+    return value_loss(values, part.values, part.returns, part.mask, algo.vf_clip_eps)
+
+
+@dataclass
+class Optim:
+    """The trained roles' optimizers and schedules, and the loss functions of their micro-batches
+    (:func:`policy_loss`, :func:`critic_loss`; compiled with ``model.compile``)."""
+
+    policy_opt: torch.optim.Optimizer
+    policy_sched: object
+    critic_opt: Optional[torch.optim.Optimizer]
+    critic_sched: object
+    policy_loss: Callable = policy_loss
+    critic_loss: Callable = critic_loss
+
+    def lrs(self) -> dict:
+        """The learning rates the next update starts with: policy/lr (and value/lr with a critic)."""
+        lrs = {"policy/lr": self.policy_sched.get_last_lr()[0]}
+        if self.critic_sched is not None:
+            lrs["value/lr"] = self.critic_sched.get_last_lr()[0]
+        return lrs
+
+
+def make_optim(roles: Roles, algo: PPOAlgoConfig, compiled: bool = False) -> Optim:
+    """AdamW and the linear schedule of the policy (and the critic); with ``compiled`` the loss of
+    each micro-batch, forward included, runs through ``torch.compile`` with dynamic shapes (one
+    graph for every trimmed width; compiled on first use)."""
+    total = algo.iterations * algo.steps_per_iteration
+    popt = make_optimizer(roles.policy.parameters(), algo.lr, algo.weight_decay)
+    psched = make_schedule(popt, total, algo.lr_schedule)
+    copt = csched = None
+    if roles.critic is not None:
+        copt = make_optimizer(roles.critic.parameters(), algo.critic_lr, algo.weight_decay)
+        csched = make_schedule(copt, total, algo.lr_schedule)
+    if not compiled:
+        return Optim(popt, psched, copt, csched)
+    return Optim(popt, psched, copt, csched, torch.compile(partial(policy_loss, dense=True), dynamic=True),
+                 torch.compile(critic_loss, dynamic=True))
 
 
 def policy_step(policy, mb: Minibatch, algo: PPOAlgoConfig, opt: Optim, temperature: float,
                 guard: NonFiniteGuard) -> dict:
-    """One optimizer step of the policy loss on a minibatch (accumulated over micro-batches): the
-    clipped surrogate (``clip_eps_low/high``), minus the entropy bonus, plus ``kl_coef`` x the k3 KL
-    to the reference under ``kl_in: loss``, each aggregated by ``loss_agg`` over the whole
-    minibatch (each part weighted by its share of the minibatch's units, scaled by
-    :func:`~fourfold.trainers.parallel.loss_scale` for the ranks' averaged gradients). Returns this rank's share of the
-    logged statistics (the loss as the minibatch's aggregate, the others as means over its valid
-    tokens; summed over ranks by the caller) and the grad norm, the same on every rank."""
+    """One optimizer step of the policy loss (:func:`policy_loss`) on a minibatch, accumulated over
+    micro-batches, each aggregated by ``loss_agg`` over the whole minibatch (each part weighted by
+    its share of the minibatch's units, scaled by :func:`~fourfold.trainers.parallel.loss_scale` for
+    the ranks' averaged gradients). Returns this rank's share of the logged statistics (the loss as
+    the minibatch's aggregate, the others as means over its valid tokens; summed over ranks by the
+    caller) and the grad norm, the same on every rank."""
     stats_sum: dict[str, float] = {}
     total_tokens = max(mb.tokens, 1.0)
 
     def micro_losses():
-        for part, weight in _micro(mb.rows, algo.micro_batch_size, algo.loss_agg, mb.units):
-            T = part.mask.shape[1]
-            logprobs, entropy = response_logprobs(
-                policy, part.context["input_ids"], part.context["attention_mask"], T, temperature,
-                with_entropy=algo.entropy_coef > 0,
-            )
-            loss, stats = ppo_policy_loss(logprobs, part.logprobs, part.advantages, part.mask, algo.clip_eps,
-                                          clip_eps_low=algo.clip_eps_low, clip_eps_high=algo.clip_eps_high,
-                                          agg=algo.loss_agg)
-            if algo.entropy_coef > 0:
-                loss = loss - algo.entropy_coef * aggregate_loss(entropy, part.mask, algo.loss_agg)
-            if algo.kl_in == "loss":
-                kl, kl_stats = kl_loss(logprobs, part.ref_logprobs, part.mask, "k3", algo.loss_agg)
-                loss = loss + algo.kl_coef * kl
-                stats["kl_loss"] = kl_stats["kl"]
+        for part, weight in _micro(mb.rows, algo, algo.loss_agg, mb.units):
+            loss, stats = opt.policy_loss(policy, part, algo, temperature)
             yield loss * loss_scale(weight), {"policy_loss": dist.all_reduce_sum(loss.detach())}
             stats_sum["loss"] = stats_sum.get("loss", 0.0) + float(loss.detach()) * weight
             share = float(part.mask.sum()) / total_tokens  # = weight under token-mean
@@ -223,15 +270,14 @@ def policy_step(policy, mb: Minibatch, algo: PPOAlgoConfig, opt: Optim, temperat
 
 
 def critic_step(critic: ScalarModel, mb: Minibatch, algo: PPOAlgoConfig, opt: Optim, guard: NonFiniteGuard) -> dict:
-    """One optimizer step of the (clipped) value loss to the returns, a token mean over the whole
-    minibatch (weighted and scaled as in :func:`policy_step`); this rank's share of the statistics."""
+    """One optimizer step of the (clipped) value loss to the returns (:func:`critic_loss`), a token
+    mean over the whole minibatch (weighted and scaled as in :func:`policy_step`); this rank's share
+    of the statistics."""
     stats_sum: dict[str, float] = {}
 
     def micro_losses():
-        for part, weight in _micro(mb.rows, algo.micro_batch_size, "token-mean", mb.tokens):
-            T = part.mask.shape[1]
-            values = critic.response_values(part.context["input_ids"], part.context["attention_mask"], T)
-            loss, stats = value_loss(values, part.values, part.returns, part.mask, algo.vf_clip_eps)
+        for part, weight in _micro(mb.rows, algo, "token-mean", mb.tokens):
+            loss, stats = opt.critic_loss(critic, part, algo)
             yield loss * loss_scale(weight), {"value_loss": dist.all_reduce_sum(loss.detach())}
             for k, v in {"loss": loss.detach(), "clipfrac": stats["clipfrac"]}.items():
                 stats_sum[k] = stats_sum.get(k, 0.0) + float(v) * weight
@@ -290,7 +336,7 @@ def _set_up(cfg: PPOConfig, run: RunScaffold, roles: Roles, prompts: Optional[Se
     """Step 0 after the roles: optimisers, prompt stream and KL controller, named for the run's
     checkpoints and resumed from the latest one when asked. Returns (opt, stream, kl_ctl, start)."""
     algo = cfg.ppo
-    opt = make_optim(roles, algo)
+    opt = make_optim(roles, algo, compiled=cfg.model.compile)
     n_prompts = algo.rollout_batch_size // algo.samples_per_prompt
     stream = PromptStream(cfg.data, roles.tokenizer, n_prompts, cfg.run.seed, prompts=prompts,
                           batch_key="ppo.rollout_batch_size")
