@@ -40,3 +40,11 @@ def test_ppo_floor_benchmark_prints_one_json_line():
         assert out[key] > 0, key
     assert out["rss_python_mib"] < out["rss_torch_mib"] <= out["rss_transformers_mib"] <= out["rss_models_mib"]
     assert out["workload"]["optimizer_steps_per_iter"] == 16
+
+
+def test_train_step_benchmark_prints_one_json_line():
+    out = _one_json_line(["benchmarks/train_step.py", "--mode", "tokens", "--iterations", "2", "--batch", "16",
+                          "--response-len", "12", "--tokens", "64"])
+    assert out["mode"] == "tokens" and out["micro_batch_tokens"] == 64 and out["updates"] == 2
+    for key in ("first_update_s", "steady_update_s", "steady_ms_per_step", "rollout_tokens", "peak_rss_mib"):
+        assert out[key] > 0, key
