@@ -124,8 +124,12 @@ def reward_stage_settings(cfg: DemoConfig) -> dict:
 
 
 def ppo_stage_settings(cfg: DemoConfig) -> dict:
-    """What the PPO stage's cache key holds: its sections, and the LoRA settings only when set."""
-    settings = {"ppo": config_to_dict(cfg.ppo), "gen": config_to_dict(cfg.generation), "task": cfg.task_options}
+    """What the PPO stage's cache key holds: its sections, the engine settings
+    (``GenerationConfig.ENGINE_KEYS``) and the LoRA settings only when set."""
+    gen = {k: v for k, v in config_to_dict(cfg.generation).items() if k not in cfg.generation.ENGINE_KEYS}
+    settings = {"ppo": config_to_dict(cfg.ppo), "gen": gen, "task": cfg.task_options}
+    if cfg.generation.engine_settings():
+        settings["engine"] = cfg.generation.engine_settings()
     if cfg.lora is not None:
         settings["lora"] = config_to_dict(cfg.lora)
     return settings
