@@ -42,7 +42,9 @@ exist only during a role's optimizer step, they are freed with ``zero_grad(set_t
   (the reference's with its response logits ``B * (T + 1) * V * c`` and the float32 blocks of
   :mod:`fourfold.core.logprobs`); under bf16-mixed also the bf16 copies of the trained fp32 weights
   that autocast caches for the collection (B = rollout batch per device, P = max prompt length,
-  T = max new tokens, c = compute bytes).
+  T = max new tokens, c = compute bytes); plus the rollout engine's weights
+  (``engine_weights``): an inference copy of the policy (resident, so in both phases), or, with
+  ``gathered`` over N devices, the (N - 1) / N of the policy's weights the other devices hold.
 * **train** = weights + AdamW state + the training of the role that needs most (policy or critic;
   both at once with ``concurrent_roles``): its gradients, the activations and logits of one
   micro-batch, and under bf16-mixed the bf16 copies of its weights that the Linears save for
@@ -83,6 +85,7 @@ from fourfold.models.plan import LoraSettings
 
 ROLES = ("policy", "reference", "reward", "critic")
 PRECISIONS = ("fp32", "bf16-mixed", "bf16")
+ENGINE_WEIGHTS = ("live", "gathered", "copy")
 _DTYPE_BYTES = {"float32": 4, "fp32": 4, "bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2}
 
 
@@ -135,6 +138,12 @@ class EstimateSettings:
     logits_chunk: Optional[int] = None
     """Tokens per chunk of the LM head in the log-prob passes (``model.logits_chunk``); None = all
     response positions at once."""
+    engine_weights: str = "live"
+    """Where the rollout engine's forwards take the policy's weights from (``generation.weights``):
+    ``live``, the policy itself; ``gathered``, the policy with every FSDP unit kept gathered through
+    the rollout (with ``nproc`` > 1: its whole weights on every device while sampling); ``copy``, a
+    resident inference copy (bf16 under bf16-mixed and bf16, else the policy's weights dtype; a LoRA
+    policy's copy is its base with the adapter merged)."""
 
     @classmethod
     def from_plan(cls, plan, *, nproc: int = 1, **shape) -> "EstimateSettings":
@@ -170,6 +179,8 @@ class EstimateSettings:
                  self.max_prompt_len, self.max_new_tokens, self.nproc)
         if min(sizes) < 1:
             raise ValueError("batch sizes, lengths and nproc must be >= 1")
+        if self.engine_weights not in ENGINE_WEIGHTS:
+            raise ValueError(f"engine_weights {self.engine_weights!r}: expected one of {', '.join(ENGINE_WEIGHTS)}")
         lora = self.lora
         if lora is None:
             return
@@ -484,6 +495,22 @@ def _fsdp_bytes(roles: dict[str, Optional[_Role]], s: EstimateSettings, training
     return max(sizes, default=0)
 
 
+COPY_TERM = "inference copy of the policy"
+
+
+def _engine_terms(policy: _Role, s: EstimateSettings) -> dict[str, int]:
+    """The rollout engine's weights beyond the policy's own, per device: an inference copy (resident:
+    both phases), or with ``gathered`` over several devices the policy's other shards while sampling."""
+    if s.engine_weights == "copy":
+        params = policy.memory.params - (policy.lora.params if policy.lora is not None else 0)
+        return {f"{COPY_TERM} (generation.weights: copy)": params * (policy.res_bytes if s.precision == "fp32" else 2)}
+    if s.engine_weights == "gathered" and s.nproc > 1:
+        _, _, c = _dtype_bytes(s)
+        gathered = policy.memory.trainable_params * c * (s.nproc - 1) // s.nproc
+        return {"policy gathered for the rollout (generation.weights: gathered)": gathered}
+    return {}
+
+
 def estimate_from_settings(settings: EstimateSettings) -> Estimate:
     """Per-role memory and the per-device peaks of generation and training for ``settings``."""
     s = settings
@@ -499,6 +526,8 @@ def estimate_from_settings(settings: EstimateSettings) -> Estimate:
         generate["autocast bf16 weight copies"] = 2 * sum(r.cast_params for r in roles.values() if r is not None and r.trained)
     generate["FSDP gather buffers"] = _fsdp_bytes(roles, s, training=False)
     generate["sampling (KV cache, logits)" if sampling >= scoring else "scoring passes"] = max(sampling, scoring)
+    engine = _engine_terms(roles["policy"], s)
+    generate.update(engine)
     trained = {name: _train_terms(roles[name], s) for name in ("policy", "critic") if roles[name] is not None}
     if s.concurrent_roles:
         live = {f"{k} ({name})": v for name, terms in trained.items() for k, v in terms.items()}
@@ -506,6 +535,7 @@ def estimate_from_settings(settings: EstimateSettings) -> Estimate:
         name, terms = max(trained.items(), key=lambda kv: sum(kv[1].values()))
         live = {f"{k} ({name})": v for k, v in terms.items()}
     train = {**resident, **live, "FSDP gather/reduce buffers": _fsdp_bytes(roles, s, training=True)}
+    train.update({k: v for k, v in engine.items() if k.startswith(COPY_TERM)})  # resident
     return Estimate(memory, generate, train, _describe(s))
 
 
