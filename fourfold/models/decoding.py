@@ -20,6 +20,7 @@ and an inference copy of the policy with the policy's current weights.
 
 from __future__ import annotations
 
+import contextlib
 from typing import Iterator, Optional
 
 import torch
@@ -71,10 +72,56 @@ def decode_mask(valid: torch.Tensor, model: nn.Module, dtype: torch.dtype) -> to
     """The 4-D attention mask ``[B, 1, 1, L]`` of a one-token step from the valid key slots
     ``valid [B, L]`` (bool): bool for sdpa, 0 / the dtype's minimum added to the scores for eager."""
     mask = valid[:, None, None, :]
-    if getattr(_text_config(inner_model(model)), "_attn_implementation", None) == "sdpa":
+    if getattr(_text_config(inner_model(model)), "_attn_implementation", None) in ("sdpa", DECODE_ATTENTION):
         return mask
     zero = torch.zeros((), dtype=dtype, device=valid.device)
     return torch.where(mask, zero, torch.full_like(zero, torch.finfo(dtype).min))
+
+
+DECODE_ATTENTION = "fourfold_decode"
+"""The name :func:`decode_attention` is registered under with transformers' ``AttentionInterface``."""
+
+
+def decode_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                     attention_mask: Optional[torch.Tensor], dropout: float = 0.0, scaling: Optional[float] = None,
+                     **kwargs) -> tuple[torch.Tensor, None]:
+    """sdpa's attention for one query position, as two matmuls around a masked softmax: under
+    ``torch.compile`` the mask and the softmax become one fused kernel, where SDPA's CPU kernel
+    costs more than the arithmetic at decode sizes. ``query [B, Hq, 1, D]`` against the cache's
+    ``key``/``value [B, Hkv, L, D]`` (each key head serving its ``Hq / Hkv`` consecutive query heads,
+    as ``repeat_kv`` does), ``attention_mask [B, 1, 1, L]`` (bool, or added to the scores), ``scaling``
+    (None: ``D ** -0.5``, as sdpa). Anything else (a longer query, dropout, a soft cap, a position
+    bias) goes to transformers' sdpa."""
+    if query.shape[2] != 1 or dropout or kwargs.get("softcap") is not None or kwargs.get("position_bias") is not None:
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
+    B, Hq, _, D = query.shape
+    Hkv, L = key.shape[1], key.shape[2]
+    q = query.reshape(B, Hkv, Hq // Hkv, D)  # (B, Hkv, G, D)
+    scores = torch.matmul(q, key.transpose(-1, -2)) * (scaling if scaling is not None else D ** -0.5)  # (B, Hkv, G, L)
+    if attention_mask is not None:
+        mask = attention_mask[..., :L]
+        scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask
+    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(value.dtype)
+    out = torch.matmul(probs, value)  # (B, Hkv, G, D)
+    return out.reshape(B, Hq, 1, D).transpose(1, 2).contiguous(), None
+
+
+@contextlib.contextmanager
+def attention_for_decoding(model: nn.Module) -> Iterator[None]:
+    """``model`` attends with :func:`decode_attention` inside the block (registered with
+    transformers' ``AttentionInterface`` on first use; the config's implementation restored after)."""
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(DECODE_ATTENTION, decode_attention)  # idempotent
+    config = _text_config(inner_model(model))
+    before = config._attn_implementation
+    config._attn_implementation = DECODE_ATTENTION
+    try:
+        yield
+    finally:
+        config._attn_implementation = before
 
 
 def _plain_class(lm: nn.Module) -> type:

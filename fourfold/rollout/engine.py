@@ -44,13 +44,15 @@ from __future__ import annotations
 
 import contextlib
 import warnings
+from dataclasses import dataclass
 from typing import Optional, Protocol
 
 import torch
 from torch import nn
 
 from fourfold import dist
-from fourfold.models.decoding import decode_mask, fill_static_cache, static_cache
+from fourfold.errors import ConfigError
+from fourfold.models.decoding import attention_for_decoding, decode_mask, fill_static_cache, static_cache
 from fourfold.rollout.lm import (
     Choice,
     Samples,
@@ -62,7 +64,7 @@ from fourfold.rollout.lm import (
     sample,
     stack_samples,
 )
-from fourfold.rollout.weights import LiveWeights, make_weights
+from fourfold.rollout.weights import LiveWeights, fsdp_units, make_weights
 
 ENGINES = ("eager", "static")
 CACHE_BUCKET = 64
@@ -151,10 +153,13 @@ class StaticEngine:
         fill_static_cache(self._cache[1], prefill_cache)
         return self._cache[1]
 
-    def _step_fn(self, B: int, L: int, device: torch.device):
+    def _step_fn(self, model: nn.Module, B: int, L: int, device: torch.device):
         """The one-token step for this shape: compiled (up to :data:`MAX_COMPILED_SHAPES` shapes) or plain."""
         if not self.compile:
             return self._step
+        if fsdp_units(model):
+            raise ConfigError("generation.compile: the step of an FSDP-sharded policy is not compiled; set "
+                              "generation.weights=copy (a plain copy of the policy) or generation.compile=false")
         if (B, L) not in self._compiled_shapes and len(self._compiled_shapes) >= MAX_COMPILED_SHAPES:
             warnings.warn(f"generation.compile: more than {MAX_COMPILED_SHAPES} rollout shapes; ({B} rows, {L} "
                           "positions) runs the plain step", stacklevel=3)
@@ -165,21 +170,20 @@ class StaticEngine:
             self._compiled = torch.compile(self._step, dynamic=False, mode=mode)
         return self._compiled
 
-    def _step(self, model, cache, tokens, positions, slot, prompt_valid, generated_slots, u, finished,
-              pick: dict) -> Choice:
+    def _step(self, r: "Rollout", tokens: torch.Tensor, positions: torch.Tensor, slot: torch.Tensor,
+              u: Optional[torch.Tensor], finished: torch.Tensor) -> Choice:
         """One token for every row: the forward of ``tokens [B]`` at ``positions [B, 1]`` writing
         cache slot ``slot`` (0-d), attending to the prompt's valid slots and the generated ones up
         to ``slot``; then the pick at the uniforms ``u [B]``. Every tensor keeps its shape."""
-        valid = prompt_valid | (generated_slots <= slot)  # (B, L)
-        mask = decode_mask(valid, model, cache.layers[0].keys.dtype)
-        out = model(input_ids=tokens[:, None], attention_mask=mask, position_ids=positions, use_cache=True,
-                    logits_to_keep=1, **{cache_kwarg(model): cache})
-        return choose(out.logits[:, -1, :].float(), finished, pick["temperature"], pick["greedy"], None, u,
-                      pick["eos_token_id"], pick["pad_token_id"])
+        valid = r.prompt_valid | (r.generated_slots <= slot)  # (B, L)
+        mask = decode_mask(valid, r.model, r.cache.layers[0].keys.dtype)
+        out = r.model(input_ids=tokens[:, None], attention_mask=mask, position_ids=positions, use_cache=True,
+                      logits_to_keep=1, **{cache_kwarg(r.model): r.cache})
+        return r.choose(out.logits[:, -1, :].float(), finished, u)
 
     def _decode(self, model: nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, T: int,
                 noise: Optional[torch.Tensor], sync_stop: bool, pick: dict) -> Samples:
-        """Prefill, then the fixed-shape steps; "every row finished?" every ``check_every`` tokens."""
+        """The eager engine's prefill into the static cache, then the fixed-shape steps."""
         (B, P), device = prompt_ids.shape, prompt_ids.device
         out, pos = prefill(model, prompt_ids, prompt_mask)
         L = self._length(P, T)
@@ -188,28 +192,49 @@ class StaticEngine:
         prompt_valid = torch.zeros(B, L, dtype=torch.bool, device=device)
         prompt_valid[:, :P] = prompt_mask.bool()
         generated_slots = torch.where(slots >= P, slots, torch.full_like(slots, L))  # prompt slots: never
-        u = (lambda t: None) if noise is None else (lambda t: noise[:, t].to(device))
-        finished = torch.zeros(B, dtype=torch.bool, device=device)
-        steps = [choose(out.logits[:, -1, :].float(), finished, pick["temperature"], pick["greedy"], None, u(0),
-                        pick["eos_token_id"], pick["pad_token_id"])]
+        r = Rollout(model, cache, prompt_valid, generated_slots, noise, pick)
+        steps = [r.choose(out.logits[:, -1, :].float(), torch.zeros(B, dtype=torch.bool, device=device), r.u(0))]
         del out
-        step, graphs = self._step_fn(B, L, device), self.compile and device.type == "cuda"
+        step, graphs = self._step_fn(model, B, L, device), self.compile and device.type == "cuda"
         positions, slot = pos[:, -1:] + 1, torch.full((), P, device=device)
-        for t in range(1, T):
-            checked = pick["eos_token_id"] is not None and t % self.check_every == 0
-            if checked and all_finished(steps[-1].finished, sync_stop):
-                break
-            if graphs:
-                torch.compiler.cudagraph_mark_step_begin()
-            # the first step checks every guard (and compiles a new shape); the others run the same
-            # model, cache and shapes, so only the guards that tell compiled versions apart are read
-            with _guards_checked(step is self._step or t == 1):
-                c = step(model, cache, steps[-1].tokens, positions, slot, prompt_valid, generated_slots, u(t),
-                         steps[-1].finished, pick)
-            steps.append(Choice(*(x.clone() for x in vars(c).values())) if graphs else c)
-            positions, slot = positions + 1, slot + 1
+        with attention_for_decoding(model):
+            for t in range(1, T):
+                checked = pick["eos_token_id"] is not None and t % self.check_every == 0
+                if checked and all_finished(steps[-1].finished, sync_stop):
+                    break
+                if graphs:
+                    torch.compiler.cudagraph_mark_step_begin()
+                # the first step reads every guard (and compiles a new shape); the later ones run the
+                # same step on the same objects and shapes
+                with _guards_checked(step is self._step or t == 1):
+                    c = step(r, steps[-1].tokens, positions, slot, r.u(t), steps[-1].finished)
+                steps.append(Choice(*(x.clone() for x in vars(c).values())) if graphs else c)  # graphs reuse outputs
+                positions, slot = positions + 1, slot + 1
         n = _finished_length(steps, sync_stop)
         return stack_samples(prompt_ids, prompt_mask, steps[:n], steps[n - 1].finished)
+
+
+@dataclass
+class Rollout:
+    """What every step of one static-engine rollout reads: the model and its cache, the prompt's
+    valid slots ``prompt_valid [B, L]``, each slot's index when a generated token goes there
+    (``generated_slots [L]``, ``L`` for the prompt's slots), the uniforms ``noise [B, T]`` and the
+    pick's settings (``temperature``, ``greedy``, ``eos_token_id``, ``pad_token_id``)."""
+
+    model: nn.Module
+    cache: object
+    prompt_valid: torch.Tensor
+    generated_slots: torch.Tensor
+    noise: Optional[torch.Tensor]
+    pick: dict
+
+    def u(self, t: int) -> Optional[torch.Tensor]:
+        """The uniforms of token ``t`` (None: greedy)."""
+        return None if self.noise is None else self.noise[:, t].to(self.prompt_valid.device)
+
+    def choose(self, logits: torch.Tensor, finished: torch.Tensor, u: Optional[torch.Tensor]) -> Choice:
+        p = self.pick
+        return choose(logits, finished, p["temperature"], p["greedy"], None, u, p["eos_token_id"], p["pad_token_id"])
 
 
 def _guards_checked(full: bool):
