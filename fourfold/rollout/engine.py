@@ -192,7 +192,7 @@ class StaticEngine:
         prompt_valid = torch.zeros(B, L, dtype=torch.bool, device=device)
         prompt_valid[:, :P] = prompt_mask.bool()
         generated_slots = torch.where(slots >= P, slots, torch.full_like(slots, L))  # prompt slots: never
-        r = Rollout(model, cache, prompt_valid, generated_slots, noise, pick)
+        r = Rollout(model, cache, prompt_valid, generated_slots, None if noise is None else noise.to(device), pick)
         steps = [r.choose(out.logits[:, -1, :].float(), torch.zeros(B, dtype=torch.bool, device=device), r.u(0))]
         del out
         step, graphs = self._step_fn(model, B, L, device), self.compile and device.type == "cuda"
@@ -218,8 +218,8 @@ class StaticEngine:
 class Rollout:
     """What every step of one static-engine rollout reads: the model and its cache, the prompt's
     valid slots ``prompt_valid [B, L]``, each slot's index when a generated token goes there
-    (``generated_slots [L]``, ``L`` for the prompt's slots), the uniforms ``noise [B, T]`` and the
-    pick's settings (``temperature``, ``greedy``, ``eos_token_id``, ``pad_token_id``)."""
+    (``generated_slots [L]``, ``L`` for the prompt's slots), the uniforms ``noise [B, T]`` (on the
+    model's device: one copy per rollout, not one per token) and the pick's settings (``temperature``, ``greedy``, ``eos_token_id``, ``pad_token_id``)."""
 
     model: nn.Module
     cache: object
@@ -230,7 +230,7 @@ class Rollout:
 
     def u(self, t: int) -> Optional[torch.Tensor]:
         """The uniforms of token ``t`` (None: greedy)."""
-        return None if self.noise is None else self.noise[:, t].to(self.prompt_valid.device)
+        return None if self.noise is None else self.noise[:, t]
 
     def choose(self, logits: torch.Tensor, finished: torch.Tensor, u: Optional[torch.Tensor]) -> Choice:
         p = self.pick
