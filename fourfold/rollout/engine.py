@@ -121,6 +121,16 @@ class StaticEngine:
     def sync(self, policy: nn.Module) -> None:
         self.weights.sync(policy)
 
+    @property
+    def cache_positions(self) -> Optional[int]:
+        """Positions of the static cache the last rollout used (None before the first)."""
+        return None if self._cache is None else self._cache[0][2]
+
+    @property
+    def compiled_shapes(self) -> frozenset:
+        """The (rows, cache positions) shapes the compiled step has been called with."""
+        return frozenset(self._compiled_shapes)
+
     @torch.no_grad()
     def __call__(self, model: nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, *, max_new_tokens: int,
                  temperature: float = 1.0, eos_token_id: Optional[int] = None, pad_token_id: int = 0,
@@ -146,7 +156,7 @@ class StaticEngine:
         """The cache of this shape (the last one when it matches: a compiled step keeps reading
         the same tensors), filled with the prefill's keys and values."""
         keys = prefill_cache.layers[0].keys
-        key = (id(model), B, L, keys.dtype, keys.device)
+        key = (id(model), B, L, keys.dtype, keys.device, len(prefill_cache.layers), keys.shape[1], keys.shape[3])
         if self._cache is None or self._cache[0] != key:
             self._cache = None  # the old cache's memory goes before the new one is allocated
             self._cache = (key, static_cache(model, L))
@@ -219,7 +229,8 @@ class Rollout:
     """What every step of one static-engine rollout reads: the model and its cache, the prompt's
     valid slots ``prompt_valid [B, L]``, each slot's index when a generated token goes there
     (``generated_slots [L]``, ``L`` for the prompt's slots), the uniforms ``noise [B, T]`` (on the
-    model's device: one copy per rollout, not one per token) and the pick's settings (``temperature``, ``greedy``, ``eos_token_id``, ``pad_token_id``)."""
+    model's device: one copy per rollout, not one per token) and the pick's settings
+    (``temperature``, ``greedy``, ``eos_token_id``, ``pad_token_id``)."""
 
     model: nn.Module
     cache: object

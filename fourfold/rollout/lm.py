@@ -182,11 +182,12 @@ def sample(
 
 class RolloutEngine(Protocol):
     """What generates a rollout's responses: :func:`sample` (Hugging Face forwards with the KV cache)
-    is the built-in engine; another backend (a vLLM server holding a copy of the policy's weights,
-    say) goes in by implementing this call and being passed as ``collect(..., engine=...)``. It
-    must return :class:`Samples` whose ``logprobs`` are the policy's (pi_old) under ``temperature``;
-    with ``noise`` (uniforms ``[B, max_new_tokens]``) row r's tokens depend only on row r's noise,
-    and with ``sync_stop`` it keeps stepping until every rank's rows are done."""
+    is the built-in engine; the engines of :mod:`fourfold.rollout.engine` (with their weight sync)
+    and any other backend (a vLLM server holding a copy of the policy's weights, say) go in by
+    implementing this call and being passed as ``collect(..., engine=...)``. It must return
+    :class:`Samples` whose ``logprobs`` are the policy's (pi_old) under ``temperature``; with
+    ``noise`` (uniforms ``[B, max_new_tokens]``) row r's tokens depend only on row r's noise, and
+    with ``sync_stop`` it keeps stepping until every rank's rows are done."""
 
     def __call__(self, model: torch.nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, *,
                  max_new_tokens: int, temperature: float, eos_token_id: Optional[int], pad_token_id: int,

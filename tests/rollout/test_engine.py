@@ -105,11 +105,11 @@ def test_the_cache_is_reused_across_rollouts_of_one_shape_and_any_prompt_width()
         ids, mask = _prompts(rows=5, width=width)
         kw = _kw(ids, 10, None, greedy=False)
         assert_same_samples(engine(model, ids, mask, **kw), sample(model, ids, mask, **kw))
-        assert engine._cache[0][2] == 17  # one cache length for every prompt width
+        assert engine.cache_positions == 17  # one cache length for every prompt width
     ids, mask = _prompts(rows=5, width=9)  # longer than the configured length: a bucket of 64
     kw = _kw(ids, 10, None, greedy=False)
     assert_same_samples(engine(model, ids, mask, **kw), sample(model, ids, mask, **kw))
-    assert engine._cache[0][2] == 64
+    assert engine.cache_positions == 64
 
 
 def _lora_policy():
@@ -229,7 +229,7 @@ def test_compiled_step_traced_by_dynamo(monkeypatch):
     engine = StaticEngine(compile=True, check_every=4)
     for _ in range(2):  # the second rollout reuses the compiled step
         assert_same_samples(engine(model, ids, mask, **kw), sample(model, ids, mask, **kw))
-    assert engine._compiled is not None and engine._compiled_shapes == {(12, 64)}
+    assert engine.compiled_shapes == {(12, 64)}
 
 
 @pytest.mark.slow  # inductor compiles the step: ~10-40 s on 2 cores
