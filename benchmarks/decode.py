@@ -12,11 +12,13 @@ from a ``GenerationConfig``), synced with the policy, and called as ``collect`` 
 * ``static-compiled``: the same with ``compile: true`` (CUDA graphs on CUDA, inductor on CPU).
 
 Per engine: ``first_call_s`` (the first rollout: compile included), the median wall and process CPU
-seconds of the ``--repeats`` rollouts after ``--warmup`` more, ``tokens_per_s`` (rows x new tokens
+seconds of the ``--repeats`` rollouts after ``--warmup`` more (the engines' timed rollouts
+interleaved, so a machine whose load changes treats them alike), ``tokens_per_s`` (rows x new tokens
 over the median rollout), ``decode_tokens_per_s`` (the tokens after the first, over the rollout
 minus the prompt's forward, measured apart: the one-token steps alone), ``compile_s`` (first call
-minus a steady one), ``speedup_vs_eager``, the peak memory (CUDA: ``max_memory_allocated`` per
-engine; CPU: the process's peak RSS so far, so run one engine per process for its own) and whether
+minus a steady one), ``speedup_vs_eager``, the peak memory (CUDA: ``max_memory_allocated`` over
+the engine's first and warm-up calls; CPU: the process's peak RSS so far, so run one engine per
+process for its own) and whether
 its tokens are the eager engine's (with the largest log-prob difference).
 
     python benchmarks/decode.py --threads 1                       # the demo's shapes, 64 rows x 40 tokens
@@ -113,37 +115,53 @@ def timed(fn, device) -> tuple[float, float, object]:
     return time.perf_counter() - t0, time.process_time() - c0, out
 
 
-def measure(name: str, args, policy, ids, mask, noise, device) -> tuple[dict, object]:
-    """One engine's figures (see the module docstring) and its last samples."""
-    import torch
+class Contender:
+    """One engine under test: built and synced as the trainers do, called as ``collect`` calls it."""
 
-    from fourfold.models.levers import autocast_region
+    def __init__(self, name: str, args, policy, ids, mask, noise, device):
+        self.name, self.args, self.policy, self.ids, self.mask, self.device = name, args, policy, ids, mask, device
+        self.engine = make(name, args)
+        self.engine.sync(policy)
+        self.kw = dict(max_new_tokens=args.response_len, temperature=args.temperature, eos_token_id=None,
+                       pad_token_id=0, noise=noise, sync_stop=False)
+        self.runs: list[tuple[float, float]] = []
+        self.prefills: list[float] = []
 
-    engine = make(name, args)
-    engine.sync(policy)
-    kw = dict(max_new_tokens=args.response_len, temperature=args.temperature, eos_token_id=None, pad_token_id=0,
-              noise=noise, sync_stop=False)
+    def rollout(self):
+        import torch
 
-    def rollout():
-        with torch.no_grad(), autocast_region(args.precision, device.type):
-            return engine(policy, ids, mask, **kw)
+        from fourfold.models.levers import autocast_region
 
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-    first, _, samples = timed(rollout, device)
-    for _ in range(args.warmup):
-        rollout()
-    runs = [timed(rollout, device) for _ in range(args.repeats)]
-    wall, cpu = statistics.median(r[0] for r in runs), statistics.median(r[1] for r in runs)
-    peak = (torch.cuda.max_memory_allocated(device) if device.type == "cuda"
-            else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
-    prefill = statistics.median(timed(lambda: prefill_only(engine, policy, ids, mask, args), device)[0]
-                                for _ in range(max(1, args.repeats)))
-    B, T = args.batch, args.response_len
-    return {"first_call_s": round(first, 4), "s_per_rollout": round(wall, 4), "cpu_s_per_rollout": round(cpu, 4),
-            "s_prefill": round(prefill, 4), "tokens_per_s": round(B * T / wall, 1),
-            "decode_tokens_per_s": round(B * (T - 1) / max(wall - prefill, 1e-9), 1),
-            "compile_s": round(max(first - wall, 0.0), 3), "peak_mem_mib": round(peak / 2**20, 1)}, runs[-1][2]
+        with torch.no_grad(), autocast_region(self.args.precision, self.device.type):
+            return self.engine(self.policy, self.ids, self.mask, **self.kw)
+
+    def start(self) -> None:
+        """The first call (a compiled step compiles here) and the warm-up calls, alone: the peak
+        memory is this engine's (CUDA)."""
+        import torch
+
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+        self.first, _, self.samples = timed(self.rollout, self.device)
+        for _ in range(self.args.warmup):
+            self.rollout()
+        self.peak = (torch.cuda.max_memory_allocated(self.device) if self.device.type == "cuda"
+                     else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+
+    def time_once(self) -> None:
+        wall, cpu, _ = timed(self.rollout, self.device)
+        self.runs.append((wall, cpu))
+        self.prefills.append(timed(lambda: prefill_only(self.engine, self.policy, self.ids, self.mask, self.args),
+                                   self.device)[0])
+
+    def figures(self) -> dict:
+        wall, cpu = statistics.median(r[0] for r in self.runs), statistics.median(r[1] for r in self.runs)
+        prefill = statistics.median(self.prefills)
+        B, T = self.args.batch, self.args.response_len
+        return {"first_call_s": round(self.first, 4), "s_per_rollout": round(wall, 4), "cpu_s_per_rollout": round(cpu, 4),
+                "s_prefill": round(prefill, 4), "tokens_per_s": round(B * T / wall, 1),
+                "decode_tokens_per_s": round(B * (T - 1) / max(wall - prefill, 1e-9), 1),
+                "compile_s": round(max(self.first - wall, 0.0), 3), "peak_mem_mib": round(self.peak / 2**20, 1)}
 
 
 def prefill_only(engine, policy, ids, mask, args):
@@ -168,14 +186,18 @@ def main(argv=None) -> dict:
     hf_logging.set_verbosity_error()
     device = torch.device(args.device)
     policy, ids, mask, noise = build(args, device)
-    engines, reference = {}, None
-    for name in args.engines:
-        figures, samples = measure(name, args, policy, ids, mask, noise, device)
-        if reference is None:
-            reference = (name, samples)
-        figures["same_tokens_as_" + reference[0]] = bool(torch.equal(samples.sequences, reference[1].sequences))
-        figures["max_logprob_diff"] = float((samples.logprobs - reference[1].logprobs).abs().max())
-        engines[name] = figures
+    contenders = [Contender(name, args, policy, ids, mask, noise, device) for name in args.engines]
+    for c in contenders:
+        c.start()
+    for _ in range(args.repeats):  # interleaved: a machine whose load changes treats every engine alike
+        for c in contenders:
+            c.time_once()
+    engines, reference = {}, contenders[0]
+    for c in contenders:
+        figures = c.figures()
+        figures["same_tokens_as_" + reference.name] = bool(torch.equal(c.samples.sequences, reference.samples.sequences))
+        figures["max_logprob_diff"] = float((c.samples.logprobs - reference.samples.logprobs).abs().max())
+        engines[c.name] = figures
     if "eager" in engines:
         for figures in engines.values():
             figures["speedup_vs_eager"] = round(engines["eager"]["s_per_rollout"] / figures["s_per_rollout"], 3)
