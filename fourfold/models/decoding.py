@@ -9,6 +9,8 @@ and an inference copy of the policy with the policy's current weights.
 * :func:`decode_mask`: the 4-D mask ``[B, 1, 1, max_len]`` of one decode step from the valid key
   slots ``[B, max_len]``, in the form the model's attention takes (bool for ``sdpa``, additive
   float for ``eager``). A 4-D mask is used by the model as it is (no mask built per step).
+* :func:`decode_attention` (used inside :func:`attention_for_decoding`): sdpa's attention for one
+  query position as two matmuls around a masked softmax, which ``torch.compile`` fuses.
 * :func:`inference_copy` and :func:`load_current_weights`: a plain model of the policy's
   architecture (no peft layers, no FSDP, no autocast hooks, in a dtype of its own) and the
   policy's current weights copied into it in place (the copy's tensors keep their addresses, so a

@@ -29,11 +29,13 @@ would implement to plug in; none ships here). An engine has two calls:
   and values copied into a KV cache preallocated for ``cache_len`` positions
   (:func:`~fourfold.models.decoding.static_cache`, transformers' ``StaticCache``), then one
   fixed-shape step per token (the token, its position, the cache slot it writes, the valid key
-  slots as a 4-D mask: no tensor changes shape from token to token), which ``torch.compile`` can
-  capture (``generation.compile``: CUDA graphs with ``mode="reduce-overhead"`` on CUDA, inductor
-  on CPU). Finished rows keep stepping and emit pad, masked; "every row finished?" is read every
-  ``generation.stop_check_every`` tokens and the steps past the last row's EOS are cut off, so
-  the result has the eager engine's shape. Same tokens as the eager engine, log-probs equal up to
+  slots as a 4-D mask: no tensor changes shape from token to token; the attention over the slots
+  is :func:`~fourfold.models.decoding.decode_attention`), which ``torch.compile`` can capture
+  (``generation.compile``: CUDA graphs with ``mode="reduce-overhead"`` on CUDA, inductor on CPU;
+  after a rollout's first step only the guards that tell compiled versions apart are read).
+  Finished rows keep stepping and emit pad, masked; "every row finished?" is read every
+  ``generation.stop_check_every`` tokens and the steps past the last row's EOS are cut off, so the
+  result has the eager engine's shape. Same tokens as the eager engine, log-probs equal up to
   float rounding (the attention sums over the fixed slots in another order).
 
 Either engine takes its weights from a :mod:`~fourfold.rollout.weights` object

@@ -3,7 +3,8 @@
 One iteration, as numbered in :func:`train`:
 
 1. sample prompts (rollout_batch_size / K of them, each repeated on K consecutive rows);
-2. generate with the policy, keeping its log-probs as pi_old;
+2. generate with the policy, keeping its log-probs as pi_old (the rollout engine of
+   ``generation.engine``, given the policy's current weights by ``engine.sync`` first);
 3. score: reference log-probs, critic values and the frozen reward model's score;
 4. per-token rewards: -kl_coef * KL_t on every token, the score added on the last one;
 5. advantages with the critic and GAE (gamma, lambda), whitened over the batch; returns = A + V;
