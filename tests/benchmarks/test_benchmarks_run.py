@@ -40,27 +40,3 @@ def test_ppo_floor_benchmark_prints_one_json_line():
         assert out[key] > 0, key
     assert out["rss_python_mib"] < out["rss_torch_mib"] <= out["rss_transformers_mib"] <= out["rss_models_mib"]
     assert out["workload"]["optimizer_steps_per_iter"] == 16
-
-
-def test_decode_benchmark_prints_one_json_line():
-    """benchmarks/decode.py: the engines side by side (tiny sizes; the compiled step is left to the
-    slow test of the engine), each with its figures and its tokens compared with the eager engine's."""
-    out = _one_json_line(["benchmarks/decode.py", "--hidden", "32", "--layers", "1", "--heads", "2", "--vocab", "64",
-                          "--batch", "4", "--prompt-len", "4", "--response-len", "6", "--repeats", "2", "--threads", "1",
-                          "--engines", "eager,static"])
-    assert set(out["engines"]) == {"eager", "static"}
-    for figures in out["engines"].values():
-        for key in ("first_call_s", "s_per_rollout", "cpu_s_per_rollout", "tokens_per_s", "decode_tokens_per_s",
-                    "peak_mem_mib", "speedup_vs_eager"):
-            assert figures[key] > 0, key
-        assert figures["same_tokens_as_eager"] and figures["max_logprob_diff"] < 1e-5
-    assert out["workload"]["batch"] == 4 and out["workload"]["static_weights"] == "copy"
-
-
-def test_ppo_iteration_benchmark_with_the_static_engine():
-    out = _one_json_line(["benchmarks/ppo_iteration.py", "--hidden", "32", "--layers", "1", "--heads", "2",
-                          "--vocab", "64", "--batch", "4", "--prompt-len", "4", "--response-len", "4", "--minibatch", "2",
-                          "--iterations", "2", "--warmup", "1", "--threads", "1", "--engine", "static", "--weights", "copy"])
-    w = out["workload"]
-    assert (w["engine"], w["weights"], w["compile"]) == ("static", "copy", False)
-    assert out["s_generate_first"] > 0 and out["s_sync"] > 0
