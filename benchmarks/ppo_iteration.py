@@ -23,6 +23,14 @@ LoRA base (``model.frozen_dtype``). ``--grad-ckpt`` turns on gradient checkpoint
 (:func:`fourfold.models.levers.enable_gradient_checkpointing`). ``estimate_peak_mib`` is what
 ``fourfold.models.estimate`` predicts for the same settings (live tensors: compare it with the
 measured peak minus the framework's baseline, which ``estimate_vs_measured.py`` measures).
+
+Rollout engine (the ``generation`` keys, built by ``fourfold.rollout.engine.make_engine`` and synced
+with the policy every iteration as the trainer does): ``--engine eager|static``, ``--weights
+live|gathered|copy``, ``--compile`` (the static engine's step), ``--stop-check-every N``.
+``s_generate`` is the median rollout; ``s_generate_first`` the first one (a compiled step compiles
+there: compile time apart from the steady state); ``s_sync`` the weight sync.
+
+    python benchmarks/ppo_iteration.py --engine static --weights copy --compile
 """
 
 from __future__ import annotations
@@ -103,7 +111,8 @@ def estimate_settings(args, cfg):
         reward_mode=args.reward_mode if lora else "separate", precision=args.precision, frozen_dtype=frozen_dtype_name(args),
         gradient_checkpointing=args.grad_ckpt,
         rollout_batch_size=args.batch, minibatch_size=args.minibatch, micro_batch_size=getattr(args, "micro_batch", None),
-        max_prompt_len=args.prompt_len, max_new_tokens=args.response_len, concurrent_roles=args.concurrent)
+        max_prompt_len=args.prompt_len, max_new_tokens=args.response_len, concurrent_roles=args.concurrent,
+        engine_weights=getattr(args, "weights", "live"))
 
 
 def allocator_env(args=None) -> dict:
@@ -146,7 +155,7 @@ def add_mode_args(p: argparse.ArgumentParser) -> None:
                         "(run.malloc_mmap_threshold_kib; 256 makes the peak RSS the live tensors)")
 
 
-def main(argv=None) -> dict:
+def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--arch", default="llama", choices=["llama"])
     p.add_argument("--hidden", type=int, default=256)
@@ -170,15 +179,70 @@ def main(argv=None) -> dict:
     p.add_argument("--concurrent", action="store_true",
                    help="critic epochs in a second thread beside the policy's (run.concurrent_roles)")
     add_mode_args(p)
+    add_engine_args(p)
     args = p.parse_args(argv)
     if args.precision is None:
         args.precision = "bf16" if args.dtype == "bfloat16" else "fp32"
     if args.lora and args.concurrent:
         p.error("--concurrent needs four separate models: roles over one LoRA base run one at a time")
+    if args.compile and args.engine != "static":
+        p.error("--compile compiles the static engine's step: add --engine static")
+    return args
+
+
+def add_engine_args(p: argparse.ArgumentParser) -> None:
+    """The rollout engine: --engine, --weights, --compile, --stop-check-every (the generation keys)."""
+    p.add_argument("--engine", default="eager", choices=["eager", "static"], help="generation.engine")
+    p.add_argument("--weights", default="live", choices=["live", "gathered", "copy"], help="generation.weights")
+    p.add_argument("--compile", action="store_true", help="generation.compile (with --engine static)")
+    p.add_argument("--stop-check-every", type=int, default=8, help="generation.stop_check_every")
+
+
+def iterate(args, roles, algo, gen, engine, device, world) -> list[dict]:
+    """``--iterations`` PPO iterations of the trainer's functions: the engine synced with the policy,
+    collect (under the bf16-mixed autocast region), advantages, the PPO epochs; per iteration its
+    phase times."""
+    import torch
+
+    from fourfold.models.levers import autocast_region
+    from fourfold.rollout.noise import RowNoise
+    from fourfold.trainers.optim import NonFiniteGuard
+    from fourfold.trainers.ppo import compute_advantages, make_optim, ppo_update
+    from fourfold.trainers.rollouts import collect
+
+    opt = make_optim(roles, algo)
+    guard = NonFiniteGuard(limit=10**9)
+    prompts = torch.randint(2, args.vocab, (args.batch, args.prompt_len), device=device)
+    prompt_mask = torch.ones_like(prompts)
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    rows = []
+    for it in range(args.iterations):
+        sync()
+        t0, cpu0 = time.perf_counter(), time.process_time()
+        engine.sync(roles.policy)  # the trainer's weight sync, once per iteration
+        sync()
+        t_sync = time.perf_counter() - t0
+        # bf16-mixed: one autocast region with its cast cache for the whole collection (weights fixed)
+        with autocast_region(args.precision, device.type):
+            col = collect(roles, [""] * args.batch, prompts, prompt_mask, gen, kl_coef=algo.kl_coef,
+                          concurrent=args.concurrent, noise=RowNoise(0, it + 1), world=world, engine=engine)
+        rollout = compute_advantages(col.rollout, algo)
+        sync()
+        t1 = time.perf_counter()
+        # training: every forward opens its own region (a cast cache must never span an optimizer step)
+        with autocast_region(args.precision, device.type, cache=False):
+            ppo_update(roles, rollout, algo, opt, gen.temperature, guard, it, concurrent=args.concurrent, world=world)
+        sync()
+        t2 = time.perf_counter()
+        rows.append({"s_iter": t2 - t0, "cpu_s_iter": time.process_time() - cpu0, "s_sync": t_sync,
+                     "s_generate": col.metrics["time/generate_s"], "s_score": col.metrics["time/score_s"],
+                     "s_train": t2 - t1, "tokens": col.metrics["rollout/tokens"]})
+    return rows
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
     apply_allocator(args)
-
-    import contextlib
-
     import torch
 
     if args.threads is not None:
@@ -186,27 +250,12 @@ def main(argv=None) -> dict:
     from transformers.utils import logging as hf_logging
 
     hf_logging.set_verbosity_error()
-
-    from fourfold.config import GenerationConfig, PPOAlgoConfig
-    from fourfold.models.estimate import estimate_from_settings
-    from fourfold.rollout.noise import RowNoise
-    from fourfold.trainers.optim import NonFiniteGuard
-    from fourfold.trainers.ppo import compute_advantages, make_optim, ppo_update
-    from fourfold.trainers.rollouts import collect
-
-    device = torch.device(args.device)
-
-    def autocast(cache: bool = True):
-        """bf16 autocast for bf16-mixed. The cast cache lives as long as the autocast region: fine
-        for generation and scoring (weights fixed), wrong across optimizer steps (every forward
-        after the first step would reuse bf16 copies of the old weights), so training turns it off."""
-        if args.precision != "bf16-mixed":
-            return contextlib.nullcontext()
-        return torch.autocast(device_type=device.type, dtype=torch.bfloat16, cache_enabled=cache)
-
     from fourfold import dist
+    from fourfold.config import GenerationConfig, PPOAlgoConfig
+    from fourfold.rollout.engine import make_engine
     from fourfold.trainers.fsdp import shard_model
 
+    device = torch.device(args.device)
     world = dist.init_from_env(device)
     if world.distributed and not args.fsdp:
         raise SystemExit("ppo_iteration.py: under torchrun with more than one process, pass --fsdp")
@@ -217,61 +266,57 @@ def main(argv=None) -> dict:
     algo = PPOAlgoConfig(iterations=args.iterations, rollout_batch_size=args.batch, minibatch_size=args.minibatch,
                          ppo_epochs=args.ppo_epochs, lr=1e-5, critic_lr=1e-5)
     algo.validate()
-    gen = GenerationConfig(max_new_tokens=args.response_len, temperature=args.temperature, stop_at_eos=False)
-    opt = make_optim(roles, algo)
-    guard = NonFiniteGuard(limit=10**9)
-    prompts = torch.randint(2, args.vocab, (args.batch, args.prompt_len), device=device)
-    prompt_mask = torch.ones_like(prompts)
-    cuda = device.type == "cuda"
-    if cuda:
+    gen = GenerationConfig(max_new_tokens=args.response_len, temperature=args.temperature, stop_at_eos=False,
+                           engine=args.engine, weights=args.weights, compile=args.compile,
+                           stop_check_every=args.stop_check_every)
+    gen.validate()
+    engine = make_engine(gen, precision=args.precision, max_prompt_len=args.prompt_len)
+    if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
+    rows = iterate(args, roles, algo, gen, engine, device, world)
+    result = summarize(args, rows, cfg, roles, algo, world)
+    if world.is_main:
+        print(json.dumps(result))
+    dist.shutdown(sync=True)
+    return result
 
-    rows = []
-    for it in range(args.iterations):
-        if cuda:
-            torch.cuda.synchronize(device)
-        t0, cpu0 = time.perf_counter(), time.process_time()
-        with autocast():
-            col = collect(roles, [""] * args.batch, prompts, prompt_mask, gen, kl_coef=algo.kl_coef,
-                          concurrent=args.concurrent, noise=RowNoise(0, it + 1), world=world)  # the trainer's sampling
-        rollout = compute_advantages(col.rollout, algo)
-        if cuda:
-            torch.cuda.synchronize(device)
-        t1 = time.perf_counter()
-        with autocast(cache=False):
-            ppo_update(roles, rollout, algo, opt, gen.temperature, guard, it, concurrent=args.concurrent, world=world)
-        if cuda:
-            torch.cuda.synchronize(device)
-        t2 = time.perf_counter()
-        rows.append({"s_iter": t2 - t0, "cpu_s_iter": time.process_time() - cpu0, "s_generate": col.metrics["time/generate_s"],
-                     "s_score": col.metrics["time/score_s"], "s_train": t2 - t1,
-                     "tokens": col.metrics["rollout/tokens"]})
+
+def summarize(args, rows: list[dict], cfg, roles, algo, world) -> dict:
+    """The JSON line: medians over the iterations after ``--warmup`` (the first iteration's
+    generation apart: compile included), the peak memory beside the estimate, the workload."""
+    import torch
+
+    from fourfold.models.estimate import estimate_from_settings
+
     timed = rows[args.warmup:] or rows
     med = lambda k: statistics.median(r[k] for r in timed)  # noqa: E731
-    if cuda:
-        peak = torch.cuda.max_memory_allocated(device) / 2**20
+    if args.device.startswith("cuda"):
+        peak = torch.cuda.max_memory_allocated(torch.device(args.device)) / 2**20
     else:
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB -> MiB on Linux
     estimate = estimate_from_settings(estimate_settings(args, cfg))
     gen_tokens = args.batch * args.response_len
     train_tokens = args.ppo_epochs * args.batch * (args.prompt_len + args.response_len)
-    result = {
+    return {
         "benchmark": "ppo_iteration",
         "s_per_iter": round(med("s_iter"), 4),
         "cpu_s_per_iter": round(med("cpu_s_iter"), 4),  # process CPU time: what a busy machine does not inflate
         "s_generate": round(med("s_generate"), 4),
+        "s_generate_first": round(rows[0]["s_generate"], 4),  # the first rollout: a compiled step compiles here
+        "s_sync": round(med("s_sync"), 4),
         "s_score": round(med("s_score"), 4),
         "s_train": round(med("s_train"), 4),
         "gen_tokens_per_s": round(gen_tokens / med("s_generate"), 1),
         "train_tokens_per_s": round(train_tokens / med("s_train"), 1),
         "peak_mem_mib": round(peak, 1),
-        "peak_mem_kind": "cuda_max_allocated" if cuda else "rss",
+        "peak_mem_kind": "cuda_max_allocated" if args.device.startswith("cuda") else "rss",
         "estimate_peak_mib": round(estimate.peak_bytes / 2**20, 1),
         "iterations_timed": len(timed),
         "workload": {k: getattr(args, k) for k in ("arch", "hidden", "layers", "heads", "intermediate", "vocab", "batch",
                                                     "prompt_len", "response_len", "ppo_epochs", "minibatch", "precision", "device",
                                                     "temperature", "concurrent", "lora", "critic_mode", "reward_mode",
-                                                    "grad_ckpt", "frozen_dtype", "fsdp")}
+                                                    "grad_ckpt", "frozen_dtype", "fsdp", "engine", "weights", "compile",
+                                                    "stop_check_every")}
                     | {"world_size": world.world_size, "optimizer_steps_per_iter": algo.steps_per_iteration,
                        "threads": torch.get_num_threads(),
                        "params_per_model_m": round(estimate.roles["reference"].params / 1e6, 2),
@@ -280,10 +325,6 @@ def main(argv=None) -> dict:
         "torch": torch.__version__,
         "python": platform.python_version(),
     }
-    if world.is_main:
-        print(json.dumps(result))
-    dist.shutdown(sync=True)
-    return result
 
 
 if __name__ == "__main__":

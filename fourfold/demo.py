@@ -125,8 +125,7 @@ def reward_stage_settings(cfg: DemoConfig) -> dict:
 
 def ppo_stage_settings(cfg: DemoConfig) -> dict:
     """What the PPO stage's cache key holds: its sections, and the LoRA settings only when set."""
-    settings = {"ppo": keyed(config_to_dict(cfg.ppo)), "gen": keyed(config_to_dict(cfg.generation)),
-                "task": cfg.task_options}
+    settings = {"ppo": keyed(cfg.ppo), "gen": keyed(cfg.generation), "task": cfg.task_options}
     if cfg.lora is not None:
         settings["lora"] = config_to_dict(cfg.lora)
     return settings

@@ -18,6 +18,7 @@ from typing import Any, Callable
 
 from fourfold.atomic import write_text_atomic
 from fourfold.checkpoint import save_pretrained_atomic
+from fourfold.config import GenerationConfig
 
 
 def digest(obj: Any) -> str:
@@ -25,15 +26,20 @@ def digest(obj: Any) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-LATER_KEYS: dict[str, Any] = {"micro_batch_tokens": None}
-"""Settings added after the stage cache's keys were first written, each with the default that
-reproduces what ran before it existed: at that default a key leaves it out (:func:`keyed`), so the
-caches of earlier runs stay valid (a speed or memory lever changes no result)."""
+LATER_KEYS = ("micro_batch_tokens", *GenerationConfig.ENGINE_KEYS)
+"""Settings added after the stage cache's keys were first written; each one's default reproduces
+what ran before it existed (they choose how a step runs, not what it computes). A key leaves them
+out while they keep their defaults (:func:`keyed`), so the caches of earlier runs stay valid."""
 
 
-def keyed(section: dict) -> dict:
-    """A config section's dict as a stage key holds it: :data:`LATER_KEYS` at their defaults left out."""
-    return {k: v for k, v in section.items() if not (k in LATER_KEYS and v == LATER_KEYS[k])}
+def keyed(section) -> dict:
+    """A config section (a dataclass) as a stage key holds it: its fields, but :data:`LATER_KEYS`
+    left out while they equal the section class's defaults."""
+    from fourfold.config import config_to_dict
+
+    default = type(section)()
+    return {k: v for k, v in config_to_dict(section).items()
+            if not (k in LATER_KEYS and v == getattr(default, k))}
 
 
 def stage_key(settings: Any, upstream: dict[str, str]) -> str:

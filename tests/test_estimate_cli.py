@@ -77,8 +77,9 @@ def test_levers_and_reinforce_are_mapped(dirs, tmp_path):
     cfg = load_config(PPOConfig, write_config(tmp_path / "ppo.yaml", dirs, PPO), [
         "model.precision=bf16-mixed", "model.frozen_dtype=bfloat16", "model.gradient_checkpointing=true",
         "model.logits_chunk=64", "model.critic_init=policy", "ppo.micro_batch_size=2", "ppo.entropy_coef=0.01",
-        "run.concurrent_roles=true"])
+        "run.concurrent_roles=true", "generation.weights=copy"])
     s = estimate_settings("ppo", cfg, nproc=2)
+    assert s.engine_weights == "copy"
     assert (s.precision, s.frozen_dtype, s.gradient_checkpointing, s.logits_chunk) == ("bf16-mixed", "bfloat16", True, 64)
     assert (s.critic, s.micro_batch_size, s.with_entropy, s.concurrent_roles, s.nproc) == (
         str(dirs / "sft"), 2, True, True, 2)

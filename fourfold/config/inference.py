@@ -66,6 +66,9 @@ class GenerateSamplingConfig(GenerationConfig):
         super().validate(prefix)
         require(self.missing_eos_score is None, f"{prefix}.missing_eos_score",
                 "is a PPO scoring setting, not used by generate; remove it")
+        for key in self.engine_settings():
+            require(False, f"{prefix}.{key}", "chooses how a training rollout samples; generate samples with the "
+                    "eager engine: remove it")
 
 
 @dataclasses.dataclass

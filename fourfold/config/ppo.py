@@ -125,10 +125,48 @@ class GenerationConfig:
     reward model's (counted as reward/no_eos_penalised)."""
     stop_at_eos: bool = True
     """Stop rows at EOS (false: fixed-length responses, used by benchmarks)."""
+    engine: Literal["eager", "static"] = "eager"
+    """What runs the rollout's sampling loop (fourfold.rollout.engine). 'eager': Hugging Face
+    forwards with a KV cache that grows by one position per token, and one host-device sync per
+    token to see whether every row has finished. 'static': a KV cache preallocated for
+    data.max_prompt_len + max_new_tokens positions and a one-token step whose tensors never change
+    shape (compiled with `compile`), the finished check every stop_check_every tokens. The same
+    tokens from the same seed; log-probs equal up to float rounding (about 1e-6 in float32)."""
+    weights: Literal["live", "gathered", "copy"] = "live"
+    """Where the engine's forwards take the policy's weights from (fourfold.rollout.weights), synced
+    once per iteration after the update. 'live': the training module as it is (a LoRA adapter
+    applied on the fly, bf16 autocast under bf16-mixed, FSDP gathering every layer at every token).
+    'gathered': the training module with each FSDP unit gathered once per rollout (the whole
+    policy on every rank while sampling; the same as live in one process). 'copy': a plain
+    inference copy of the policy refreshed in place after each update: LoRA merged into it, FSDP
+    shards gathered into it, in bf16 when model.precision is bf16-mixed or bf16 (no autocast while
+    sampling; under bf16-mixed pi_old then differs from the training forward by bf16 rounding).
+    Costs one more copy of the policy's weights (counted by `fourfold estimate`)."""
+    compile: bool = False
+    """torch.compile the static engine's one-token step (engine: static only): CUDA graphs
+    (mode reduce-overhead) on CUDA, inductor on CPU. The first rollout pays the compile (tens of
+    seconds on CPU), so it pays on long runs only. Under torchrun with an FSDP policy it needs
+    weights: copy."""
+    stop_check_every: int = 8
+    """The static engine reads "has every row finished?" (a host-device sync, and an all-reduce
+    under torchrun) every this many tokens instead of every token; finished rows emit pad until
+    then and the extra steps are cut off, so the result does not change."""
+
+    ENGINE_KEYS = ("engine", "weights", "compile", "stop_check_every")
+    """The keys that choose how sampling runs, not what it samples (``fourfold generate`` refuses
+    them; a stage key leaves them out at their defaults: fourfold.stages.LATER_KEYS)."""
 
     def validate(self, prefix: str = "generation") -> None:
         require(self.max_new_tokens >= 1, f"{prefix}.max_new_tokens", "must be >= 1")
         require(self.temperature > 0, f"{prefix}.temperature", f"must be > 0, got {self.temperature}")
+        require(not self.compile or self.engine == "static", f"{prefix}.compile",
+                f"compiles the static engine's step; set {prefix}.engine=static (or compile=false)")
+        require(self.stop_check_every >= 1, f"{prefix}.stop_check_every", f"must be >= 1, got {self.stop_check_every}")
+
+    def engine_settings(self) -> dict:
+        """The :data:`ENGINE_KEYS` that differ from their defaults, by name."""
+        default = type(self)()
+        return {k: getattr(self, k) for k in self.ENGINE_KEYS if getattr(self, k) != getattr(default, k)}
 
 
 @dataclasses.dataclass

@@ -159,6 +159,7 @@ def run_key(run_cfg, stage: str, demo_keys: Mapping[str, Any]) -> str:
     if stage == "dpo":
         return digest({"stage": stage, "algo": d["dpo"], "train": d["train"], "seed": d["run"]["seed"],
                        "demo": demo_keys})
-    return digest({"stage": stage, "algo": keyed(d.get("ppo") or d.get("reinforce")), "generation": keyed(d["generation"]),
+    algo = run_cfg.ppo if stage == "ppo" else run_cfg.reinforce
+    return digest({"stage": stage, "algo": keyed(algo), "generation": keyed(run_cfg.generation),
                    "data": d["data"], "critic_init": d["model"].get("critic_init"), "seed": d["run"]["seed"],
                    "demo": demo_keys})

@@ -10,7 +10,8 @@ training (weights, AdamW state, the gradients, activations and logits of the rol
 Parameter counts are exact (:mod:`fourfold.models.param_count`: each model built from its
 ``config.json`` on the meta device, LoRA adapters as peft creates them); bytes follow the precision
 (``fp32``, ``bf16-mixed``, ``bf16``) and ``frozen_dtype``; a shared LoRA base is counted once; FSDP
-divides what it shards by the number of devices and adds its gather buffers. The model in full, term
+divides what it shards by the number of devices and adds its gather buffers; the rollout engine's
+inference copy of the policy (``engine_weights``) is resident in both phases. The model in full, term
 by term (with what it leaves out: the allocator's caching, CUDA workspaces, the tokenizer, the
 rollout buffers), is in docs/estimate.md.
 """
@@ -23,6 +24,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from fourfold.core.logprobs import BLOCK_ELEMENTS  # elements of one float32 log-prob block
+from fourfold.models.estimate_result import Estimate, RoleMemory
 from fourfold.models.param_count import (
     LoraCount,
     ModelSource,
@@ -36,8 +38,8 @@ from fourfold.models.plan import LoraSettings
 
 ROLES = ("policy", "reference", "reward", "critic")
 PRECISIONS = ("fp32", "bf16-mixed", "bf16")
+ENGINE_WEIGHTS = ("live", "gathered", "copy")
 _DTYPE_BYTES = {"float32": 4, "fp32": 4, "bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2}
-GiB = 1 << 30
 
 
 @dataclass
@@ -89,6 +91,12 @@ class EstimateSettings:
     logits_chunk: Optional[int] = None
     """Tokens per chunk of the LM head in the log-prob passes (``model.logits_chunk``); None = all
     response positions at once."""
+    engine_weights: str = "live"
+    """Where the rollout engine's forwards take the policy's weights from (``generation.weights``):
+    ``live``, the policy itself; ``gathered``, the policy with every FSDP unit kept gathered through
+    the rollout (with ``nproc`` > 1: its whole weights on every device while sampling); ``copy``, a
+    resident inference copy (bf16 under bf16-mixed and bf16, else the policy's weights dtype; a LoRA
+    policy's copy is its base with the adapter merged)."""
 
     @classmethod
     def from_plan(cls, plan, *, nproc: int = 1, **shape) -> "EstimateSettings":
@@ -124,6 +132,8 @@ class EstimateSettings:
                  self.max_prompt_len, self.max_new_tokens, self.nproc)
         if min(sizes) < 1:
             raise ValueError("batch sizes, lengths and nproc must be >= 1")
+        if self.engine_weights not in ENGINE_WEIGHTS:
+            raise ValueError(f"engine_weights {self.engine_weights!r}: expected one of {', '.join(ENGINE_WEIGHTS)}")
         lora = self.lora
         if lora is None:
             return
@@ -133,91 +143,6 @@ class EstimateSettings:
             raise ValueError("critic_mode='adapter' needs a critic (critic is None)")
         if self.reference is not None and self.reference != self.policy:
             raise ValueError("in LoRA mode the reference is the policy's base: leave reference None")
-
-
-@dataclass
-class RoleMemory:
-    """One role, per device. ``params`` = all parameters of the role's model (see the module
-    docstring for the shared base), ``trainable_params`` those it trains."""
-
-    params: int = 0
-    trainable_params: int = 0
-    weights_bytes: int = 0
-    grads_bytes: int = 0
-    optimizer_bytes: int = 0
-
-
-@dataclass
-class Estimate:
-    """The result: per-role memory, and each phase's peak per device as named additive terms."""
-
-    roles: dict[str, RoleMemory]
-    generate: dict[str, int]
-    train: dict[str, int]
-    description: str
-
-    @property
-    def generate_peak_bytes(self) -> int:
-        return sum(self.generate.values())
-
-    @property
-    def train_peak_bytes(self) -> int:
-        return sum(self.train.values())
-
-    @property
-    def peak_bytes(self) -> int:
-        return max(self.generate_peak_bytes, self.train_peak_bytes)
-
-    def to_json(self) -> dict:
-        """A JSON-serialisable dict: ``roles.<role>.{params, trainable_params, weights_bytes,
-        grads_bytes, optimizer_bytes}`` for the four roles and ``per_device.{generate_peak_bytes,
-        train_peak_bytes}``."""
-        return {"roles": {name: {k: int(getattr(r, k)) for k in RoleMemory.__dataclass_fields__}
-                          for name, r in self.roles.items()},
-                "per_device": {"generate_peak_bytes": self.generate_peak_bytes,
-                               "train_peak_bytes": self.train_peak_bytes}}
-
-    def summary(self) -> str:
-        """One line: the peak per device and the phase that sets it."""
-        return (f"memory estimate ({self.description}): peak {fmt_bytes(self.peak_bytes)} per device "
-                f"(generation {fmt_bytes(self.generate_peak_bytes)}, training {fmt_bytes(self.train_peak_bytes)})")
-
-    def table(self, device_bytes: Optional[int] = None, device_name: str = "device") -> str:
-        """A readable table; with ``device_bytes``, a last line saying whether the peak fits."""
-        lines = [f"fourfold estimate: {self.description}", "",
-                 f"{'role':<10}{'params':>10}{'trainable':>11}{'weights':>12}{'grads':>12}{'optimizer':>12}"]
-        for name, r in self.roles.items():
-            lines.append(f"{name:<10}{fmt_count(r.params):>10}{fmt_count(r.trainable_params):>11}"
-                         f"{fmt_bytes(r.weights_bytes):>12}{fmt_bytes(r.grads_bytes):>12}{fmt_bytes(r.optimizer_bytes):>12}")
-        for phase, terms, total in (("generation", self.generate, self.generate_peak_bytes),
-                                    ("training", self.train, self.train_peak_bytes)):
-            lines += ["", f"{phase} peak per device: {fmt_bytes(total)}"]
-            lines += [f"  {k:<40}{fmt_bytes(v):>12}" for k, v in terms.items() if v]
-        lines += ["", "(live tensors; on CPU the RSS adds the framework, ~0.4 GiB, and memory glibc keeps after "
-                      "freeing unless run.malloc_mmap_threshold_kib is set)"]
-        if device_bytes is not None:
-            cap = f"{device_name} ({device_bytes / GiB:.1f} GiB)"
-            margin = device_bytes - self.peak_bytes
-            lines += ["", f"fits on {cap}: {fmt_bytes(margin)} to spare" if margin >= 0
-                      else f"does not fit on {cap}: {fmt_bytes(-margin)} over"]
-        return "\n".join(lines)
-
-
-def fmt_bytes(n: float) -> str:
-    """1536 -> '1.5 KiB' (binary units)."""
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(n) < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
-        n /= 1024
-    raise AssertionError("unreachable")
-
-
-def fmt_count(n: int) -> str:
-    """1234567 -> '1.23M'."""
-    for div, unit in ((1e9, "B"), (1e6, "M"), (1e3, "k")):
-        if n >= div:
-            return f"{n / div:.2f}{unit}"
-    return str(n)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -523,6 +448,22 @@ def _fsdp_bytes(roles: dict[str, Optional[_Role]], s: EstimateSettings, training
     return max(sizes, default=0)
 
 
+COPY_TERM = "inference copy of the policy"
+
+
+def _engine_terms(policy: _Role, s: EstimateSettings) -> dict[str, int]:
+    """The rollout engine's weights beyond the policy's own, per device: an inference copy (resident:
+    both phases), or with ``gathered`` over several devices the policy's other shards while sampling."""
+    if s.engine_weights == "copy":
+        params = policy.memory.params - (policy.lora.params if policy.lora is not None else 0)
+        return {f"{COPY_TERM} (generation.weights: copy)": params * (policy.res_bytes if s.precision == "fp32" else 2)}
+    if s.engine_weights == "gathered" and s.nproc > 1:
+        _, _, c = _dtype_bytes(s)
+        gathered = policy.memory.trainable_params * c * (s.nproc - 1) // s.nproc
+        return {"policy gathered for the rollout (generation.weights: gathered)": gathered}
+    return {}
+
+
 def estimate_from_settings(settings: EstimateSettings) -> Estimate:
     """Per-role memory and the per-device peaks of generation and training for ``settings``."""
     s = settings
@@ -538,6 +479,8 @@ def estimate_from_settings(settings: EstimateSettings) -> Estimate:
         generate["autocast bf16 weight copies"] = 2 * sum(r.cast_params for r in roles.values() if r is not None and r.trained)
     generate["FSDP gather buffers"] = _fsdp_bytes(roles, s, training=False)
     generate["sampling (KV cache, logits)" if sampling >= scoring else "scoring passes"] = max(sampling, scoring)
+    engine = _engine_terms(roles["policy"], s)
+    generate.update(engine)
     trained = {name: _train_terms(roles[name], s) for name in ("policy", "critic") if roles[name] is not None}
     if s.concurrent_roles:
         live = {f"{k} ({name})": v for name, terms in trained.items() for k, v in terms.items()}
@@ -545,6 +488,7 @@ def estimate_from_settings(settings: EstimateSettings) -> Estimate:
         name, terms = max(trained.items(), key=lambda kv: sum(kv[1].values()))
         live = {f"{k} ({name})": v for k, v in terms.items()}
     train = {**resident, **live, "FSDP gather/reduce buffers": _fsdp_bytes(roles, s, training=True)}
+    train.update({k: v for k, v in engine.items() if k.startswith(COPY_TERM)})  # resident
     return Estimate(memory, generate, train, _describe(s))
 
 

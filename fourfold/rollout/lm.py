@@ -48,12 +48,19 @@ class Samples:
         return self.sequences[:, -self.n_response:]
 
 
-def _cache_kw(model) -> str:
+def cache_kwarg(model) -> str:
+    """The keyword ``model``'s forward takes its KV cache by: ``cache`` (transformers >= 5) or
+    ``past_key_values``."""
     return "cache" if accepts_kwarg(model, "cache") else "past_key_values"
 
 
-def _pick(logits: torch.Tensor, temperature: float, greedy: bool, generator: Optional[torch.Generator],
-          u: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def output_cache(out, cache_kw: str):
+    """The KV cache a forward returned (under the keyword's name, :func:`cache_kwarg`)."""
+    return getattr(out, "cache", None) if cache_kw == "cache" else out.past_key_values
+
+
+def pick_tokens(logits: torch.Tensor, temperature: float, greedy: bool, generator: Optional[torch.Generator],
+                u: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """One step's tokens ``[B]``, their log-probs and the entropy of the sampling distribution:
     argmax when ``greedy``, the inverse CDF at the uniforms ``u [B]`` when given, else
     ``torch.multinomial`` on ``generator`` (the global generator when None)."""
@@ -69,11 +76,59 @@ def _pick(logits: torch.Tensor, temperature: float, greedy: bool, generator: Opt
     return tok, logp, -(probs * logp_all).sum(-1)
 
 
-def _all_finished(finished: torch.Tensor, sync: bool) -> bool:
+@dataclass
+class Choice:
+    """One step's picks: ``tokens``, ``logprobs``, ``entropy`` ``[B]`` (pad and 0 on rows that had
+    finished), ``alive`` ``[B]`` (the rows this step counts for) and ``finished`` after it."""
+
+    tokens: torch.Tensor
+    logprobs: torch.Tensor
+    entropy: torch.Tensor
+    alive: torch.Tensor
+    finished: torch.Tensor
+
+
+def choose(logits: torch.Tensor, finished: torch.Tensor, temperature: float, greedy: bool,
+           generator: Optional[torch.Generator], u: Optional[torch.Tensor], eos_token_id: Optional[int],
+           pad_token_id: int) -> Choice:
+    """One step of sampling from the last position's float32 ``logits [B, V]`` (:func:`pick_tokens`):
+    rows already ``finished`` emit ``pad_token_id`` with log-prob and entropy 0; a row that emits
+    ``eos_token_id`` finishes."""
+    tok, logp, ent = pick_tokens(logits, temperature, greedy, generator, u)
+    alive = ~finished
+    tok = torch.where(alive, tok, torch.full_like(tok, pad_token_id))
+    logp = torch.where(alive, logp, torch.zeros_like(logp))
+    ent = torch.where(alive, ent, torch.zeros_like(ent))
+    if eos_token_id is not None:
+        finished = finished | (alive & (tok == eos_token_id))
+    return Choice(tok, logp, ent, alive, finished)
+
+
+def all_finished(finished: torch.Tensor, sync: bool) -> bool:
     """Whether every row has finished: on this rank, or with ``sync`` on every rank of the
-    process group (the rows still alive are summed over ranks)."""
+    process group (the rows still alive are summed over ranks). A host-device sync."""
     alive = (~finished).sum()
     return int(dist.all_reduce_sum(alive) if sync else alive) == 0
+
+
+def stack_samples(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, steps: Sequence[Choice],
+                  finished: torch.Tensor) -> Samples:
+    """The :class:`Samples` of the ``steps`` of a sampling loop (one :class:`Choice` per token)."""
+    response = torch.stack([c.tokens for c in steps], 1)  # (B, T)
+    response_mask = torch.stack([c.alive for c in steps], 1).float()
+    sequences = torch.cat([prompt_ids, response], dim=1)
+    attention_mask = torch.cat([prompt_mask.long(), response_mask.long()], dim=1)
+    return Samples(sequences, attention_mask, response_mask, torch.stack([c.logprobs for c in steps], 1), finished,
+                   torch.stack([c.entropy for c in steps], 1))
+
+
+def prefill(model: torch.nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor):
+    """The prompt's forward with the KV cache (the last position's logits only, when the model
+    can): ``(output, position ids of the prompt [B, P])``."""
+    keep_kw = {"logits_to_keep": 1} if accepts_kwarg(model, "logits_to_keep") else {}
+    attn = prompt_mask.long()
+    pos = position_ids_from_mask(attn)
+    return model(input_ids=prompt_ids, attention_mask=attn, position_ids=pos, use_cache=True, **keep_kw), pos
 
 
 @torch.no_grad()
@@ -103,48 +158,36 @@ def sample(
     """
     B = prompt_ids.shape[0]
     device = prompt_ids.device
-    cache_kw = _cache_kw(model)
-    keep_kw = {"logits_to_keep": 1} if accepts_kwarg(model, "logits_to_keep") else {}
+    cache_kw = cache_kwarg(model)
+    out, pos = prefill(model, prompt_ids, prompt_mask)
     attn = prompt_mask.long()
-    pos = position_ids_from_mask(attn)
-    out = model(input_ids=prompt_ids, attention_mask=attn, position_ids=pos, use_cache=True, **keep_kw)
     next_pos = pos[:, -1:] + 1  # (B, 1)
     finished = torch.zeros(B, dtype=torch.bool, device=device)
-    tokens, logps, valid, ents = [], [], [], []
+    steps = []
     for step in range(max_new_tokens):
         u = None if noise is None else noise[:, step].to(device)
-        tok, logp, ent = _pick(out.logits[:, -1, :].float(), temperature, greedy, generator, u)
-        alive = ~finished
-        tok = torch.where(alive, tok, torch.full_like(tok, pad_token_id))
-        tokens.append(tok)
-        logps.append(torch.where(alive, logp, torch.zeros_like(logp)))
-        ents.append(torch.where(alive, ent, torch.zeros_like(ent)))
-        valid.append(alive)
-        if eos_token_id is not None:
-            finished = finished | (alive & (tok == eos_token_id))
-            if _all_finished(finished, sync_stop):
-                break
+        c = choose(out.logits[:, -1, :].float(), finished, temperature, greedy, generator, u, eos_token_id, pad_token_id)
+        steps.append(c)
+        finished = c.finished
+        if eos_token_id is not None and all_finished(finished, sync_stop):
+            break
         if step + 1 == max_new_tokens:
             break
         attn = torch.cat([attn, torch.ones(B, 1, dtype=attn.dtype, device=device)], dim=1)
-        cache = getattr(out, "cache", None) if cache_kw == "cache" else out.past_key_values
-        out = model(input_ids=tok[:, None], attention_mask=attn, position_ids=next_pos,
-                    use_cache=True, **{cache_kw: cache})
+        out = model(input_ids=c.tokens[:, None], attention_mask=attn, position_ids=next_pos,
+                    use_cache=True, **{cache_kw: output_cache(out, cache_kw)})
         next_pos = next_pos + 1
-    response = torch.stack(tokens, 1)  # (B, T)
-    response_mask = torch.stack(valid, 1).float()
-    sequences = torch.cat([prompt_ids, response], dim=1)
-    attention_mask = torch.cat([prompt_mask.long(), response_mask.long()], dim=1)
-    return Samples(sequences, attention_mask, response_mask, torch.stack(logps, 1), finished, torch.stack(ents, 1))
+    return stack_samples(prompt_ids, prompt_mask, steps, finished)
 
 
 class RolloutEngine(Protocol):
     """What generates a rollout's responses: :func:`sample` (Hugging Face forwards with the KV cache)
-    is the built-in engine; another backend (a vLLM server holding a copy of the policy's weights,
-    say) goes in by implementing this call and being passed as ``collect(..., engine=...)``. It
-    must return :class:`Samples` whose ``logprobs`` are the policy's (pi_old) under ``temperature``;
-    with ``noise`` (uniforms ``[B, max_new_tokens]``) row r's tokens depend only on row r's noise,
-    and with ``sync_stop`` it keeps stepping until every rank's rows are done."""
+    is the built-in engine; the engines of :mod:`fourfold.rollout.engine` (with their weight sync)
+    and any other backend (a vLLM server holding a copy of the policy's weights, say) go in by
+    implementing this call and being passed as ``collect(..., engine=...)``. It must return
+    :class:`Samples` whose ``logprobs`` are the policy's (pi_old) under ``temperature``; with
+    ``noise`` (uniforms ``[B, max_new_tokens]``) row r's tokens depend only on row r's noise, and
+    with ``sync_stop`` it keeps stepping until every rank's rows are done."""
 
     def __call__(self, model: torch.nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, *,
                  max_new_tokens: int, temperature: float, eos_token_id: Optional[int], pad_token_id: int,

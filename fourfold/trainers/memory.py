@@ -26,7 +26,8 @@ def estimate_settings(stage: str, cfg, nproc: int = 1) -> EstimateSettings:
         n = cfg.reinforce.rollout_batch_size
         batch = dict(rollout_batch_size=n, minibatch_size=n)
     return EstimateSettings.from_plan(plan_roles(stage, cfg), nproc=nproc, max_prompt_len=cfg.data.max_prompt_len,
-                                      max_new_tokens=cfg.generation.max_new_tokens, **batch)
+                                      max_new_tokens=cfg.generation.max_new_tokens,
+                                      engine_weights=cfg.generation.weights, **batch)
 
 
 def estimate_config(stage: str, cfg, nproc: int = 1) -> Estimate:

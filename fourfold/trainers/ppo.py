@@ -3,7 +3,8 @@
 One iteration, as numbered in :func:`train`:
 
 1. sample prompts (rollout_batch_size / K of them, each repeated on K consecutive rows);
-2. generate with the policy, keeping its log-probs as pi_old;
+2. generate with the policy, keeping its log-probs as pi_old (the rollout engine of
+   ``generation.engine``, given the policy's current weights by ``engine.sync`` first);
 3. score: reference log-probs, critic values and the frozen reward model's score;
 4. per-token rewards: -kl_coef * KL_t on every token, the score added on the last one;
 5. advantages with the critic and GAE (gamma, lambda), whitened over the batch; returns = A + V;
@@ -62,6 +63,7 @@ from fourfold.models.build import Roles, apply_levers, build_roles
 from fourfold.models.levers import autocast_region
 from fourfold.models.plan import plan_roles
 from fourfold.models.roles import ScalarModel, response_logits, response_logprobs
+from fourfold.rollout.engine import make_engine
 from fourfold.rollout.noise import RowNoise
 from fourfold.trainers.export import save_trained
 from fourfold.trainers.optim import NonFiniteGuard, guarded_step, make_optimizer, make_schedule
@@ -419,6 +421,7 @@ def train(cfg: PPOConfig, *, prompts: Optional[Sequence[str]] = None, probe: Opt
     device = run.hf_device()
     world = run.world
     roles = _placed_roles(cfg, run, device, roles)
+    engine = make_engine(gen, precision=cfg.model.precision, max_prompt_len=cfg.data.max_prompt_len)
     opt, stream, kl_ctl, start = _set_up(cfg, run, roles, prompts)
     guard = run.guard
     last: dict = {}
@@ -428,12 +431,14 @@ def train(cfg: PPOConfig, *, prompts: Optional[Sequence[str]] = None, probe: Opt
             t_iter = time.perf_counter()
             # 1. sample prompts, each on samples_per_prompt consecutive rows
             texts, prompt_ids, prompt_mask = repeat_prompts(*stream.next(device), algo.samples_per_prompt)
-            # 2-4. generate (pi_old), score (reference, critic, reward), per-token rewards
+            # 2-4. generate (pi_old) with the engine given the policy's weights after the last update,
+            # score (reference, critic, reward), per-token rewards
+            engine.sync(roles.policy)
             with autocast_region(cfg.model.precision, device.type):  # weights fixed: keep the cast cache
                 col = collect(roles, texts, prompt_ids, prompt_mask, gen,
                               kl_coef=kl_ctl.value if algo.kl_in == "reward" else 0.0,
                               kl_estimator=algo.kl_estimator, probe=probe, concurrent=cfg.run.concurrent_roles,
-                              noise=RowNoise(cfg.run.seed, it), world=world)
+                              noise=RowNoise(cfg.run.seed, it), world=world, engine=engine)
             # 5-6. advantages and returns, then the PPO epochs (None: a non-finite score or advantage)
             updated = _advantages_and_update(cfg, run, roles, col.rollout, opt, it)
             if updated is None:

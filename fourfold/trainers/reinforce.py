@@ -25,6 +25,7 @@ from fourfold.models.build import Roles, apply_levers, build_roles
 from fourfold.models.levers import autocast_region
 from fourfold.models.plan import plan_roles
 from fourfold.models.roles import response_logprobs
+from fourfold.rollout.engine import make_engine
 from fourfold.rollout.noise import RowNoise
 from fourfold.trainers.export import save_trained
 from fourfold.trainers.optim import guarded_step, make_optimizer, make_schedule
@@ -79,6 +80,7 @@ def train(cfg: ReinforceConfig, *, prompts: Optional[Sequence[str]] = None, prob
     plan = plan_roles("reinforce", cfg)
     roles = apply_levers(roles, plan, device) if roles is not None else build_roles(plan, device)
     place_roles(roles, plan, device)  # torchrun: FSDP2 (before the optimizer sees the parameters)
+    engine = make_engine(gen, precision=cfg.model.precision, max_prompt_len=cfg.data.max_prompt_len)
     optimizer, schedule, stream, start = _set_up(cfg, run, roles, prompts)
     kl_ctl, last = FixedKLController(algo.kl_coef), {}
     with run.loop(total=algo.iterations, desc="reinforce", key_metrics=KEY_METRICS) as logger:
@@ -87,10 +89,12 @@ def train(cfg: ReinforceConfig, *, prompts: Optional[Sequence[str]] = None, prob
             t_iter = time.perf_counter()
             # 1. sample prompts
             texts, prompt_ids, prompt_mask = stream.next(device)
-            # 2-4. generate, score, per-token rewards (KL penalty on every token, score on the last)
+            # 2-4. generate (the engine given the policy's weights after the last step), score,
+            # per-token rewards (KL penalty on every token, score on the last)
+            engine.sync(roles.policy)
             with autocast_region(cfg.model.precision, device.type):  # weights fixed: keep the cast cache
-                col = collect(roles, texts, prompt_ids, prompt_mask, gen, kl_coef=kl_ctl.value,
-                              kl_estimator=algo.kl_estimator, probe=probe, noise=RowNoise(cfg.run.seed, it), world=world)
+                col = collect(roles, texts, prompt_ids, prompt_mask, gen, kl_coef=kl_ctl.value, kl_estimator=algo.kl_estimator,
+                              probe=probe, noise=RowNoise(cfg.run.seed, it), world=world, engine=engine)
             r = col.rollout
             # 5. returns-to-go and the optional baseline
             returns = discounted_returns(r.rewards, r.mask, 1.0)

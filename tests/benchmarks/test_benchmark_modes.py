@@ -69,3 +69,35 @@ def test_the_allocator_lever_is_recorded_and_checked(monkeypatch):
         "run.malloc_mmap_threshold_kib": 256}
     with pytest.raises(ValueError, match="got 0"):  # checked before anything runs (applied in a subprocess only)
         ppo_iteration.apply_allocator(argparse.Namespace(malloc_mmap_threshold_kib=0))
+
+
+def test_decode_benchmark_compares_the_engines(capsys):
+    """benchmarks/decode.py: the engines side by side (tiny sizes; the compiled step is left to the
+    slow test of the engine), each with its figures and its tokens compared with the eager engine's;
+    one JSON line."""
+    import decode
+
+    out = decode.main(["--hidden", "32", "--layers", "1", "--heads", "2", "--vocab", "64", "--batch", "4",
+                       "--prompt-len", "4", "--response-len", "6", "--repeats", "2", "--threads", "1",
+                       "--engines", "eager,static"])
+    assert capsys.readouterr().out.count("\n") == 1
+    assert set(out["engines"]) == {"eager", "static"}
+    for figures in out["engines"].values():
+        for key in ("first_call_s", "s_per_rollout", "cpu_s_per_rollout", "tokens_per_s", "decode_tokens_per_s",
+                    "peak_mem_mib", "speedup_vs_eager"):
+            assert figures[key] > 0, key
+        assert figures["same_tokens_as_eager"] and figures["max_logprob_diff"] < 1e-5
+    assert out["workload"]["batch"] == 4 and out["workload"]["static_weights"] == "copy"
+
+
+def test_ppo_iteration_with_the_static_engine(capsys):
+    import ppo_iteration
+
+    out = ppo_iteration.main([*TINY, "--warmup", "0", "--engine", "static", "--weights", "copy"])
+    assert capsys.readouterr().out.count("\n") == 1
+    w = out["workload"]
+    assert (w["engine"], w["weights"], w["compile"]) == ("static", "copy", False)
+    assert out["s_generate_first"] > 0 and out["s_sync"] > 0
+    with pytest.raises(SystemExit):
+        ppo_iteration.main([*TINY, "--compile"])  # compiles the static engine's step only
+

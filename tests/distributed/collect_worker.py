@@ -1,6 +1,9 @@
 """One ``collect()`` of a PPO rollout, run under torchrun by ``test_rollout_dist.py`` (and in the
-test's own process for the 1-process result): ``python collect_worker.py TINY_LM_DIR OUT_PREFIX``
-writes ``OUT_PREFIX.<rank>.pt`` with the gathered rollout, responses and metrics of each rank."""
+test's own process for the 1-process result): ``python collect_worker.py TINY_LM_DIR OUT_PREFIX
+[ENGINE WEIGHTS]`` writes ``OUT_PREFIX.<rank>.pt`` with the gathered rollout, responses and metrics
+of each rank. With ENGINE and WEIGHTS (``generation.engine`` and ``generation.weights``) the policy
+is sharded with FSDP2 over the ranks (as ``fourfold ppo`` places it) and the engine built from the
+config samples, after one ``engine.sync(policy)``."""
 import sys
 
 import torch
@@ -8,20 +11,31 @@ import torch
 from fourfold import dist
 from fourfold.config import PPOConfig, load_config
 from fourfold.models.build import load_roles
+from fourfold.rollout.engine import make_engine
 from fourfold.rollout.noise import RowNoise
+from fourfold.trainers.fsdp import shard_model
 from fourfold.trainers.rollouts import PromptStream, collect, repeat_prompts
 
 
-def run(tiny_lm: str, world) -> dict:
+def run(tiny_lm: str, world, engine: str = "", weights: str = "") -> dict:
     """Collect one iteration (4 prompts x 2 samples, temperature 2: EOS at different steps)."""
     over = {"model.policy": f"{tiny_lm}/sft", "model.reward": f"{tiny_lm}/rm", "data.prompts": f"{tiny_lm}/prompts.jsonl",
             "generation.max_new_tokens": 16, "generation.temperature": 2.0, "generation.missing_eos_score": -1.0}
+    if engine:
+        over.update({"generation.engine": engine, "generation.weights": weights, "generation.stop_check_every": 3})
     cfg = load_config(PPOConfig, None, [f"{k}={v}" for k, v in over.items()])
     roles = load_roles("ppo", cfg, torch.device("cpu"))
+    rollout_engine = None
+    if engine:
+        if world.distributed:
+            shard_model(roles.policy, torch.device("cpu"))
+        rollout_engine = make_engine(cfg.generation, max_prompt_len=cfg.data.max_prompt_len)
+        rollout_engine.sync(roles.policy)
     stream = PromptStream(cfg.data, roles.tokenizer, 4, seed=0)
     texts, ids, mask = repeat_prompts(*stream.next("cpu"), 2)
     probe = lambda prompts, responses: {"probe/words": sum(len(r.split()) for r in responses) / len(responses)}
-    col = collect(roles, texts, ids, mask, cfg.generation, kl_coef=0.1, probe=probe, noise=RowNoise(0, 3), world=world)
+    col = collect(roles, texts, ids, mask, cfg.generation, kl_coef=0.1, probe=probe, noise=RowNoise(0, 3), world=world,
+                  engine=rollout_engine)
     r = col.rollout
     return {"responses": col.responses, "metrics": {k: v for k, v in col.metrics.items() if not k.startswith("time/")},
             "tensors": {"actions": r.actions, "mask": r.mask, "logprobs": r.logprobs, "values": r.values,
@@ -33,5 +47,5 @@ def run(tiny_lm: str, world) -> dict:
 if __name__ == "__main__":
     torch.set_num_threads(1)
     world = dist.init_from_env()
-    torch.save(run(sys.argv[1], world), f"{sys.argv[2]}.{world.rank}.pt")
+    torch.save(run(sys.argv[1], world, *sys.argv[3:5]), f"{sys.argv[2]}.{world.rank}.pt")
     dist.shutdown()

@@ -137,3 +137,22 @@ def test_grpo_two_processes_match_one(tiny_lm, tmp_path):
     assert main(["ppo", *_overrides(tiny_lm, "ppo", tmp_path / "g1", **extra)]) == 0
     proc = torchrun("ppo", _overrides(tiny_lm, "ppo", tmp_path / "g2", **extra))
     print(f"grpo 2 procs = 1 proc: {_same_run(tmp_path / 'g1', tmp_path / 'g2')}; 2-process wall {proc.wall_s:.1f} s")
+
+
+@pytest.mark.slow  # one more 2-process PPO run (~20-30 s on 2 shared cores)
+@pytest.mark.parametrize("weights", ["gathered", "copy"])
+def test_ppo_two_processes_with_the_static_engine_match_one_eager_process(ppo_runs, tmp_path, tiny_lm, weights):
+    """The static engine over the FSDP-sharded policy, gathered once per rollout or copied by the
+    engine's sync after each update: the 1-process eager run's samples, its metrics within 1e-4
+    relative or 1e-5 absolute (a copy's matmuls may round apart from the training module's: the
+    KL of the first iteration, ~1e-7, is rounding alone) and its weights within 1e-4."""
+    root, _ = ppo_runs
+    extra = {"generation.engine": "static", "generation.weights": weights, "generation.stop_check_every": 3}
+    proc = torchrun("ppo", _overrides(tiny_lm, "ppo", tmp_path / "s2", **extra))
+    one, two = metric_rows(root / "p1"), metric_rows(tmp_path / "s2")
+    assert len(one) == len(two) == 3
+    for a, b in zip(one, two):
+        assert b["rollout/tokens"] == a["rollout/tokens"] and b == pytest.approx(a, rel=1e-4, abs=1e-5)
+    weights_abs = {m: max_weight_diff(root / "p1" / m, tmp_path / "s2" / m) for m in ("policy", "critic")}
+    assert all(v < 1e-4 for v in weights_abs.values()), weights_abs
+    print(f"ppo static/{weights} 2 procs = 1 eager proc: {weights_abs}; 2-process wall {proc.wall_s:.1f} s")

@@ -1,6 +1,7 @@
 """A rollout collected by two processes (torchrun, gloo) is the 1-process rollout: each rank samples
 its slice of the global rows with their own noise, the token loop stops when every rank is done,
-and every rank gathers the same whole batch."""
+and every rank gathers the same whole batch. Also with the static engine over an FSDP-sharded
+policy, gathered once per rollout or copied into a plain inference copy by the engine's sync."""
 import sys
 from pathlib import Path
 
@@ -11,18 +12,24 @@ from disttest_utils import torchrun_script
 HERE = Path(__file__).resolve().parent
 
 
-@pytest.mark.slow  # the PPO tests of test_ppo_dist.py cover it end to end; this one isolates collect()
-def test_two_ranks_collect_the_one_process_rollout(tiny_lm, tmp_path):
+def _worker():
     sys.path.insert(0, str(HERE))
     try:
         import collect_worker
     finally:
         sys.path.remove(str(HERE))
+    return collect_worker
+
+
+@pytest.mark.slow  # the PPO tests of test_ppo_dist.py cover it end to end; this one isolates collect()
+@pytest.mark.parametrize("engine", [(), ("static", "gathered"), ("static", "copy"), ("eager", "gathered")],
+                         ids=["eager", "static-gathered", "static-copy", "eager-gathered"])
+def test_two_ranks_collect_the_one_process_rollout(tiny_lm, tmp_path, engine):
     from fourfold.dist import SINGLE
 
-    proc = torchrun_script(HERE / "collect_worker.py", tiny_lm, tmp_path / "two", timeout=120, check=False)
+    proc = torchrun_script(HERE / "collect_worker.py", tiny_lm, tmp_path / "two", *engine, timeout=180, check=False)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    one = collect_worker.run(str(tiny_lm), SINGLE)
+    one = _worker().run(str(tiny_lm), SINGLE)  # the eager engine on the policy itself, one process
     assert bool(one["tensors"]["finished"].any()) and not bool(one["tensors"]["finished"].all())  # uneven EOS
     for rank in (0, 1):
         two = torch.load(tmp_path / f"two.{rank}.pt")
@@ -31,7 +38,7 @@ def test_two_ranks_collect_the_one_process_rollout(tiny_lm, tmp_path):
             got = two["tensors"][key]
             assert got.shape == expected.shape, key
             if expected.is_floating_point():
-                torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6, msg=key)
+                torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5 if engine else 1e-6, msg=key)
             else:
                 assert torch.equal(got, expected), key
         assert two["metrics"].keys() == one["metrics"].keys()

@@ -342,3 +342,26 @@ def test_importing_the_estimate_loads_no_heavy_or_upper_modules():
             "print(bad)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+def test_the_engine_weights_terms(lora):
+    """generation.weights: copy adds a resident inference copy of the policy (bf16 under bf16-mixed;
+    a LoRA policy's copy is its base with the adapter merged); gathered adds, over N devices, the
+    policy's other shards while sampling; live adds nothing."""
+    config = CONFIGS["llama"]()
+    kw = dict(policy=config, reward=config, critic=config, lora=LoraSettings(r=4) if lora else None)
+    live = estimate_from_settings(EstimateSettings(**kw))
+    copy = estimate_from_settings(EstimateSettings(**kw, engine_weights="copy"))
+    mixed = estimate_from_settings(EstimateSettings(**kw, engine_weights="copy", precision="bf16-mixed"))
+    base_params = live.roles["reference"].params  # the policy's model without any adapter
+    key = "inference copy of the policy (generation.weights: copy)"
+    assert copy.generate[key] == copy.train[key] == 4 * base_params
+    assert mixed.generate[key] == 2 * base_params
+    assert copy.generate_peak_bytes - live.generate_peak_bytes == 4 * base_params
+    gathered = estimate_from_settings(EstimateSettings(**kw, engine_weights="gathered", nproc=4))
+    if not lora:
+        assert gathered.generate["policy gathered for the rollout (generation.weights: gathered)"] == 4 * base_params * 3 // 4
+    assert not any("generation.weights" in k for k in live.generate)
+    with pytest.raises(ValueError, match="engine_weights"):
+        estimate_from_settings(EstimateSettings(**kw, engine_weights="server"))

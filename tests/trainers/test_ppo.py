@@ -184,3 +184,40 @@ def test_missing_eos_score_replaces_the_score(tiny_lm, tmp_path):
     last = col.rollout.mask.sum(1).long() - 1
     rows = torch.nonzero(no_eos).squeeze(1)
     assert torch.allclose(col.rollout.rewards[rows, last[rows]], torch.full((len(rows),), -7.0))
+
+
+@pytest.mark.parametrize("weights", ["live", "copy"])
+def test_static_engine_gives_the_eager_run(tiny_lm, tmp_path, weights):
+    """generation.engine=static (the finished check every 3 tokens; the policy's own weights, or an
+    inference copy synced after each update): the same responses every iteration, and every metric
+    the eager run's within float tolerance (the log-probs differ by rounding; timing aside)."""
+    from fourfold.trainers.ppo import train
+
+    engines = {"eager": {}, "static": {"generation.engine": "static", "generation.weights": weights,
+                                       "generation.stop_check_every": 3}}
+    runs = {}
+    for name, extra in engines.items():
+        cfg = load_config(PPOConfig, None, _ppo_overrides(tiny_lm, tmp_path / name, **{"ppo.iterations": 3, **extra}))
+        train(cfg)
+        runs[name] = _comparable(read_metrics(tmp_path / name / "metrics.jsonl"))
+    assert len(runs["eager"]) == len(runs["static"]) == 3
+    for eager, static in zip(runs["eager"], runs["static"]):
+        assert eager.keys() == static.keys()
+        for key in ("rollout/tokens", "rollout/response_length", "reward/score_mean", "rollout/no_eos_share"):
+            assert static[key] == eager[key], key  # the same tokens
+        for key, value in eager.items():
+            assert static[key] == pytest.approx(value, rel=1e-4, abs=1e-5), key
+
+
+def test_reinforce_with_the_static_engine_gives_the_eager_run(tiny_lm, tmp_path):
+    from fourfold.trainers.reinforce import train
+
+    runs = {}
+    for name, extra in {"eager": [], "static": ["generation.engine=static", "generation.weights=copy"]}.items():
+        over = [o for o in _ppo_overrides(tiny_lm, tmp_path / name) if not o.startswith(("ppo.", "model.critic_init"))]
+        train(load_config(ReinforceConfig, None, over + ["reinforce.iterations=2", "reinforce.rollout_batch_size=8", *extra]))
+        runs[name] = _comparable(read_metrics(tmp_path / name / "metrics.jsonl"))
+    for eager, static in zip(runs["eager"], runs["static"], strict=True):
+        assert static["rollout/tokens"] == eager["rollout/tokens"]
+        # kl/k1 is a sum of up to 12 per-token log-prob differences, each off by ~1e-6
+        assert static == pytest.approx(eager, rel=1e-4, abs=1e-4)

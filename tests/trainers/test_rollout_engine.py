@@ -44,3 +44,15 @@ def test_a_different_engine_changes_the_rollout(tiny_lm):
     a, b = _collect(tiny_lm, greedy), _collect(tiny_lm, greedy)
     assert torch.equal(a.rollout.actions, b.rollout.actions)  # deterministic whatever the noise
     assert not torch.equal(a.rollout.actions, _collect(tiny_lm, None).rollout.actions)
+
+
+def test_collect_with_the_static_engine_gives_the_eager_rollout(tiny_lm):
+    """The static engine through the seam: the same responses, rewards within float tolerance."""
+    from fourfold.rollout.engine import StaticEngine
+
+    default = _collect(tiny_lm, None)
+    static = _collect(tiny_lm, StaticEngine(check_every=2))
+    assert torch.equal(static.rollout.actions, default.rollout.actions)
+    assert torch.equal(static.rollout.mask, default.rollout.mask)
+    for key in ("logprobs", "ref_logprobs", "rewards"):
+        torch.testing.assert_close(getattr(static.rollout, key), getattr(default.rollout, key), rtol=0, atol=1e-5)

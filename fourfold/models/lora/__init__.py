@@ -27,6 +27,7 @@ from fourfold.models.lora.files import (
     is_lora_role,
     load_reward_adapter,
     merged_state_dict,
+    merged_tensors,
     rename_target_modules,
     save_adapter,
     save_merged,
@@ -36,5 +37,5 @@ from fourfold.models.lora.roles import AdapterLM, AdapterScalarModel, add_critic
 
 __all__ = ["CRITIC", "POLICY", "REWARD", "SCORE_FILE", "AdapterConcurrencyError", "AdapterLM", "AdapterScalarModel",
            "LoraSettings", "SharedBase", "adapter_parameters", "add_critic", "backbone_prefixes", "is_adapter_dir",
-           "is_lora_role", "load_reward_adapter", "merged_state_dict", "rename_target_modules", "save_adapter",
+           "is_lora_role", "load_reward_adapter", "merged_state_dict", "merged_tensors", "rename_target_modules", "save_adapter",
            "save_merged", "split_reward_state", "value_head"]

@@ -37,6 +37,7 @@ import copy
 import json
 import os
 from pathlib import Path
+from typing import Iterator
 
 import torch
 from torch import nn
@@ -48,7 +49,7 @@ from fourfold.models.plan import ADAPTER_CONFIG, is_adapter_dir
 
 SCORE_FILE = "fourfold_score.json"
 __all__ = ["ADAPTER_CONFIG", "ADAPTER_WEIGHTS", "PEFT_PREFIX", "SCORE_FILE", "is_adapter_dir", "save_adapter",
-           "save_merged", "load_reward_adapter", "merged_state_dict", "backbone_prefixes", "split_reward_state",
+           "save_merged", "load_reward_adapter", "merged_state_dict", "merged_tensors", "backbone_prefixes", "split_reward_state",
            "rename_target_modules"]
 
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
@@ -71,8 +72,9 @@ def save_adapter_dir(peft_model, adapter: str, path) -> None:
 
 
 @torch.no_grad()
-def merged_state_dict(peft_model, adapter: str) -> dict[str, torch.Tensor]:
-    """The inner model's state dict as the plain architecture names it, with ``adapter`` merged.
+def merged_tensors(peft_model, adapter: str) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, tensor) of the inner model's state dict as the plain architecture names it, with
+    ``adapter`` merged, one tensor at a time (a merged weight exists only until the caller drops it).
 
     Adapted layers: ``weight + get_delta_weight(adapter)`` (new tensors; nothing in memory changes);
     ``modules_to_save`` (a SEQ_CLS score head): the adapter's trained copy; every other adapter dropped.
@@ -81,19 +83,32 @@ def merged_state_dict(peft_model, adapter: str) -> dict[str, torch.Tensor]:
     from peft.utils import ModulesToSaveWrapper
 
     lm = peft_model.get_base_model()
-    state: dict[str, torch.Tensor] = {}
+    adapted, saved = {}, {}
+    for name, module in lm.named_modules():
+        if isinstance(module, LoraLayer) and adapter in module.r:
+            adapted[name] = module
+        elif isinstance(module, ModulesToSaveWrapper) and adapter in module.modules_to_save:
+            saved[name] = module.modules_to_save[adapter].state_dict()
     for key, tensor in lm.state_dict().items():
         parts = key.split(".")
         if "modules_to_save" in parts or any(p.startswith("lora_") for p in parts):
             continue
-        state[".".join(p for p in parts if p not in ("base_layer", "original_module"))] = tensor
-    for name, module in lm.named_modules():
-        if isinstance(module, LoraLayer) and adapter in module.r:
+        plain = ".".join(p for p in parts if p not in ("base_layer", "original_module"))
+        owner, _, leaf = plain.rpartition(".")
+        if owner in adapted and leaf == "weight":
+            module = adapted[owner]
             weight = module.get_base_layer().weight
-            state[f"{name}.weight"] = weight.detach() + module.get_delta_weight(adapter).to(weight.dtype)
-        elif isinstance(module, ModulesToSaveWrapper) and adapter in module.modules_to_save:
-            state.update({f"{name}.{k}": t for k, t in module.modules_to_save[adapter].state_dict().items()})
-    return state
+            yield plain, weight.detach() + module.get_delta_weight(adapter).to(weight.dtype)
+        elif owner in saved:
+            yield plain, saved[owner][leaf]
+        else:
+            yield plain, tensor
+
+
+def merged_state_dict(peft_model, adapter: str) -> dict[str, torch.Tensor]:
+    """The inner model's state dict as the plain architecture names it, with ``adapter`` merged
+    (:func:`merged_tensors`, all at once)."""
+    return dict(merged_tensors(peft_model, adapter))
 
 
 def save_merged_dir(peft_model, adapter: str, path) -> None:
