@@ -116,6 +116,24 @@ def allocator_env(args=None) -> dict:
     return env
 
 
+def rss_file_mib() -> float | None:
+    """The file-backed part of the resident set now (``RssFile`` of /proc/self/status; None off Linux):
+    mostly the code pages of torch's shared libraries. It is part of ``peak_mem_mib`` (ru_maxrss), but
+    its size depends on how the page cache holds those libraries, not on the workload: where the kernel
+    caches files in large folios, a page fault maps the whole folio, and W measures 110 to 227 MiB of
+    it from one run to another with the same code (docs/benchmarks.md). The pages stay mapped to the
+    end, so ``peak_mem_mib - rss_file_mib`` is the peak of the process's own memory to within a few
+    MiB: the figure to compare across machines and sittings."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("RssFile:"):
+                    return int(line.split()[1]) / 1024  # kB -> MiB
+    except OSError:
+        pass
+    return None
+
+
 def apply_allocator(args) -> None:
     """``--malloc-mmap-threshold-kib``: the run.malloc_mmap_threshold_kib lever, applied as
     `fourfold ppo` applies it (before any model exists); an error when it cannot be."""
@@ -252,6 +270,7 @@ def main(argv=None) -> dict:
         peak = torch.cuda.max_memory_allocated(device) / 2**20
     else:
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB -> MiB on Linux
+    file_mib = rss_file_mib()
     estimate = estimate_from_settings(estimate_settings(args, cfg))
     gen_tokens = args.batch * args.response_len
     train_tokens = args.ppo_epochs * args.batch * (args.prompt_len + args.response_len)
@@ -266,6 +285,7 @@ def main(argv=None) -> dict:
         "train_tokens_per_s": round(train_tokens / med("s_train"), 1),
         "peak_mem_mib": round(peak, 1),
         "peak_mem_kind": "cuda_max_allocated" if cuda else "rss",
+        "rss_file_mib": None if file_mib is None else round(file_mib, 1),  # part of the RSS peak, see rss_file_mib()
         "estimate_peak_mib": round(estimate.peak_bytes / 2**20, 1),
         "iterations_timed": len(timed),
         "workload": {k: getattr(args, k) for k in ("arch", "hidden", "layers", "heads", "intermediate", "vocab", "batch",
