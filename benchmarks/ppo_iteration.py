@@ -121,9 +121,10 @@ def rss_file_mib() -> float | None:
     mostly the code pages of torch's shared libraries. It is part of ``peak_mem_mib`` (ru_maxrss), but
     its size depends on how the page cache holds those libraries, not on the workload: where the kernel
     caches files in large folios, a page fault maps the whole folio, and W measures 110 to 227 MiB of
-    it from one run to another with the same code (docs/benchmarks.md). The pages stay mapped to the
-    end, so ``peak_mem_mib - rss_file_mib`` is the peak of the process's own memory to within a few
-    MiB: the figure to compare across machines and sittings."""
+    it from one run to another with the same code (docs/benchmarks.md). The JSON line records the
+    largest value seen after any iteration: the pages stay mapped unless the kernel reclaims them, so
+    ``peak_mem_mib - rss_file_mib`` is the peak of the process's own memory (an upper bound), the
+    figure to compare across machines and sittings."""
     try:
         with open("/proc/self/status") as f:
             for line in f:
@@ -244,7 +245,7 @@ def main(argv=None) -> dict:
     if cuda:
         torch.cuda.reset_peak_memory_stats(device)
 
-    rows = []
+    rows, file_mib = [], None
     for it in range(args.iterations):
         if cuda:
             torch.cuda.synchronize(device)
@@ -264,13 +265,14 @@ def main(argv=None) -> dict:
         rows.append({"s_iter": t2 - t0, "cpu_s_iter": time.process_time() - cpu0, "s_generate": col.metrics["time/generate_s"],
                      "s_score": col.metrics["time/score_s"], "s_train": t2 - t1,
                      "tokens": col.metrics["rollout/tokens"]})
+        file_now = rss_file_mib()  # outside the timing: the largest file-backed part seen (see rss_file_mib)
+        file_mib = file_now if file_mib is None or file_now is None else max(file_mib, file_now)
     timed = rows[args.warmup:] or rows
     med = lambda k: statistics.median(r[k] for r in timed)  # noqa: E731
     if cuda:
         peak = torch.cuda.max_memory_allocated(device) / 2**20
     else:
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB -> MiB on Linux
-    file_mib = rss_file_mib()
     estimate = estimate_from_settings(estimate_settings(args, cfg))
     gen_tokens = args.batch * args.response_len
     train_tokens = args.ppo_epochs * args.batch * (args.prompt_len + args.response_len)
