@@ -125,6 +125,25 @@ def allocator_env(args=None) -> dict:
     return env
 
 
+def rss_file_mib() -> float | None:
+    """The file-backed part of the resident set now (``RssFile`` of /proc/self/status; None off Linux):
+    mostly the code pages of torch's shared libraries. It is part of ``peak_mem_mib`` (ru_maxrss), but
+    its size depends on how the page cache holds those libraries, not on the workload: where the kernel
+    caches files in large folios, a page fault maps the whole folio, and W measures 110 to 227 MiB of
+    it from one run to another with the same code (docs/benchmarks.md). The JSON line records the
+    largest value seen after any iteration: the pages stay mapped unless the kernel reclaims them, so
+    ``peak_mem_mib - rss_file_mib`` is the peak of the process's own memory (an upper bound), the
+    figure to compare across machines and sittings."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("RssFile:"):
+                    return int(line.split()[1]) / 1024  # kB -> MiB
+    except OSError:
+        pass
+    return None
+
+
 def apply_allocator(args) -> None:
     """``--malloc-mmap-threshold-kib``: the run.malloc_mmap_threshold_kib lever, applied as
     `fourfold ppo` applies it (before any model exists); an error when it cannot be."""
@@ -236,7 +255,8 @@ def iterate(args, roles, algo, gen, engine, device, world) -> list[dict]:
         t2 = time.perf_counter()
         rows.append({"s_iter": t2 - t0, "cpu_s_iter": time.process_time() - cpu0, "s_sync": t_sync,
                      "s_generate": col.metrics["time/generate_s"], "s_score": col.metrics["time/score_s"],
-                     "s_train": t2 - t1, "tokens": col.metrics["rollout/tokens"]})
+                     "s_train": t2 - t1, "tokens": col.metrics["rollout/tokens"],
+                     "rss_file_mib": rss_file_mib()})  # outside the timing (see rss_file_mib)
     return rows
 
 
@@ -310,6 +330,7 @@ def summarize(args, rows: list[dict], cfg, roles, algo, world) -> dict:
         "train_tokens_per_s": round(train_tokens / med("s_train"), 1),
         "peak_mem_mib": round(peak, 1),
         "peak_mem_kind": "cuda_max_allocated" if args.device.startswith("cuda") else "rss",
+        "rss_file_mib": max((round(r["rss_file_mib"], 1) for r in rows if r["rss_file_mib"] is not None), default=None),
         "estimate_peak_mib": round(estimate.peak_bytes / 2**20, 1),
         "iterations_timed": len(timed),
         "workload": {k: getattr(args, k) for k in ("arch", "hidden", "layers", "heads", "intermediate", "vocab", "batch",

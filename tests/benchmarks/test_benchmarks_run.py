@@ -23,6 +23,7 @@ def test_ppo_iteration_benchmark_prints_one_json_line():
     for key in ("s_per_iter", "gen_tokens_per_s", "train_tokens_per_s", "s_generate", "s_score", "s_train", "peak_mem_mib"):
         assert out[key] > 0, key
     assert out["workload"]["hidden"] == 32 and out["workload"]["optimizer_steps_per_iter"] == 8
+    assert out["rss_file_mib"] is None or 0 < out["rss_file_mib"] < out["peak_mem_mib"]  # None off Linux
 
 
 def test_gym_benchmark_prints_one_json_line(tmp_path):
