@@ -141,8 +141,9 @@ def ppo_stage_config(cfg: DemoConfig, out: Path, prompts: Path, run: RunConfig) 
     the RM. With ``lora``: the policy is an adapter on the SFT model (learning rate times
     ``lora.lr_multiplier``) and the reference that model with adapters off; with ``lora.reward``
     the RM is the third adapter and the critic a fourth (from the RM's), all on one base.
-    ``data.task`` names the review task although the stage passes its prompts and gold probe to the
-    trainer itself: ``fourfold ppo --config stages/ppo/config.yaml`` then logs the gold reward too."""
+    ``data.task`` (and ``data.task_options``) name the review task although the stage passes its prompts
+    and gold probe to the trainer itself: ``fourfold ppo --config stages/ppo/config.yaml`` then logs the
+    gold reward too."""
     model = LMModelConfig(policy=str(out / "sft"), reward=str(out / "reward"), critic_init="reward")
     algo, lora = cfg.ppo, cfg.lora
     if lora is not None:
@@ -150,7 +151,8 @@ def ppo_stage_config(cfg: DemoConfig, out: Path, prompts: Path, run: RunConfig) 
                                     reward=str(out / ("reward-adapter" if lora.reward else "reward")))
         algo = dataclasses.replace(algo, lr=algo.lr * lora.lr_multiplier)
         run = dataclasses.replace(run, concurrent_roles=False)  # roles over one base run one at a time
-    return PPOConfig(model=model, data=PromptDataConfig(prompts=str(prompts), task="review", max_prompt_len=16),
+    return PPOConfig(model=model, data=PromptDataConfig(prompts=str(prompts), task="review", max_prompt_len=16,
+                                                        task_options=dict(cfg.task_options)),
                      generation=cfg.generation, ppo=algo, run=run)
 
 

@@ -283,10 +283,6 @@ def _start(cfg: ExperimentsConfig) -> tuple[ExperimentsConfig, Path, Callable[..
         for name in ("runs", "baseline", "configs", "logs"):
             if (out / name).exists():
                 shutil.rmtree(out / name)
-    gold_opts = [k for k in cfg.demo.task_options if not k.startswith("labeler_")]
-    if gold_opts:
-        log(f"[yellow]note[/yellow]: the training curves' gold (reward/gold_mean) uses the default review task; "
-            f"task options {gold_opts} apply to the final evaluation only")
     return cfg, out, log
 
 
