@@ -16,8 +16,9 @@ stage whose config and inputs are unchanged is skipped; ``--fresh`` reruns all):
 
 Outputs under ``run.output_dir`` (default ``runs/demo``): ``sft/``, ``reward/``, ``policy/``,
 ``critic/`` (HF directories), ``data/`` (JSONL in the user-facing formats), ``metrics.jsonl``
-(every stage's rows, tagged with ``stage``), ``eval.json``, ``report.html``, and ``stages/``
-(each trainer's own run directory with its checkpoints, so a killed demo resumes).
+(every stage's rows, tagged with ``stage``), ``eval.json``, ``report.html``, ``provenance.json``
+(commit, machine, date, command), and ``stages/`` (each trainer's own run directory with its
+checkpoints, so a killed demo resumes).
 
 LoRA mode (``lora.r=16``, the ``lora`` section): PPO trains an adapter on the SFT model (the
 reference is that model with adapters off) and, with ``lora.reward`` (the default), the reward stage
@@ -63,6 +64,7 @@ from fourfold.config import (
     save_config,
 )
 from fourfold.evaluation import evaluate_policy, load_eval_roles, pair_accuracy, sample_texts
+from fourfold.provenance import write_provenance
 from fourfold.seeds import stream_seed
 from fourfold.stages import Stages, publish, stage_key
 
@@ -75,16 +77,18 @@ QUICK = {  # --quick: the same pipeline on about 2.5 minutes of 2 cores (measure
 
 def apply_quick(cfg, quick: Mapping[str, Any] = QUICK):
     """A copy of the config ``cfg`` with the settings ``quick`` over it: ``{"field" or
-    "section.field": value}``. The demo's --quick is :data:`QUICK` (the default); ``fourfold
-    experiments --quick`` applies its own table (:data:`fourfold.experiments.QUICK`) with it."""
+    "section.field" (or "section.sub.field"): value}``. The demo's --quick is :data:`QUICK` (the
+    default); ``fourfold experiments --quick`` applies its own table (:data:`fourfold.experiments.QUICK`)
+    with it."""
+    def put(section, path: list[str], value):
+        if len(path) == 1:
+            return dataclasses.replace(section, **{path[0]: value})
+        return dataclasses.replace(section, **{path[0]: put(getattr(section, path[0]), path[1:], value)})
+
     cfg = dataclasses.replace(cfg)
     for key, value in quick.items():
-        *section, field = key.split(".")
         value = list(value) if isinstance(value, list) else value  # never share the table's lists
-        if section:
-            setattr(cfg, section[0], dataclasses.replace(getattr(cfg, section[0]), **{field: value}))
-        else:
-            setattr(cfg, field, value)
+        cfg = put(cfg, key.split("."), value)
     return cfg
 
 
@@ -161,6 +165,15 @@ def sft_stage_key(cfg: DemoConfig) -> str:
     (``--quick`` is applied here when ``cfg.quick``)."""
     c = apply_quick(cfg) if cfg.quick else cfg
     return stage_key(sft_stage_settings(c), {})
+
+
+def reward_stage_key(cfg: DemoConfig) -> str:
+    """The key :func:`run` gives its reward stage for ``cfg`` (after SFT and pairs): a demo directory
+    whose reward stage finished with it needs no ``run(cfg, stop_after="reward")``."""
+    c = apply_quick(cfg) if cfg.quick else cfg
+    up = {"sft": sft_stage_key(c)}
+    up["pairs"] = stage_key(pairs_stage_settings(c), dict(up))
+    return stage_key(reward_stage_settings(c), up)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -409,6 +422,7 @@ def run(cfg: DemoConfig, *, stop_after: str | None = None) -> dict:
 
     log("[bold]6/6 report[/bold]")
     write_report(out, task=demo.task, summary={"sft": r_sft, "pairs": r_pairs, "reward": r_rm, "eval": r_eval})
+    write_provenance(out)  # the commit and machine of these numbers (fourfold.publish reads it)
     _log_outcome(demo, r_eval)
     return {"output_dir": str(out), "eval": r_eval, "reward": r_rm, "pairs": r_pairs}
 
