@@ -167,7 +167,9 @@ class ExperimentsConfig:
     """A short check (about 5 minutes on 2 cores): seed 0, arms ppo / ppo-beta0 / grpo / dpo, a
     short budget, the quick demo (demo.quick=true) and only the claims that budget settles, against
     its own evaluation error (claims.quick); the summary lists the claims that need the full sweep.
-    Default output paths get a '-quick' suffix so a quick run never replaces a full one."""
+    Default output paths get a '-quick' suffix so a quick run never replaces a full one. With
+    family: horizon: seed 0, horizons 1 and 3, ppo and grpo, the quick demo's budgets, only the
+    'knob' claim (fourfold.experiments.horizon.HORIZON_QUICK)."""
     fresh: bool = False
     """Rerun every arm and evaluation (the demo's cached stages are kept: use demo.fresh for those)."""
     demo: DemoConfig = dataclasses.field(default_factory=DemoConfig)

@@ -56,7 +56,7 @@ def credit_items(credit: Mapping[str, Any], task) -> list[dict]:
 def credit_spec(spec: Mapping[str, Any]) -> dict:
     """Compute the view as ``spec`` says; writes and returns {key, views, ...}.
 
-    spec: config (the ppo run's resolved config), policies ({label: policy directory}), critic,
+    spec: config (the ppo run's resolved config), policies ([label, policy directory] pairs), critic,
     reference, reward (directories), group_ppo (the group arm's PPO settings over ppo's), prompts (each
     K times in a row), task_options, horizon, out (JSON path), key, threads."""
     import torch
@@ -72,7 +72,7 @@ def credit_spec(spec: Mapping[str, Any]) -> dict:
     group = dataclasses.replace(cfg.ppo, **spec["group_ppo"])
     task = get_task("review", **spec["task_options"])
     views = []
-    for label, policy in spec["policies"].items():
+    for label, policy in spec["policies"]:
         model = dataclasses.replace(cfg.model, policy=policy, reference=spec["reference"], reward=spec["reward"],
                                     critic=spec["critic"], reward_fn=None, tokenizer=None, lora=None,
                                     critic_mode="separate")

@@ -175,7 +175,7 @@ class _Family:
             rcfg = run_config(sw.cfg, ppo, seed, sft=sw.sft_dir, rm=sw.rm_dir("biased"), run_dir=sw.run_dir(ppo, seed))
             save_config(rcfg, self.out / "configs" / "credit-ppo.yaml")
             spec = {"config": str(self.out / "configs" / "credit-ppo.yaml"), "prompts": prompts, "key": key,
-                    "policies": {a.name: str(sw.run_dir(a, seed) / "policy") for a in (ppo, g)},
+                    "policies": [[a.name, str(sw.run_dir(a, seed) / "policy")] for a in (ppo, g)],
                     "critic": str(sw.run_dir(ppo, seed) / "critic"), "reference": str(sw.sft_dir),
                     "reward": str(sw.rm_dir("biased")), "group_ppo": g.ppo, "horizon": w.horizon,
                     "task_options": sw.cfg.demo.task_options, "out": str(dest), "threads": self.cfg.run.threads or 1}
