@@ -214,7 +214,7 @@ def _start(cfg: ExperimentsConfig) -> tuple[ExperimentsConfig, Path, Callable[..
     return cfg, out, log
 
 
-def _world_results(fam: _Family, worlds: list[World], state: dict[str, str], total_s: float,
+def _world_results(worlds: list[World], state: dict[str, str], total_s: float,
                    jobs_s: float) -> tuple[dict[str, Results], list[str]]:
     """Each world's results (its own summary.md and report.html written), and notes on those missing."""
     results, notes = {}, []
@@ -247,7 +247,7 @@ def run_horizon(cfg: ExperimentsConfig) -> dict:
     t_jobs = time.perf_counter()
     state = run_jobs(jobs, workers=cfg.workers, log_dir=out / "logs", threads=cfg.run.threads, log=log)
     jobs_s = time.perf_counter() - t_jobs
-    results, notes = _world_results(fam, worlds, state, time.perf_counter() - t_start, jobs_s)
+    results, notes = _world_results(worlds, state, time.perf_counter() - t_start, jobs_s)
     finals = {label: r.finals for label, r in results.items()}
     sft = {label: r.sft for label, r in results.items()}
     claims, claim_notes = compute_horizon_claims(finals, sft, cfg.horizon, group_size=cfg.group_size, quick=cfg.quick)

@@ -7,7 +7,7 @@ import math
 
 import pytest
 import torch
-from hypothesis import assume, given, settings
+from hypothesis import assume, example, given, settings
 from hypothesis import strategies as st
 
 from fourfold.core import DPO_LOSSES, dpo_loss, sequence_logprobs
@@ -164,8 +164,13 @@ def margin(kind, pc, pr, rc, rr, nc, nr):
     return (pc - rc) - (pr - rr)
 
 
+_DENORMAL = [torch.zeros(1, dtype=F64)] * 3 + [torch.tensor([-5e-324], dtype=F64), torch.ones(1, dtype=torch.long),
+             torch.ones(1, dtype=torch.long)]
+
+
 @settings(max_examples=60, deadline=None)
 @given(pairs(), st.floats(0.01, 5.0), st.floats(0.0, 0.49))
+@example(_DENORMAL, 0.5, 0.0)  # margins 0 and 5e-324 differ, their rewards (x 0.5) are both 0: a tie
 def test_swapping_chosen_and_rejected_with_flipped_labels_is_the_same_loss(cols, beta, eps):
     pc, pr, rc, rr, _, _ = cols
     loss, stats = dpo_loss(pc, pr, rc, rr, beta, eps)
@@ -173,7 +178,7 @@ def test_swapping_chosen_and_rejected_with_flipped_labels_is_the_same_loss(cols,
     close(swapped, loss, rtol=1e-9, atol=1e-9)
     close(s_stats["reward_margin"], -stats["reward_margin"], rtol=1e-9, atol=1e-9)
     close(s_stats["chosen_reward"], stats["rejected_reward"])
-    ties = float(((pc - rc) == (pr - rr)).to(F64).mean())
+    ties = float((beta * (pc - rc) == beta * (pr - rr)).to(F64).mean())  # ties of the rewards (beta x a denormal is 0)
     close(s_stats["accuracy"] + stats["accuracy"], 1.0 - ties)
 
 
