@@ -173,7 +173,7 @@ def test_family_jobs(tmp_path):
     from fourfold.experiments import horizon
 
     cfg = load_config(ExperimentsConfig, ROOT / "examples" / "horizon.yaml", [f"horizon.demo_dir={tmp_path}/d"])
-    fam = horizon._Family(cfg, tmp_path / "out", lambda *a, **k: None, ["the blender"] * 4, 7)
+    fam = horizon.Family(cfg, tmp_path / "out", lambda *a, **k: None, ["the blender"] * 4, 7)
     worlds = fam.worlds()
     assert [w.label for w in worlds] == ["h1", "h3", "h6", "h6-noisy", "h6-k2", "h6-k8"]
     assert [[a.name for a in w.sweep.arms] for w in worlds][2:] == [["ppo", "ppo-no-critic", "grpo", "rloo"],

@@ -99,7 +99,7 @@ class World:
 
 
 @dataclasses.dataclass
-class _Family:
+class Family:
     """What the family's jobs share: settings, output directory, log, evaluation prompts."""
 
     cfg: ExperimentsConfig
@@ -238,7 +238,7 @@ def run_horizon(cfg: ExperimentsConfig) -> dict:
     notes}."""
     t_start = time.perf_counter()
     cfg, out, log = _start(cfg)
-    fam = _Family(cfg, out, log, eval_prompts(cfg), eval_sample_seed(cfg))
+    fam = Family(cfg, out, log, eval_prompts(cfg), eval_sample_seed(cfg))
     worlds = fam.worlds()
     jobs = fam.jobs(worlds)
     log(f"[bold]fourfold experiments (horizon)[/bold]: horizons {sorted(cfg.horizon.horizons)}, {len(worlds)} "
