@@ -64,7 +64,7 @@ from fourfold.config import (
     save_config,
 )
 from fourfold.evaluation import evaluate_policy, load_eval_roles, pair_accuracy, sample_texts
-from fourfold.provenance import write_provenance
+from fourfold.provenance import provenance, write_provenance
 from fourfold.seeds import stream_seed
 from fourfold.stages import Stages, publish, stage_key
 
@@ -392,6 +392,7 @@ def _log_outcome(demo: DemoRun, r_eval: dict) -> None:
 def run(cfg: DemoConfig, *, stop_after: str | None = None) -> dict:
     """Run the pipeline; ``stop_after="reward"`` stops once SFT, pairs and the reward model exist
     (``fourfold experiments`` starts every arm from those cached stages)."""
+    made = provenance()  # the checkout these numbers come from, as the run starts
     demo = DemoRun.start(cfg)
     cfg, out, log, lora = demo.cfg, demo.out, demo.log, demo.cfg.lora
     log("[bold]1/6 SFT[/bold] corpus -> tokenizer -> SFT from scratch")
@@ -422,7 +423,7 @@ def run(cfg: DemoConfig, *, stop_after: str | None = None) -> dict:
 
     log("[bold]6/6 report[/bold]")
     write_report(out, task=demo.task, summary={"sft": r_sft, "pairs": r_pairs, "reward": r_rm, "eval": r_eval})
-    write_provenance(out)  # the commit and machine of these numbers (fourfold.publish reads it)
+    write_provenance(out, made)  # the commit and machine of these numbers (fourfold.publish reads it)
     _log_outcome(demo, r_eval)
     return {"output_dir": str(out), "eval": r_eval, "reward": r_rm, "pairs": r_pairs}
 

@@ -65,15 +65,19 @@ def machine() -> str:
 
 
 def provenance(command: str | None = None) -> dict:
-    """{commit, machine, date (UTC, YYYY-MM-DD), command (default: this process's argv)}."""
-    argv = [Path(sys.argv[0]).name or "python"] + sys.argv[1:]
+    """{commit, machine, date (UTC, YYYY-MM-DD), command (default: this process's argv, with
+    ``fourfold`` for the CLI however it was started)}. Take it when a run starts: the commit is the
+    checkout's at that moment."""
+    name = Path(sys.argv[0]).name if sys.argv and sys.argv[0] else "python"
+    argv = ["fourfold" if name in ("cli.py", "fourfold") else name] + sys.argv[1:]
     return {"commit": git_commit(), "machine": machine(),
             "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d"),
             "command": command or " ".join(argv)}
 
 
-def write_provenance(out: Path, command: str | None = None) -> dict:
-    """Write ``out/provenance.json`` (:func:`provenance`) and return it."""
-    record = provenance(command)
+def write_provenance(out: Path, record: dict | None = None, command: str | None = None) -> dict:
+    """Write ``out/provenance.json``: ``record`` (taken when the run started), else :func:`provenance`
+    now; return it."""
+    record = record or provenance(command)
     write_text_atomic(Path(out) / PROVENANCE_FILE, json.dumps(record, indent=1, sort_keys=True))
     return record

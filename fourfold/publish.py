@@ -346,11 +346,14 @@ def collect(root: Path, demo: Sequence[Path], demo_quick: Sequence[Path], experi
         write_text_atomic(d / name, json.dumps(rec, indent=1, sort_keys=True) + "\n")
         done.append(f"wrote {d / name}")
 
-    runs = [*demo, *demo_quick]
-    if all((r / "eval.json").is_file() for r in runs):
-        write("demo.json", collect_demo(demo, demo_quick))
-    else:
-        done.append(f"kept {d / 'demo.json'} (no eval.json in {', '.join(str(r) for r in runs if not (r / 'eval.json').is_file())})")
+    record = read(d / "demo.json") or {}
+    fresh = {part: runs for part, runs in (("full", demo), ("quick", demo_quick))
+             if runs and all((r / "eval.json").is_file() for r in runs)}
+    if fresh:
+        new = collect_demo(fresh.get("full", []), fresh.get("quick", []))
+        write("demo.json", {**record, **{part: new[part] for part in fresh}})
+    for part in sorted({"full", "quick"} - set(fresh)):
+        done.append(f"kept the {part} demo of {d / 'demo.json'} (not every run of it has an eval.json)")
     for name, out, fn in (("experiments.json", experiments, collect_experiments), ("horizon.json", horizon, collect_horizon)):
         if (out / "results.json").is_file():
             write(name, fn(out))

@@ -42,7 +42,7 @@ from fourfold.experiments.horizon_report import write_horizon_report
 from fourfold.experiments.jobs import ExperimentError, Job, run_jobs
 from fourfold.experiments.sweep import Results, Sweep, collect_results, log_claims, open_output, write_outputs
 from fourfold.experiments.unbiased import seed_sft_stage, unbiased_demo_config
-from fourfold.provenance import write_provenance
+from fourfold.provenance import provenance, write_provenance
 from fourfold.stages import digest, done_key, read_done, read_json
 
 HORIZON_QUICK: dict[str, Any] = {  # --quick: the pipeline end to end, and the one claim its budget settles
@@ -214,8 +214,8 @@ def _start(cfg: ExperimentsConfig) -> tuple[ExperimentsConfig, Path, Callable[..
     return cfg, out, log
 
 
-def _world_results(worlds: list[World], state: dict[str, str], total_s: float,
-                   jobs_s: float) -> tuple[dict[str, Results], list[str]]:
+def _world_results(worlds: list[World], state: dict[str, str], total_s: float, jobs_s: float,
+                   made: dict) -> tuple[dict[str, Results], list[str]]:
     """Each world's results (its own summary.md and report.html written), and notes on those missing."""
     results, notes = {}, []
     for w in worlds:
@@ -228,7 +228,7 @@ def _world_results(worlds: list[World], state: dict[str, str], total_s: float,
         d_res = {"output_dir": str(w.demo_dir),
                  **{f"{s}_result": (read_done(w.demo_dir, s) or {}).get("result", {}) for s in ("sft", "reward")},
                  "pairs": (read_done(w.demo_dir, "pairs") or {}).get("result", {})}
-        write_outputs(w.sweep, res, d_res, sub, total_s=total_s, jobs_s=jobs_s)
+        write_outputs(w.sweep, res, d_res, sub, total_s=total_s, jobs_s=jobs_s, made=made)
         results[w.label] = res
     return results, notes
 
@@ -236,7 +236,7 @@ def _world_results(worlds: list[World], state: dict[str, str], total_s: float,
 def run_horizon(cfg: ExperimentsConfig) -> dict:
     """Run (or resume) the horizon family and write its report; returns {output_dir, claims, worlds,
     notes}."""
-    t_start = time.perf_counter()
+    t_start, made = time.perf_counter(), provenance()
     cfg, out, log = _start(cfg)
     fam = Family(cfg, out, log, eval_prompts(cfg), eval_sample_seed(cfg))
     worlds = fam.worlds()
@@ -247,7 +247,7 @@ def run_horizon(cfg: ExperimentsConfig) -> dict:
     t_jobs = time.perf_counter()
     state = run_jobs(jobs, workers=cfg.workers, log_dir=out / "logs", threads=cfg.run.threads, log=log)
     jobs_s = time.perf_counter() - t_jobs
-    results, notes = _world_results(worlds, state, time.perf_counter() - t_start, jobs_s)
+    results, notes = _world_results(worlds, state, time.perf_counter() - t_start, jobs_s, made)
     finals = {label: r.finals for label, r in results.items()}
     sft = {label: r.sft for label, r in results.items()}
     claims, claim_notes = compute_horizon_claims(finals, sft, cfg.horizon, group_size=cfg.group_size, quick=cfg.quick)
@@ -261,7 +261,7 @@ def run_horizon(cfg: ExperimentsConfig) -> dict:
               "rm": {w.label: (read_done(w.demo_dir, "reward") or {}).get("result", {}) for w in worlds}}
     write_text_atomic(out / "results.json", json.dumps(record, indent=1, sort_keys=True, default=str))
     write_horizon_report(out, cfg, record, read_json(out / "credit.json"))
-    write_provenance(out)
+    write_provenance(out, made)
     log_claims(log, claims, out, total_s)
     if failed:
         raise ExperimentError(f"{len(failed)} of {len(jobs)} jobs did not finish ({', '.join(sorted(failed))}); "

@@ -22,7 +22,7 @@ from fourfold.experiments.jobs import ExperimentError, Finished, Job, run_jobs
 from fourfold.experiments.report import summary_header, write_report, write_summary_md
 from fourfold.experiments.results import read_curves, summarize_arm, summarize_costs, train_seconds
 from fourfold.experiments.unbiased import seed_sft_stage, unbiased_demo_config
-from fourfold.provenance import write_provenance
+from fourfold.provenance import provenance, write_provenance
 from fourfold.report_format import duration
 from fourfold.stages import digest, done_key, read_json
 
@@ -248,8 +248,9 @@ def collect_results(sw: Sweep, state: dict[str, str]) -> Results:
     return Results(base, finals, rows_by_arm, curves, summaries, claims, notes, failed)
 
 
-def write_outputs(sw: Sweep, res: Results, d_res: dict, state: dict, *, total_s: float, jobs_s: float) -> None:
-    """summary.md, results.json and report.html."""
+def write_outputs(sw: Sweep, res: Results, d_res: dict, state: dict, *, total_s: float, jobs_s: float,
+                  made: dict | None = None) -> None:
+    """summary.md, results.json, report.html and provenance.json (``made``: taken when the sweep started)."""
     cfg, sft = sw.cfg, res.sft
     sft_row = {"arm": "SFT (reference)", "seeds": 1, **{k: sft[k] for k in ("proxy", "gold", "kl", "length",
                                                                         "well_formed", "repetition")},
@@ -267,7 +268,7 @@ def write_outputs(sw: Sweep, res: Results, d_res: dict, state: dict, *, total_s:
     write_report(sw.out / "report.html", cfg=cfg, arms=sw.arms, header=header, result_rows=result_rows,
                  claims=res.claims, notes=res.notes, curves=res.curves, finals=res.finals, sft=sft,
                  rows_by_arm=res.rows_by_arm, sft_rows=res.base["biased"]["rows"])
-    write_provenance(sw.out)
+    write_provenance(sw.out, made)
 
 
 def open_output(cfg: ExperimentsConfig) -> tuple[Path, Callable[..., Any]]:
@@ -311,7 +312,7 @@ def run(cfg: ExperimentsConfig) -> dict:
         from fourfold.experiments.horizon import run_horizon
 
         return run_horizon(cfg)
-    t_start = time.perf_counter()
+    t_start, made = time.perf_counter(), provenance()
     cfg, out, log = _start(cfg)
     arms = build_arms(cfg)
     log(f"[bold]fourfold experiments[/bold]: {len(arms)} arms x {len(cfg.seeds)} seeds, {cfg.iterations} iterations "
@@ -338,7 +339,7 @@ def run(cfg: ExperimentsConfig) -> dict:
     # 4. the report
     log("[bold]4/4 report[/bold]")
     total_s = time.perf_counter() - t_start
-    write_outputs(sw, res, d_res, state, total_s=total_s, jobs_s=jobs_s)
+    write_outputs(sw, res, d_res, state, total_s=total_s, jobs_s=jobs_s, made=made)
     log_claims(log, res.claims, out, total_s)
     if res.failed:
         raise ExperimentError(f"{len(res.failed)} of {len(jobs)} jobs did not finish "
