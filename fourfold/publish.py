@@ -358,7 +358,8 @@ def collect(root: Path, demo: Sequence[Path], demo_quick: Sequence[Path], experi
         if (out / "results.json").is_file():
             write(name, fn(out))
         else:
-            done.append(f"kept {d / name} (no {out / 'results.json'})")
+            done.append(f"kept {d / name} (no {out / 'results.json'})" if (d / name).is_file()
+                        else f"no {d / name}: no {out / 'results.json'}")
     if (horizon / "horizon.png").is_file():
         shutil.copyfile(horizon / "horizon.png", root / HORIZON_FIGURE)
         done.append(f"wrote {root / HORIZON_FIGURE}")
