@@ -1,6 +1,9 @@
 # Two commands do all set-up on a fresh machine with only Python 3.11:
 #   make demo   -> creates .venv, installs fourfold, runs the embedded default (fourfold demo)
 #   make test   -> creates .venv, installs fourfold with its test extras, runs ruff and the suite
+#   make results -> reruns the demo (3 seeds, full and quick), the claims sweep and the horizon family
+#                  (about 2.5 hours on 2 cores), collects results/*.json and rewrites every published
+#                  figure of README.md, docs/demo.md and docs/experiments.md (make publish: the last step only)
 # CPU machines get the pinned CPU wheel of torch (a bare `torch` could pull a multi-GB CUDA
 # build); on a GPU machine install your own torch into .venv first, or set TORCH_SPEC.
 PYTHON ?= python3
@@ -9,7 +12,7 @@ TORCH_SPEC ?= torch==2.13.0
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.fourfold-installed
 
-.PHONY: install demo test test-slow bench clean
+.PHONY: install demo test test-slow bench results publish clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -32,6 +35,20 @@ test-slow: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) benchmarks/ppo_iteration.py
+
+# Every published figure from fresh runs (fourfold/publish.py). The claims sweep reuses the seed-0
+# demo's cached stages (same settings), so its demo stages are not trained twice.
+SEEDS ?= 0 1 2
+results: $(STAMP)
+	for s in $(SEEDS); do HF_HUB_OFFLINE=1 $(VENV)/bin/fourfold demo --output-dir runs/demo-s$$s --seed $$s run.concurrent_roles=false || exit 1; done
+	for s in $(SEEDS); do HF_HUB_OFFLINE=1 $(VENV)/bin/fourfold demo --quick --output-dir runs/demo-quick-s$$s --seed $$s || exit 1; done
+	HF_HUB_OFFLINE=1 $(VENV)/bin/fourfold experiments --config examples/experiments.yaml demo.run.output_dir=runs/demo-s0
+	HF_HUB_OFFLINE=1 $(VENV)/bin/fourfold experiments --config examples/horizon.yaml
+	$(PY) -m fourfold.publish collect
+	$(PY) -m fourfold.publish render
+
+publish: $(STAMP)
+	$(PY) -m fourfold.publish render
 
 clean:
 	rm -rf $(VENV) runs

@@ -43,7 +43,7 @@ def task_inputs(stage: str, cfg) -> dict:
         return {}
     from fourfold.tasks import get_task, task_probe, task_prompts
 
-    task = get_task(cfg.data.task)
+    task = get_task(cfg.data.task, **cfg.data.task_options)
     inputs = {"probe": task_probe(task)}
     if cfg.data.prompts is None:
         section, _, key = batch_key.partition(".")

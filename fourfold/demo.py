@@ -16,8 +16,9 @@ stage whose config and inputs are unchanged is skipped; ``--fresh`` reruns all):
 
 Outputs under ``run.output_dir`` (default ``runs/demo``): ``sft/``, ``reward/``, ``policy/``,
 ``critic/`` (HF directories), ``data/`` (JSONL in the user-facing formats), ``metrics.jsonl``
-(every stage's rows, tagged with ``stage``), ``eval.json``, ``report.html``, and ``stages/``
-(each trainer's own run directory with its checkpoints, so a killed demo resumes).
+(every stage's rows, tagged with ``stage``), ``eval.json``, ``report.html``, ``provenance.json``
+(commit, machine, date, command), and ``stages/`` (each trainer's own run directory with its
+checkpoints, so a killed demo resumes).
 
 LoRA mode (``lora.r=16``, the ``lora`` section): PPO trains an adapter on the SFT model (the
 reference is that model with adapters off) and, with ``lora.reward`` (the default), the reward stage
@@ -63,6 +64,7 @@ from fourfold.config import (
     save_config,
 )
 from fourfold.evaluation import evaluate_policy, load_eval_roles, pair_accuracy, sample_texts
+from fourfold.provenance import provenance, write_provenance
 from fourfold.seeds import stream_seed
 from fourfold.stages import Stages, keyed, publish, stage_key
 
@@ -75,16 +77,18 @@ QUICK = {  # --quick: the same pipeline on about 2.5 minutes of 2 cores (measure
 
 def apply_quick(cfg, quick: Mapping[str, Any] = QUICK):
     """A copy of the config ``cfg`` with the settings ``quick`` over it: ``{"field" or
-    "section.field": value}``. The demo's --quick is :data:`QUICK` (the default); ``fourfold
-    experiments --quick`` applies its own table (:data:`fourfold.experiments.QUICK`) with it."""
+    "section.field" (or "section.sub.field"): value}``. The demo's --quick is :data:`QUICK` (the
+    default); ``fourfold experiments --quick`` applies its own table (:data:`fourfold.experiments.QUICK`)
+    with it."""
+    def put(section, path: list[str], value):
+        if len(path) == 1:
+            return dataclasses.replace(section, **{path[0]: value})
+        return dataclasses.replace(section, **{path[0]: put(getattr(section, path[0]), path[1:], value)})
+
     cfg = dataclasses.replace(cfg)
     for key, value in quick.items():
-        *section, field = key.split(".")
         value = list(value) if isinstance(value, list) else value  # never share the table's lists
-        if section:
-            setattr(cfg, section[0], dataclasses.replace(getattr(cfg, section[0]), **{field: value}))
-        else:
-            setattr(cfg, field, value)
+        cfg = put(cfg, key.split("."), value)
     return cfg
 
 
@@ -141,8 +145,9 @@ def ppo_stage_config(cfg: DemoConfig, out: Path, prompts: Path, run: RunConfig) 
     the RM. With ``lora``: the policy is an adapter on the SFT model (learning rate times
     ``lora.lr_multiplier``) and the reference that model with adapters off; with ``lora.reward``
     the RM is the third adapter and the critic a fourth (from the RM's), all on one base.
-    ``data.task`` names the review task although the stage passes its prompts and gold probe to the
-    trainer itself: ``fourfold ppo --config stages/ppo/config.yaml`` then logs the gold reward too."""
+    ``data.task`` (and ``data.task_options``) name the review task although the stage passes its prompts
+    and gold probe to the trainer itself: ``fourfold ppo --config stages/ppo/config.yaml`` then logs the
+    gold reward too."""
     model = LMModelConfig(policy=str(out / "sft"), reward=str(out / "reward"), critic_init="reward")
     algo, lora = cfg.ppo, cfg.lora
     if lora is not None:
@@ -150,7 +155,8 @@ def ppo_stage_config(cfg: DemoConfig, out: Path, prompts: Path, run: RunConfig) 
                                     reward=str(out / ("reward-adapter" if lora.reward else "reward")))
         algo = dataclasses.replace(algo, lr=algo.lr * lora.lr_multiplier)
         run = dataclasses.replace(run, concurrent_roles=False)  # roles over one base run one at a time
-    return PPOConfig(model=model, data=PromptDataConfig(prompts=str(prompts), task="review", max_prompt_len=16),
+    return PPOConfig(model=model, data=PromptDataConfig(prompts=str(prompts), task="review", max_prompt_len=16,
+                                                        task_options=dict(cfg.task_options)),
                      generation=cfg.generation, ppo=algo, run=run)
 
 
@@ -159,6 +165,15 @@ def sft_stage_key(cfg: DemoConfig) -> str:
     (``--quick`` is applied here when ``cfg.quick``)."""
     c = apply_quick(cfg) if cfg.quick else cfg
     return stage_key(sft_stage_settings(c), {})
+
+
+def reward_stage_key(cfg: DemoConfig) -> str:
+    """The key :func:`run` gives its reward stage for ``cfg`` (after SFT and pairs): a demo directory
+    whose reward stage finished with it needs no ``run(cfg, stop_after="reward")``."""
+    c = apply_quick(cfg) if cfg.quick else cfg
+    up = {"sft": sft_stage_key(c)}
+    up["pairs"] = stage_key(pairs_stage_settings(c), dict(up))
+    return stage_key(reward_stage_settings(c), up)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -377,6 +392,7 @@ def _log_outcome(demo: DemoRun, r_eval: dict) -> None:
 def run(cfg: DemoConfig, *, stop_after: str | None = None) -> dict:
     """Run the pipeline; ``stop_after="reward"`` stops once SFT, pairs and the reward model exist
     (``fourfold experiments`` starts every arm from those cached stages)."""
+    made = provenance()  # the checkout these numbers come from, as the run starts
     demo = DemoRun.start(cfg)
     cfg, out, log, lora = demo.cfg, demo.out, demo.log, demo.cfg.lora
     log("[bold]1/6 SFT[/bold] corpus -> tokenizer -> SFT from scratch")
@@ -407,6 +423,7 @@ def run(cfg: DemoConfig, *, stop_after: str | None = None) -> dict:
 
     log("[bold]6/6 report[/bold]")
     write_report(out, task=demo.task, summary={"sft": r_sft, "pairs": r_pairs, "reward": r_rm, "eval": r_eval})
+    write_provenance(out, made)  # the commit and machine of these numbers (fourfold.publish reads it)
     _log_outcome(demo, r_eval)
     return {"output_dir": str(out), "eval": r_eval, "reward": r_rm, "pairs": r_pairs}
 

@@ -13,8 +13,9 @@ import logging
 import math
 import random
 from pathlib import Path
+from typing import Mapping, Optional
 
-from fourfold.config import DemoConfig, PPOConfig, load_config
+from fourfold.config import DemoConfig, PPOAlgoConfig, PPOConfig, load_config
 from fourfold.report_format import esc, html_table, mean, signed
 from fourfold.reporting import token_heatmap_html
 from fourfold.seeds import stream_seed
@@ -50,7 +51,17 @@ def credit_config(out: Path) -> PPOConfig:
 
 
 def compute_token_credit(out: Path, prompts: list[str], task=None) -> dict:
-    """Sample PPO responses for ``prompts`` and return their per-token advantages (not whitened).
+    """Sample PPO responses for ``prompts`` and return their per-token advantages (not whitened):
+    :func:`rollout_credit` under the PPO stage's config of the demo run ``out``."""
+    return rollout_credit(credit_config(out), prompts, task)
+
+
+def rollout_credit(cfg: PPOConfig, prompts: list[str], task=None,
+                   others: Optional[Mapping[str, PPOAlgoConfig]] = None) -> dict:
+    """Sample responses for ``prompts`` with ``cfg``'s roles and return their per-token advantages
+    (not whitened) under ``cfg.ppo``, and under each estimator of ``others`` on the same responses
+    (item key ``advantages_<name>``; e.g. a group estimator, whose K samples of a prompt must be K
+    consecutive prompts).
 
     One PPO rollout as the trainer does it, on the CPU: the policy samples, the reference gives
     log-probs, the RM scores, the critic gives V(s_t); per-token rewards are ``-kl_coef * KL_t``
@@ -66,7 +77,6 @@ def compute_token_credit(out: Path, prompts: list[str], task=None) -> dict:
     from fourfold.trainers.ppo import compute_advantages
     from fourfold.trainers.rollouts import collect
 
-    cfg = credit_config(out)
     algo, gen = dataclasses.replace(cfg.ppo, whiten_advantages=False), cfg.generation
     with torch.no_grad():
         plan = plan_roles("ppo", cfg)
@@ -77,6 +87,10 @@ def compute_token_credit(out: Path, prompts: list[str], task=None) -> dict:
             torch.default_generator.manual_seed(CREDIT_SEED)
             col = collect(roles, list(prompts), pid, pmask, gen, kl_coef=algo.kl_coef, kl_estimator=algo.kl_estimator)
         rollout = compute_advantages(col.rollout, algo)
+        advantages = rollout.advantages  # compute_advantages replaces the tensors: this one stays
+        other = {name: compute_advantages(rollout, dataclasses.replace(a, whiten_advantages=False)).advantages
+                 for name, a in (others or {}).items()}
+        rollout.advantages = advantages
         responses = decode_responses(tok, col.samples)
     gold = task.gold_reward(list(prompts), responses) if task is not None and hasattr(task, "gold_reward") else None
     s, mask, kl = col.samples, rollout.mask, col.kl
@@ -89,7 +103,8 @@ def compute_token_credit(out: Path, prompts: list[str], task=None) -> dict:
             "response": responses[b],
             "tokens": token_pieces(tok, rid),
             "token_ids": rid,
-            "advantages": [float(a) for a in rollout.advantages[b, :n]],
+            "advantages": [float(a) for a in advantages[b, :n]],
+            **{f"advantages_{name}": [float(a) for a in adv[b, :n]] for name, adv in other.items()},
             "values": [float(v) for v in rollout.values[b, :n]],
             "kl": [float(k) for k in kl[b, :n]],
             "score": float(rollout.scores[b]),

@@ -45,7 +45,8 @@ def sample_texts(model, tokenizer, prompts: list[str], *, max_new_tokens: int, t
 
 @torch.no_grad()
 def evaluate_policy(policy, reference, rm, tokenizer, task, prompts: list[str], gen: GenerationConfig) -> tuple[dict, list[dict]]:
-    """Proxy, gold, KL to the reference, length, well-formed share, repetition on ``prompts``."""
+    """Proxy, gold, KL to the reference, length, well-formed share, repetition on ``prompts`` (and the
+    mean number of sentences when the task reports it: the review task's horizon mode)."""
     from fourfold.core import kl_estimate
 
     texts, batches = sample_texts(policy, tokenizer, prompts, max_new_tokens=gen.max_new_tokens,
@@ -62,6 +63,7 @@ def evaluate_policy(policy, reference, rm, tokenizer, task, prompts: list[str], 
         "proxy": sum(proxy) / n, "gold": sum(gold) / n, "kl": sum(kl) / n,
         "gold_std": float(torch.tensor(gold).std()), "proxy_std": float(torch.tensor(proxy).std()),
         "length": m["length"], "well_formed": m["well_formed"], "repetition": m["repetition"],
+        **({"sentences": m["sentences"]} if "sentences" in m else {}),  # the task's horizon mode only
     }
     rows = [{"prompt": p, "response": r, "proxy": a, "gold": g, "kl": k}
             for p, r, a, g, k in zip(prompts, texts, proxy, gold, kl)]

@@ -476,6 +476,14 @@ def test_quick_end_to_end(tmp_path):
     assert (out / "runs" / "dpo" / "seed0" / "model" / "config.json").is_file()
     assert "--config" in (out / "logs" / "dpo_seed0.log").read_text()
     assert (demo_dir / "reward" / "config.json").is_file()  # the quick demo's stages, in their own directory
+    # the published table of a sweep, from this sweep's outputs (fourfold.publish)
+    from fourfold import publish
+
+    rec = publish.collect_experiments(out)
+    assert set(rec["summaries"]) == {"ppo", "ppo-beta0", "grpo", "dpo"} and rec["provenance"]["commit"]
+    table = publish.experiments_table({"experiments": rec})
+    assert f"| grpo (K = 4) | {rec['summaries']['grpo']['proxy_delta_sd']:+.2f} |" in table
+    assert f"of the {len(rows)} claims hold" in table and table.index("| ppo-beta0 |") < table.index("| grpo (K = 4) |")
     assert not (demo_dir / "policy").exists()  # the experiments stop the demo after the reward model
     cfg = (out / "configs" / "ppo-beta0-seed0.yaml").read_text()
     assert "kl_coef: 0.0" in cfg and "resume: false" in cfg and "overwrite: true" in cfg  # started afresh

@@ -232,8 +232,9 @@ def test_rule_checks_detect_violations(tmp_path):
 # ---- the applications sit on top ---------------------------------------------------------------------
 
 APPLICATIONS = ("fourfold.demo", "fourfold.demo_report", "fourfold.demo_credit", "fourfold.report_format",
-                "fourfold.experiments", "fourfold.evaluation", "fourfold.stages")
-"""The applications (the demo, its report, the experiments, evaluation and the stage cache): they may
+                "fourfold.experiments", "fourfold.evaluation", "fourfold.stages", "fourfold.publish")
+"""The applications (the demo, its report, the experiments, evaluation, the stage cache and the
+publishing of their figures): they may
 import everything below them; nothing below imports them (only ``cli`` calls them)."""
 
 

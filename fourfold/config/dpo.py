@@ -15,16 +15,29 @@ from fourfold.config.sft import InitModelConfig, TrainLoopConfig
 @dataclasses.dataclass
 class DPOAlgoConfig:
     """DPO specifics: the loss on the log-ratio margin h = (pc - rc) - (pr - rr) of sequence
-    log-probs (policy p, reference r; chosen c, rejected r) and the frozen reference."""
+    log-probs (policy p, reference r; chosen c, rejected r) and the frozen reference.
+
+    Porting a TRL ``DPOConfig``: ``loss_type='sigmoid'`` is ``loss: sigmoid``, ``loss_type='ipo'`` is
+    ``loss: ipo`` (per-token mean log-ratios in both). TRL's ``label_smoothing`` is not read by its
+    ``sigmoid`` loss (only by ``robust``, ``exo_pair`` and ``aot``; older TRL releases did apply it to
+    ``sigmoid`` as conservative DPO), so a TRL config with ``loss_type: sigmoid`` and any
+    ``label_smoothing`` trains plain DPO: port it with ``label_smoothing: 0`` here, where a non-zero
+    value does change the loss (conservative DPO)."""
 
     beta: float = 0.1
     """beta: the strength of the implicit KL to the reference (DPO paper: 0.1; smaller lets the
-    policy move further). Implicit rewards are beta * (log pi - log pi_ref)."""
+    policy move further). Implicit rewards are beta * (log pi - log pi_ref). For the IPO losses it is
+    the paper's tau: the margin is regressed to 1 / (2 beta)."""
     label_smoothing: float = 0.0
     """eps in [0, 0.5): the assumed share of flipped labels (conservative DPO, Mitchell 2023);
-    loss = -(1 - eps) log sigmoid(beta h) - eps log sigmoid(-beta h). sigmoid loss only."""
-    loss: Literal["sigmoid", "ipo"] = "sigmoid"
-    """'sigmoid': DPO (Rafailov et al. 2023); 'ipo': (h - 1/(2 beta))^2 (Azar et al. 2023)."""
+    loss = -(1 - eps) log sigmoid(beta h) - eps log sigmoid(-beta h). sigmoid loss only (TRL's
+    sigmoid loss ignores its label_smoothing: see above)."""
+    loss: Literal["sigmoid", "ipo", "ipo_sum"] = "sigmoid"
+    """'sigmoid': DPO (Rafailov et al. 2023); 'ipo': (h_mean - 1/(2 beta))^2 (Azar et al. 2023) with
+    h_mean = (pc - rc) / nc - (pr - rr) / nr the margin of per-token mean log-ratios (nc, nr: the
+    responses' token counts, EOS included), as the IPO authors and TRL compute it; 'ipo_sum': the same
+    on the summed margin h (fourfold's 'ipo' before, kept for old configs: its loss grows with the
+    responses' length, so its beta is not comparable with 'ipo''s)."""
     reference: Optional[str] = None
     """Frozen reference model directory; null = model.path (the SFT model DPO starts from)."""
 

@@ -101,6 +101,9 @@ class PromptDataConfig:
     task: Optional[str] = None
     """An embedded task name (e.g. 'review'), resolved by the CLI: prompts are sampled from it when
     `prompts` is null, and its hidden gold reward is logged as reward/gold_mean."""
+    task_options: dict = dataclasses.field(default_factory=dict)
+    """Options of that task (for 'review': fourfold.tasks.ReviewTaskConfig fields, e.g. {sentences: 3});
+    {} = its defaults."""
     max_prompt_len: int = 64
     """Prompts longer than this many tokens are an error naming the file and line."""
     on_error: Literal["raise", "skip"] = "raise"
@@ -110,6 +113,7 @@ class PromptDataConfig:
         require(self.prompts is not None or self.task is not None, f"{prefix}.prompts",
                 "missing: a prompts file (or data.task for an embedded task)")
         require(self.max_prompt_len >= 1, f"{prefix}.max_prompt_len", "must be >= 1")
+        require(self.task is not None or not self.task_options, f"{prefix}.task_options", "set, but data.task is null")
 
 
 @dataclasses.dataclass

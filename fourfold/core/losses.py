@@ -21,8 +21,9 @@ Stats = dict[str, Tensor]
 
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
 
-DPO_LOSSES = ("sigmoid", "ipo")
-"""The preference losses :func:`dpo_loss` knows (``dpo.loss``): DPO's and IPO's."""
+DPO_LOSSES = ("sigmoid", "ipo", "ipo_sum")
+"""The preference losses :func:`dpo_loss` knows (``dpo.loss``): DPO's, IPO's on per-token mean
+log-ratios (as the IPO authors and TRL compute it) and IPO's on summed log-ratios."""
 
 
 def _zero(x: Tensor) -> Tensor:
@@ -278,10 +279,13 @@ def dpo_loss(
     beta: float = 0.1,
     label_smoothing: float = 0.0,
     kind: str = "sigmoid",
+    chosen_tokens: Optional[Tensor] = None,
+    rejected_tokens: Optional[Tensor] = None,
 ) -> tuple[Tensor, Stats]:
     """Direct preference optimisation on sequence log-probs (sums over each response's tokens,
     :func:`~fourfold.core.logprobs.sequence_logprobs`), with pc, pr the policy's and rc, rr the
-    reference's log-probs of the chosen and the rejected response, and the log-ratio margin
+    reference's log-probs of the chosen and the rejected response, nc, nr their numbers of response
+    tokens (``chosen_tokens``, ``rejected_tokens``), and the log-ratio margin
 
         h = (pc - rc) - (pr - rr)
 
@@ -290,15 +294,22 @@ def dpo_loss(
 
         loss = mean( -(1 - eps) * log sigmoid(beta * h) - eps * log sigmoid(-beta * h) )
 
-    kind 'ipo' (IPO, Azar et al. 2023: regresses h to a finite target instead of pushing it to
-    infinity; ``label_smoothing`` must be 0):
+    kind 'ipo' (IPO, Azar et al. 2023: regresses the margin to a finite target instead of pushing
+    it to infinity), on per-token mean log-ratios, as the IPO authors and TRL's ``loss_type='ipo'``
+    compute it (the squared loss would otherwise grow with the responses' length):
 
-        loss = mean( (h - 1 / (2 * beta))^2 )
+        h_mean = (pc - rc) / nc - (pr - rr) / nr          (nc, nr clamped to >= 1)
+        loss   = mean( (h_mean - 1 / (2 * beta))^2 )
+
+    kind 'ipo_sum': the same on the summed margin, ``mean((h - 1 / (2 * beta))^2)`` (fourfold's
+    'ipo' before it followed the authors). ``label_smoothing`` must be 0 for both IPO kinds; only
+    'ipo' reads the token counts (it needs them: ValueError without), the others ignore them.
 
     The implicit rewards are r_c = beta * (pc - rc) and r_r = beta * (pr - rr) (DPO's reward of a
-    response, up to the prompt's constant). ``ref_*`` are constants (detached); gradients flow into
-    ``policy_*``. Shapes: all ``[B]`` (any matching shape). ``beta`` must be > 0; an unknown
-    ``kind`` raises ValueError naming the kinds.
+    response, up to the prompt's constant), summed over the tokens whatever the kind (as TRL's
+    ``rewards/*``). ``ref_*`` are constants (detached); gradients flow into ``policy_*``. Shapes: all
+    ``[B]`` (any matching shape). ``beta`` must be > 0; an unknown ``kind`` raises ValueError
+    naming the kinds.
 
     stats (0-d, detached): ``reward_margin`` mean r_c - r_r (= beta * h); ``accuracy`` share of
     pairs with r_c > r_r strictly; ``chosen_reward``, ``rejected_reward`` means of r_c and r_r.
@@ -307,13 +318,19 @@ def dpo_loss(
         raise ValueError(f"unknown DPO loss {kind!r}; expected one of {', '.join(DPO_LOSSES)}")
     if not beta > 0:
         raise ValueError(f"beta must be > 0, got {beta}")
-    if kind == "ipo" and label_smoothing != 0:
-        raise ValueError("label_smoothing applies to the sigmoid loss only; ipo has none")
+    if kind != "sigmoid" and label_smoothing != 0:
+        raise ValueError(f"label_smoothing applies to the sigmoid loss only; {kind} has none")
+    if kind == "ipo" and (chosen_tokens is None or rejected_tokens is None):
+        raise ValueError("the ipo loss averages over each response's tokens: pass chosen_tokens and rejected_tokens")
     chosen_ratio = policy_chosen_logps - ref_chosen_logps.detach()  # (B,) log pi/pi_ref of the chosen
     rejected_ratio = policy_rejected_logps - ref_rejected_logps.detach()  # (B,)
     h = chosen_ratio - rejected_ratio
     if kind == "sigmoid":
         per_pair = -(1.0 - label_smoothing) * F.logsigmoid(beta * h) - label_smoothing * F.logsigmoid(-beta * h)
+    elif kind == "ipo":
+        nc = chosen_tokens.detach().to(chosen_ratio.dtype).clamp(min=1.0)  # (B,)
+        nr = rejected_tokens.detach().to(rejected_ratio.dtype).clamp(min=1.0)  # (B,)
+        per_pair = (chosen_ratio / nc - rejected_ratio / nr - 1.0 / (2.0 * beta)) ** 2
     else:
         per_pair = (h - 1.0 / (2.0 * beta)) ** 2
     loss = per_pair.mean()

@@ -48,11 +48,19 @@ The package, by room: :mod:`~fourfold.experiments.arms` (the arms and each run's
 :mod:`~fourfold.experiments.results` (curves and per-arm summaries), :mod:`~fourfold.experiments.claims`
 (the claims and their statistics), :mod:`~fourfold.experiments.report` (summary.md and report.html)
 and :mod:`~fourfold.experiments.sweep` (:func:`run`, step by step).
+
+The horizon family (``family: horizon``, examples/horizon.yaml: when does the critic pay, as the
+response length gold wants grows?) runs on the same pieces: :mod:`~fourfold.experiments.horizon`
+(one sweep per horizon and variant, one pool of jobs), :mod:`~fourfold.experiments.horizon_claims`,
+:mod:`~fourfold.experiments.horizon_report` and :mod:`~fourfold.experiments.credit` (the token-credit
+view: GAE vs the group's flat advantage on the same responses).
 """
 
 from fourfold.experiments.arms import ARM_ORDER, Arm, build_arms, models_in_memory, run_config, run_key
 from fourfold.experiments.claims import QUICK_CLAIMS, compute_claims
 from fourfold.experiments.final_eval import eval_prompts, evaluate_spec
+from fourfold.experiments.horizon import HORIZON_QUICK, horizon_quick_config, run_horizon
+from fourfold.experiments.horizon_claims import compute_horizon_claims
 from fourfold.experiments.jobs import ExperimentError, Finished, Job, run_jobs
 from fourfold.experiments.report import write_report, write_summary_md
 from fourfold.experiments.results import CURVE_KEYS, read_curves, summarize_arm
@@ -63,5 +71,6 @@ __all__ = [
     "ARM_ORDER", "Arm", "build_arms", "models_in_memory", "run_config", "run_key", "QUICK_CLAIMS", "compute_claims",
     "eval_prompts", "evaluate_spec", "ExperimentError", "Finished", "Job", "run_jobs", "CURVE_KEYS", "read_curves",
     "summarize_arm", "DEFAULT_DEMO_OUTPUT", "DEFAULT_OUTPUT", "QUICK", "quick_config", "run", "seed_sft_stage",
-    "unbiased_demo_config", "write_report", "write_summary_md",
+    "unbiased_demo_config", "write_report", "write_summary_md", "HORIZON_QUICK", "horizon_quick_config", "run_horizon",
+    "compute_horizon_claims",
 ]

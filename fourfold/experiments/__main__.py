@@ -1,5 +1,6 @@
 """The sweep's subprocess entry point: ``python -m fourfold.experiments evaluate SPEC.json |
-prepare-demo DEMO.yaml`` (started by :func:`fourfold.experiments.run`, one job at a time)."""
+prepare-demo DEMO.yaml | credit SPEC.json`` (started by :func:`fourfold.experiments.run`, one job at
+a time)."""
 
 from __future__ import annotations
 
@@ -11,12 +12,12 @@ from typing import Sequence
 from fourfold.errors import FourfoldError
 from fourfold.experiments.final_eval import evaluate_spec, prepare_demo
 
-USAGE = "usage: python -m fourfold.experiments evaluate SPEC.json | prepare-demo DEMO.yaml"
+USAGE = "usage: python -m fourfold.experiments evaluate SPEC.json | prepare-demo DEMO.yaml | credit SPEC.json"
 
 
 def main(argv: Sequence[str]) -> int:
     """Run one subcommand; prints a one-line JSON summary. Exit status 2 on a usage or fourfold error."""
-    if len(argv) != 2 or argv[0] not in ("evaluate", "prepare-demo"):
+    if len(argv) != 2 or argv[0] not in ("evaluate", "prepare-demo", "credit"):
         print(USAGE, file=sys.stderr)
         return 2
     try:
@@ -24,6 +25,11 @@ def main(argv: Sequence[str]) -> int:
             res = evaluate_spec(json.loads(Path(argv[1]).read_text(encoding="utf-8")))
             s = res["summary"]
             print(json.dumps({k: s[k] for k in ("proxy", "gold", "kl", "length", "well_formed", "repetition")}))
+        elif argv[0] == "credit":
+            from fourfold.experiments.credit import credit_spec
+
+            res = credit_spec(json.loads(Path(argv[1]).read_text(encoding="utf-8")))
+            print(json.dumps({"views": [v["label"] for v in res["views"]], "K": res["K"]}))
         else:
             res = prepare_demo(Path(argv[1]))
             print(json.dumps({k: res[k] for k in ("sft", "reward")}))

@@ -139,7 +139,7 @@ def run_config(cfg: ExperimentsConfig, arm: Arm, seed: int, *, sft: Path, rm: Pa
                     concurrent_roles=cfg.run.concurrent_roles)
     if arm.stage == "dpo":
         return _dpo_config(cfg, run, sft, sft.parent / "data")
-    data = PromptDataConfig(task="review", max_prompt_len=16)
+    data = PromptDataConfig(task="review", max_prompt_len=16, task_options=dict(d.task_options))
     if arm.stage == "ppo":
         algo = dataclasses.replace(d.ppo, iterations=cfg.iterations, **arm.ppo)
         return PPOConfig(model=LMModelConfig(policy=str(sft), reward=str(rm), critic_init="reward"),
@@ -156,6 +156,8 @@ def run_key(run_cfg, stage: str, demo_keys: Mapping[str, Any]) -> str:
     """What a run's result depends on: its algorithm/generation/data settings, its seed and the demo
     stages its models come from (paths, device, threads and logging do not count)."""
     d = config_to_dict(run_cfg)
+    if not d.get("data", {}).get("task_options", True):
+        del d["data"]["task_options"]  # the task's defaults key as they did before data.task_options existed
     if stage == "dpo":
         return digest({"stage": stage, "algo": d["dpo"], "train": d["train"], "seed": d["run"]["seed"],
                        "demo": demo_keys})

@@ -16,7 +16,7 @@ import dataclasses
 import math
 from typing import Mapping, Sequence
 
-from fourfold.experiments.config import CLAIM_GROUPS, ExperimentsClaimsConfig
+from fourfold.experiments.config import CLAIM_GROUPS, GROUP_ARMS, ExperimentsClaimsConfig
 from fourfold.report_format import fmt, mean, signed, std
 
 QUICK_CLAIMS = ("beta0.hack", "beta0.drift", "beta0.degeneration", "dpo.length")
@@ -44,7 +44,7 @@ GROUP_CLAIMS = {
 
 CRITIC_FREE_ARMS = ("grpo", "rloo", "reinforce-pp")
 """The PPO arms without a critic the 'critic-free' claims compare with ppo."""
-GROUP_BASELINE_ARMS = ("grpo", "rloo")
+GROUP_BASELINE_ARMS = GROUP_ARMS
 """The arms whose baseline is the group of K samples of a prompt ('baseline' claims)."""
 
 
@@ -52,14 +52,14 @@ def _by_seed(rows: Sequence[Mapping]) -> dict[int, Mapping]:
     return {int(r.get("seed", i)): r for i, r in enumerate(rows)}
 
 
-def _paired(finals: Mapping[str, Sequence[Mapping]], *arms: str) -> list[tuple[int, tuple[Mapping, ...]]]:
+def paired(finals: Mapping[str, Sequence[Mapping]], *arms: str) -> list[tuple[int, tuple[Mapping, ...]]]:
     """Seeds present in every named arm, with each arm's row for that seed."""
     maps = [_by_seed(finals[a]) for a in arms]
     seeds = sorted(set.intersection(*(set(m) for m in maps)))
     return [(s, tuple(m[s] for m in maps)) for s in seeds]
 
 
-def _se(row: Mapping, key: str) -> float:
+def eval_se(row: Mapping, key: str) -> float:
     """Standard error of an evaluation mean (per-sample sd / sqrt(n); a share uses p(1-p))."""
     n = max(int(row.get("n", 1)), 1)
     if key in ("well_formed", "repetition"):
@@ -68,11 +68,11 @@ def _se(row: Mapping, key: str) -> float:
     return float(row.get(f"{key}_std", 0.0)) / math.sqrt(n)
 
 
-def _seeds_txt(ok: Sequence[bool]) -> str:
+def seeds_txt(ok: Sequence[bool]) -> str:
     return f"{sum(ok)}/{len(ok)} seeds"
 
 
-def _list(xs: Sequence[float], digits: int = 2, signed_: bool = True) -> str:
+def fmt_list(xs: Sequence[float], digits: int = 2, signed_: bool = True) -> str:
     return ", ".join(signed(x, digits) if signed_ else fmt(x, digits) for x in xs)
 
 
@@ -111,7 +111,7 @@ class _Table:
         if missing:
             self.notes.append(f"claims '{group}' not checked: arm {', '.join(missing)} did not run or has no results")
             return False
-        if not _paired(self.finals, *arms):
+        if not paired(self.finals, *arms):
             self.notes.append(f"claims '{group}' not checked: arms {', '.join(arms)} share no seed")
             return False
         return True
@@ -126,7 +126,7 @@ class _Table:
 
     def noise(self, a: Mapping, b: Mapping, key: str) -> float:
         """noise_z standard errors of the evaluation of the difference a - b of ``key`` (raw units)."""
-        return self.c.noise_z * math.hypot(_se(a, key), _se(b, key))
+        return self.c.noise_z * math.hypot(eval_se(a, key), eval_se(b, key))
 
     def gain(self, arm: str, key: str) -> tuple[list[float], list[float], list[bool]]:
         """Per seed: ``arm``'s ``key`` minus the SFT model's (gold in sd, length in words), its noise
@@ -143,9 +143,9 @@ class _Table:
     def beats(self, a: str, b: str) -> tuple[list[float], list[float], list[bool]]:
         """Per seed: gold difference a - b (sd), its noise threshold (sd), and whether it is beyond."""
         diffs, thr, ok = [], [], []
-        for _, (ra, rb) in _paired(self.finals, a, b):
+        for _, (ra, rb) in paired(self.finals, a, b):
             d = (ra["gold"] - rb["gold"]) / self.gsd
-            t = self.c.noise_z * math.hypot(_se(ra, "gold"), _se(rb, "gold")) / self.gsd
+            t = self.c.noise_z * math.hypot(eval_se(ra, "gold"), eval_se(rb, "gold")) / self.gsd
             diffs.append(d), thr.append(t), ok.append(d > t)
         return diffs, thr, ok
 
@@ -157,8 +157,8 @@ class _Table:
         """A claim that ``a`` beats ``b`` on gold beyond the evaluation's noise, in every seed."""
         d, t, ok = self.beats(a, b)
         self.add(group, claim,
-                 f"gold difference {_list(d)} sd ({_seeds_txt(ok)}); {spread_label}{self.spread(a)}, {self.spread(b)}",
-                 f"> {self.c.noise_z:g} evaluation standard errors ({_list(t, 2, False)} sd) in every seed", all(ok))
+                 f"gold difference {fmt_list(d)} sd ({seeds_txt(ok)}); {spread_label}{self.spread(a)}, {self.spread(b)}",
+                 f"> {self.c.noise_z:g} evaluation standard errors ({fmt_list(t, 2, False)} sd) in every seed", all(ok))
 
 
 def _ppo_claims(t: _Table) -> None:
@@ -166,7 +166,7 @@ def _ppo_claims(t: _Table) -> None:
     ppo = sorted(t.finals["ppo"], key=lambda r: r.get("seed", 0))
     gains = [t.gold_u(r) for r in ppo]
     t.add("ppo", "ppo raises gold reward above the SFT model's",
-          f"gold gain {_list(gains)} sd ({_seeds_txt([g >= c.ppo_min_gold_gain_sd for g in gains])})",
+          f"gold gain {fmt_list(gains)} sd ({seeds_txt([g >= c.ppo_min_gold_gain_sd for g in gains])})",
           f">= {c.ppo_min_gold_gain_sd:g} sd in every seed", all(g >= c.ppo_min_gold_gain_sd for g in gains))
     psft = t.proxy_sft.get("ppo", sft)
     bounds = [(r["proxy"] - psft["proxy"]) / t.kl_coef if t.kl_coef > 0 else math.inf for r in ppo]
@@ -174,12 +174,12 @@ def _ppo_claims(t: _Table) -> None:
     ok = [k <= b for k, b in zip(kls, bounds)]
     t.add("ppo", "ppo's KL to the reference stays bounded by the penalty (its KL-regularised objective "
                  "proxy - beta*KL is not below the SFT model's)",
-          f"KL {_list(kls, 1, False)} nats; proxy gain / beta {_list(bounds, 1, False)} nats ({_seeds_txt(ok)})",
+          f"KL {fmt_list(kls, 1, False)} nats; proxy gain / beta {fmt_list(bounds, 1, False)} nats ({seeds_txt(ok)})",
           "KL <= proxy gain / beta in every seed", all(ok))
     ratios = [r["well_formed"] / sft["well_formed"] if sft["well_formed"] > 0 else math.inf for r in ppo]
     t.add("ppo", "ppo keeps responses well formed",
-          f"well-formed {_list([r['well_formed'] for r in ppo], 2, False)} vs SFT {fmt(sft['well_formed'], 2)} "
-          f"(ratio {_list(ratios, 2, False)})",
+          f"well-formed {fmt_list([r['well_formed'] for r in ppo], 2, False)} vs SFT {fmt(sft['well_formed'], 2)} "
+          f"(ratio {fmt_list(ratios, 2, False)})",
           f">= {c.ppo_min_well_formed_ratio:g} x SFT's in every seed",
           all(x >= c.ppo_min_well_formed_ratio for x in ratios))
 
@@ -194,29 +194,29 @@ def _beta0_hack_drift(t: _Table, pairs: list) -> None:
     bar_ppo = [t.noise(b, p, "gold") / t.gsd if q else c.beta0_min_gold_drop_sd for _, (b, p) in pairs]
     ok = [s >= bs and x >= bp for s, x, bs, bp in zip(below_sft, below_ppo, bar_sft, bar_ppo)]
     t.add("beta0", "beta = 0 hacks the reward model: gold falls below the SFT model's and ppo's",
-          f"below SFT by {_list(below_sft)} sd, below ppo by {_list(below_ppo)} sd ({_seeds_txt(ok)})",
-          f"> {c.noise_z:g} evaluation standard errors below both ({_list(bar_sft, 2, False)} and "
-          f"{_list(bar_ppo, 2, False)} sd) in every seed" if q else
+          f"below SFT by {fmt_list(below_sft)} sd, below ppo by {fmt_list(below_ppo)} sd ({seeds_txt(ok)})",
+          f"> {c.noise_z:g} evaluation standard errors below both ({fmt_list(bar_sft, 2, False)} and "
+          f"{fmt_list(bar_ppo, 2, False)} sd) in every seed" if q else
           f">= {c.beta0_min_gold_drop_sd:g} sd below both in every seed", all(ok), key="hack")
     kl_b0, kl_ppo = [b["kl"] for _, (b, p) in pairs], [p["kl"] for _, (b, p) in pairs]
     if q:
         bars = [t.noise(b, p, "kl") for _, (b, p) in pairs]
         ok = [b - p > bar for b, p, bar in zip(kl_b0, kl_ppo, bars)]
         t.add("beta0", "beta = 0 drifts further from the reference than ppo",
-              f"KL {_list(kl_b0, 1, False)} vs ppo {_list(kl_ppo, 1, False)} nats ({_seeds_txt(ok)})",
-              f"higher by > {c.noise_z:g} evaluation standard errors ({_list(bars, 1, False)} nats) in every seed",
+              f"KL {fmt_list(kl_b0, 1, False)} vs ppo {fmt_list(kl_ppo, 1, False)} nats ({seeds_txt(ok)})",
+              f"higher by > {c.noise_z:g} evaluation standard errors ({fmt_list(bars, 1, False)} nats) in every seed",
               all(ok), key="drift")
         return
     ratios = [b["kl"] / p["kl"] if p["kl"] > 0 else math.inf for _, (b, p) in pairs]
     t.add("beta0", "beta = 0 drifts far from the reference",
-          f"KL {_list(kl_b0, 1, False)} vs ppo {_list(kl_ppo, 1, False)} nats (ratio {_list(ratios, 1, False)})",
+          f"KL {fmt_list(kl_b0, 1, False)} vs ppo {fmt_list(kl_ppo, 1, False)} nats (ratio {fmt_list(ratios, 1, False)})",
           f">= {c.beta0_min_kl_ratio:g} x ppo's in every seed", all(r >= c.beta0_min_kl_ratio for r in ratios),
           key="drift")
 
 
 def _beta0_claims(t: _Table) -> None:
     c, q = t.c, t.c.quick
-    pairs = _paired(t.finals, "ppo-beta0", "ppo")
+    pairs = paired(t.finals, "ppo-beta0", "ppo")
     _beta0_hack_drift(t, pairs)
     wf = [p["well_formed"] - b["well_formed"] for _, (b, p) in pairs]
     rep = [b["repetition"] - p["repetition"] for _, (b, p) in pairs]
@@ -224,15 +224,15 @@ def _beta0_claims(t: _Table) -> None:
     bar_rep = [t.noise(b, p, "repetition") if q else c.beta0_min_degeneration for _, (b, p) in pairs]
     ok = [w > bw or r > br if q else max(w, r) >= bw for w, r, bw, br in zip(wf, rep, bar_wf, bar_rep)]
     t.add("beta0", "beta = 0 degenerates (well-formed share or repetition clearly worse than ppo's)",
-          f"well-formed lower by {_list(wf)}, repetition higher by {_list(rep)} ({_seeds_txt(ok)})",
-          f"either by > {c.noise_z:g} evaluation standard errors ({_list(bar_wf, 2, False)} and "
-          f"{_list(bar_rep, 2, False)}) in every seed" if q else
+          f"well-formed lower by {fmt_list(wf)}, repetition higher by {fmt_list(rep)} ({seeds_txt(ok)})",
+          f"either by > {c.noise_z:g} evaluation standard errors ({fmt_list(bar_wf, 2, False)} and "
+          f"{fmt_list(bar_rep, 2, False)}) in every seed" if q else
           f"either >= {c.beta0_min_degeneration:g} in every seed", all(ok), key="degeneration")
     psft = t.proxy_sft.get("ppo", t.sft)
     psd = psft.get("proxy_std") or math.nan
     dp = [(b["proxy"] - p["proxy"]) / psd for _, (b, p) in pairs]
     t.add("beta0", "beta = 0 still scores as high on the proxy (the RM is fooled)",
-          f"proxy minus ppo's {_list(dp)} sd ({_seeds_txt([d >= -c.beta0_proxy_margin_sd for d in dp])})",
+          f"proxy minus ppo's {fmt_list(dp)} sd ({seeds_txt([d >= -c.beta0_proxy_margin_sd for d in dp])})",
           f">= -{c.beta0_proxy_margin_sd:g} sd in every seed", all(d >= -c.beta0_proxy_margin_sd for d in dp))
 
 
@@ -241,13 +241,13 @@ def _beta_high_claims(t: _Table) -> None:
     hi = sorted(t.finals["ppo-beta-high"], key=lambda r: r.get("seed", 0))
     kls = [r["kl"] for r in hi]
     t.add("beta-high", "a very high beta keeps the policy at the SFT model (KL)",
-          f"KL {_list(kls, 3, False)} nats per response",
+          f"KL {fmt_list(kls, 3, False)} nats per response",
           f"< {c.beta_high_max_kl:g} nats in every seed", all(k < c.beta_high_max_kl for k in kls))
     for key, unit in (("gold", "sd"), ("length", "words")):
         m = mean([r[key] for r in hi])
         n_all = sum(int(r.get("n", 1)) for r in hi)
         var = mean([float(r.get(f"{key}_std", 0.0)) ** 2 for r in hi])
-        se = math.hypot(math.sqrt(var / max(n_all, 1)), _se(sft, key))
+        se = math.hypot(math.sqrt(var / max(n_all, 1)), eval_se(sft, key))
         diff, thr = m - sft[key], c.noise_z * se
         scale = t.gsd if key == "gold" else 1.0
         t.add("beta-high", f"a very high beta keeps the policy at the SFT model ({key})",
@@ -261,10 +261,10 @@ def _reinforce_claims(t: _Table, rf: list[str]) -> None:
     same = [a for a in rf if _lr_of(a) == 1.0]
     if same:
         a = same[0]
-        diffs = [(p["gold"] - r["gold"]) / t.gsd for _, (p, r) in _paired(finals, "ppo", a)]
+        diffs = [(p["gold"] - r["gold"]) / t.gsd for _, (p, r) in paired(finals, "ppo", a)]
         ok = [x >= c.clear_margin_sd for x in diffs]
         t.add("reinforce", "ppo clearly beats naive REINFORCE at the same learning rate",
-              f"gold difference {_list(diffs)} sd ({_seeds_txt(ok)}); {t.spread('ppo')}, {t.spread(a)}",
+              f"gold difference {fmt_list(diffs)} sd ({seeds_txt(ok)}); {t.spread('ppo')}, {t.spread(a)}",
               f">= {c.clear_margin_sd:g} sd in every seed", all(ok))
     else:
         t.notes.append("claim 'ppo clearly beats REINFORCE at the same learning rate' not checked: "
@@ -283,17 +283,17 @@ def _critic_free_claims(t: _Table, arm: str) -> None:
     """What removing the critic costs PPO on gold (mean over seeds against a fixed bar, the cost
     measured either way), and whether the critic-free ``arm`` still raises gold above SFT's."""
     c = t.c
-    pairs = _paired(t.finals, "ppo", arm)
+    pairs = paired(t.finals, "ppo", arm)
     costs = [(p["gold"] - a["gold"]) / t.gsd for _, (p, a) in pairs]
-    se_mean = math.sqrt(sum(_se(p, "gold") ** 2 + _se(a, "gold") ** 2 for _, (p, a) in pairs)) / len(pairs) / t.gsd
+    se_mean = math.sqrt(sum(eval_se(p, "gold") ** 2 + eval_se(a, "gold") ** 2 for _, (p, a) in pairs)) / len(pairs) / t.gsd
     cost = mean(costs)
     t.add("critic-free", f"removing the critic costs PPO less than {c.critic_free_max_cost_sd:g} sd of gold ({arm})",
-          f"ppo's gold minus {arm}'s {_list(costs)} sd, mean {signed(cost)} sd (+- {fmt(c.noise_z * se_mean, 2)} "
+          f"ppo's gold minus {arm}'s {fmt_list(costs)} sd, mean {signed(cost)} sd (+- {fmt(c.noise_z * se_mean, 2)} "
           f"sd: {c.noise_z:g} evaluation standard errors of the mean); {t.spread('ppo')}, {t.spread(arm)}",
           f"mean over seeds < {c.critic_free_max_cost_sd:g} sd", cost < c.critic_free_max_cost_sd, key="cost")
     d, thr, ok = t.gain(arm, "gold")
-    t.add("critic-free", f"{arm} raises gold above the SFT model's", f"gold gain {_list(d)} sd ({_seeds_txt(ok)})",
-          f"> {c.noise_z:g} evaluation standard errors ({_list(thr, 2, False)} sd) in every seed", all(ok), key="gain")
+    t.add("critic-free", f"{arm} raises gold above the SFT model's", f"gold gain {fmt_list(d)} sd ({seeds_txt(ok)})",
+          f"> {c.noise_z:g} evaluation standard errors ({fmt_list(thr, 2, False)} sd) in every seed", all(ok), key="gain")
 
 
 def _dpo_claims(t: _Table) -> None:
@@ -301,25 +301,25 @@ def _dpo_claims(t: _Table) -> None:
     the longer response), each beyond the evaluation's noise in every seed."""
     z = t.c.noise_z
     d, thr, ok = t.gain("dpo", "gold")
-    t.add("dpo", "DPO raises gold above the SFT model's", f"gold gain {_list(d)} sd ({_seeds_txt(ok)})",
-          f"> {z:g} evaluation standard errors ({_list(thr, 2, False)} sd) in every seed", all(ok), key="gold")
+    t.add("dpo", "DPO raises gold above the SFT model's", f"gold gain {fmt_list(d)} sd ({seeds_txt(ok)})",
+          f"> {z:g} evaluation standard errors ({fmt_list(thr, 2, False)} sd) in every seed", all(ok), key="gold")
     d, thr, ok = t.gain("dpo", "length")
     t.add("dpo", "DPO inherits the labelers' length bias: its responses are longer than the SFT model's",
-          f"length {_list(d, 1)} words vs SFT's {fmt(t.sft['length'], 1)} ({_seeds_txt(ok)})",
-          f"> {z:g} evaluation standard errors ({_list(thr, 1, False)} words) in every seed", all(ok), key="length")
+          f"length {fmt_list(d, 1)} words vs SFT's {fmt(t.sft['length'], 1)} ({seeds_txt(ok)})",
+          f"> {z:g} evaluation standard errors ({fmt_list(thr, 1, False)} words) in every seed", all(ok), key="length")
 
 
 def _length_claims(t: _Table) -> None:
     c, sft = t.c, t.sft
-    pairs = _paired(t.finals, "ppo", "ppo-unbiased-rm")
+    pairs = paired(t.finals, "ppo", "ppo-unbiased-rm")
     drift_b = [p["length"] - sft["length"] for _, (p, u) in pairs]
     drift_u = [u["length"] - sft["length"] for _, (p, u) in pairs]
-    thr = [c.noise_z * math.hypot(_se(p, "length"), _se(u, "length")) for _, (p, u) in pairs]
+    thr = [c.noise_z * math.hypot(eval_se(p, "length"), eval_se(u, "length")) for _, (p, u) in pairs]
     ok = [b - u > th for b, u, th in zip(drift_b, drift_u, thr)]
     t.add("length", "the labelers' length bias makes ppo verbose: its length drift exceeds "
                     "ppo-unbiased-rm's",
-          f"length drift vs SFT: ppo {_list(drift_b, 1)}, unbiased RM {_list(drift_u, 1)} words ({_seeds_txt(ok)})",
-          f"difference > {c.noise_z:g} evaluation standard errors ({_list(thr, 1, False)} words) in every seed",
+          f"length drift vs SFT: ppo {fmt_list(drift_b, 1)}, unbiased RM {fmt_list(drift_u, 1)} words ({seeds_txt(ok)})",
+          f"difference > {c.noise_z:g} evaluation standard errors ({fmt_list(thr, 1, False)} words) in every seed",
           all(ok))
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-from typing import Optional
+from typing import Literal, Optional
 
 from fourfold.config.demo import DemoConfig
 from fourfold.config.loader import require
@@ -72,6 +72,91 @@ class ExperimentsClaimsConfig:
         require(self.critic_free_max_cost_sd > 0, f"{prefix}.critic_free_max_cost_sd", "must be > 0")
 
 
+HORIZON_ARMS = ("ppo", "ppo-beta0", "ppo-beta-high", "ppo-1epoch", "ppo-no-critic", "grpo", "rloo", "reinforce-pp",
+                "reinforce", "ppo-adaptive-kl")
+"""Arms the horizon family runs at each horizon (every arm but those that need another reward model
+or no sampling: ppo-unbiased-rm, dpo)."""
+GROUP_ARMS = ("grpo", "rloo")
+"""Arms whose baseline is the group of K samples of a prompt."""
+
+
+@dataclasses.dataclass
+class HorizonClaimsConfig:
+    """Thresholds of the horizon family's claims, written before its first run (docs/experiments.md).
+    Gold differences are in units of the SFT model's per-sample sd at that horizon (each horizon has
+    its own SFT model and gold); "in every seed" compares arms seed by seed."""
+
+    critic_min_increase_sd: float = 0.1
+    """'The critic's baseline helps more as the horizon grows': its gain (ppo's gold minus
+    ppo-no-critic's) at the longest horizon minus its gain at the shortest must be at least this
+    (mean over seeds), and above noise_z standard errors of the evaluation in every seed."""
+    match_max_cost_sd: float = 0.3
+    """'A group baseline matches the critic at every horizon tried': ppo's gold minus the group arm's
+    (grpo, rloo; mean over seeds) below this at every horizon, and under the noisier labels."""
+    noise_z: float = 2.0
+    """'Beyond noise': this many standard errors of the evaluation of the difference."""
+
+    def validate(self, prefix: str = "horizon.claims") -> None:
+        require(self.critic_min_increase_sd >= 0, f"{prefix}.critic_min_increase_sd", "must be >= 0")
+        require(self.match_max_cost_sd > 0, f"{prefix}.match_max_cost_sd", "must be > 0")
+        require(self.noise_z > 0, f"{prefix}.noise_z", "must be > 0")
+
+
+@dataclasses.dataclass
+class HorizonConfig:
+    """The horizon family (``family: horizon``, examples/horizon.yaml): the review task with gold
+    wanting reviews of k sentences (the task's ``sentences`` knob), one demo (SFT, pairs, reward model)
+    per horizon k, and arms at each horizon; at the longest horizon also a noisier reward (labels
+    from noisier labelers, the same SFT model) and the group arm at other group sizes."""
+
+    horizons: list[int] = dataclasses.field(default_factory=lambda: [1, 3, 6])
+    """The horizons k: gold wants k sentences (fourfold.tasks.ReviewTaskConfig.sentences)."""
+    arms: list[str] = dataclasses.field(default_factory=lambda: ["ppo", "ppo-no-critic", "grpo", "rloo"])
+    """The arms run at every horizon (as the claims family defines them)."""
+    tokens_per_sentence: int = 12
+    """Responses may have up to tokens_per_sentence x (k + 1) tokens at horizon k (generation.
+    max_new_tokens): room for one sentence more than gold wants (the corpus averages 7 words a
+    sentence; the word-level tokenizer gives a token a word)."""
+    task_options: dict = dataclasses.field(default_factory=lambda: {"labeler_length_bias": 0.0})
+    """Task options of every horizon (over demo.task_options): by default unbiased labelers, so that
+    gold measures credit over the horizon rather than the labelers' length flaw (the claims family
+    studies that)."""
+    noisy_task_options: dict = dataclasses.field(default_factory=lambda: {"labeler_noise": 0.3})
+    """The noisier reward at the longest horizon: these labeler options over the horizon's (its SFT
+    model is the horizon's, copied; pairs and reward model are new); {} = none."""
+    noisy_arms: list[str] = dataclasses.field(default_factory=lambda: ["ppo", "grpo"])
+    """The arms run against the noisier reward."""
+    group_sizes: list[int] = dataclasses.field(default_factory=lambda: [2, 8])
+    """Other group sizes K of group_arm at the longest horizon (the arms above use group_size); []
+    = none. Every K keeps demo.ppo.rollout_batch_size responses per iteration (so batch / K prompts)."""
+    group_arm: str = "grpo"
+    """The group arm run at group_sizes."""
+    demo_dir: str = "runs/demo-horizon"
+    """The horizons' demo stages are cached in '<demo_dir>-h<k>' (the noisier reward's in
+    '<demo_dir>-h<k>-noisy')."""
+    credit_prompts: int = 4
+    """Prompts of the token-credit view (each with group_size responses), from the longest horizon's
+    ppo and group_arm runs of the first seed; 0 = no view."""
+    claims: HorizonClaimsConfig = dataclasses.field(default_factory=HorizonClaimsConfig)
+    """The claims' thresholds."""
+
+    def validate(self, prefix: str = "horizon") -> None:
+        require(len(self.horizons) >= 1 and all(k >= 1 for k in self.horizons), f"{prefix}.horizons",
+                "must list horizons >= 1")
+        require(len(set(self.horizons)) == len(self.horizons), f"{prefix}.horizons", "a horizon is listed twice")
+        for key, arms in (("arms", self.arms), ("noisy_arms", self.noisy_arms), ("group_arm", [self.group_arm])):
+            bad = [a for a in arms if a not in HORIZON_ARMS] + [None]
+            require(bad[0] is None, f"{prefix}.{key}",
+                    f"arm {bad[0]!r} does not run in the horizon family; it runs {', '.join(HORIZON_ARMS)}")
+        require(len(self.arms) >= 1 and len(set(self.arms)) == len(self.arms), f"{prefix}.arms",
+                "must list arms, each once")
+        require(self.group_arm in GROUP_ARMS, f"{prefix}.group_arm", f"must be one of {', '.join(GROUP_ARMS)}")
+        require(all(k >= 2 for k in self.group_sizes), f"{prefix}.group_sizes", "must be >= 2 (a group of one has no baseline)")
+        require(self.tokens_per_sentence >= 1, f"{prefix}.tokens_per_sentence", "must be >= 1")
+        require("sentences" not in self.task_options, f"{prefix}.task_options", "sentences is set by horizons")
+        require(self.credit_prompts >= 0, f"{prefix}.credit_prompts", "must be >= 0")
+
+
 @dataclasses.dataclass
 class ExperimentsConfig:
     """`fourfold experiments`: every arm x seed on the demo's task at the same sample budget, a
@@ -82,7 +167,9 @@ class ExperimentsConfig:
     """A short check (about 5 minutes on 2 cores): seed 0, arms ppo / ppo-beta0 / grpo / dpo, a
     short budget, the quick demo (demo.quick=true) and only the claims that budget settles, against
     its own evaluation error (claims.quick); the summary lists the claims that need the full sweep.
-    Default output paths get a '-quick' suffix so a quick run never replaces a full one."""
+    Default output paths get a '-quick' suffix so a quick run never replaces a full one. With
+    family: horizon: seed 0, horizons 1 and 3, ppo and grpo, the quick demo's budgets, only the
+    'knob' claim (fourfold.experiments.horizon.HORIZON_QUICK)."""
     fresh: bool = False
     """Rerun every arm and evaluation (the demo's cached stages are kept: use demo.fresh for those)."""
     demo: DemoConfig = dataclasses.field(default_factory=DemoConfig)
@@ -129,6 +216,12 @@ class ExperimentsConfig:
     pairs, demo.reward.steps steps of demo.reward.batch_size pairs."""
     dpo_lr: float = 1e-4
     """dpo: peak learning rate (linear warm-up over 5% of the steps, then linear decay)."""
+    family: Literal["claims", "horizon"] = "claims"
+    """Which experiments: 'claims' (the method's claims, the arms above on the demo's task) or 'horizon'
+    (the same trainers at several response lengths gold wants: the horizon section; arms,
+    unbiased_* and the claims section are then not read)."""
+    horizon: HorizonConfig = dataclasses.field(default_factory=HorizonConfig)
+    """The horizon family's settings (family: horizon)."""
 
     def validate(self, prefix: str = "") -> None:
         for a in self.arms:
@@ -153,6 +246,11 @@ class ExperimentsConfig:
         require(self.group_size >= 2, "group_size", "must be >= 2 (a group of one has no baseline)")
         require(self.dpo_beta > 0, "dpo_beta", "must be > 0")
         require(self.dpo_lr > 0, "dpo_lr", "must be > 0")
+        if self.family == "horizon":
+            need = 16 + self.horizon.tokens_per_sentence * (max(self.horizon.horizons) + 1)
+            require(self.demo.model.max_positions >= need, "demo.model.max_positions",
+                    f"must hold a 16-token prompt and the longest horizon's responses (horizon.tokens_per_sentence "
+                    f"x (k + 1) tokens): >= {need}, got {self.demo.model.max_positions}")
         if "ppo-unbiased-rm" in self.arms:
             require(bool(self.unbiased_task_options), "unbiased_task_options",
                     "must change a task option (e.g. {labeler_length_bias: 0})")

@@ -27,12 +27,12 @@ COST_NOTE = ("models: the models one run holds (trained + frozen: ppo's policy a
              "s / iteration: mean wall seconds of a training iteration (sampling, scoring, updates); "
              "train s: a run's training seconds (start-up excluded; dpo: its steps over the pairs).")
 _DIGITS = {"length": 1, "kl": 1, "well_formed": 2, "repetition": 2, "s_per_iteration": 2, "peak_rss_mb": 0,
-           "train_s": 0}
+           "train_s": 0, "sentences": 2}
 
 
-def _cell(row: Mapping, key: str) -> str:
+def result_cell(row: Mapping, key: str) -> str:
     """A results-table cell: the value, and '± sd' over seeds where that is defined (two seeds or more)."""
-    if key in ("arm", "seeds", "models"):
+    if key in ("arm", "seeds", "models", "world"):
         return str(row.get(key, "n/a"))
     digits = _DIGITS.get(key, 2 if key.endswith("_sd") else 3)
     text = signed(row.get(key), digits) if key.endswith("delta_sd") else fmt(row.get(key), digits)
@@ -42,7 +42,7 @@ def _cell(row: Mapping, key: str) -> str:
     return text
 
 
-def _md_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+def md_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     def cell(s: str) -> str:
         return str(s).replace("|", "\\|").replace("\n", " ")
 
@@ -51,7 +51,7 @@ def _md_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     return "\n".join(lines)
 
 
-def _text_table(header: Sequence[str], rows: Sequence[Sequence[Any]], cls: str = "") -> str:
+def text_table(header: Sequence[str], rows: Sequence[Sequence[Any]], cls: str = "") -> str:
     """An HTML table of plain-text cells (escaped here)."""
     return html_table([esc(h) for h in header], [[esc(c) for c in r] for r in rows], cls=cls)
 
@@ -74,14 +74,14 @@ def _seed_band(curves: Sequence[Mapping], key: str, w: int) -> tuple[list[float]
     return its, avg, lo, hi
 
 
-def _colors(arms: Sequence[str]) -> dict[str, Any]:
+def arm_colors(arms: Sequence[str]) -> dict[str, Any]:
     from matplotlib import colormaps
 
     cmap = colormaps["tab10"]
     return {a: cmap(i % 10) for i, a in enumerate(arms)}
 
 
-def _finish_panel(ax, title: str, xlabel: str, legend: bool) -> None:
+def finish_panel(ax, title: str, xlabel: str, legend: bool) -> None:
     ax.set_title(title, fontsize=10)
     ax.set_xlabel(xlabel, fontsize=8)
     ax.grid(alpha=0.3)
@@ -96,7 +96,7 @@ def _curves_figure(curves: Mapping[str, Sequence[Mapping]], sft: Mapping, iterat
 
     w = max(1, round(iterations / 12))
     arms = [a for a in curves if curves[a]]
-    col = _colors(arms)
+    col = arm_colors(arms)
     fig = Figure(figsize=(12, 7.2))
     panels = (("reward/gold_mean", "gold reward (training batches)"), ("reward/score_mean", "proxy: RM score"),
               ("kl/k1", "KL to the reference (nats, k1)"), ("rollout/response_length", "response length (tokens)"))
@@ -113,7 +113,7 @@ def _curves_figure(curves: Mapping[str, Sequence[Mapping]], sft: Mapping, iterat
             ax.axhline(sft["gold"], color="black", linestyle=":", linewidth=1, label="SFT (final evaluation)")
         if key == "kl/k1":
             ax.set_yscale("symlog", linthresh=0.1)
-        _finish_panel(ax, title, "iteration (same samples per iteration for every arm)", legend=i == 0)
+        finish_panel(ax, title, "iteration (same samples per iteration for every arm)", legend=i == 0)
     fig.suptitle(f"mean over seeds (line) and min-max band; moving average over {w} iterations", fontsize=9)
     fig.tight_layout()
     return fig_to_data_uri(fig, dpi=80)
@@ -127,7 +127,7 @@ def _frontier_figure(curves: Mapping[str, Sequence[Mapping]], finals: Mapping[st
 
     w = max(3, iterations // 8)
     arms = [a for a in curves if curves[a]] + [a for a in finals if finals[a] and not curves.get(a)]  # dpo: final only
-    col = _colors(arms)
+    col = arm_colors(arms)
     fig = Figure(figsize=(12, 4.2))
     for i, (key, fkey, title) in enumerate((("reward/score_mean", "proxy", "proxy (RM score) vs KL"),
                                             ("reward/gold_mean", "gold", "gold reward vs KL"))):
@@ -145,7 +145,7 @@ def _frontier_figure(curves: Mapping[str, Sequence[Mapping]], finals: Mapping[st
                            edgecolor="black", linewidth=0.5, zorder=3, label=None if kl else a)
         ax.scatter([0.0], [sft[fkey]], color="black", marker="*", s=80, zorder=4, label="SFT (eval)")
         ax.set_xscale("symlog", linthresh=1.0)
-        _finish_panel(ax, title, "KL to the reference (nats per response)", legend=i == 1)
+        finish_panel(ax, title, "KL to the reference (nats per response)", legend=i == 1)
     fig.suptitle(f"the over-optimisation frontier: small dots are training batches, lines their seed mean "
                  f"(moving average over {w} iterations), ringed dots each seed's final evaluation", fontsize=9)
     fig.tight_layout()
@@ -153,10 +153,11 @@ def _frontier_figure(curves: Mapping[str, Sequence[Mapping]], finals: Mapping[st
 
 
 def write_summary_md(path: Path, *, header: str, result_rows: Sequence[Mapping], claims: Sequence[Mapping],
-                     notes: Sequence[str]) -> None:
-    """Write summary.md: the header, the results table, what was not checked, the claims table (last)."""
-    table = _md_table([h for _, h in RESULT_COLUMNS], [[_cell(r, k) for k, _ in RESULT_COLUMNS] for r in result_rows])
-    claim_table = _md_table(["claim", "measured", "threshold", "holds"],
+                     notes: Sequence[str], columns: Sequence[tuple[str, str]] = RESULT_COLUMNS) -> None:
+    """Write summary.md: the header, the results table (``columns``: (key, heading) pairs), what was
+    not checked, the claims table (last)."""
+    table = md_table([h for _, h in columns], [[result_cell(r, k) for k, _ in columns] for r in result_rows])
+    claim_table = md_table(["claim", "measured", "threshold", "holds"],
                             [[c["claim"], c["measured"], c["threshold"], c["holds"]] for c in claims])
     parts = [header, "## Results at the end of the budget", "", table, "", COST_NOTE, ""]
     if notes:
@@ -176,7 +177,7 @@ def _samples_html(finals_rows: Mapping[str, list[dict]], sft_rows: list[dict], n
                 r = rs[i]
                 rows.append([arm, r["response"], fmt(r["proxy"], 2), fmt(r["gold"], 2)])
         parts.append(f"<h3>prompt: <code>{esc(base['prompt'])}</code></h3>"
-                     + _text_table(["model", "response", "proxy", "gold"], rows, cls="samples"))
+                     + text_table(["model", "response", "proxy", "gold"], rows, cls="samples"))
     return "\n".join(parts)
 
 
@@ -206,7 +207,7 @@ def summary_header(cfg: ExperimentsConfig, arms: Sequence[Arm], *, n_prompts: in
     ])
 
 
-def _claims_html(claims: Sequence[Mapping], notes: Sequence[str]) -> list[str]:
+def claims_html(claims: Sequence[Mapping], notes: Sequence[str]) -> list[str]:
     claim_rows = "\n".join(
         f"<tr><td>{esc(c['claim'])}</td><td>{esc(c['measured'])}</td>"
         f"<td>{esc(c['threshold'])}</td>"
@@ -229,10 +230,10 @@ def write_report(path: Path, *, cfg: ExperimentsConfig, arms: Sequence[Arm], hea
     from fourfold.reporting import html_image, html_page
 
     intro = "\n".join(f"<p>{esc(p)}</p>" for p in header.split("\n\n")[1:] if p.strip())
-    body = [intro, "<h2>Arms</h2>", _text_table(["arm", "what"], [[a.name, a.what] for a in arms])]
-    body += _claims_html(claims, notes)
+    body = [intro, "<h2>Arms</h2>", text_table(["arm", "what"], [[a.name, a.what] for a in arms])]
+    body += claims_html(claims, notes)
     body += ["<h2>Results at the end of the budget</h2>",
-             _text_table([h for _, h in RESULT_COLUMNS], [[_cell(r, k) for k, _ in RESULT_COLUMNS] for r in result_rows]),
+             text_table([h for _, h in RESULT_COLUMNS], [[result_cell(r, k) for k, _ in RESULT_COLUMNS] for r in result_rows]),
              "<p>gold sd over seeds: spread of the final gold across seeds; gold sd over iterations: spread of "
              "the training batches' gold over the last quarter of the run (mean over seeds); both in SFT sd.</p>",
              f"<p>{esc(COST_NOTE)}</p>"]

@@ -22,6 +22,7 @@ from fourfold.experiments.jobs import ExperimentError, Finished, Job, run_jobs
 from fourfold.experiments.report import summary_header, write_report, write_summary_md
 from fourfold.experiments.results import read_curves, summarize_arm, summarize_costs, train_seconds
 from fourfold.experiments.unbiased import seed_sft_stage, unbiased_demo_config
+from fourfold.provenance import provenance, write_provenance
 from fourfold.report_format import duration
 from fourfold.stages import digest, done_key, read_json
 
@@ -50,8 +51,9 @@ def quick_config(cfg: ExperimentsConfig) -> ExperimentsConfig:
 
 
 @dataclasses.dataclass
-class _Sweep:
-    """What every job of one invocation shares: settings, directories, the evaluation prompts."""
+class Sweep:
+    """What every job of one invocation shares: settings, directories, the evaluation prompts. (The
+    horizon family runs one per horizon and variant, over that world's demo stages.)"""
 
     cfg: ExperimentsConfig
     out: Path
@@ -184,7 +186,7 @@ class _Sweep:
 
 
 @dataclasses.dataclass
-class _Results:
+class Results:
     """Step 3's numbers: the SFT model's evaluations, every arm's final evaluations and curves."""
 
     base: dict[str, dict]
@@ -201,8 +203,9 @@ class _Results:
         return self.base["biased"]["summary"]
 
 
-def _collect(sw: _Sweep, state: dict[str, str]) -> _Results:
-    """Read the final evaluations and curves of the finished runs; compute the claims."""
+def collect_results(sw: Sweep, state: dict[str, str]) -> Results:
+    """Read the final evaluations and curves of the finished runs; compute the claims. ``state``:
+    each job's state by the names :meth:`Sweep.jobs` gives them."""
     base = {}
     for which in ("biased", "unbiased"):
         rec = read_json(sw.out / "baseline" / f"sft-{which}-rm.json")
@@ -242,11 +245,12 @@ def _collect(sw: _Sweep, state: dict[str, str]) -> _Results:
     failed = {k: v for k, v in state.items() if not v.startswith(("done", "cached"))}
     for name, why in failed.items():
         notes.append(f"{name}: {why}")
-    return _Results(base, finals, rows_by_arm, curves, summaries, claims, notes, failed)
+    return Results(base, finals, rows_by_arm, curves, summaries, claims, notes, failed)
 
 
-def _write_outputs(sw: _Sweep, res: _Results, d_res: dict, state: dict, *, total_s: float, jobs_s: float) -> None:
-    """summary.md, results.json and report.html."""
+def write_outputs(sw: Sweep, res: Results, d_res: dict, state: dict, *, total_s: float, jobs_s: float,
+                  made: dict | None = None) -> None:
+    """summary.md, results.json, report.html and provenance.json (``made``: taken when the sweep started)."""
     cfg, sft = sw.cfg, res.sft
     sft_row = {"arm": "SFT (reference)", "seeds": 1, **{k: sft[k] for k in ("proxy", "gold", "kl", "length",
                                                                         "well_formed", "repetition")},
@@ -264,33 +268,36 @@ def _write_outputs(sw: _Sweep, res: _Results, d_res: dict, state: dict, *, total
     write_report(sw.out / "report.html", cfg=cfg, arms=sw.arms, header=header, result_rows=result_rows,
                  claims=res.claims, notes=res.notes, curves=res.curves, finals=res.finals, sft=sft,
                  rows_by_arm=res.rows_by_arm, sft_rows=res.base["biased"]["rows"])
+    write_provenance(sw.out, made)
+
+
+def open_output(cfg: ExperimentsConfig) -> tuple[Path, Callable[..., Any]]:
+    """The output directory (created, with the effective config.yaml) and the log (the console on
+    stderr, or nothing without run.progress)."""
+    from rich.console import Console
+
+    console = Console(stderr=True, highlight=False)
+    out = Path(cfg.run.output_dir).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    save_config(cfg, out / "config.yaml")
+    return out, console.print if cfg.run.progress else (lambda *a, **k: None)
 
 
 def _start(cfg: ExperimentsConfig) -> tuple[ExperimentsConfig, Path, Callable[..., Any]]:
     """The effective config (--quick, the quick demo), the output directory (cleared with --fresh), the log."""
-    from rich.console import Console
-
     if cfg.quick:
         cfg = quick_config(cfg)
     if cfg.demo.quick:  # the quick demo's settings (its PPO batch too) are what the arms start from
         cfg = dataclasses.replace(cfg, demo=demo.apply_quick(cfg.demo))
-    console = Console(stderr=True, highlight=False)
-    log = console.print if cfg.run.progress else (lambda *a, **k: None)
-    out = Path(cfg.run.output_dir).resolve()
-    out.mkdir(parents=True, exist_ok=True)
-    save_config(cfg, out / "config.yaml")
+    out, log = open_output(cfg)
     if cfg.fresh:
         for name in ("runs", "baseline", "configs", "logs"):
             if (out / name).exists():
                 shutil.rmtree(out / name)
-    gold_opts = [k for k in cfg.demo.task_options if not k.startswith("labeler_")]
-    if gold_opts:
-        log(f"[yellow]note[/yellow]: the training curves' gold (reward/gold_mean) uses the default review task; "
-            f"task options {gold_opts} apply to the final evaluation only")
     return cfg, out, log
 
 
-def _log_claims(log: Callable[..., Any], claims: list[dict], out: Path, total_s: float) -> None:
+def log_claims(log: Callable[..., Any], claims: list[dict], out: Path, total_s: float) -> None:
     held = sum(c["holds"] == "yes" for c in claims)
     log(f"\nclaims: {held}/{len(claims)} hold")
     for c in claims:
@@ -299,8 +306,13 @@ def _log_claims(log: Callable[..., Any], claims: list[dict], out: Path, total_s:
 
 
 def run(cfg: ExperimentsConfig) -> dict:
-    """Run (or resume) the sweep and write the report; returns {output_dir, claims, summaries}."""
-    t_start = time.perf_counter()
+    """Run (or resume) the sweep and write the report; returns {output_dir, claims, summaries}
+    (``family: horizon``: :func:`fourfold.experiments.horizon.run_horizon`)."""
+    if cfg.family == "horizon":
+        from fourfold.experiments.horizon import run_horizon
+
+        return run_horizon(cfg)
+    t_start, made = time.perf_counter(), provenance()
     cfg, out, log = _start(cfg)
     arms = build_arms(cfg)
     log(f"[bold]fourfold experiments[/bold]: {len(arms)} arms x {len(cfg.seeds)} seeds, {cfg.iterations} iterations "
@@ -310,7 +322,7 @@ def run(cfg: ExperimentsConfig) -> dict:
     log("[bold]1/4 demo stages[/bold] (SFT, pairs, reward model; cached in "
         f"{cfg.demo.run.output_dir})")
     d_res = demo.run(cfg.demo, stop_after="reward")
-    sw = _Sweep(cfg, out, log, arms, Path(d_res["output_dir"]).resolve(), unbiased_demo_config(cfg),
+    sw = Sweep(cfg, out, log, arms, Path(d_res["output_dir"]).resolve(), unbiased_demo_config(cfg),
                 eval_prompts(cfg), eval_sample_seed(cfg))
 
     # 2. the jobs: every arm x seed trained and evaluated in subprocesses, `workers` at a time
@@ -322,13 +334,13 @@ def run(cfg: ExperimentsConfig) -> dict:
 
     # 3. collect the final evaluations and curves; the claims
     log("[bold]3/4 results[/bold]")
-    res = _collect(sw, state)
+    res = collect_results(sw, state)
 
     # 4. the report
     log("[bold]4/4 report[/bold]")
     total_s = time.perf_counter() - t_start
-    _write_outputs(sw, res, d_res, state, total_s=total_s, jobs_s=jobs_s)
-    _log_claims(log, res.claims, out, total_s)
+    write_outputs(sw, res, d_res, state, total_s=total_s, jobs_s=jobs_s, made=made)
+    log_claims(log, res.claims, out, total_s)
     if res.failed:
         raise ExperimentError(f"{len(res.failed)} of {len(jobs)} jobs did not finish "
                               f"({', '.join(sorted(res.failed))}); the report covers the rest; "

@@ -30,6 +30,27 @@ five), that is well formed, of any length in the normal range. Piling up praise 
 phrases or breaking the grammar is worth nothing (the reward-hacking failure that a reward model
 trained only on well-formed SFT samples cannot see).
 
+The horizon knob: reviews of ``k`` sentences
+============================================
+With ``config.sentences = k >= 1`` (0, the default, is the world above, unchanged) gold wants a
+review of exactly ``k`` sentences, each positive, so the response a reward judges is as long as
+``k`` makes it (the *horizon* of ``fourfold experiments --config examples/horizon.yaml``). With
+``m`` the response's sentences (its ``.`` and ``!``), ``pol_i`` the polarity of sentence ``i``
+(the sign of the sum of its clauses' polarities) and ``d`` = ``config.sentence_penalty`` (0.25)::
+
+    sentence_penalty = min(config.max_length_penalty, d * |m - k|)
+    if prompt + response parses and the response has no immediate repetition:
+        gold = (pol_1 + ... + pol_min(m, k)) / k - sentence_penalty                # in [-1.5, 1]
+    else:
+        gold = config.ill_formed_gold - sentence_penalty
+
+Each of the first ``k`` sentences carries 1/k of the reward, and sentences past the k-th earn
+nothing: the credit for one reward at the end belongs to sentences spread over the response. The
+word-length terms (``length_range``, ``length_penalty_per_word``) and ``sentiment_saturation`` do
+not apply in this mode; the SFT corpus then has reviews of ``k`` sentences (``k - 1`` and ``k + 1``
+one time in five each, never fewer than one), with no word bounds (``min_review_words``,
+``max_review_words`` do not apply either): about 7 words a sentence.
+
 Simulated labelers
 ==================
 For a pair ``(a, b)`` to the same prompt, a labeler's utility is ``U = gold + length_bias * n`` (the
@@ -95,6 +116,13 @@ class ReviewTaskConfig:
 
     - ``stance_weights``: relative frequency of (positive, negative, mixed, neutral) reviews.
     - ``min_review_words``, ``max_review_words``: total length (prompt included) of SFT reviews.
+
+    The horizon knob (see the module docstring):
+
+    - ``sentences``: ``k >= 1``: gold wants k sentences, each positive, and the SFT corpus has
+      reviews of about k sentences; ``0`` (default): the world described first.
+    - ``sentence_penalty``: gold lost per sentence more or fewer than k (capped at
+      ``max_length_penalty``).
     """
 
     labeler_length_bias: float = 0.12
@@ -108,8 +136,10 @@ class ReviewTaskConfig:
     stance_weights: tuple[float, float, float, float] = (0.35, 0.25, 0.25, 0.15)
     min_review_words: int = 8
     max_review_words: int = 30
+    sentences: int = 0
+    sentence_penalty: float = 0.25
 
-    CORPUS_FIELDS = ("stance_weights", "min_review_words", "max_review_words")
+    CORPUS_FIELDS = ("stance_weights", "min_review_words", "max_review_words", "sentences")
     """The fields that change the SFT corpus (and prompts); the others only change labels and gold."""
 
     def __post_init__(self) -> None:
@@ -131,6 +161,10 @@ class ReviewTaskConfig:
             bad("stance_weights", f"must be 4 non-negative weights, not all 0, got {self.stance_weights}")
         if not 4 <= self.min_review_words <= self.max_review_words:
             bad("min_review_words", "must satisfy 4 <= min_review_words <= max_review_words")
+        if not (isinstance(self.sentences, int) and not isinstance(self.sentences, bool) and self.sentences >= 0):
+            bad("sentences", f"must be an int >= 0 (0: off), got {self.sentences!r}")
+        if self.sentence_penalty < 0:
+            bad("sentence_penalty", f"must be >= 0, got {self.sentence_penalty}")
 
 
 # stance -> probabilities of clause polarity (+1, 0, -1)
@@ -141,6 +175,13 @@ _STANCES = {
     "neutral": (0.15, 0.70, 0.15),
 }
 _N_SENTENCES = ((1, 2, 3, 4), (0.15, 0.35, 0.30, 0.20))
+
+
+def _n_sentences_around(k: int) -> tuple[tuple[int, ...], tuple[float, ...]]:
+    """The corpus's sentence counts when gold wants ``k``: k (3 in 5), k - 1 and k + 1 (1 in 5
+    each; never fewer than 1)."""
+    counts = [n for n in (k - 1, k, k + 1) if n >= 1]
+    return tuple(counts), tuple(0.6 if n == k else 0.2 for n in counts)
 
 
 class ReviewTask:
@@ -207,9 +248,10 @@ class ReviewTask:
         stance = rng.choices(list(_STANCES), cfg.stance_weights)[0]
         probs = _STANCES[stance]
         n_prompt = len(self._prompt_of(subject).split())
+        n_sentences = _n_sentences_around(cfg.sentences) if cfg.sentences else _N_SENTENCES
         for _ in range(1000):
             words: list[str] = []
-            n_sent = rng.choices(*_N_SENTENCES)[0]
+            n_sent = rng.choices(*n_sentences)[0]
             for s in range(n_sent):
                 pol = rng.choices((1, 0, -1), probs)[0]
                 if s > 0 and rng.random() < 0.08:
@@ -223,11 +265,9 @@ class ReviewTask:
                         words += [COMMA, conn] + self._clause(rng, pol2, False, None)
                 words.append("." if rng.random() < 0.88 else "!")
             n_resp = len(words) - n_prompt
-            if (
-                cfg.min_review_words <= len(words) <= cfg.max_review_words
-                and n_resp >= cfg.length_range[0]
-                and not has_repetition(" ".join(words))
-            ):
+            in_bounds = cfg.sentences or (cfg.min_review_words <= len(words) <= cfg.max_review_words
+                                          and n_resp >= cfg.length_range[0])
+            if in_bounds and not has_repetition(" ".join(words)):
                 return words
         raise RuntimeError("could not generate a review within the configured length")
 
@@ -262,15 +302,21 @@ class ReviewTask:
         s = self.config.sentiment_saturation
         return (min(parsed.positives, s) - min(parsed.negatives, s)) / s
 
+    def sentence_penalty(self, n_sentences: int) -> float:
+        """The horizon mode's penalty for a response of ``n_sentences`` sentences (``sentences`` = k)."""
+        cfg = self.config
+        return min(cfg.max_length_penalty, cfg.sentence_penalty * abs(n_sentences - cfg.sentences))
+
     def _gold_one(self, prompt: str, response: str) -> tuple[float, bool, bool, float]:
         """(gold, well_formed, repetition, sentiment) of one response."""
-        n = len(response.split())
+        k = self.config.sentences
+        words = response.split()
         parsed = self.parse(prompt, response)
         rep = has_repetition(response)
-        pen = self.length_penalty(n)
+        pen = self.sentence_penalty(_sentences_of(words)) if k else self.length_penalty(len(words))
         if parsed is None or rep:
             return self.config.ill_formed_gold - pen, parsed is not None, rep, 0.0
-        sent = self._sentiment(parsed)
+        sent = sum(parsed.sentence_polarities[:k]) / k if k else self._sentiment(parsed)
         return sent - pen, True, False, sent
 
     def gold_reward(self, prompts: list[str], responses: list[str]) -> list[float]:
@@ -348,14 +394,17 @@ class ReviewTask:
     def response_metrics(self, prompts: list[str], responses: list[str]) -> dict[str, float]:
         """``length``, ``well_formed``, ``repetition``, ``gold`` (see :class:`Task`), plus
         ``sentiment`` (mean sentiment term, 0 for ill-formed responses) and ``positive`` (share
-        of well-formed responses with positive sentiment, out of all responses)."""
+        of well-formed responses with positive sentiment, out of all responses); in the horizon
+        mode (``sentences`` >= 1) also ``sentences``, the mean number of sentences."""
         _check_parallel(prompts, responses)
         keys = ("length", "well_formed", "repetition", "gold", "sentiment", "positive")
+        keys += ("sentences",) if self.config.sentences else ()
         if not responses:
             return {k: 0.0 for k in keys}
         rows = [self._gold_one(p, r) for p, r in zip(prompts, responses)]
         n = len(responses)
-        return {
+        extra = {"sentences": sum(_sentences_of(r.split()) for r in responses) / n} if self.config.sentences else {}
+        return {**extra,
             "length": sum(len(r.split()) for r in responses) / n,
             "well_formed": sum(wf for _, wf, _, _ in rows) / n,
             "repetition": sum(rep for _, _, rep, _ in rows) / n,
@@ -366,6 +415,11 @@ class ReviewTask:
 
     def tokenizer_corpus(self) -> Iterable[str]:
         return vocabulary()
+
+
+def _sentences_of(words: list[str]) -> int:
+    """A response's number of sentences: its terminators (``.`` and ``!``), whether or not it parses."""
+    return sum(w in TERMINATORS for w in words)
 
 
 def _check_parallel(a: list, b: list) -> None:

@@ -254,10 +254,12 @@ class Clause(NamedTuple):
 
 
 class ReviewParse(NamedTuple):
-    """The result of :func:`parse_review`: the clauses in order and the polarity counts."""
+    """The result of :func:`parse_review`: the clauses in order, the polarity counts, and each
+    sentence's polarity (the sign of the sum of its clauses' polarities)."""
 
     clauses: tuple[Clause, ...]
     n_sentences: int
+    sentence_polarities: tuple[int, ...] = ()
 
     @property
     def positives(self) -> int:
@@ -298,43 +300,48 @@ def parse_review(text: str) -> ReviewParse | None:
     if not words or words[-1] not in TERMINATORS:
         return None
     clauses: list[Clause] = []
-    n_sentences = 0
+    polarities: list[int] = []
     start = 0
     for end, w in enumerate(words):
         if w not in TERMINATORS:
             continue
         sentence = tuple(words[start:end])
-        first = n_sentences == 0
+        first, before = not polarities, len(clauses)
         start = end + 1
-        n_sentences += 1
         if not sentence:
             return None
-        if not first:
-            stars = _match_clause(sentence, (_STARS_PATTERN,))
-            if stars is not None:
-                clauses.append(stars)
-                continue
-        # split at commas: clause ("," CONN clause)*
-        pieces: list[tuple[str, ...]] = []
-        cur: list[str] = []
-        for x in sentence:
-            if x == COMMA:
-                pieces.append(tuple(cur))
-                cur = []
-            else:
-                cur.append(x)
-        pieces.append(tuple(cur))
-        for j, piece in enumerate(pieces):
-            if j > 0:
-                if not piece or piece[0] not in CONNECTIVES:
-                    return None
-                piece = piece[1:]
-            patterns = FIRST_CLAUSES if (first and j == 0) else CLAUSES
-            clause = _match_clause(piece, patterns)
-            if clause is None:
-                return None
-            clauses.append(clause)
-    return ReviewParse(tuple(clauses), n_sentences)
+        stars = None if first else _match_clause(sentence, (_STARS_PATTERN,))
+        if stars is not None:
+            clauses.append(stars)
+        elif not _sentence_clauses(sentence, first, clauses):
+            return None
+        total = sum(c.polarity for c in clauses[before:])
+        polarities.append((total > 0) - (total < 0))
+    return ReviewParse(tuple(clauses), len(polarities), tuple(polarities))
+
+
+def _sentence_clauses(sentence: tuple[str, ...], first: bool, clauses: list[Clause]) -> bool:
+    """Append the clauses of one sentence (``clause ("," CONN clause)*``); False if it is not one."""
+    pieces: list[tuple[str, ...]] = []
+    cur: list[str] = []
+    for x in sentence:
+        if x == COMMA:
+            pieces.append(tuple(cur))
+            cur = []
+        else:
+            cur.append(x)
+    pieces.append(tuple(cur))
+    for j, piece in enumerate(pieces):
+        if j > 0:
+            if not piece or piece[0] not in CONNECTIVES:
+                return False
+            piece = piece[1:]
+        patterns = FIRST_CLAUSES if (first and j == 0) else CLAUSES
+        clause = _match_clause(piece, patterns)
+        if clause is None:
+            return False
+        clauses.append(clause)
+    return True
 
 
 def full_text(prompt: str, response: str) -> str:

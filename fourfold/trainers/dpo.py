@@ -11,8 +11,9 @@ numbered in :func:`train` (steps 1, 3, 4 and 5 are the supervised loop's,
    the chosen responses then the rejected ones, prompts left-padded, responses right-padded;
 2. the policy's log-probs of each response's tokens, summed per response
    (:func:`~fourfold.core.sequence_logprobs`): chosen ``[N]`` and rejected ``[N]`` from one
-   ``[2N, P+T]`` forward; the reference's sums of the same pairs were computed before step 1;
-3. :func:`fourfold.core.dpo_loss` (``dpo.loss``: sigmoid or ipo; ``dpo.beta``,
+   ``[2N, P+T]`` forward; the reference's sums of the same pairs, and each response's number of
+   tokens (:func:`response_tokens`: 'ipo' takes per-token means), were computed before step 1;
+3. :func:`fourfold.core.dpo_loss` (``dpo.loss``: sigmoid, ipo or ipo_sum; ``dpo.beta``,
    ``dpo.label_smoothing``), backward, global-norm clip, AdamW step (skipped when the loss or the
    gradient norm is not finite), LR schedule;
 4. a metrics row every ``train.log_every`` steps (means over the pairs since the previous row) and
@@ -102,6 +103,15 @@ def pair_logps(logprobs: LogprobsFn, batch: dict[str, Tensor]) -> tuple[Tensor, 
     return seq[:n], seq[n:]
 
 
+def response_tokens(examples: Sequence[PreferenceExample]) -> tuple[Tensor, Tensor]:
+    """(chosen [N], rejected [N]): each response's number of tokens (EOS included: the tokens whose
+    log-probs step 2 sums), the n of the 'ipo' loss's per-token means."""
+    def count(ids_of) -> Tensor:
+        return torch.tensor([len(ids_of(e)) - e.num_prompt_tokens for e in examples], dtype=torch.long)
+
+    return count(lambda e: e.chosen_ids), count(lambda e: e.rejected_ids)
+
+
 @torch.no_grad()
 def all_pair_logps(logprobs: LogprobsFn, examples: Sequence[PreferenceExample], batch_size: int, pad_id: int,
                    device: torch.device) -> tuple[Tensor, Tensor]:
@@ -128,17 +138,20 @@ def evaluate(policy, examples: Sequence[PreferenceExample], ref: tuple[Tensor, T
     policy.eval()
     chosen, rejected = all_pair_logps(policy_logprobs(policy), examples, batch_size, pad_id, device)
     policy.train(was_training)
-    loss, stats = dpo_loss(chosen, rejected, ref[0], ref[1], algo.beta, algo.label_smoothing, algo.loss)
+    loss, stats = dpo_loss(chosen, rejected, ref[0], ref[1], algo.beta, algo.label_smoothing, algo.loss,
+                           *response_tokens(examples))
     return {"dpo/eval_loss": float(loss), "dpo/eval_accuracy": float(stats["accuracy"]),
             "dpo/eval_reward_margin": float(stats["reward_margin"])}
 
 
-def step_loss(policy, batch: dict[str, Tensor], ref: tuple[Tensor, Tensor], algo: DPOAlgoConfig
-              ) -> tuple[Tensor, Figures]:
+def step_loss(policy, batch: dict[str, Tensor], ref: tuple[Tensor, Tensor], algo: DPOAlgoConfig,
+              tokens: Optional[tuple[Tensor, Tensor]] = None) -> tuple[Tensor, Figures]:
     """Steps 2-3 on this rank's pairs: the DPO loss (their mean) and its figures (the loss, weighted by
-    the pairs; the pairs and the pair-weighted sums of the statistics)."""
+    the pairs; the pairs and the pair-weighted sums of the statistics). ``tokens``: the responses'
+    token counts (:func:`response_tokens`), which the 'ipo' loss needs."""
     chosen, rejected = pair_logps(policy_logprobs(policy), batch)
-    loss, stats = dpo_loss(chosen, rejected, ref[0], ref[1], algo.beta, algo.label_smoothing, algo.loss)
+    loss, stats = dpo_loss(chosen, rejected, ref[0], ref[1], algo.beta, algo.label_smoothing, algo.loss,
+                           *(tokens or (None, None)))
     n = chosen.shape[0]
     per_pair = {"correct": stats["accuracy"], "margin": stats["reward_margin"], "chosen_logps": chosen.detach().mean(),
                 "rejected_logps": rejected.detach().mean(), "chosen_reward": stats["chosen_reward"],
@@ -201,7 +214,9 @@ def train(cfg: DPOConfig, *, reference=None) -> dict:
 
     def step(rows: list) -> tuple[Tensor, Figures]:
         ref = tuple(x[rows].to(device) for x in ref_train)  # (N,) each, computed up front
-        return step_loss(policy, pair_batch([train_ex[i] for i in rows], pad_id, device), ref, algo)
+        examples = [train_ex[i] for i in rows]
+        tokens = tuple(x.to(device) for x in response_tokens(examples))  # (N,) each: 'ipo''s per-token means
+        return step_loss(policy, pair_batch(examples, pad_id, device), ref, algo, tokens)
 
     def held_out() -> dict:
         return evaluate(policy, eval_ex, ref_eval, algo, tc.batch_size, pad_id, device)

@@ -1,12 +1,13 @@
-"""fourfold.core: DPO / IPO loss by hand (values, stats, gradients), sequence log-probs, and
-properties: swapping chosen and rejected with flipped labels, the gradient's sign, invariance to
-what h does not see."""
+"""fourfold.core: DPO / IPO loss by hand (values, stats, gradients; IPO on per-token mean
+log-ratios and on sums), sequence log-probs, and properties: swapping chosen and rejected with
+flipped labels, the gradient's sign, invariance to what h does not see, IPO's indifference to a
+response's length."""
 
 import math
 
 import pytest
 import torch
-from hypothesis import assume, given, settings
+from hypothesis import assume, example, given, settings
 from hypothesis import strategies as st
 
 from fourfold.core import DPO_LOSSES, dpo_loss, sequence_logprobs
@@ -65,15 +66,43 @@ def test_label_smoothing_by_hand():
     close(pc.grad, [0.5 * (-0.8 * sig(-z) + 0.2 * sig(z)) / 2 for z in (0.5, -1.0)])
 
 
-def test_ipo_loss_by_hand():
+# Token counts of the same two pairs (chosen, rejected): (2, 5) and (4, 1)
+#   pair  pc-rc  pr-rr  nc  nr  (pc-rc)/nc  (pr-rr)/nr  h_mean
+#   0     0.5    -0.5   2   5   0.25        -0.1        0.35
+#   1     -1.0   1.0    4   1   -0.25       1.0         -1.25
+NC, NR = [2, 4], [5, 1]
+
+
+def test_ipo_loss_takes_per_token_means_by_hand():
     pc, pr, rc, rr = inputs()
-    loss, stats = dpo_loss(pc, pr, rc, rr, beta=0.5, kind="ipo")
+    loss, stats = dpo_loss(pc, pr, rc, rr, beta=0.5, kind="ipo", chosen_tokens=torch.tensor(NC),
+                           rejected_tokens=torch.tensor(NR))
+    # target 1 / (2 beta) = 1: (0.35 - 1)^2 = 0.4225 and (-1.25 - 1)^2 = 5.0625
+    close(loss, (0.4225 + 5.0625) / 2)
+    close(stats["reward_margin"], -0.25)  # the implicit rewards are DPO's, on the sums, whatever the kind
+    close(stats["accuracy"], 0.5)
+    loss.backward()
+    # dL/dpc_i = 2 (h_i - 1) / nc_i / B, dL/dpr_i = -2 (h_i - 1) / nr_i / B
+    close(pc.grad, [2 * (-0.65) / 2 / 2, 2 * (-2.25) / 4 / 2])
+    close(pr.grad, [2 * 0.65 / 5 / 2, 2 * 2.25 / 1 / 2])
+
+
+def test_ipo_sum_loss_by_hand():
+    pc, pr, rc, rr = inputs()
+    loss, stats = dpo_loss(pc, pr, rc, rr, beta=0.5, kind="ipo_sum", chosen_tokens=torch.tensor(NC),
+                           rejected_tokens=torch.tensor(NR))  # counts are ignored
     # target 1 / (2 beta) = 1: (1 - 1)^2 and (-2 - 1)^2
     close(loss, (0.0 + 9.0) / 2)
-    close(stats["reward_margin"], -0.25)  # the implicit rewards are the same as DPO's
+    close(stats["reward_margin"], -0.25)
     loss.backward()
     close(pc.grad, [0.0, 2 * (-3.0) / 2])
     close(pr.grad, [0.0, 3.0])
+    # one token per response: the per-token mean is the sum
+    one = torch.ones(2, dtype=torch.long)
+    close(dpo_loss(*inputs(), beta=0.5, kind="ipo", chosen_tokens=one, rejected_tokens=one)[0], 4.5)
+    # a count of 0 (no response token) is taken as 1, never a division by zero
+    zero = torch.zeros(2, dtype=torch.long)
+    close(dpo_loss(*inputs(), beta=0.5, kind="ipo", chosen_tokens=zero, rejected_tokens=zero)[0], 4.5)
 
 
 def test_at_the_reference_the_loss_is_log_2():
@@ -95,9 +124,13 @@ def test_reference_gets_no_gradient_and_bad_arguments_raise():
         dpo_loss(pc, pr, rc, rr, kind="hinge")
     with pytest.raises(ValueError, match="beta must be > 0"):
         dpo_loss(pc, pr, rc, rr, beta=0.0)
-    with pytest.raises(ValueError, match="label_smoothing applies to the sigmoid loss only"):
-        dpo_loss(pc, pr, rc, rr, label_smoothing=0.1, kind="ipo")
-    assert DPO_LOSSES == ("sigmoid", "ipo")
+    for kind in ("ipo", "ipo_sum"):
+        with pytest.raises(ValueError, match=f"label_smoothing applies to the sigmoid loss only; {kind} has none"):
+            dpo_loss(pc, pr, rc, rr, label_smoothing=0.1, kind=kind, chosen_tokens=torch.ones(2),
+                     rejected_tokens=torch.ones(2))
+    with pytest.raises(ValueError, match="the ipo loss averages over each response's tokens: pass chosen_tokens"):
+        dpo_loss(pc, pr, rc, rr, kind="ipo")
+    assert DPO_LOSSES == ("sigmoid", "ipo", "ipo_sum")
 
 
 def test_sequence_logprobs_sums_the_valid_tokens_only():
@@ -117,21 +150,35 @@ _lp = st.floats(-20.0, 0.0, allow_nan=False)
 
 @st.composite
 def pairs(draw):
+    """pc, pr, rc, rr (float64) and the responses' token counts nc, nr (long), n pairs."""
     n = draw(st.integers(1, 5))
     cols = [torch.tensor(draw(st.lists(_lp, min_size=n, max_size=n)), dtype=F64) for _ in range(4)]
-    return cols
+    counts = [torch.tensor(draw(st.lists(st.integers(1, 40), min_size=n, max_size=n))) for _ in range(2)]
+    return cols + counts
+
+
+def margin(kind, pc, pr, rc, rr, nc, nr):
+    """The margin each kind regresses or classifies: h, or for 'ipo' the per-token mean h_mean."""
+    if kind == "ipo":
+        return (pc - rc) / nc - (pr - rr) / nr
+    return (pc - rc) - (pr - rr)
+
+
+_DENORMAL = [torch.zeros(1, dtype=F64)] * 3 + [torch.tensor([-5e-324], dtype=F64), torch.ones(1, dtype=torch.long),
+             torch.ones(1, dtype=torch.long)]
 
 
 @settings(max_examples=60, deadline=None)
 @given(pairs(), st.floats(0.01, 5.0), st.floats(0.0, 0.49))
+@example(_DENORMAL, 0.5, 0.0)  # margins 0 and 5e-324 differ, their rewards (x 0.5) are both 0: a tie
 def test_swapping_chosen_and_rejected_with_flipped_labels_is_the_same_loss(cols, beta, eps):
-    pc, pr, rc, rr = cols
+    pc, pr, rc, rr, _, _ = cols
     loss, stats = dpo_loss(pc, pr, rc, rr, beta, eps)
     swapped, s_stats = dpo_loss(pr, pc, rr, rc, beta, 1.0 - eps)
     close(swapped, loss, rtol=1e-9, atol=1e-9)
     close(s_stats["reward_margin"], -stats["reward_margin"], rtol=1e-9, atol=1e-9)
     close(s_stats["chosen_reward"], stats["rejected_reward"])
-    ties = float(((pc - rc) == (pr - rr)).to(F64).mean())
+    ties = float((beta * (pc - rc) == beta * (pr - rr)).to(F64).mean())  # ties of the rewards (beta x a denormal is 0)
     close(s_stats["accuracy"] + stats["accuracy"], 1.0 - ties)
 
 
@@ -139,20 +186,24 @@ def test_swapping_chosen_and_rejected_with_flipped_labels_is_the_same_loss(cols,
 @given(pairs(), st.floats(0.01, 5.0), st.floats(0.0, 0.49), st.sampled_from(DPO_LOSSES))
 def test_gradient_sign(cols, beta, eps, kind):
     """Sigmoid: the chosen log-prob is pushed up exactly while beta * h < log((1 - eps) / eps)
-    (always for eps = 0; conservative DPO pulls back past that point). IPO: up while h < 1/(2 beta).
-    The rejected log-prob always gets the opposite gradient."""
-    pc, pr, rc, rr = cols
+    (always for eps = 0; conservative DPO pulls back past that point). IPO: up while its margin
+    (h_mean for 'ipo', h for 'ipo_sum') < 1/(2 beta). The rejected log-prob always gets the opposite
+    gradient (for 'ipo' scaled by the other response's count: nc * dL/dpc = -nr * dL/dpr)."""
+    pc, pr, rc, rr, nc, nr = cols
     eps = eps if kind == "sigmoid" else 0.0
     pc, pr = pc.clone().requires_grad_(), pr.clone().requires_grad_()
-    h = (pc - rc) - (pr - rr)
+    h = margin(kind, pc, pr, rc, rr, nc, nr)
     turn = (math.log((1 - eps) / eps) / beta) if eps > 0 else math.inf
     turn = turn if kind == "sigmoid" else 1.0 / (2.0 * beta)
     assume(bool(((h.detach() - turn).abs() > 1e-3).all()))
-    loss, _ = dpo_loss(pc, pr, rc, rr, beta, eps, kind)
+    loss, _ = dpo_loss(pc, pr, rc, rr, beta, eps, kind, nc, nr)
     loss.backward()
     up = h.detach() < turn
     assert torch.equal(pc.grad < 0, up) and torch.equal(pc.grad > 0, ~up)
-    close(pr.grad, -pc.grad)
+    if kind == "ipo":
+        close(pr.grad * nr, -pc.grad * nc)
+    else:
+        close(pr.grad, -pc.grad)
 
 
 @settings(max_examples=40, deadline=None)
@@ -160,9 +211,29 @@ def test_gradient_sign(cols, beta, eps, kind):
        st.sampled_from(DPO_LOSSES))
 def test_loss_sees_only_the_log_ratio_margin(cols, shifts, beta, kind):
     """A per-pair constant added to the policy's chosen and rejected log-probs (a prompt-only
-    term), or to a response's policy and reference log-probs alike, changes nothing."""
-    pc, pr, rc, rr = cols
+    term; per token for 'ipo', which averages), or to a response's policy and reference log-probs
+    alike, changes nothing."""
+    pc, pr, rc, rr, nc, nr = cols
     c = torch.tensor(shifts[: pc.shape[0]], dtype=F64)
-    loss, _ = dpo_loss(pc, pr, rc, rr, beta, kind=kind)
-    close(dpo_loss(pc + c, pr + c, rc, rr, beta, kind=kind)[0], loss, rtol=1e-9, atol=1e-9)
-    close(dpo_loss(pc + c, pr, rc + c, rr, beta, kind=kind)[0], loss, rtol=1e-9, atol=1e-9)
+    loss, _ = dpo_loss(pc, pr, rc, rr, beta, 0.0, kind, nc, nr)
+    cc, cr = (c * nc, c * nr) if kind == "ipo" else (c, c)
+    close(dpo_loss(pc + cc, pr + cr, rc, rr, beta, 0.0, kind, nc, nr)[0], loss, rtol=1e-9, atol=1e-9)
+    close(dpo_loss(pc + c, pr, rc + c, rr, beta, 0.0, kind, nc, nr)[0], loss, rtol=1e-9, atol=1e-9)
+
+
+@settings(max_examples=40, deadline=None)
+@given(pairs(), st.integers(2, 6), st.floats(0.01, 5.0))
+def test_ipo_is_indifferent_to_length_ipo_sum_is_not(cols, k, beta):
+    """A response k times as long with the same per-token log-ratios (its sums and its count times
+    k): 'ipo''s loss is unchanged, 'ipo_sum''s margin grows k-fold; with every count n, 'ipo' is
+    'ipo_sum' on the log-probs divided by n."""
+    pc, pr, rc, rr, nc, nr = cols
+    loss, _ = dpo_loss(pc, pr, rc, rr, beta, 0.0, "ipo", nc, nr)
+    close(dpo_loss(k * pc, pr, k * rc, rr, beta, 0.0, "ipo", k * nc, nr)[0], loss, rtol=1e-9, atol=1e-9)
+    close(dpo_loss(pc, k * pr, rc, k * rr, beta, 0.0, "ipo", nc, k * nr)[0], loss, rtol=1e-9, atol=1e-9)
+    n = nc[:1].expand_as(nc)
+    close(dpo_loss(pc, pr, rc, rr, beta, 0.0, "ipo", n, n)[0],
+          dpo_loss(pc / n, pr / n, rc / n, rr / n, beta, 0.0, "ipo_sum")[0], rtol=1e-9, atol=1e-9)
+    h = (pc - rc) - (pr - rr)
+    summed = dpo_loss(k * pc, k * pr, k * rc, k * rr, beta, 0.0, "ipo_sum")[0]
+    close(summed, ((k * h - 1 / (2 * beta)) ** 2).mean(), rtol=1e-9, atol=1e-9)

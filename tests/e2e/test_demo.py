@@ -164,3 +164,20 @@ def test_quick_demo_writes_tensorboard_events_and_samples(quick_demo):
     assert steps and all(s % 10 == 0 for s in steps[:-1]) and len(rows) == 4 * len(steps)
     assert all(isinstance(r["response"], str) and isinstance(r["score"], float) and isinstance(r["gold"], (int, float))
                for r in rows)
+
+
+def test_quick_demo_records_its_provenance_and_publish_collects_it(quick_demo):
+    """provenance.json (commit, machine, date, command) beside the outputs; `fourfold.publish` reads
+    the published numbers of the run from them."""
+    from fourfold import publish
+    from fourfold.provenance import git_commit
+
+    out, _, _ = quick_demo
+    prov = json.loads((out / "provenance.json").read_text())
+    assert prov["commit"] == git_commit() and "cores" in prov["machine"] and "demo" in prov["command"]
+    rec = publish.collect_demo_run(out)
+    ev = json.loads((out / "eval.json").read_text())
+    assert rec["gold_gain_sd"] == ev["gold_gain_sd"] and rec["eval_prompts"] == 512
+    assert rec["gold"] == [ev["sft"]["gold"], ev["ppo"]["gold"]] and 0 < rec["rm_accuracy_vs_labelers"] < 1
+    text = publish.quick_demo_text({"demo": {"quick": {"0": rec}}})
+    assert text.startswith(f"gold {ev['gold_gain_sd']:+.2f} SFT sd over SFT on seeds 0 (512 held-out prompts; measured")

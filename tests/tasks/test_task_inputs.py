@@ -36,3 +36,19 @@ def test_cli_resolves_data_task_into_prompts_and_probe():
     assert set(task_inputs("ppo", with_file)) == {"probe"}  # the file's prompts, the task's gold
     no_task = load_config(PPOConfig, None, [*models, "data.prompts=f.jsonl"])
     assert task_inputs("ppo", no_task) == {}
+
+
+def test_data_task_options_reach_the_probe():
+    """data.task_options build the task the probe scores with (here the horizon knob: 3 sentences
+    wanted, so a 2-sentence review loses a third and the sentence penalty)."""
+    import pytest
+
+    from fourfold.errors import ConfigError
+
+    over = ["model.policy=p", "model.reward=r", "data.task=review", "data.task_options={sentences: 3}"]
+    inputs = task_inputs("ppo", load_config(PPOConfig, None, over))
+    gold = inputs["probe"](["the blender"], ["is very sturdy . it works well ."])["reward/gold_mean"]
+    assert gold == pytest.approx(2 / 3 - 0.25)
+    assert inputs["prompts"] == task_prompts(ReviewTask(), 64, 0)  # the prompts do not depend on the options
+    with pytest.raises(ConfigError, match="data.task_options: set, but data.task is null"):
+        load_config(PPOConfig, None, ["model.policy=p", "model.reward=r", "data.prompts=f", "data.task_options={a: 1}"])

@@ -202,13 +202,43 @@ def test_a_reference_role_ipo_and_a_reference_of_another_vocabulary(toy, tmp_pat
     dpo.train(_cfg(toy, tmp_path / "role", *args), reference=role)
     assert _rows(tmp_path / "role") == _rows(tmp_path / "default")
 
-    # IPO at the reference: h = 0, loss = (0 - 1/(2 beta))^2 = 25 for beta 0.1
-    res = dpo.train(_cfg(toy, tmp_path / "ipo", "train.max_steps=1", "data.eval_fraction=0", "dpo.loss=ipo"))
-    assert abs(res["final"]["dpo/loss"] - 25.0) < 1e-3
+    # IPO at the reference: h = 0, loss = (0 - 1/(2 beta))^2 = 25 for beta 0.1 (per-token or summed)
+    for kind in ("ipo", "ipo_sum"):
+        res = dpo.train(_cfg(toy, tmp_path / kind, "train.max_steps=1", "data.eval_fraction=0", f"dpo.loss={kind}"))
+        assert abs(res["final"]["dpo/loss"] - 25.0) < 1e-3
 
     other = _save_lm(toy["tok"], tmp_path / "other", seed=1, vocab=len(toy["tok"]) + 3)
     with pytest.raises(ModelLoadError, match=r"dpo\.reference: .*other has 29 token embeddings, model\.path 26"):
         dpo.train(_cfg(toy, tmp_path / "bad", *args, f"dpo.reference={other}"))
+
+
+def test_ipo_step_takes_per_token_means_of_plain_transformers_log_probs(toy, tmp_path):
+    """The trainer's 'ipo' step loss, by hand from plain transformers: per pair, the log-ratio of
+    each response summed over its tokens (EOS included) and divided by their number; 'ipo_sum' and
+    'sigmoid' on the sums."""
+    tok = toy["tok"]
+    policy = load_causal_lm(_save_lm(tok, tmp_path / "policy", seed=1))
+    ref = load_causal_lm(toy["sft"])
+    examples = encode_preferences(load_preferences(toy["train"]).records[:6], tok, 16)
+    tokens = dpo.response_tokens(examples)
+    assert tokens[0].tolist() == [len(e.chosen_ids) - e.num_prompt_tokens for e in examples]
+    assert len(set(tokens[0].tolist() + tokens[1].tolist())) > 1  # responses of several lengths
+
+    def ratio(e, ids):
+        return _plain_logps(policy, ids, e.num_prompt_tokens) - _plain_logps(ref, ids, e.num_prompt_tokens)
+
+    batch = dpo.pair_batch(examples, tok.pad_token_id, torch.device("cpu"))
+    refs = dpo.all_pair_logps(FrozenReference(ref).logprobs, examples, 4, tok.pad_token_id, torch.device("cpu"))
+    beta, target = 0.5, 1.0
+    sums = [(ratio(e, e.chosen_ids), ratio(e, e.rejected_ids)) for e in examples]
+    means = [(c / nc, r / nr) for (c, r), nc, nr in zip(sums, tokens[0].tolist(), tokens[1].tolist())]
+    for kind, margins in (("ipo", means), ("ipo_sum", sums)):
+        loss = dpo.step_loss(policy, batch, refs, DPOAlgoConfig(beta=beta, loss=kind), tokens)[0].detach()
+        expected = sum((c - r - target) ** 2 for c, r in margins) / len(margins)
+        assert abs(float(loss) - expected) < 1e-4 * max(1.0, expected), (kind, float(loss), expected)
+    loss = dpo.step_loss(policy, batch, refs, DPOAlgoConfig(beta=beta))[0].detach()
+    expected = sum(math.log1p(math.exp(-beta * (c - r))) for c, r in sums) / len(sums)
+    assert abs(float(loss) - expected) < 1e-4
 
 
 def test_memory_levers_apply_to_the_policy_and_the_reference(toy, tmp_path, monkeypatch):
@@ -250,10 +280,11 @@ def _err(overrides) -> str:
 @pytest.mark.parametrize("overrides,fragment", [
     (["dpo.beta=0"], "dpo.beta: must be > 0, got 0"),
     (["dpo.beta=-0.1"], "dpo.beta: must be > 0, got -0.1"),
-    (["dpo.loss=hinge"], "dpo.loss: expected one of 'sigmoid', 'ipo', got 'hinge'"),
+    (["dpo.loss=hinge"], "dpo.loss: expected one of 'sigmoid', 'ipo', 'ipo_sum', got 'hinge'"),
     (["dpo.label_smoothing=0.5"], "dpo.label_smoothing: must be in [0, 0.5), got 0.5"),
     (["dpo.label_smoothing=-0.1"], "dpo.label_smoothing: must be in [0, 0.5), got -0.1"),
     (["dpo.loss=ipo", "dpo.label_smoothing=0.1"], "dpo.label_smoothing: applies to loss: sigmoid only"),
+    (["dpo.loss=ipo_sum", "dpo.label_smoothing=0.1"], "loss: ipo_sum has none"),
     (["dpo.bta=1"], "dpo.bta: unknown key (did you mean 'dpo.beta'?)"),
     (["model.path=null", "model.from_scratch=true", "model.tokenizer=t"], "model.from_scratch: DPO starts from a trained"),
     (["model.path=null"], "model.path: missing"),

@@ -1,0 +1,159 @@
+"""`make results` / `python -m fourfold.publish`: the published blocks of README.md and the docs are
+exactly what the generator writes from the committed results/*.json, every number of the README's
+headline table is one it writes, and collect reads run outputs (small fixture outputs here; the
+sweeps' own end-to-end tests collect their real ones)."""
+import json
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+
+from fourfold import publish
+from fourfold.provenance import git_commit, machine, write_provenance
+
+ROOT = Path(__file__).resolve().parents[1]
+NUMBER = re.compile(r"[+-]?\d+(?:\.\d+)?")
+
+
+def test_published_blocks_are_what_results_give():
+    """The check `make results` ends with: rendering results/*.json changes nothing."""
+    files = publish.render(ROOT)
+    for name, text in files.items():
+        assert (ROOT / name).read_text(encoding="utf-8") == text, f"{name}: run `python -m fourfold.publish render`"
+    assert publish.main(["check", "--root", str(ROOT)]) == 0
+
+
+def test_every_number_of_the_headline_table_is_generated():
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    section = readme.split("## Headline results", 1)[1].split("\n## ", 1)[0]
+    block = publish.MARK.search(section)
+    assert block and block.group("name") == "headline"
+    outside = section.replace(block.group(0), "")
+    assert not [ln for ln in outside.splitlines() if ln.startswith("|")], "a table row outside the generated block"
+    generated = publish.headline_table(publish.load_results(ROOT))
+    table = [ln for ln in block.group("body").splitlines() if ln.startswith("| ") and not ln.startswith("| what")]
+    assert len(table) >= 5
+    for line in table:
+        for n in NUMBER.findall(line):
+            assert n in generated, (n, line)
+
+
+def _demo_run(d: Path, seed: int, gain: float, quick: bool = False) -> Path:
+    (d / "stages" / "reward").mkdir(parents=True)
+    (d / "config.yaml").write_text(f"quick: {str(quick).lower()}\neval:\n  prompts: {512 if quick else 256}\n"
+                                   f"run:\n  output_dir: {d}\n  seed: {seed}\n")
+    ev = {"sft": {"proxy": -0.1, "gold": 0.05, "kl": 0.0, "length": 15.25, "well_formed": 0.95, "repetition": 0.004},
+          "ppo": {"proxy": 1.6, "gold": 0.4, "kl": 3.94, "length": 27.1, "well_formed": 0.85, "repetition": 0.016},
+          "gold_gain_sd": gain}
+    (d / "eval.json").write_text(json.dumps(ev))
+    (d / "stages" / "reward" / "DONE").write_text(json.dumps({"key": "k", "result": {
+        "accuracy_vs_labelers": 0.7381, "accuracy_vs_gold": 0.6191, "slips_accuracy_vs_gold": 0.472, "wall_s": 80}}))
+    write_provenance(d, command=f"fourfold demo --seed {seed}")
+    return d
+
+
+def _sweep(d: Path, arms: dict, claims: list, horizon: bool = False) -> Path:
+    d.mkdir(parents=True)
+    def summary(g):
+        return {"seeds": 3, "proxy_delta_sd": 1.5, "proxy_delta_sd_sd": 0.02, "gold_delta_sd": g, "gold_delta_sd_sd": 0.04,
+                "kl": 4.04, "length": 27.2, "well_formed": 0.87, "repetition": 0.01, "models": "4 (2+2)",
+                "peak_rss_mb": 455.4, "peak_rss_mb_sd": 5.2, "s_per_iteration": 1.654, "train_s": 99.3, "train_s_sd": 2.1}
+    cfg = {"seeds": [0, 1, 2], "iterations": 60, "eval_prompts": 2048, "group_size": 4, "dpo_beta": 0.1,
+           "beta_high_multiplier": 100.0, "demo": {"ppo": {"kl_coef": 0.05, "ppo_epochs": 4, "rollout_batch_size": 64},
+                                                   "reward": {"steps": 600, "batch_size": 32}},
+           "horizon": {"horizons": [1, 6], "arms": ["ppo", "grpo"]}}
+    sft = {"gold_std": 0.698, "length": 15.4, "well_formed": 0.94, "repetition": 0.0, "sentences": 1.1}
+    res = {"config": cfg, "wall_s": 1722.0, "claims": claims, "notes": [],
+           "sft": {w: sft for w in arms} if horizon else sft,
+           "summaries": {w: {a: summary(g) for a, g in v.items()} for w, v in arms.items()} if horizon
+           else {a: summary(g) for a, g in arms.items()},
+           "demo": {"reward_result": {"accuracy_vs_labelers": 0.738, "accuracy_vs_gold": 0.619}}}
+    if horizon:
+        res.update(finals={w: {a: [{"sentences": 1.0}] for a in v} for w, v in arms.items()},
+                   worlds={w: {"horizon": 1, "what": w, "demo": "d"} for w in arms}, rm={})
+    (d / "results.json").write_text(json.dumps(res))
+    write_provenance(d, command="fourfold experiments")
+    return d
+
+
+def test_collect_and_render_from_fixture_outputs(tmp_path):
+    """Run outputs in, results/*.json out, every block rendered from them into a copy of the docs,
+    with the commit and machine the outputs record."""
+    root = tmp_path / "repo"
+    for f in ("README.md", "docs/demo.md", "docs/experiments.md"):
+        (root / f).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(ROOT / f, root / f)
+    (root / "results").mkdir()
+    shutil.copyfile(ROOT / "results" / "benchmarks.json", root / "results" / "benchmarks.json")
+    runs = root / "runs"
+    for s, g in ((0, 0.511), (1, 0.9), (2, 0.72)):
+        _demo_run(runs / f"demo-s{s}", s, g)
+        _demo_run(runs / f"demo-quick-s{s}", s, g / 2, quick=True)
+    claim = {"group": "critic-free", "claim": "grpo raises gold above the SFT model's", "measured": "m",
+             "threshold": "t", "holds": "yes"}
+    _sweep(runs / "experiments", {"ppo": 0.553, "grpo": 0.444, "rloo": 0.49, "dpo": 0.21, "reinforce-lr3x": 0.2},
+           [claim, {**claim, "group": "critic", "claim": "the critic helps", "holds": "no"}])
+    _sweep(runs / "horizon", {"h1": {"ppo": 0.3, "grpo": 0.25}, "h6": {"ppo": 0.6, "grpo": 0.3}},
+           [{**claim, "group": "critic", "claim": "the critic's baseline helps more as the horizon grows (x)"}],
+           horizon=True)
+    (runs / "horizon" / "horizon.png").write_bytes(b"\x89PNG\r\n\x1a\nfake")
+    (root / "docs" / "img").mkdir()
+    assert publish.main(["collect", "--root", str(root)]) == 0
+    assert publish.main(["check", "--root", str(root)]) == 1  # the docs still show the committed numbers
+    assert publish.main(["render", "--root", str(root)]) == 0
+    assert publish.main(["check", "--root", str(root)]) == 0
+    readme = (root / "README.md").read_text()
+    assert "+0.51 / +0.90 / +0.72 sd (seeds 0, 1, 2; 256 held-out prompts)" in readme
+    assert "1 of 2 claims hold in 3/3 seeds (5 arms x 3 seeds, 2048 held-out prompts, 28.7 min on 2 cores)" in readme
+    assert "(+0.44, +0.49, +0.21 sd against PPO's +0.55)" in readme and "raise gold in every seed" in readme
+    assert "when the critic pays: horizons 1, 6 | 1 of 1 claims hold (the critic's baseline helps more" in readme
+    assert "gold +0.26 / +0.45 / +0.36 SFT sd over SFT on seeds 0 / 1 / 2 (512 held-out prompts;" in readme
+    commit = json.loads((runs / "demo-s0" / "provenance.json").read_text())["commit"]
+    assert f"commit {commit}" in readme and machine() in readme
+    demo_md = (root / "docs" / "demo.md").read_text()
+    assert "| 0 | -0.10 -> 1.60 | 0.05 -> 0.40 | +0.51 sd | 3.9 | 15.2 -> 27.1 | 0.950 -> 0.850 | 0.004 -> 0.016 | " \
+           "73.8% / 61.9% / 47% |" in demo_md
+    exp = (root / "docs" / "experiments.md").read_text()
+    rows = [ln for ln in exp.splitlines() if ln.startswith("| ppo (beta 0.05, 4 epochs) |")]
+    assert rows == ["| ppo (beta 0.05, 4 epochs) | +1.50 ± 0.02 | +0.55 ± 0.04 | 4.0 | 27.2 | 0.87 | 0.01 | 4 (2+2) | "
+                    "455 ± 5 | 1.65 | 99 ± 2 |"]
+    assert exp.index("| reinforce, lr x3 |") < exp.index("| dpo (beta 0.1) |")  # the sweep's arm order
+    assert "| h6 | grpo | +1.50 ± 0.02 | +0.30 ± 0.04 |" in exp and "*Not yet run.*" not in exp
+    assert (root / "docs" / "img" / "horizon.png").read_bytes().startswith(b"\x89PNG")
+    assert json.loads((root / "results" / "demo.json").read_text())["full"]["1"]["gold_gain_sd"] == 0.9
+
+
+def test_collect_keeps_what_it_has_no_outputs_for(tmp_path):
+    """Only the horizon family ran: its summary is written, the demo's and the claims sweep's kept."""
+    root = tmp_path / "repo"
+    shutil.copytree(ROOT / "results", root / "results")
+    (root / "docs" / "img").mkdir(parents=True)
+    _sweep(root / "runs" / "horizon", {"h1": {"ppo": 0.3}}, [], horizon=True)
+    done = publish.collect(root, [root / "runs/demo-s0"], [], root / "runs/experiments", root / "runs/horizon")
+    assert [d.split(" ")[0] for d in done] == ["kept", "kept", "kept", "wrote"]
+    for name in ("demo.json", "experiments.json", "benchmarks.json"):
+        assert (root / "results" / name).read_text() == (ROOT / "results" / name).read_text()
+    assert json.loads((root / "results" / "horizon.json").read_text())["summaries"]["h1"]["ppo"]["gold_delta_sd"] == 0.3
+    # the quick demo's runs alone: its part of demo.json is rewritten, the full demo's kept
+    quick = [_demo_run(root / "runs" / f"demo-quick-s{s}", s, 0.5 + s / 10, quick=True) for s in (0, 1)]
+    publish.collect(root, [root / "runs/demo-s0"], quick, root / "runs/experiments", root / "runs/horizon")
+    demo = json.loads((root / "results" / "demo.json").read_text())
+    assert demo["full"] == json.loads((ROOT / "results" / "demo.json").read_text())["full"]
+    assert sorted(demo["quick"]) == ["0", "1"] and demo["quick"]["1"]["gold_gain_sd"] == 0.6
+
+
+def test_render_refuses_unknown_and_missing_blocks():
+    res = publish.load_results(ROOT)
+    with pytest.raises(ValueError, match="unknown publish block 'nope'"):
+        publish.render_text("<!-- publish:nope -->x<!-- /publish:nope -->", {}, res, "f.md")
+    with pytest.raises(ValueError, match="f.md: no publish block headline"):
+        publish.render_text("text", {"headline": publish.headline_table}, res, "f.md")
+    with pytest.raises(FileNotFoundError, match="no demo evaluation"):
+        publish.collect_demo_run(Path("/nonexistent"))
+
+
+def test_provenance():
+    c = git_commit()
+    assert c == "unknown" or re.fullmatch(r"[0-9a-f]{12}(\+dirty)?", c)
+    assert "cores" in machine()
