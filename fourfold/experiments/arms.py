@@ -156,12 +156,10 @@ def run_key(run_cfg, stage: str, demo_keys: Mapping[str, Any]) -> str:
     """What a run's result depends on: its algorithm/generation/data settings, its seed and the demo
     stages its models come from (paths, device, threads and logging do not count)."""
     d = config_to_dict(run_cfg)
-    if not d.get("data", {}).get("task_options", True):
-        del d["data"]["task_options"]  # the task's defaults key as they did before data.task_options existed
     if stage == "dpo":
         return digest({"stage": stage, "algo": d["dpo"], "train": d["train"], "seed": d["run"]["seed"],
                        "demo": demo_keys})
     algo = run_cfg.ppo if stage == "ppo" else run_cfg.reinforce
     return digest({"stage": stage, "algo": keyed(algo), "generation": keyed(run_cfg.generation),
-                   "data": d["data"], "critic_init": d["model"].get("critic_init"), "seed": d["run"]["seed"],
+                   "data": keyed(run_cfg.data), "critic_init": d["model"].get("critic_init"), "seed": d["run"]["seed"],
                    "demo": demo_keys})
