@@ -9,6 +9,10 @@ gradients. So that a run is the same at any world size (up to float rounding), a
 * :func:`loss_scale`: what this rank backpropagates, given its share of the global mean (the rule
   that undoes FSDP's averaging, written once);
 * :func:`sum_over_ranks`: per-rank shares of statistics summed into the global ones;
+* :func:`map_batches`: a pass over a list in batches (a held-out evaluation, the reward
+  normalisation, DPO's reference log-probs), each rank computing its share of the batches and every
+  rank getting all the results in order; :func:`mean_over_ranks`: means over each rank's share of a
+  batch (a probe's) made the means over the whole batch;
 * :func:`place_roles`: the roles placed on the ranks as the role plan says;
 * :func:`check_world`: what a multi-rank run needs of a config.
 
@@ -18,13 +22,15 @@ In one process every one of these is an identity (no collective runs).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence, TypeVar
 
 import torch
 
 from fourfold import dist
 from fourfold.errors import ConfigError
 from fourfold.trainers.fsdp import shard_model
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -65,6 +71,40 @@ def sum_over_ranks(stats: dict, keys: Sequence[str]) -> dict:
     every rank in one all-reduce; the other values are already the same on every rank."""
     names = sorted(keys)
     return {**stats, **dict(zip(names, global_sums([stats[k] for k in names])))}
+
+
+def mean_over_ranks(means: dict, count: int) -> dict:
+    """Means over this rank's ``count`` items made the means over every rank's items (weighted by
+    each rank's count; a rank without items adds nothing); ``means`` itself in one process. Every
+    rank gives the same keys."""
+    if not dist.world().distributed:
+        return means
+    names = list(means)
+    totals = global_sums([float(means[k]) * count if count else 0.0 for k in names] + [float(count)])
+    return {k: (s / totals[-1] if totals[-1] else float("nan")) for k, s in zip(names, totals)}
+
+
+def map_batches(fn: Callable[[list], T], items: Sequence, batch_size: int) -> list[T]:
+    """``[fn(items[0:b]), fn(items[b:2b]), ...]`` (``b = batch_size``; the last batch may be shorter):
+    a pass over ``items`` in batches, in one process exactly that loop.
+
+    Under torchrun rank r computes batches r, r + W, r + 2W, ... (W ranks: 1/W of the work, the
+    long batches of a length-sorted list spread over the ranks) and every rank gets every result,
+    in order (all-gathered as Python objects: return small CPU tensors or numbers). Each batch is
+    the one-process batch, so the results are the one-process results up to float rounding. A rank
+    with one batch fewer than another runs ``fn`` on the first batch once more and drops the result:
+    a sharded model's forward is a collective every rank must join."""
+    batches = [list(items[i : i + batch_size]) for i in range(0, len(items), batch_size)]
+    w = dist.world()
+    if not w.distributed:
+        return [fn(batch) for batch in batches]
+    mine = [fn(batch) for batch in batches[w.rank :: w.world_size]]
+    for _ in range(-(-len(batches) // w.world_size) - len(mine)):
+        fn(batches[0])  # the collectives of the ranks that have one more batch
+    out: list = [None] * len(batches)
+    for rank, results in enumerate(dist.all_gather_objects(mine)):
+        out[rank :: w.world_size] = results
+    return out
 
 
 @dataclass
