@@ -1,8 +1,8 @@
 """The data-parallel seam of the training loops: with it a loop reads as one-process code.
 
 Under ``torchrun`` every rank runs the same loop over its own share of each global batch, and the
-trained models are FSDP2-sharded (:mod:`fourfold.trainers.fsdp`), which *averages* the ranks'
-gradients. So that a run is the same at any world size (up to float rounding), a loop needs only:
+trained models are FSDP2-sharded (:mod:`fourfold.trainers.fsdp`) or replicated, both of which
+*average* the ranks' gradients. So that a run is the same at any world size (up to float rounding), a loop needs only:
 
 * :func:`shard_rows`: this rank's rows of a global batch (:class:`Part`);
 * :meth:`Figures.global_`: a step's figures summed over the ranks (the one ``if distributed``);
@@ -13,7 +13,8 @@ gradients. So that a run is the same at any world size (up to float rounding), a
   normalisation, DPO's reference log-probs), each rank computing its share of the batches and every
   rank getting all the results in order; :func:`mean_over_ranks`: means over each rank's share of a
   batch (a probe's) made the means over the whole batch;
-* :func:`place_roles`: the roles placed on the ranks as the role plan says;
+* :func:`place_roles`: the roles placed on the ranks as the role plan says (sharded, or replicated
+  with one gradient all-reduce per step);
 * :func:`check_world`: what a multi-rank run needs of a config.
 
 In one process every one of these is an identity (no collective runs).
@@ -28,7 +29,8 @@ import torch
 
 from fourfold import dist
 from fourfold.errors import ConfigError
-from fourfold.trainers.fsdp import shard_model
+from fourfold.models.plan import ADAPTER, BASE
+from fourfold.trainers.fsdp import replicate_model, shard_model
 
 T = TypeVar("T")
 
@@ -147,16 +149,32 @@ def check_world(world: dist.World, concurrent: bool, batch_sizes: dict) -> None:
 
 
 def place_roles(roles, plan, device: torch.device) -> None:
-    """Under torchrun, place the roles as the role plan says (nothing in one process): every trained
-    role and every frozen one placed ``fsdp`` is sharded with FSDP2 (a frozen one offloaded to CPU
-    memory between forwards with ``dist.cpu_offload``); ``replicate`` leaves a full copy on every
-    rank. Call it before building the optimizers: sharding replaces the parameters."""
+    """Under torchrun, place the roles as the role plan says (nothing in one process): a role placed
+    ``fsdp`` is sharded with FSDP2 (a frozen one offloaded to CPU memory between forwards with
+    ``dist.cpu_offload``); a trained role placed ``replicate`` keeps a full copy on every rank with
+    its gradients averaged before each step, a frozen one just its copy. A shared LoRA base is placed
+    once, as :attr:`~fourfold.models.plan.RolePlan.base_placement` says, with every role on it: its
+    runner sharded (the roles' adapters and heads with it; they are then pointed at the sharded
+    parameters), or its trained roles replicated. Call it before building the optimizers: sharding
+    replaces the parameters."""
     if not dist.started():
         return
     modules = roles.modules()
+    if roles.base is not None:
+        if plan.base_placement == "fsdp":
+            shard_model(roles.base.runner, device, mixed_precision=plan.mixed_precision)
+            roles.base.rebind()
+        else:
+            for spec in plan.roles:
+                if spec.trained and spec.form == ADAPTER:
+                    replicate_model(modules[spec.name])
     for spec in sorted(plan.roles, key=lambda s: not s.trained):  # the trained roles first
         module: Optional[torch.nn.Module] = modules.get(spec.name)
-        if module is None or (spec.placement == "replicate" and not spec.trained):
+        if module is None or spec.form in (ADAPTER, BASE):  # none, or placed with the shared base
+            continue
+        if spec.placement == "replicate":
+            if spec.trained:
+                replicate_model(module)
             continue
         shard_model(module, device, mixed_precision=plan.mixed_precision,
                     offload=not spec.trained and plan.cpu_offload)
