@@ -19,6 +19,7 @@ def under_torchrun(monkeypatch):
 
 def test_placements_are_fsdp_or_replicate_and_an_adapter_critic_goes_with_the_policy(zoo, tmp_path, capsys):
     one_line_error(capsys, sft_args(zoo, tmp_path / "a", "dist.model=sharded"), "dist.model", "'fsdp'")
+    one_line_error(capsys, reward_args(zoo, tmp_path / "r", "dist.model=everywhere"), "dist.model", "'replicate'")
     one_line_error(capsys, ppo_args(zoo, tmp_path / "b", "dist.reference=sharded"), "dist.reference", "'fsdp'")
     one_line_error(capsys, ppo_args(zoo, tmp_path / "c", "model.lora.r=4", "model.critic_mode=adapter",
                                     "model.critic_init=policy", "dist.critic=replicate"),
