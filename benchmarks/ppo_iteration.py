@@ -81,8 +81,51 @@ def build_roles(args, device):
         enable_gradient_checkpointing(policy)
         enable_gradient_checkpointing(critic)
     roles = Roles(SimpleNamespace(eos_token_id=1, pad_token_id=0), policy, reference, ModelReward(reward_model),
-                  critic, reward_model)
+                  critic, reward_model, base=base)
     return cfg, roles
+
+
+def role_plan(args):
+    """The role plan of the workload's roles, for :func:`fourfold.trainers.parallel.place_roles` (the
+    placement `fourfold ppo` uses): the trained roles as ``--fsdp`` / ``--replicate`` say, the frozen
+    ones replicated (fourfold's default); with ``--lora`` the roles on the base go with it."""
+    from fourfold.models.lora import LoraSettings
+    from fourfold.models.plan import ADAPTER, BASE, FULL, RolePlan, RoleSpec
+
+    trained = "replicate" if args.replicate else "fsdp"
+    lora = bool(args.lora)
+
+    def form(on_base: bool) -> str:
+        return ADAPTER if lora and on_base else FULL
+
+    specs = (RoleSpec("policy", form(True), None, "", True, placement=trained),
+             RoleSpec("reference", BASE if lora else FULL, None, "", False, placement="replicate"),
+             RoleSpec("reward", form(args.reward_mode == "adapter"), None, "", False, placement="replicate"),
+             RoleSpec("critic", form(args.critic_mode == "adapter"), None, "", True, placement=trained))
+    return RolePlan("ppo", specs, "", "", lora=LoraSettings(r=args.lora) if lora else None)
+
+
+def collectives(prof, iterations: int) -> dict:
+    """The collectives a torch.profiler run recorded (gloo's or NCCL's own events), per iteration:
+    ``{kind: {"count": n, "mib": size}}`` with size the elements of the tensor each one fills
+    (all_gather: the gathered output; all_reduce, broadcast: the buffer) at 4 bytes each. (On gloo
+    FSDP's reduce-scatter is an all_reduce of the whole gradient buffer.)"""
+    out: dict = {}
+    for event in prof.events():
+        backend, _, kind = event.name.partition(":")
+        if backend not in ("gloo", "nccl") or not kind:
+            continue
+        shape = event.input_shapes[0] if event.input_shapes and event.input_shapes[0] else [0]
+        elements = 1
+        for n in shape:
+            elements *= n
+        if kind == "all_gather":
+            elements *= int(os.environ.get("WORLD_SIZE", "1"))
+        entry = out.setdefault(kind, {"count": 0, "mib": 0.0})
+        entry["count"] += 1
+        entry["mib"] += elements * 4 / 2**20
+    return {k: {"count": round(v["count"] / iterations, 1), "mib": round(v["mib"] / iterations, 3)}
+            for k, v in sorted(out.items())}
 
 
 def frozen_dtype_name(args) -> str:
@@ -90,8 +133,8 @@ def frozen_dtype_name(args) -> str:
     return args.frozen_dtype or ("float32" if args.precision == "fp32" else "bfloat16")
 
 
-def estimate_settings(args, cfg):
-    """The :class:`~fourfold.models.estimate.EstimateSettings` of the workload."""
+def estimate_settings(args, cfg, nproc: int = 1):
+    """The :class:`~fourfold.models.estimate.EstimateSettings` of the workload on ``nproc`` devices."""
     from fourfold.models.estimate import EstimateSettings
     from fourfold.models.lora import LoraSettings
 
@@ -103,7 +146,8 @@ def estimate_settings(args, cfg):
         reward_mode=args.reward_mode if lora else "separate", precision=args.precision, frozen_dtype=frozen_dtype_name(args),
         gradient_checkpointing=args.grad_ckpt,
         rollout_batch_size=args.batch, minibatch_size=args.minibatch, micro_batch_size=getattr(args, "micro_batch", None),
-        max_prompt_len=args.prompt_len, max_new_tokens=args.response_len, concurrent_roles=args.concurrent)
+        max_prompt_len=args.prompt_len, max_new_tokens=args.response_len, concurrent_roles=args.concurrent,
+        nproc=nproc, replicated=("policy", "critic") if getattr(args, "replicate", False) else ())
 
 
 def allocator_env(args=None) -> dict:
@@ -138,6 +182,12 @@ def add_mode_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--fsdp", action="store_true",
                    help="under torchrun: policy and critic sharded with FSDP2 as `fourfold ppo` places them "
                         "(--batch and --minibatch are global; rank 0 prints the line)")
+    p.add_argument("--replicate", action="store_true",
+                   help="under torchrun: policy and critic replicated (dist.policy/critic: replicate; one gradient "
+                        "all-reduce per optimizer step)")
+    p.add_argument("--profile", action="store_true",
+                   help="torch.profiler over the timed iterations: the collectives per iteration in the JSON line, "
+                        "the top operators by self CPU time on stderr (rank 0)")
     p.add_argument("--frozen-dtype", default=None, choices=["float32", "bfloat16"],
                    help="weights of the frozen roles (reference, reward model, LoRA base); default: float32 "
                         "under --precision fp32, else bfloat16 (model.frozen_dtype)")
@@ -205,15 +255,14 @@ def main(argv=None) -> dict:
         return torch.autocast(device_type=device.type, dtype=torch.bfloat16, cache_enabled=cache)
 
     from fourfold import dist
-    from fourfold.trainers.fsdp import shard_model
+    from fourfold.trainers.parallel import place_roles
 
     world = dist.init_from_env(device)
-    if world.distributed and not args.fsdp:
-        raise SystemExit("ppo_iteration.py: under torchrun with more than one process, pass --fsdp")
+    if world.distributed and args.fsdp == args.replicate:
+        raise SystemExit("ppo_iteration.py: under torchrun with more than one process, pass --fsdp or --replicate")
     cfg, roles = build_roles(args, device)
-    if args.fsdp:
-        for trained in (roles.policy, roles.critic):  # fourfold's default placement: the frozen roles replicated
-            shard_model(trained, device)
+    if args.fsdp or args.replicate:
+        place_roles(roles, role_plan(args), device)
     algo = PPOAlgoConfig(iterations=args.iterations, rollout_batch_size=args.batch, minibatch_size=args.minibatch,
                          ppo_epochs=args.ppo_epochs, lr=1e-5, critic_lr=1e-5)
     algo.validate()
@@ -227,7 +276,11 @@ def main(argv=None) -> dict:
         torch.cuda.reset_peak_memory_stats(device)
 
     rows = []
+    profiler = None
     for it in range(args.iterations):
+        if args.profile and it == args.warmup:
+            profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True)
+            profiler.__enter__()
         if cuda:
             torch.cuda.synchronize(device)
         t0, cpu0 = time.perf_counter(), time.process_time()
@@ -247,12 +300,16 @@ def main(argv=None) -> dict:
                      "s_score": col.metrics["time/score_s"], "s_train": t2 - t1,
                      "tokens": col.metrics["rollout/tokens"]})
     timed = rows[args.warmup:] or rows
+    if profiler is not None:
+        profiler.__exit__(None, None, None)
+        if world.is_main:
+            print(profiler.key_averages().table(sort_by="self_cpu_time_total", row_limit=15), file=sys.stderr)
     med = lambda k: statistics.median(r[k] for r in timed)  # noqa: E731
     if cuda:
         peak = torch.cuda.max_memory_allocated(device) / 2**20
     else:
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB -> MiB on Linux
-    estimate = estimate_from_settings(estimate_settings(args, cfg))
+    estimate = estimate_from_settings(estimate_settings(args, cfg, world.world_size))
     gen_tokens = args.batch * args.response_len
     train_tokens = args.ppo_epochs * args.batch * (args.prompt_len + args.response_len)
     result = {
@@ -271,7 +328,7 @@ def main(argv=None) -> dict:
         "workload": {k: getattr(args, k) for k in ("arch", "hidden", "layers", "heads", "intermediate", "vocab", "batch",
                                                     "prompt_len", "response_len", "ppo_epochs", "minibatch", "precision", "device",
                                                     "temperature", "concurrent", "lora", "critic_mode", "reward_mode",
-                                                    "grad_ckpt", "frozen_dtype", "fsdp")}
+                                                    "grad_ckpt", "frozen_dtype", "fsdp", "replicate")}
                     | {"world_size": world.world_size, "optimizer_steps_per_iter": algo.steps_per_iteration,
                        "threads": torch.get_num_threads(),
                        "params_per_model_m": round(estimate.roles["reference"].params / 1e6, 2),
@@ -280,6 +337,8 @@ def main(argv=None) -> dict:
         "torch": torch.__version__,
         "python": platform.python_version(),
     }
+    if profiler is not None:
+        result["collectives_per_iter"] = collectives(profiler, len(timed))
     if world.is_main:
         print(json.dumps(result))
     dist.shutdown(sync=True)

@@ -576,8 +576,10 @@ def _describe(s: EstimateSettings) -> str:
     else:
         mode = (f"LoRA r={s.lora.r} on a shared base (critic {s.critic_mode}, "
                 f"reward model {s.reward_mode})")
-    placed = (", frozen roles sharded" if s.shard_frozen else "") + (f", {' and '.join(s.replicated)} replicated"
-                                                                     if s.replicated else "")
-    devices = f"{s.nproc} device" + ("s, FSDP" + placed if s.nproc > 1 else "")
+    own_critic = s.critic is not None and (s.lora is None or s.critic_mode == "separate")
+    fsdp = s.shard_frozen or any(_sharded(s, name) for name in ("policy", "critic")[:1 + own_critic])
+    placed = (", FSDP" if fsdp else "") + (", frozen roles sharded" if s.shard_frozen else "") + (
+        f", {' and '.join(s.replicated)} replicated" if s.replicated else "")
+    devices = f"{s.nproc} device" + ("s" + placed if s.nproc > 1 else "")
     ckpt = ", gradient checkpointing" if s.gradient_checkpointing else ""
     return f"{mode}, {s.precision}{ckpt}, {devices}"
