@@ -169,6 +169,13 @@ def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
     return _all_reduce(t, "SUM")
 
 
+def all_reduce_sum_(t: torch.Tensor) -> torch.Tensor:
+    """``t`` summed over every rank in place (no copy; returns ``t``; nothing in one process)."""
+    if world().distributed:
+        tdist.all_reduce(t, op=tdist.ReduceOp.SUM)
+    return t
+
+
 def all_reduce_max(t: torch.Tensor) -> torch.Tensor:
     """The element-wise maximum of ``t`` over every rank (``t`` itself in one process)."""
     return _all_reduce(t, "MAX")

@@ -109,7 +109,7 @@ def average_gradients(module: nn.Module) -> None:
     size = dist.world().world_size
     with torch.no_grad():
         for grads in by_dtype.values():
-            flat = dist.all_reduce_sum(torch.cat([g.reshape(-1) for g in grads])) / size
+            flat = dist.all_reduce_sum_(torch.cat([g.reshape(-1) for g in grads])).div_(size)  # one buffer, in place
             for g, part in zip(grads, flat.split([g.numel() for g in grads])):
                 g.copy_(part.view_as(g))
 
