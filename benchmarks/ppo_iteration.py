@@ -89,8 +89,51 @@ def build_roles(args, device):
         enable_gradient_checkpointing(policy)
         enable_gradient_checkpointing(critic)
     roles = Roles(SimpleNamespace(eos_token_id=1, pad_token_id=0), policy, reference, ModelReward(reward_model),
-                  critic, reward_model)
+                  critic, reward_model, base=base)
     return cfg, roles
+
+
+def role_plan(args):
+    """The role plan of the workload's roles, for :func:`fourfold.trainers.parallel.place_roles` (the
+    placement `fourfold ppo` uses): the trained roles as ``--fsdp`` / ``--replicate`` say, the frozen
+    ones replicated (fourfold's default); with ``--lora`` the roles on the base go with it."""
+    from fourfold.models.lora import LoraSettings
+    from fourfold.models.plan import ADAPTER, BASE, FULL, RolePlan, RoleSpec
+
+    trained = "replicate" if args.replicate else "fsdp"
+    lora = bool(args.lora)
+
+    def form(on_base: bool) -> str:
+        return ADAPTER if lora and on_base else FULL
+
+    specs = (RoleSpec("policy", form(True), None, "", True, placement=trained),
+             RoleSpec("reference", BASE if lora else FULL, None, "", False, placement="replicate"),
+             RoleSpec("reward", form(args.reward_mode == "adapter"), None, "", False, placement="replicate"),
+             RoleSpec("critic", form(args.critic_mode == "adapter"), None, "", True, placement=trained))
+    return RolePlan("ppo", specs, "", "", lora=LoraSettings(r=args.lora) if lora else None)
+
+
+def collectives(prof, iterations: int) -> dict:
+    """The collectives a torch.profiler run recorded (gloo's or NCCL's own events), per iteration:
+    ``{kind: {"count": n, "mib": size}}`` with size the elements of the tensor each one fills
+    (all_gather: the gathered output; all_reduce, broadcast: the buffer) at 4 bytes each. (On gloo
+    FSDP's reduce-scatter is an all_reduce of the whole gradient buffer.)"""
+    out: dict = {}
+    for event in prof.events():
+        backend, _, kind = event.name.partition(":")
+        if backend not in ("gloo", "nccl") or not kind:
+            continue
+        shape = event.input_shapes[0] if event.input_shapes and event.input_shapes[0] else [0]
+        elements = 1
+        for n in shape:
+            elements *= n
+        if kind == "all_gather":
+            elements *= int(os.environ.get("WORLD_SIZE", "1"))
+        entry = out.setdefault(kind, {"count": 0, "mib": 0.0})
+        entry["count"] += 1
+        entry["mib"] += elements * 4 / 2**20
+    return {k: {"count": round(v["count"] / iterations, 1), "mib": round(v["mib"] / iterations, 3)}
+            for k, v in sorted(out.items())}
 
 
 def frozen_dtype_name(args) -> str:
@@ -98,8 +141,8 @@ def frozen_dtype_name(args) -> str:
     return args.frozen_dtype or ("float32" if args.precision == "fp32" else "bfloat16")
 
 
-def estimate_settings(args, cfg):
-    """The :class:`~fourfold.models.estimate.EstimateSettings` of the workload."""
+def estimate_settings(args, cfg, nproc: int = 1):
+    """The :class:`~fourfold.models.estimate.EstimateSettings` of the workload on ``nproc`` devices."""
     from fourfold.models.estimate import EstimateSettings
     from fourfold.models.lora import LoraSettings
 
@@ -112,7 +155,8 @@ def estimate_settings(args, cfg):
         gradient_checkpointing=args.grad_ckpt,
         rollout_batch_size=args.batch, minibatch_size=args.minibatch, micro_batch_size=getattr(args, "micro_batch", None),
         max_prompt_len=args.prompt_len, max_new_tokens=args.response_len, concurrent_roles=args.concurrent,
-        engine_weights=getattr(args, "weights", "live"))
+        engine_weights=getattr(args, "weights", "live"),
+        nproc=nproc, replicated=("policy", "critic") if getattr(args, "replicate", False) else ())
 
 
 def allocator_env(args=None) -> dict:
@@ -166,6 +210,12 @@ def add_mode_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--fsdp", action="store_true",
                    help="under torchrun: policy and critic sharded with FSDP2 as `fourfold ppo` places them "
                         "(--batch and --minibatch are global; rank 0 prints the line)")
+    p.add_argument("--replicate", action="store_true",
+                   help="under torchrun: policy and critic replicated (dist.policy/critic: replicate; one gradient "
+                        "all-reduce per optimizer step)")
+    p.add_argument("--profile", action="store_true",
+                   help="torch.profiler over the timed iterations: the collectives per iteration in the JSON line, "
+                        "the top operators by self CPU time on stderr (rank 0)")
     p.add_argument("--frozen-dtype", default=None, choices=["float32", "bfloat16"],
                    help="weights of the frozen roles (reference, reward model, LoRA base); default: float32 "
                         "under --precision fp32, else bfloat16 (model.frozen_dtype)")
@@ -217,10 +267,10 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--stop-check-every", type=int, default=8, help="generation.stop_check_every")
 
 
-def iterate(args, roles, algo, gen, engine, device, world) -> list[dict]:
+def iterate(args, roles, algo, gen, engine, device, world, profiler=None) -> list[dict]:
     """``--iterations`` PPO iterations of the trainer's functions: the engine synced with the policy,
     collect (under the bf16-mixed autocast region), advantages, the PPO epochs; per iteration its
-    phase times."""
+    phase times. ``profiler`` (not entered) records the iterations from ``--warmup`` on."""
     import torch
 
     from fourfold.models.levers import autocast_region
@@ -236,6 +286,8 @@ def iterate(args, roles, algo, gen, engine, device, world) -> list[dict]:
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     rows = []
     for it in range(args.iterations):
+        if profiler is not None and it == min(args.warmup, args.iterations - 1):
+            profiler.__enter__()
         sync()
         t0, cpu0 = time.perf_counter(), time.process_time()
         engine.sync(roles.policy)  # the trainer's weight sync, once per iteration
@@ -273,16 +325,15 @@ def main(argv=None) -> dict:
     from fourfold import dist
     from fourfold.config import GenerationConfig, PPOAlgoConfig
     from fourfold.rollout.engine import make_engine
-    from fourfold.trainers.fsdp import shard_model
+    from fourfold.trainers.parallel import place_roles
 
     device = torch.device(args.device)
     world = dist.init_from_env(device)
-    if world.distributed and not args.fsdp:
-        raise SystemExit("ppo_iteration.py: under torchrun with more than one process, pass --fsdp")
+    if world.distributed and args.fsdp == args.replicate:
+        raise SystemExit("ppo_iteration.py: under torchrun with more than one process, pass --fsdp or --replicate")
     cfg, roles = build_roles(args, device)
-    if args.fsdp:
-        for trained in (roles.policy, roles.critic):  # fourfold's default placement: the frozen roles replicated
-            shard_model(trained, device)
+    if args.fsdp or args.replicate:
+        place_roles(roles, role_plan(args), device)
     algo = PPOAlgoConfig(iterations=args.iterations, rollout_batch_size=args.batch, minibatch_size=args.minibatch,
                          ppo_epochs=args.ppo_epochs, lr=1e-5, critic_lr=1e-5)
     algo.validate()
@@ -293,8 +344,15 @@ def main(argv=None) -> dict:
     engine = make_engine(gen, precision=args.precision, max_prompt_len=args.prompt_len)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    rows = iterate(args, roles, algo, gen, engine, device, world)
+    profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True) \
+        if args.profile else None
+    rows = iterate(args, roles, algo, gen, engine, device, world, profiler)
     result = summarize(args, rows, cfg, roles, algo, world)
+    if profiler is not None:
+        profiler.__exit__(None, None, None)
+        result["collectives_per_iter"] = collectives(profiler, len(rows[args.warmup:] or rows))
+        if world.is_main:
+            print(profiler.key_averages().table(sort_by="self_cpu_time_total", row_limit=15), file=sys.stderr)
     if world.is_main:
         print(json.dumps(result))
     dist.shutdown(sync=True)
@@ -314,7 +372,7 @@ def summarize(args, rows: list[dict], cfg, roles, algo, world) -> dict:
         peak = torch.cuda.max_memory_allocated(torch.device(args.device)) / 2**20
     else:
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB -> MiB on Linux
-    estimate = estimate_from_settings(estimate_settings(args, cfg))
+    estimate = estimate_from_settings(estimate_settings(args, cfg, world.world_size))
     gen_tokens = args.batch * args.response_len
     train_tokens = args.ppo_epochs * args.batch * (args.prompt_len + args.response_len)
     return {
@@ -336,8 +394,8 @@ def summarize(args, rows: list[dict], cfg, roles, algo, world) -> dict:
         "workload": {k: getattr(args, k) for k in ("arch", "hidden", "layers", "heads", "intermediate", "vocab", "batch",
                                                     "prompt_len", "response_len", "ppo_epochs", "minibatch", "precision", "device",
                                                     "temperature", "concurrent", "lora", "critic_mode", "reward_mode",
-                                                    "grad_ckpt", "frozen_dtype", "fsdp", "engine", "weights", "compile",
-                                                    "stop_check_every")}
+                                                    "grad_ckpt", "frozen_dtype", "fsdp", "replicate", "engine", "weights",
+                                                    "compile", "stop_check_every")}
                     | {"world_size": world.world_size, "optimizer_steps_per_iter": algo.steps_per_iteration,
                        "threads": torch.get_num_threads(),
                        "params_per_model_m": round(estimate.roles["reference"].params / 1e6, 2),

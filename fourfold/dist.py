@@ -8,6 +8,7 @@ trainer calls the same functions either way::
     rows = dist.shard(n_rows, world)      # this rank's slice of a global batch
     total = dist.all_reduce_sum(t)        # a sum over every rank (t itself in one process)
     everything = dist.all_gather_rows(t)  # rank 0's rows, then rank 1's, ... (same shapes)
+    parts = dist.all_gather_objects(x)    # every rank's picklable x, in rank order
 
 Backend: NCCL when the run's device is CUDA, gloo otherwise. On CPU the device mesh is built on
 ``"cpu"`` explicitly (a GPU machine running a gloo group otherwise crashes: pytorch#132471).
@@ -78,6 +79,11 @@ def rank_from_env() -> int:
     """This process's rank as torchrun's environment gives it (0 without torchrun), usable before the
     process group starts."""
     return int(os.environ["RANK"]) if launched_by_torchrun() else 0
+
+
+def world_size_from_env() -> int:
+    """How many processes torchrun started (1 without torchrun), usable before the group starts."""
+    return int(os.environ["WORLD_SIZE"]) if launched_by_torchrun() else 1
 
 
 def world() -> World:
@@ -163,6 +169,13 @@ def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
     return _all_reduce(t, "SUM")
 
 
+def all_reduce_sum_(t: torch.Tensor) -> torch.Tensor:
+    """``t`` summed over every rank in place (no copy; returns ``t``; nothing in one process)."""
+    if world().distributed:
+        tdist.all_reduce(t, op=tdist.ReduceOp.SUM)
+    return t
+
+
 def all_reduce_max(t: torch.Tensor) -> torch.Tensor:
     """The element-wise maximum of ``t`` over every rank (``t`` itself in one process)."""
     return _all_reduce(t, "MAX")
@@ -175,6 +188,16 @@ def all_gather_rows(t: torch.Tensor) -> torch.Tensor:
     parts = [torch.empty_like(t) for _ in range(world().world_size)]
     tdist.all_gather(parts, t.contiguous())
     return torch.cat(parts, 0)
+
+
+def all_gather_objects(obj: Any) -> list:
+    """Every rank's ``obj`` (picklable; keep it small, on the CPU), in rank order (``[obj]`` in one
+    process)."""
+    if not world().distributed:
+        return [obj]
+    out: list = [None] * world().world_size
+    tdist.all_gather_object(out, obj)
+    return out
 
 
 def broadcast_object(obj: Any, src: int = 0) -> Any:

@@ -9,7 +9,7 @@ from fourfold.models.build import Roles
 from fourfold.models.plan import FULL, RolePlan, RoleSpec
 from fourfold.reporting import MetricsLogger
 from fourfold.trainers.fsdp import decoder_layers, export_state_dict
-from fourfold.trainers.parallel import Part, global_sums, loss_scale, place_roles, shard_rows
+from fourfold.trainers.parallel import Part, global_sums, loss_scale, map_batches, mean_over_ranks, place_roles, shard_rows
 from fourfold.trainers.scaffold import NullLogger
 
 
@@ -40,6 +40,30 @@ def test_one_process_is_left_alone():
     assert type(model) is torch.nn.Linear
     assert export_state_dict(model) is None
     assert not dist.is_peer_failure(RuntimeError("Connection reset by peer"))
+
+
+@pytest.mark.parametrize("n_items", [0, 1, 7, 8, 9])
+def test_a_pass_in_batches_is_split_over_the_ranks_and_gathered_in_order(monkeypatch, n_items):
+    """map_batches on rank r of 3 (simulated: the gather returns what each rank would compute) runs
+    fn on batches r, r + 3, ... plus the first batch again where it has one batch fewer than rank 0,
+    and returns the one-process list."""
+    items, world = list(range(100, 100 + n_items)), 3
+    one = map_batches(lambda batch: sum(batch), items, 2)  # one process: the plain loop
+    assert one == [sum(items[i:i + 2]) for i in range(0, n_items, 2)]
+    for rank in range(world):
+        calls: list = []
+        monkeypatch.setattr(dist, "world", lambda rank=rank: dist.World(rank, world, rank))
+        monkeypatch.setattr(dist, "all_gather_objects", lambda mine: [one[r::world] for r in range(world)])
+        assert map_batches(lambda batch: calls.append(batch) or sum(batch), items, 2) == one
+        batches = [items[i:i + 2] for i in range(0, n_items, 2)]
+        assert calls == batches[rank::world] + batches[:1] * (-(-len(batches) // world) - len(batches[rank::world]))
+
+
+def test_means_over_each_ranks_rows_combine_weighted_by_the_rows(monkeypatch):
+    assert mean_over_ranks({"gold": 0.5}, 3) == {"gold": 0.5}  # one process: as given
+    monkeypatch.setattr(dist, "world", lambda: dist.World(0, 2, 0))
+    monkeypatch.setattr(dist, "all_reduce_sum", lambda t: t + torch.tensor([1.0 * 1, 1]))  # rank 1: mean 1.0 over 1 row
+    assert mean_over_ranks({"gold": 0.5}, 3) == {"gold": (0.5 * 3 + 1.0) / 4}
 
 
 def test_the_other_ranks_logger_takes_everything_the_metrics_logger_does():

@@ -143,3 +143,29 @@ def test_estimate_errors_are_one_line(dirs, tmp_path, capsys):
     assert rc == 2 and out == "" and err.count("\n") == 1 and "no such directory" in err
     rc, _, err = run(["estimate", "--config", cfg, "ppo.minibatch_size=3"], capsys)
     assert rc == 2 and "ppo.rollout_batch_size" in err and err.count("\n") == 1
+
+
+def test_placements_under_torchrun_are_read_from_the_plan(dirs, tmp_path):
+    """`fourfold estimate --nproc N` follows the dist section: replicated trained roles keep their
+    whole state on every device; with model.lora the shared base is sharded with its adapters (its
+    frozen weights too) unless the policy is replicated; frozen models of their own placed fsdp are
+    sharded."""
+    def est(*overrides, nproc=4):
+        cfg = load_config(PPOConfig, write_config(tmp_path / "ppo.yaml", dirs, PPO), list(overrides))
+        return estimate_settings("ppo", cfg, nproc=nproc), estimate_from_settings(estimate_settings("ppo", cfg, nproc))
+
+    one = est(nproc=1)[1].roles
+    s, sharded = est()
+    assert s.replicated == () and not s.shard_frozen and "4 devices, FSDP" in sharded.description
+    assert sharded.roles["policy"].optimizer_bytes == -(-one["policy"].optimizer_bytes // 4)
+    s, rep = est("dist.policy=replicate", "dist.critic=replicate", "dist.reference=fsdp")
+    assert s.replicated == ("policy", "critic") and s.shard_frozen
+    assert rep.roles["policy"].optimizer_bytes == one["policy"].optimizer_bytes
+    assert rep.roles["reference"].weights_bytes == -(-one["reference"].weights_bytes // 4)
+    lora = ("model.lora.r=4", "model.critic_init=policy", "model.critic_mode=adapter")
+    s, lora_sharded = est(*lora)
+    lora_one = est(*lora, nproc=1)[1].roles
+    assert lora_sharded.roles["policy"].weights_bytes < 0.3 * lora_one["policy"].weights_bytes  # the base too
+    s, lora_rep = est(*lora, "dist.policy=replicate", "dist.critic=replicate")
+    assert s.replicated == ("policy", "critic") and "FSDP" not in lora_rep.description
+    assert lora_rep.roles["policy"].weights_bytes == lora_one["policy"].weights_bytes

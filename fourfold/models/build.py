@@ -51,10 +51,9 @@ class Roles:
     base: Optional[SharedBase] = field(default=None, repr=False)
 
     def modules(self) -> dict[str, Optional[nn.Module]]:
-        """Role name -> the module that runs it (None where absent; the shared base's for ``base``)."""
+        """Role name -> the module that runs it (None where absent; the shared base's runner for a
+        LoRA reference)."""
         reference = getattr(self.reference, "model", None)
-        if reference is None and isinstance(self.reference, AdapterDisabledReference):
-            reference = self.reference.base.lm
         return {"policy": self.policy, "reference": reference, "reward": self.reward_model, "critic": self.critic}
 
 

@@ -85,7 +85,11 @@ class EstimateSettings:
     nproc: int = 1
     """Devices; FSDP shards the trained state across them."""
     shard_frozen: bool = False
-    """FSDP also shards the frozen weights (else replicated on every device)."""
+    """FSDP also shards the frozen models of their own (else replicated on every device)."""
+    replicated: tuple = ()
+    """Trained roles placed ``replicate`` (``policy``, ``critic``): a full copy with its gradients and
+    AdamW state on every device. With ``lora`` the shared base goes with the policy: sharded with
+    every role on it (its frozen weights too), or replicated."""
     trust_remote_code: bool = False
     """Allow a config.json that needs the model repository's own code."""
     logits_chunk: Optional[int] = None
@@ -110,6 +114,9 @@ class EstimateSettings:
         policy = plan.base_source or plan.role("policy").source
         reference, reward, critic = plan.role("reference"), plan.role("reward"), plan.role("critic")
         trained = plan.trained_dtype
+        frozen_full = [r for r in (reference, reward) if r.form == FULL]
+        replicated = tuple(r.name for r in plan.roles if r.trained and (
+            r.placement if r.form == FULL else plan.base_placement) == "replicate")
         return cls(
             policy=policy,
             reference=reference.source if reference.form == FULL and reference.source != policy else None,
@@ -120,6 +127,7 @@ class EstimateSettings:
             precision=plan.precision if trained == torch.float32 else "bf16",
             frozen_dtype=str(plan.frozen_dtype).removeprefix("torch."),
             gradient_checkpointing=plan.gradient_checkpointing, concurrent_roles=plan.concurrent, nproc=nproc,
+            shard_frozen=any(r.placement == "fsdp" for r in frozen_full), replicated=replicated,
             trust_remote_code=plan.trust_remote_code, logits_chunk=plan.logits_chunk, **shape)
 
     def validate(self) -> None:
@@ -180,19 +188,29 @@ def _shard(n: int, sharded: bool, nproc: int) -> int:
     return math.ceil(n / nproc) if sharded else n
 
 
-def _trained_memory(params: int, trainable: int, tensors: int, frozen_params: int, s: EstimateSettings) -> RoleMemory:
-    """Trainable parameters sharded across devices; ``frozen_params`` in the frozen dtype."""
+def _sharded(s: EstimateSettings, name: str) -> bool:
+    """Whether trained role ``name`` is sharded across the devices (not replicated); the roles on
+    a shared LoRA base go with ``policy``."""
+    return s.nproc > 1 and name not in s.replicated
+
+
+def _trained_memory(params: int, trainable: int, tensors: int, frozen_params: int, s: EstimateSettings,
+                    sharded: bool) -> RoleMemory:
+    """Trainable parameters (and ``frozen_params`` in the frozen dtype: a LoRA base's own weights)
+    sharded across devices when ``sharded``, else whole on every device."""
     master, frozen, _ = _dtype_bytes(s)
     n = s.nproc
     return RoleMemory(params=params, trainable_params=trainable,
-                      weights_bytes=_shard(trainable * master, True, n) + _shard(frozen_params * frozen, s.shard_frozen, n),
-                      grads_bytes=_shard(trainable * master, True, n),
-                      optimizer_bytes=_shard(2 * trainable * master + 4 * tensors, True, n))
+                      weights_bytes=_shard(trainable * master, sharded, n) + _shard(frozen_params * frozen, sharded, n),
+                      grads_bytes=_shard(trainable * master, sharded, n),
+                      optimizer_bytes=_shard(2 * trainable * master + 4 * tensors, sharded, n))
 
 
-def _frozen_memory(params: int, stored: int, s: EstimateSettings) -> RoleMemory:
+def _frozen_memory(params: int, stored: int, s: EstimateSettings, sharded: Optional[bool] = None) -> RoleMemory:
+    """``stored`` frozen parameters, sharded as ``sharded`` says (default: ``shard_frozen``)."""
     _, frozen, _ = _dtype_bytes(s)
-    return RoleMemory(params=params, weights_bytes=_shard(stored * frozen, s.shard_frozen, s.nproc))
+    sharded = s.shard_frozen if sharded is None else sharded
+    return RoleMemory(params=params, weights_bytes=_shard(stored * frozen, sharded, s.nproc))
 
 
 def _casts(s: EstimateSettings, linear: int, layer_linear: int) -> dict:
@@ -213,8 +231,9 @@ def _separate_roles(s: EstimateSettings, cfg_of) -> dict[str, Optional[_Role]]:
     if s.critic is not None and (s.lora is None or s.critic_mode == "separate"):
         ccfg = cfg_of(s.critic)
         cc = count_model(ccfg, scorer=True)
-        roles["critic"] = _Role(_trained_memory(cc.total, cc.total, cc.tensors, 0, s), shape_of(ccfg), master,
-                                trained=True, causal=False, layer_params=cc.layer, sharded=s.nproc > 1,
+        roles["critic"] = _Role(_trained_memory(cc.total, cc.total, cc.tensors, 0, s, _sharded(s, "critic")),
+                                shape_of(ccfg), master, trained=True, causal=False, layer_params=cc.layer,
+                                sharded=_sharded(s, "critic"),
                                 **_casts(s, cc.linear, cc.layer_linear))
     return roles
 
@@ -224,8 +243,9 @@ def _full_roles(s: EstimateSettings, cfg_of) -> dict[str, Optional[_Role]]:
     master, frozen, _ = _dtype_bytes(s)
     pcfg = cfg_of(s.policy)
     pc, shape = count_model(pcfg), shape_of(pcfg)
-    policy = _Role(_trained_memory(pc.total, pc.total, pc.tensors, 0, s), shape, master, trained=True,
-                   layer_params=pc.layer, sharded=s.nproc > 1, head_grad_params=shape.vocab * shape.hidden,
+    sharded = _sharded(s, "policy")
+    policy = _Role(_trained_memory(pc.total, pc.total, pc.tensors, 0, s, sharded), shape, master, trained=True,
+                   layer_params=pc.layer, sharded=sharded, head_grad_params=shape.vocab * shape.hidden,
                    **_casts(s, pc.linear, pc.layer_linear))
     rcfg = cfg_of(s.reference) if s.reference is not None else pcfg
     rc = pc if s.reference is None else count_model(rcfg)
@@ -245,17 +265,19 @@ def _lora_roles(s: EstimateSettings, cfg_of) -> dict[str, Optional[_Role]]:
     casts = _casts(s, (base.linear if fp32_base else 0) + lc.params, (base.layer_linear if fp32_base else 0) + per_layer)
     common = dict(shape=shape, res_bytes=frozen, full=False, layer_params=base.layer, lora=lc)
     roles = _separate_roles(s, cfg_of)
-    roles["policy"] = _Role(_trained_memory(base.total + lc.params, lc.params, lc.tensors, base.total, s),
-                            trained=True, sharded=s.nproc > 1, **common, **casts)
+    sharded = _sharded(s, "policy")  # the base, with every role on it (the frozen weights too)
+    roles["policy"] = _Role(_trained_memory(base.total + lc.params, lc.params, lc.tensors, base.total, s, sharded),
+                            trained=True, sharded=sharded, **common, **casts)
     roles["reference"] = _Role(RoleMemory(params=base.total), **common)
     if s.critic_mode == "adapter" or s.reward_mode == "adapter":
         sc = count_model(bcfg, scorer=True)
     if s.critic_mode == "adapter":
         trainable = lc.params + sc.head
-        roles["critic"] = _Role(_trained_memory(sc.total + lc.params, trainable, lc.tensors + sc.head_tensors, 0, s),
-                                trained=True, causal=False, sharded=s.nproc > 1, **common, **casts)
+        roles["critic"] = _Role(_trained_memory(sc.total + lc.params, trainable, lc.tensors + sc.head_tensors, 0, s,
+                                                sharded), trained=True, causal=False, sharded=sharded, **common, **casts)
     if s.reward_mode == "adapter":
-        roles["reward"] = _Role(_frozen_memory(sc.total + lc.params, lc.params + sc.head, s), causal=False, **common)
+        roles["reward"] = _Role(_frozen_memory(sc.total + lc.params, lc.params + sc.head, s, sharded), causal=False,
+                                **common)
     return roles
 
 
@@ -498,6 +520,10 @@ def _describe(s: EstimateSettings) -> str:
     else:
         mode = (f"LoRA r={s.lora.r} on a shared base (critic {s.critic_mode}, "
                 f"reward model {s.reward_mode})")
-    devices = f"{s.nproc} device" + ("s, FSDP" + (", frozen roles sharded" if s.shard_frozen else "") if s.nproc > 1 else "")
+    own_critic = s.critic is not None and (s.lora is None or s.critic_mode == "separate")
+    fsdp = s.shard_frozen or any(_sharded(s, name) for name in ("policy", "critic")[:1 + own_critic])
+    placed = (", FSDP" if fsdp else "") + (", frozen roles sharded" if s.shard_frozen else "") + (
+        f", {' and '.join(s.replicated)} replicated" if s.replicated else "")
+    devices = f"{s.nproc} device" + ("s" + placed if s.nproc > 1 else "")
     ckpt = ", gradient checkpointing" if s.gradient_checkpointing else ""
     return f"{mode}, {s.precision}{ckpt}, {devices}"

@@ -120,7 +120,9 @@ class RoleSpec:
     ``scratch`` (random init from ``RolePlan.scratch``), ``copy-reward`` (a critic starting as
     the reward model), ``zero-head`` (a critic on the policy's backbone with a zero value head)."""
     placement: str = "fsdp"
-    """Under torchrun: ``fsdp`` (sharded) or ``replicate`` (a full copy on every rank)."""
+    """Under torchrun: ``fsdp`` (sharded) or ``replicate`` (a full copy on every rank; a trained
+    role's gradients averaged over the ranks before each step). A role on the shared LoRA base
+    follows :attr:`RolePlan.base_placement`."""
 
     @property
     def causal(self) -> bool:
@@ -175,6 +177,16 @@ class RolePlan:
         return tuple(r.name for r in self.roles)
 
     @property
+    def base_placement(self) -> Optional[str]:
+        """Where the shared LoRA base goes under torchrun (None: no base): ``replicate`` when its
+        trained adapters are placed so, else ``fsdp``. Every role on the base (adapter or ``base``)
+        follows it: the adapters' weights live in the base's own layers."""
+        if self.lora is None:
+            return None
+        on_base = [r.placement for r in self.roles if r.trained and r.form == ADAPTER]
+        return "replicate" if on_base and all(p == "replicate" for p in on_base) else "fsdp"
+
+    @property
     def trained_dtype(self) -> torch.dtype:
         trained = [r.dtype for r in self.roles if r.trained and r.form == FULL]
         return trained[0] if trained else (self.base_dtype or torch.float32)
@@ -207,7 +219,8 @@ def _supervised_plan(stage: str, cfg) -> RolePlan:
                        intermediate_size=m.intermediate_size, max_positions=m.max_positions)
     name = "reward" if stage == "reward" else "policy"
     start = "scratch" if scratch else ("head-or-fresh" if stage == "reward" else "load")
-    roles = [RoleSpec(name, form, None if lora else m.path, "model.path", True, trained, start)]
+    roles = [RoleSpec(name, form, None if lora else m.path, "model.path", True, trained, start,
+                      placement=cfg.dist.model)]
     if stage == "dpo":
         if lora is not None and cfg.dpo.reference is None:
             roles.append(RoleSpec("reference", BASE, None, "model.path", False))
@@ -233,7 +246,8 @@ def _lm_plan(stage: str, m, dist_cfg, with_critic: bool, concurrent: bool) -> Ro
                           f"as an adapter on the policy's base, or give the merged model (model/ of the same run)")
     if m.reward is None and m.reward_fn is None:
         raise ConfigError("model.reward: a reward model directory or a reward function is needed")
-    roles = [RoleSpec("policy", ADAPTER if lora else FULL, m.policy, "model.policy", True, trained)]
+    roles = [RoleSpec("policy", ADAPTER if lora else FULL, m.policy, "model.policy", True, trained,
+                      placement=dist_cfg.policy)]
     if lora is not None:
         roles.append(RoleSpec("reference", BASE, None, "model.policy", False))
     else:
@@ -243,7 +257,10 @@ def _lm_plan(stage: str, m, dist_cfg, with_critic: bool, concurrent: bool) -> Ro
     reward = _reward_spec(m, lora, frozen, dist_cfg.reward)
     roles.append(reward)
     if with_critic:
-        roles.append(_critic_spec(m, lora, reward, trained, frozen))
+        roles.append(replace(_critic_spec(m, lora, reward, trained, frozen), placement=dist_cfg.critic))
+        if roles[-1].form == ADAPTER and dist_cfg.critic != dist_cfg.policy:
+            raise ConfigError(f"dist.critic: {dist_cfg.critic}, and dist.policy is {dist_cfg.policy}: the adapter "
+                              "critic and the policy live in one shared LoRA base, placed once; give both the same")
     return RolePlan(stage, tuple(roles), m.tokenizer or m.policy, "model.tokenizer" if m.tokenizer else "model.policy",
                     lora=lora, base_source=m.policy if lora else None, base_dtype=frozen if lora else None,
                     logits_chunk=m.logits_chunk, mixed_precision=dist_cfg.mixed_precision,

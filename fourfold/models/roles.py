@@ -341,20 +341,25 @@ class AdapterDisabledReference:
     """Shared-base (LoRA) mode: the reference is the base model with every adapter disabled.
 
     No second copy of the weights: ``base`` is the :class:`~fourfold.models.lora.SharedBase` the
-    policy's adapter sits on; its ``adapters_disabled()`` context runs the causal LM (``base.lm``)
-    exactly as the base model, whatever the adapters hold. Same interface as :class:`FrozenReference`.
+    policy's adapter sits on; its ``adapters_disabled()`` context runs the causal LM (``base.lm``,
+    through the base's ``runner`` as every role over it does) exactly as the base model, whatever
+    the adapters hold. Same interface as :class:`FrozenReference`; ``model`` is the module it runs.
     """
 
     def __init__(self, base):
-        if not hasattr(base, "adapters_disabled") or not hasattr(base, "lm"):
-            raise TypeError("AdapterDisabledReference needs a shared base with adapters_disabled() and lm "
+        if not hasattr(base, "adapters_disabled") or not hasattr(base, "runner"):
+            raise TypeError("AdapterDisabledReference needs a shared base with adapters_disabled() and runner "
                             "(fourfold.models.lora.SharedBase)")
         self.base = base
+
+    @property
+    def model(self) -> nn.Module:
+        return self.base.runner
 
     @torch.no_grad()
     def logprobs(self, input_ids, attention_mask, n_response: int, temperature: float = 1.0) -> torch.Tensor:
         with self.base.adapters_disabled():
-            return response_logprobs(self.base.lm, input_ids, attention_mask, n_response, temperature)[0]
+            return response_logprobs(self.base.runner, input_ids, attention_mask, n_response, temperature)[0]
 
 
 def freeze(model: nn.Module) -> nn.Module:

@@ -45,10 +45,12 @@ is that same model with the adapter disabled (:class:`~fourfold.models.roles.Ada
 merged model to ``output_dir/model/`` and the adapter to ``output_dir/model-adapter/``, as ``fourfold
 sft`` does (:mod:`fourfold.trainers.export`).
 
-Under ``torchrun`` every rank computes the reference's log-probs of every pair (a full copy of the
-reference, released before training), the policy is sharded with FSDP2 (``dist.model``), each rank
-takes its part of every global batch and its share of the global mean loss, and the metrics are
-those of the global batch (as :mod:`fourfold.trainers.sft`).
+Under ``torchrun`` each rank computes the reference's log-probs of its share of the batches of pairs
+with a full copy of the reference (released before training) and every rank gathers all of them
+(:func:`~fourfold.trainers.parallel.map_batches`; the held-out evaluation likewise), the policy is
+placed as ``dist.model`` says (FSDP2 by default), each rank takes its part of every global batch
+and its share of the global mean loss, and the metrics are those of the global batch (as
+:mod:`fourfold.trainers.sft`).
 """
 
 from __future__ import annotations
@@ -67,7 +69,7 @@ from fourfold.models.plan import plan_roles
 from fourfold.models.roles import response_logprobs
 from fourfold.trainers.export import save_trained
 from fourfold.trainers.pairs import load_examples
-from fourfold.trainers.parallel import Figures, check_world, place_roles
+from fourfold.trainers.parallel import Figures, check_world, map_batches, place_roles
 from fourfold.trainers.scaffold import RunScaffold
 from fourfold.trainers.supervised import SupervisedSteps, Window
 
@@ -115,13 +117,15 @@ def response_tokens(examples: Sequence[PreferenceExample]) -> tuple[Tensor, Tens
 @torch.no_grad()
 def all_pair_logps(logprobs: LogprobsFn, examples: Sequence[PreferenceExample], batch_size: int, pad_id: int,
                    device: torch.device) -> tuple[Tensor, Tensor]:
-    """(chosen [N], rejected [N]) sequence log-probs of all ``examples``, in order, on the CPU."""
-    chosen, rejected = [], []
-    for start in range(0, len(examples), batch_size):
-        c, r = pair_logps(logprobs, pair_batch(examples[start : start + batch_size], pad_id, device))
-        chosen.append(c.cpu())
-        rejected.append(r.cpu())
-    return torch.cat(chosen), torch.cat(rejected)
+    """(chosen [N], rejected [N]) sequence log-probs of all ``examples``, in order, on the CPU; under
+    torchrun each rank computes its share of the batches (:func:`~fourfold.trainers.parallel.map_batches`)."""
+
+    def logps(pairs: list[PreferenceExample]) -> tuple[Tensor, Tensor]:
+        c, r = pair_logps(logprobs, pair_batch(pairs, pad_id, device))
+        return c.cpu(), r.cpu()
+
+    parts = map_batches(logps, examples, batch_size)
+    return torch.cat([c for c, _ in parts]), torch.cat([r for _, r in parts])
 
 
 def reference_logps(reference, splits: Sequence[Optional[Sequence[PreferenceExample]]], batch_size: int,

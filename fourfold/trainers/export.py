@@ -5,7 +5,8 @@ torchrun is gathered first). A LoRA role is two: the **merged** model under the 
 (``model/`` for sft, reward and dpo, ``policy/`` and ``critic/`` for ppo and reinforce), loadable
 with plain ``from_pretrained`` and what the next stage loads, and the **adapter** beside it with
 ``-adapter`` appended (``model-adapter/``, ``policy-adapter/``, ``critic-adapter/``), loadable with
-``PeftModel.from_pretrained`` over the base (:mod:`fourfold.models.lora.files`). Every directory is
+``PeftModel.from_pretrained`` over the base (:mod:`fourfold.models.lora.files`); a LoRA role over a
+base sharded under torchrun is written from the base's tensors gathered whole. Every directory is
 written atomically (a temporary sibling swapped into place) by rank 0.
 """
 
@@ -72,10 +73,11 @@ def save_trained(run, model, tokenizer, path: str | Path) -> dict[str, str]:
         return {"model": str(path)}
     from fourfold.checkpoint import save_pretrained_atomic
 
+    gathered = export_state_dict(model)  # a sharded base: every rank gathers, rank 0 writes from the whole tensors
     written = {}
     for key, writer, where in (("model", save_merged, Path(path)), ("adapter", save_adapter, adapter_path(path))):
         def save(tmp: Path, writer=writer) -> None:
-            writer(model, tmp)
+            writer(model, tmp, gathered)
             tokenizer.save_pretrained(tmp)
 
         run.write(save_pretrained_atomic, save, where)

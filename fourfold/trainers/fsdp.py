@@ -1,13 +1,17 @@
-"""FSDP2 placement of a run's models under ``torchrun`` (nothing happens in one process).
+"""FSDP2 placement of a run's models under ``torchrun`` (nothing happens in one process), and the
+``replicate`` placement of a trained model (:func:`replicate_model`, :func:`average_gradients`).
 
-A trained model (and a frozen one placed ``fsdp``) is sharded with
+A model placed ``fsdp`` (trained or frozen) is sharded with
 ``torch.distributed.fsdp.fully_shard``: every decoder layer (the classes a Hugging Face model
 names in ``_no_split_modules``) becomes its own FSDP unit, then the root takes the rest (embeddings,
 final norm, LM or score head). The root is the module the trainer calls: the causal LM itself, or
 the :class:`~fourfold.models.roles.ScalarModel` around a reward model or critic (its forward runs
-the backbone and the head directly, so the wrapper must be the root for the root's hooks to fire).
-Parameter names do not change, so a sharded model's state dict has the same keys as a plain one
-and checkpoints move between world sizes.
+the backbone and the head directly, so the wrapper must be the root for the root's hooks to fire),
+or a shared LoRA base's :class:`~fourfold.models.lora.base.BaseRunner`, through which every role on
+the base runs (the adapters' weights sit in the base's layers and are sharded with them; the
+scalar roles' heads in the root). Parameter names do not change, so a sharded model's state dict
+has the same keys as a plain one and checkpoints move between world sizes; a LoRA role's state dict
+(its adapter and head) holds the sharded parameters themselves.
 
 On CPU the device mesh is built on ``"cpu"`` explicitly (:func:`fourfold.dist.cpu_mesh`); on CUDA
 over ``cuda``. ``dist.mixed_precision`` gives bf16 parameters in the forward and backward with fp32
@@ -18,7 +22,8 @@ gradient reduction (fp32 master weights stay in the optimizer); ``dist.cpu_offlo
 from __future__ import annotations
 
 import warnings
-from typing import Mapping, Optional
+import weakref
+from typing import Optional
 
 import torch
 from torch import nn
@@ -26,8 +31,8 @@ from torch import nn
 from fourfold import dist
 from fourfold.errors import ConfigError
 
-TRAINED_ROLES = ("model", "policy", "critic")
-"""Roles that train: always sharded (the config refuses ``replicate`` for them)."""
+_REPLICATED: "weakref.WeakSet[nn.Module]" = weakref.WeakSet()
+"""Trained modules placed ``replicate`` (:func:`replicate_model`)."""
 
 
 def device_mesh(device: torch.device):
@@ -72,22 +77,41 @@ def shard_model(module: nn.Module, device: torch.device, *, mixed_precision: boo
     return module
 
 
-def shard_roles(roles: Mapping[str, Optional[nn.Module]], dist_cfg, device: torch.device) -> dict:
-    """Place a run's models as its ``dist`` section says, when torchrun started a group (else
-    return them as they are). ``roles``: role name (a field of ``dist_cfg``: ``model``,
-    ``policy``, ``critic``, ``reference``, ``reward``) -> module or None (absent). Trained roles and
-    frozen roles placed ``fsdp`` are sharded (frozen ones offloaded to CPU with
-    ``dist.cpu_offload``); ``replicate`` leaves a frozen role a full copy on every rank. Returns
-    the same mapping (the modules are sharded in place)."""
-    if not dist.started():
-        return dict(roles)
-    for name, module in roles.items():
-        if module is None or getattr(dist_cfg, name) == "replicate":
-            continue
-        frozen = name not in TRAINED_ROLES
-        shard_model(module, device, mixed_precision=dist_cfg.mixed_precision,
-                    offload=frozen and getattr(dist_cfg, "cpu_offload", False))
-    return dict(roles)
+def replicate_model(module: nn.Module) -> nn.Module:
+    """Place a trained ``module`` whole on every rank (``replicate``; returns it): its parameters are
+    made rank 0's (one broadcast each: every rank starts from the same weights even where a
+    from-scratch init or a fresh head drew them) and :func:`average_gradients` averages its gradients
+    over the ranks before each optimizer step, so every rank takes the same step and the copies stay
+    equal. Nothing happens in one process."""
+    if not dist.world().distributed:
+        return module
+    import torch.distributed as tdist
+
+    with torch.no_grad():
+        for p in module.parameters():
+            tdist.broadcast(p.data, src=0)
+    _REPLICATED.add(module)
+    return module
+
+
+def average_gradients(module: nn.Module) -> None:
+    """The gradients of a replicated ``module`` (:func:`replicate_model`) averaged over the ranks, in
+    one all-reduce per dtype of the flattened gradients: what FSDP's reduce-scatter does for a sharded
+    model, so a loop's :func:`~fourfold.trainers.parallel.loss_scale` holds for both. Nothing for any
+    other module. Every rank must have gradients for the same parameters (every rank runs a forward
+    and backward at every step)."""
+    if module not in _REPLICATED:
+        return
+    by_dtype: dict = {}
+    for p in module.parameters():
+        if p.grad is not None:
+            by_dtype.setdefault(p.grad.dtype, []).append(p.grad)
+    size = dist.world().world_size
+    with torch.no_grad():
+        for grads in by_dtype.values():
+            flat = dist.all_reduce_sum_(torch.cat([g.reshape(-1) for g in grads])).div_(size)  # one buffer, in place
+            for g, part in zip(grads, flat.split([g.numel() for g in grads])):
+                g.copy_(part.view_as(g))
 
 
 def is_sharded(module: nn.Module) -> bool:
@@ -97,13 +121,20 @@ def is_sharded(module: nn.Module) -> bool:
     return isinstance(module, FSDPModule)
 
 
+def root_of(module: nn.Module) -> nn.Module:
+    """The module a placement shards for ``module``: a LoRA role's shared base runner (its
+    ``runs_on``), else ``module`` itself."""
+    return getattr(module, "runs_on", module)
+
+
 def reshard(module: nn.Module) -> None:
     """Put a sharded model's parameters back into their shards. After a forward without a backward
     FSDP2 leaves the root's parameters gathered (the root does not reshard after its forward), and
     an in-place change then (``ScalarModel.set_affine``) would go to the gathered copy and be lost.
-    Nothing for a model that is not sharded."""
-    if is_sharded(module):
-        module.reshard()
+    Nothing for a model that is not sharded. A LoRA role: its shared base's root."""
+    root = root_of(module)
+    if is_sharded(root):
+        root.reshard()
 
 
 def full_state_dict(module: nn.Module, prefix: str = "") -> dict[str, torch.Tensor]:
@@ -119,9 +150,13 @@ def full_state_dict(module: nn.Module, prefix: str = "") -> dict[str, torch.Tens
 
 def export_state_dict(model: nn.Module) -> Optional[dict[str, torch.Tensor]]:
     """What the final export of a sharded ``model`` writes (:func:`full_state_dict` of its Hugging
-    Face model: ``{}`` off rank 0); None for a model that is not sharded (it saves itself)."""
-    if not is_sharded(model):
+    Face model: ``{}`` off rank 0; for a LoRA role, of its whole shared base runner, from which the
+    LoRA writers take the role's tensors); None for a model that is not sharded (it saves itself)."""
+    root = root_of(model)
+    if not is_sharded(root):
         return None
+    if root is not model:
+        return full_state_dict(root)
     from fourfold.models.roles import ScalarModel
 
     return full_state_dict(model, "hf." if isinstance(model, ScalarModel) else "")

@@ -35,11 +35,11 @@ def estimate_config(stage: str, cfg, nproc: int = 1) -> Estimate:
     return estimate_from_settings(estimate_settings(stage, cfg, nproc))
 
 
-def estimate_line(stage: str, cfg: Any) -> str:
-    """The estimate's one-line summary for the start of a run; never raises: when the estimate
-    cannot be made, a one-line note saying why."""
+def estimate_line(stage: str, cfg: Any, nproc: int = 1) -> str:
+    """The estimate's one-line summary for the start of a run on ``nproc`` devices; never raises:
+    when the estimate cannot be made, a one-line note saying why."""
     try:
-        return estimate_config(stage, cfg).summary()
+        return estimate_config(stage, cfg, nproc).summary()
     except Exception as e:  # the estimate is advice: a run never fails because of it
         reason = str(e).splitlines()[0] if str(e) else ""
         return f"memory estimate unavailable ({type(e).__name__}: {reason[:200]})"

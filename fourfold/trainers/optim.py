@@ -12,6 +12,7 @@ import torch
 from fourfold import dist
 from fourfold.errors import NonFiniteError
 from fourfold.trainers.finite_step import finite_step, full_tensor
+from fourfold.trainers.fsdp import average_gradients
 
 
 def make_optimizer(params: Iterable[torch.nn.Parameter], lr: float, weight_decay: float = 0.0, eps: float = 1e-8):
@@ -94,7 +95,9 @@ def clip_and_step(model, optimizer, scheduler, max_grad_norm: Optional[float], g
     """Global grad-norm clip, then step only if the norm is finite, and keep the step only if every
     parameter after it is finite (:func:`fourfold.trainers.finite_step.finite_step`: else the
     pre-step weights and optimizer state are put back and the guard counts quantity
-    ``parameters``). Returns ``(grad norm, the weights moved)``."""
+    ``parameters``). Returns ``(grad norm, the weights moved)``. A model replicated under torchrun
+    first has its gradients averaged over the ranks (:func:`~fourfold.trainers.fsdp.average_gradients`)."""
+    average_gradients(model)
     params = [p for p in model.parameters() if p.grad is not None]
     if max_grad_norm is not None:
         norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm)

@@ -46,7 +46,7 @@ from fourfold.models.plan import plan_roles
 from fourfold.trainers.export import save_trained
 from fourfold.trainers.fsdp import reshard
 from fourfold.trainers.pairs import load_examples
-from fourfold.trainers.parallel import Figures, check_world, place_roles
+from fourfold.trainers.parallel import Figures, check_world, map_batches, place_roles
 from fourfold.trainers.scaffold import RunScaffold
 from fourfold.trainers.supervised import SupervisedSteps, Window, require_batch
 
@@ -74,17 +74,18 @@ def to_device(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str,
 @torch.no_grad()
 def score_pairs(rm, examples: list[PreferenceExample], batch_size: int, pad_id: int,
                 device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """(chosen [N], rejected [N]) scores of all ``examples``, in order, on the CPU."""
+    """(chosen [N], rejected [N]) scores of all ``examples``, in order, on the CPU; under torchrun
+    each rank scores its share of the batches (:func:`~fourfold.trainers.parallel.map_batches`)."""
     was_training = rm.training
     rm.eval()
-    chosen, rejected = [], []
-    for start in range(0, len(examples), batch_size):
-        batch = to_device(collate_preferences(examples[start : start + batch_size], pad_id), device)
-        c, r = pair_scores(rm, batch)
-        chosen.append(c.cpu())
-        rejected.append(r.cpu())
+
+    def scores(pairs: list[PreferenceExample]) -> tuple[torch.Tensor, torch.Tensor]:
+        c, r = pair_scores(rm, to_device(collate_preferences(pairs, pad_id), device))
+        return c.cpu(), r.cpu()
+
+    parts = map_batches(scores, examples, batch_size)
     rm.train(was_training)
-    return torch.cat(chosen), torch.cat(rejected)
+    return torch.cat([c for c, _ in parts]), torch.cat([r for _, r in parts])
 
 
 def evaluate(rm, examples: list[PreferenceExample], batch_size: int, pad_id: int,

@@ -24,11 +24,14 @@ from fourfold.errors import ConfigError
 from fourfold.models.build import Roles
 from fourfold.rollout.lm import RolloutEngine, Samples, Scores, decode_responses, gather_rows, sample, score, select_rows
 from fourfold.rollout.noise import RowNoise
+from fourfold.trainers.parallel import mean_over_ranks
 
 Probe = Callable[[list[str], list[str]], dict[str, float]]
 """``probe(prompts, responses) -> {metric name: value}``: extra measurements of each batch of
 responses (e.g. a task's hidden gold reward as ``reward/gold_mean``), logged every iteration
-under the names it returns; it never affects training. A probe may also carry
+under the names it returns; it never affects training. Its values are means over the responses
+it is given: under torchrun each rank calls it on its own rows and the values are combined as
+means weighted by the rows. A probe may also carry
 ``probe.per_response(prompts, responses) -> {name: [one value per response]}`` (e.g. ``gold``):
 the sample completions (``samples.jsonl``) then show those values next to each response."""
 
@@ -171,8 +174,8 @@ def collect(
     n_tokens = metrics["rollout/tokens"]
     metrics.update({"time/generate_s": t_gen, "time/score_s": t_score,
                     "time/gen_tokens_per_s": n_tokens / max(t_gen, 1e-9)})
-    if probe is not None:
-        metrics.update(probe(prompts, responses))
+    if probe is not None:  # each rank its rows; the probe's values are means over the responses it gets
+        metrics.update(mean_over_ranks(probe(prompts[rows], responses[rows]), len(prompts[rows])))
     return Collected(rollout, samples, prompts, responses, kl, metrics)
 
 

@@ -393,15 +393,13 @@ def _device(spec: str) -> torch.device:
 
 
 def _start_group(cfg) -> dist.World:
-    """Under torchrun: refuse what does not run there (a stage without a ``dist`` section, LoRA),
-    then start the process group on the run's device. Without torchrun: rank 0 of 1."""
+    """Under torchrun: refuse what does not run there (a stage without a ``dist`` section), then
+    start the process group on the run's device. Without torchrun: rank 0 of 1."""
     if not dist.launched_by_torchrun():
         return dist.world()
     if not getattr(stage_of(cfg), "torchrun", False):
         raise ConfigError(f"torchrun: this stage runs in one process only ({', '.join(torchrun_stages())} "
                           "run under torchrun); start it without torchrun")
-    if getattr(cfg.model, "lora", None) is not None:
-        raise ConfigError("model.lora: LoRA does not run under torchrun yet; run it in one process (without torchrun)")
     return dist.init_from_env(_device(cfg.run.device))
 
 

@@ -38,7 +38,7 @@ from fourfold.errors import DataError
 from fourfold.models.build import build_roles
 from fourfold.models.plan import plan_roles
 from fourfold.trainers.export import save_trained
-from fourfold.trainers.parallel import Figures, check_world, place_roles
+from fourfold.trainers.parallel import Figures, check_world, map_batches, place_roles
 from fourfold.trainers.scaffold import RunScaffold
 from fourfold.trainers.supervised import SupervisedSteps, Window, require_batch
 
@@ -92,16 +92,22 @@ def batch_loss(model, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dic
 
 @torch.no_grad()
 def evaluate(model, examples: list[SFTExample], batch_size: int, pad_id: int, device: torch.device) -> float:
-    """Mean cross-entropy over all completion tokens of ``examples`` (token-weighted)."""
+    """Mean cross-entropy over all completion tokens of ``examples`` (token-weighted); under
+    torchrun each rank evaluates its share of the batches (:func:`~fourfold.trainers.parallel.map_batches`)."""
     was_training = model.training
     model.eval()
     order = sorted(range(len(examples)), key=lambda i: len(examples[i].input_ids))  # less padding
-    total, count = 0.0, 0.0
-    for start in range(0, len(order), batch_size):
-        batch = to_device(collate_sft([examples[i] for i in order[start : start + batch_size]], pad_id), device)
+
+    def batch_sums(rows: list[SFTExample]) -> tuple[float, float]:
+        batch = to_device(collate_sft(rows, pad_id), device)
         loss, _ = batch_loss(model, batch)
         n = float(batch["loss_mask"][:, 1:].sum())
-        total += float(loss) * n
+        return float(loss) * n, n
+
+    sums = map_batches(batch_sums, [examples[i] for i in order], batch_size)
+    total, count = 0.0, 0.0
+    for loss_sum, n in sums:
+        total += loss_sum
         count += n
     model.train(was_training)
     return total / max(count, 1.0)

@@ -2,6 +2,8 @@
 toy model's settings and the comparisons of a distributed run with a one-process run."""
 import math
 import os
+import signal
+import socket
 import subprocess
 import sys
 import time
@@ -35,11 +37,16 @@ def torchrun_script(script, *args, nproc: int = 2, timeout: float = 240.0, check
     return _launch([str(script), *map(str, args)], nproc, timeout, True, check)
 
 
+def _env() -> dict:
+    """The environment of a launch: this repository first, one torch thread, offline, warnings off."""
+    return dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", PYTHONWARNINGS="ignore")
+
+
 def _launch(tail: list[str], nproc: int, timeout: float, wait: bool, check: bool):
     """``python -m torch.distributed.run --standalone --nproc-per-node nproc *tail``, one torch thread
     per process, offline, warnings off."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", *tail]
-    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", PYTHONWARNINGS="ignore")
+    env = _env()
     t0 = time.perf_counter()
     if not wait:
         proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -77,3 +84,77 @@ def max_weight_diff(dir_a, dir_b) -> float:
     b = safetensors.torch.load_file(str(Path(dir_b) / "model.safetensors"))
     assert a.keys() == b.keys()
     return max(float((a[k].double() - b[k].double()).abs().max()) for k in a)
+
+
+def two_nodes(stage: str, overrides: list[str], *, timeout: float = 240.0, wait: bool = True) -> list:
+    """Two torchrun launchers on this machine as two nodes of one job (``--nnodes 2 --node-rank 0|1
+    --nproc-per-node 1``, a c10d rendezvous on 127.0.0.1 at a free port; node 0 first): the
+    launchers' Popens (``wait``: after both ended, with ``stdout``/``stderr`` read and ``wall_s``)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    t0 = time.perf_counter()
+    procs = []
+    for node in (0, 1):
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", f"--node-rank={node}", "--nproc-per-node=1",
+               "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=fourfold-test",
+               "-m", "fourfold.cli", stage, *overrides]
+        procs.append(subprocess.Popen(cmd, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                      start_new_session=True))
+        time.sleep(0.5)  # node 0's launcher hosts the rendezvous
+    if not wait:
+        return procs
+    for proc in procs:
+        proc.out, proc.err = proc.communicate(timeout=timeout)
+        proc.wall_s = time.perf_counter() - t0
+    return procs
+
+
+def children(pid: int) -> list[int]:
+    """The processes ``pid`` started (Linux /proc)."""
+    return [int(c) for c in open(f"/proc/{pid}/task/{pid}/children").read().split()]
+
+
+def kill_job(proc) -> list[int]:
+    """SIGKILL a launcher and the ranks it started (each in a session of its own); their pids."""
+    job = [proc.pid, *children(proc.pid)]
+    for pid in job:
+        os.kill(pid, signal.SIGKILL)
+    proc.wait()
+    return job
+
+
+def killed_after(stage: str, overrides: list[str], checkpoint: Path) -> None:
+    """A ``torchrun --nproc-per-node 2`` job SIGKILLed as a whole (torchrun and both ranks) once
+    ``checkpoint`` (a directory it writes) is complete."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m", "fourfold.cli",
+           stage, *overrides]
+    proc = subprocess.Popen(cmd, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.monotonic() + 180
+    while not checkpoint.is_dir() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert checkpoint.is_dir() and len(kill_job(proc)) == 3
+
+
+def max_scaled_diff(rows_a: list[dict], rows_b: list[dict]) -> float:
+    """The largest |a - b| / max(|a|, 1) over every metric of every row (relative above 1, absolute
+    below: a KL or a loss near 0 is a difference of larger numbers)."""
+    assert [r["step"] for r in rows_a] == [r["step"] for r in rows_b]
+    worst = 0.0
+    for a, b in zip(rows_a, rows_b):
+        assert a.keys() == b.keys(), set(a) ^ set(b)
+        for key, x in a.items():
+            if isinstance(x, float) and math.isnan(x):
+                assert math.isnan(b[key]), key
+            elif x is not None:
+                worst = max(worst, abs(x - b[key]) / max(abs(x), 1.0))
+    return worst
+
+
+def max_tensor_diff(dir_a, dir_b, file: str = "model.safetensors") -> float:
+    """The largest |a - b| / max(max |a|, 1) over the tensors of one safetensors file of two directories."""
+    a = safetensors.torch.load_file(str(Path(dir_a) / file))
+    b = safetensors.torch.load_file(str(Path(dir_b) / file))
+    assert a.keys() == b.keys()
+    return max(float((a[k].double() - b[k].double()).abs().max()) / max(float(a[k].double().abs().max()), 1.0)
+               for k in a)

@@ -4,16 +4,11 @@ the same updates (global minibatches, losses normalised by global counts), so pe
 agree to 1e-4 relative and the final weights to 1e-4 absolute. A 2-process PPO job killed with
 SIGKILL after a checkpoint resumes exactly (and in one process, within 1e-4), and its exported
 policy loads with plain transformers. The 1-process runs run in the test's own process."""
-import os
 import shutil
-import signal
-import subprocess
-import sys
-import time
 
 import pytest
 import torch
-from disttest_utils import REPO, max_relative_diff, max_weight_diff, metric_rows, torchrun
+from disttest_utils import killed_after, max_relative_diff, max_weight_diff, metric_rows, torchrun
 
 from fourfold.cli import main
 
@@ -78,26 +73,9 @@ def killed(ppo_runs, tiny_lm):
     ranks) once its first checkpoint is complete."""
     root, _ = ppo_runs
     out = root / "killed"
-    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", PYTHONWARNINGS="ignore")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m", "fourfold.cli",
-           "ppo", *_overrides(tiny_lm, "ppo", out, **{"run.save_every": 1})]
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    first = out / "checkpoints" / "step-00000001"
-    deadline = time.monotonic() + 180
-    while not first.is_dir() and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.02)
-    job = [proc.pid, *_children(proc.pid)]  # torchrun starts each rank in a session of its own
-    for pid in job:
-        os.kill(pid, signal.SIGKILL)
-    proc.wait()
-    assert first.is_dir() and len(job) == 3
+    killed_after("ppo", _overrides(tiny_lm, "ppo", out, **{"run.save_every": 1}), out / "checkpoints" / "step-00000001")
     assert not (out / "policy").exists() and len(metric_rows(out)) < 3  # killed mid-run
     return out
-
-
-def _children(pid: int) -> list[int]:
-    """The processes ``pid`` started (Linux /proc)."""
-    return [int(c) for c in open(f"/proc/{pid}/task/{pid}/children").read().split()]
 
 
 def test_ppo_two_processes_resume_after_sigkill_exactly(ppo_runs, killed, tiny_lm, tmp_path):
@@ -121,9 +99,23 @@ def test_ppo_two_process_checkpoint_resumes_in_one_process(ppo_runs, killed, tin
     _same_run(root / "p2", out, ("policy", "critic"))
 
 
+def test_ppo_with_replicated_policy_and_critic_matches_one_process(ppo_runs, tiny_lm, tmp_path):
+    """dist.policy and dist.critic: replicate (a full copy per rank, the gradients averaged in one
+    all-reduce per step) give the 1-process run too."""
+    root, _ = ppo_runs
+    extra = {"dist.policy": "replicate", "dist.critic": "replicate"}
+    proc = torchrun("ppo", _overrides(tiny_lm, "ppo", tmp_path / "rep", **extra))
+    assert "policy and critic replicated" in proc.stderr  # the estimate line follows the placement
+    figures = _same_run(root / "p1", tmp_path / "rep", ("policy", "critic"))
+    print(f"ppo replicated 2 procs = 1 proc: {figures}; 2-process wall {proc.wall_s:.1f} s")
+
+
 def test_reinforce_two_processes_match_one(tiny_lm, tmp_path):
-    assert main(["reinforce", *_overrides(tiny_lm, "reinforce", tmp_path / "r1")]) == 0
-    proc = torchrun("reinforce", _overrides(tiny_lm, "reinforce", tmp_path / "r2"))
+    """With a task's probe (the gold reward): each rank probes its own rows, the means combine."""
+    extra = {"data.task": "review"}
+    assert main(["reinforce", *_overrides(tiny_lm, "reinforce", tmp_path / "r1", **extra)]) == 0
+    proc = torchrun("reinforce", _overrides(tiny_lm, "reinforce", tmp_path / "r2", **extra))
+    assert all("reward/gold_mean" in row for row in metric_rows(tmp_path / "r2"))
     print(f"reinforce 2 procs = 1 proc: {_same_run(tmp_path / 'r1', tmp_path / 'r2')}; 2-process wall {proc.wall_s:.1f} s")
 
 

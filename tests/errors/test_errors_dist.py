@@ -17,14 +17,13 @@ def under_torchrun(monkeypatch):
         monkeypatch.setenv(key, value)
 
 
-def test_a_trained_role_cannot_be_replicated(zoo, tmp_path, capsys):
-    one_line_error(capsys, sft_args(zoo, tmp_path / "a", "dist.model=replicate"),
-                   "dist.model: replicate is not supported for the model, which trains", "use fsdp")
-    one_line_error(capsys, reward_args(zoo, tmp_path / "b", "dist.model=replicate"), "dist.model: replicate")
-    one_line_error(capsys, ppo_args(zoo, tmp_path / "c", "dist.policy=replicate"),
-                   "dist.policy: replicate is not supported for the policy")
-    one_line_error(capsys, ppo_args(zoo, tmp_path / "d", "dist.critic=replicate"), "dist.critic: replicate")
-    one_line_error(capsys, ppo_args(zoo, tmp_path / "e", "dist.reference=sharded"), "dist.reference", "'fsdp'")
+def test_placements_are_fsdp_or_replicate_and_an_adapter_critic_goes_with_the_policy(zoo, tmp_path, capsys):
+    one_line_error(capsys, sft_args(zoo, tmp_path / "a", "dist.model=sharded"), "dist.model", "'fsdp'")
+    one_line_error(capsys, reward_args(zoo, tmp_path / "r", "dist.model=everywhere"), "dist.model", "'replicate'")
+    one_line_error(capsys, ppo_args(zoo, tmp_path / "b", "dist.reference=sharded"), "dist.reference", "'fsdp'")
+    one_line_error(capsys, ppo_args(zoo, tmp_path / "c", "model.lora.r=4", "model.critic_mode=adapter",
+                                    "model.critic_init=policy", "dist.critic=replicate"),
+                   "dist.critic: replicate, and dist.policy is fsdp", "give both the same")
 
 
 def test_mixed_precision_and_offload_need_what_they_act_on(zoo, tmp_path, capsys):
@@ -39,8 +38,6 @@ def test_mixed_precision_and_offload_need_what_they_act_on(zoo, tmp_path, capsys
 def test_stages_that_run_in_one_process_refuse_torchrun(zoo, tmp_path, capsys, under_torchrun):
     one_line_error(capsys, ["gym", f"run.output_dir={tmp_path / 'a'}", "run.device=cpu"],
                    "torchrun: this stage runs in one process only", "start it without torchrun")
-    one_line_error(capsys, sft_args(zoo, tmp_path / "b", "model.lora.r=4"),
-                   "model.lora: LoRA does not run under torchrun yet")
     assert not dist.started() and not (tmp_path / "a").exists()
 
 

@@ -188,6 +188,34 @@ def test_export_merged_and_adapter_directories(roles, tiny_lm, tmp_path):
             assert torch.equal(_logits(roles.base.lm, ids, attn), _logits(plain, ids, attn))
 
 
+def test_exports_from_the_gathered_base_are_the_live_exports(roles, tmp_path):
+    """What rank 0 writes under torchrun (from the base runner's state dict gathered whole, the
+    deltas by lora_delta) is, in one process, what the live export writes, bit for bit: the policy
+    and the adapter critic, merged and adapter; lora_delta is peft's get_delta_weight, in bf16 too."""
+    import safetensors.torch
+    from peft.tuners.lora import Linear
+
+    from fourfold.models.lora.files import lora_delta
+
+    _train_policy(roles.policy)
+    gathered = {k: t.detach().clone() for k, t in roles.base.runner.state_dict().items()}
+    for role, name in ((roles.policy, "policy"), (roles.critic, "critic")):
+        for writer in (save_merged, save_adapter):
+            writer(role, tmp_path / f"{name}-{writer.__name__}-live")
+            writer(role, tmp_path / f"{name}-{writer.__name__}-gathered", gathered)
+            files = sorted(p.name for p in (tmp_path / f"{name}-{writer.__name__}-live").glob("*.safetensors"))
+            for file in files:
+                live, got = (safetensors.torch.load_file(str(tmp_path / f"{name}-{writer.__name__}-{k}" / file))
+                             for k in ("live", "gathered"))
+                assert live.keys() == got.keys() and all(torch.equal(live[k], got[k]) for k in live), (name, file)
+    layer = next(m for m in roles.base.lm.modules() if isinstance(m, Linear))
+    for dtype in (torch.float32, torch.bfloat16):
+        layer.lora_A["policy"].to(dtype), layer.lora_B["policy"].to(dtype)
+        a, b = layer.lora_A["policy"].weight, layer.lora_B["policy"].weight
+        assert torch.equal(lora_delta(layer, "policy", a.detach().clone(), b.detach().clone()),
+                           layer.get_delta_weight("policy"))
+
+
 def _write_lora_reward(tiny_lm, out, seed: int = 5):
     """What a LoRA reward run writes: the reward stage's adapter role on the SFT model's backbone,
     'trained' (random B and head), normalised (a shift in fourfold_score.json). Returns the role."""

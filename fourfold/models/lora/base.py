@@ -21,31 +21,35 @@ raises :class:`AdapterConcurrencyError` instead of computing with the wrong adap
 from __future__ import annotations
 
 import threading
+import weakref
 from contextlib import contextmanager
-from typing import Iterator
+from typing import Iterator, Optional
 
 import torch
 from torch import nn
 
 from fourfold.errors import FourfoldError, ModelLoadError
 from fourfold.models.plan import LoraSettings
+from fourfold.models.roles import per_position_scalars
 
 POLICY, CRITIC, REWARD = "policy", "critic", "reward"
 
-__all__ = ["POLICY", "CRITIC", "REWARD", "LoraSettings", "AdapterConcurrencyError", "SharedBase",
-           "adapter_parameters", "adapter_dropouts"]
+__all__ = ["POLICY", "CRITIC", "REWARD", "LoraSettings", "AdapterConcurrencyError", "BaseRunner", "SharedBase",
+           "adapter_keys", "adapter_parameters", "adapter_dropouts"]
 
 
 class AdapterConcurrencyError(FourfoldError, RuntimeError):
     """Two roles over one shared base ran at the same time (adapter switching is not thread-safe)."""
 
 
-def adapter_parameters(lm: nn.Module, adapter: str) -> dict[str, nn.Parameter]:
-    """The parameters of ``adapter`` in a model with peft layers injected, keyed as peft's adapter
-    file names them without the ``base_model.model.`` prefix (``model.layers.0.self_attn.q_proj.lora_A.weight``)."""
+def adapter_keys(lm: nn.Module, adapter: str) -> dict[str, str]:
+    """The parameters of ``adapter`` in a model with peft layers injected: their names as peft's
+    adapter file has them without the ``base_model.model.`` prefix
+    (``model.layers.0.self_attn.q_proj.lora_A.weight``) -> their names in ``lm``'s state dict
+    (``model.layers.0.self_attn.q_proj.lora_A.<adapter>.weight``)."""
     from peft.tuners.tuners_utils import BaseTunerLayer
 
-    out: dict[str, nn.Parameter] = {}
+    out: dict[str, str] = {}
     for name, module in lm.named_modules():
         if not isinstance(module, BaseTunerLayer):
             continue
@@ -55,10 +59,43 @@ def adapter_parameters(lm: nn.Module, adapter: str) -> dict[str, nn.Parameter]:
                 continue
             item = container[adapter]
             if isinstance(item, nn.Parameter):
-                out[f"{name}.{layer_name}"] = item
+                out[f"{name}.{layer_name}"] = f"{name}.{layer_name}.{adapter}"
             else:
-                out.update({f"{name}.{layer_name}.{k}": p for k, p in item.named_parameters()})
+                out.update({f"{name}.{layer_name}.{k}": f"{name}.{layer_name}.{adapter}.{k}"
+                            for k, _ in item.named_parameters()})
     return out
+
+
+def adapter_parameters(lm: nn.Module, adapter: str) -> dict[str, nn.Parameter]:
+    """The parameters of ``adapter`` in a model with peft layers injected, keyed as
+    :func:`adapter_keys` names them (the names of peft's adapter file, without its prefix)."""
+    return {key: lm.get_parameter(name) for key, name in adapter_keys(lm, adapter).items()}
+
+
+class BaseRunner(nn.Module):
+    """The one module every role over a shared base calls: ``runner(...)`` runs the model (``lm``)
+    with the adapters as they are set; ``runner(input_ids, attention_mask, keep_last, shift,
+    head=name)`` its backbone and the linear head ``heads[name]`` (a critic's or a reward model's) at
+    every position (:func:`~fourfold.models.roles.per_position_scalars`).
+
+    Under torchrun it is the root a placement shards (:func:`fourfold.trainers.parallel.place_roles`):
+    FSDP2 gathers a root's own weights (embeddings, final norm, LM head, the scalar heads) in the
+    root's forward, so every role's forward goes through this one module. ``forwards_to`` is the
+    model whose signature the keywords follow."""
+
+    def __init__(self, lm: nn.Module):
+        super().__init__()
+        self.lm = lm
+        self.heads = nn.ModuleDict()
+
+    @property
+    def forwards_to(self) -> nn.Module:
+        return self.lm
+
+    def forward(self, *args, head: Optional[str] = None, **kwargs):
+        if head is None:
+            return self.lm(*args, **kwargs)
+        return per_position_scalars(self.lm.base_model, self.heads[head], *args, **kwargs)
 
 
 def adapter_dropouts(lm: nn.Module, adapter: str) -> list[nn.Module]:
@@ -90,7 +127,9 @@ class SharedBase:
         task = "CAUSAL_LM" if hasattr(lm, "prepare_inputs_for_generation") else None
         self.peft = get_peft_model(lm, settings.peft_config(task), adapter_name=adapter)
         self.lm = self.peft.get_base_model()
+        self.runner = BaseRunner(self.lm)
         self._params: dict[str, dict[str, nn.Parameter]] = {}
+        self._holders: list = []  # weak references to the modules that register adapters' parameters
         self._trainable: dict[str, bool] = {}
         self._lock = threading.Lock()
         self._active = adapter
@@ -112,6 +151,25 @@ class SharedBase:
     def parameters_of(self, name: str) -> dict[str, nn.Parameter]:
         """The parameters of adapter ``name`` (see :func:`adapter_parameters`)."""
         return self._params[name]
+
+    def add_head(self, name: str, head: nn.Linear) -> None:
+        """Register the scalar head of adapter ``name``'s role in the runner (``runner(..., head=name)``)."""
+        self.runner.heads[name] = head
+
+    def hold(self, holder: nn.Module) -> None:
+        """``holder`` registers an adapter's parameters (a role's): :meth:`rebind` refreshes it."""
+        self._holders.append(weakref.ref(holder))
+
+    def rebind(self) -> None:
+        """After the base's parameters were replaced (FSDP2 sharding puts new ones in every module),
+        point every adapter's parameter list, and every holder (``holder.refresh()``), at them."""
+        for name in self._params:
+            self._params[name] = adapter_parameters(self.lm, name)
+        for ref in self._holders:
+            holder = ref()
+            if holder is not None:
+                holder.refresh()
+        self._restore_grads()
 
     def dropouts_of(self, name: str) -> list[nn.Module]:
         """The dropout modules on adapter ``name``'s inputs (their train/eval mode is the role's)."""

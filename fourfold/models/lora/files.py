@@ -37,13 +37,13 @@ import copy
 import json
 import os
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, Optional
 
 import torch
 from torch import nn
 
 from fourfold.errors import ModelLoadError
-from fourfold.models.lora.base import SharedBase
+from fourfold.models.lora.base import SharedBase, adapter_keys
 from fourfold.models.lora.roles import AdapterLM, AdapterScalarModel
 from fourfold.models.plan import ADAPTER_CONFIG, is_adapter_dir
 
@@ -56,14 +56,17 @@ ADAPTER_WEIGHTS = "adapter_model.safetensors"
 PEFT_PREFIX = "base_model.model."
 
 
-def save_adapter_dir(peft_model, adapter: str, path) -> None:
+def save_adapter_dir(peft_model, adapter: str, path, state: Optional[dict] = None) -> None:
     """Adapter ``adapter`` of ``peft_model`` as a peft adapter directory at ``path`` (safetensors).
+    ``state``: the inner model's whole state dict to take the adapter from (gathered from a sharded
+    model), else the model's own.
 
     peft writes a non-default adapter into ``path/<adapter>/``; its files are moved up so that
     ``PeftModel.from_pretrained(base, path)`` finds them.
     """
     path = Path(path)
-    peft_model.save_pretrained(str(path), selected_adapters=[adapter], safe_serialization=True)
+    given = {} if state is None else {"state_dict": {PEFT_PREFIX + k: t for k, t in state.items()}}
+    peft_model.save_pretrained(str(path), selected_adapters=[adapter], safe_serialization=True, **given)
     if adapter != "default":
         sub = path / adapter
         for f in sub.iterdir():
@@ -71,50 +74,87 @@ def save_adapter_dir(peft_model, adapter: str, path) -> None:
         sub.rmdir()
 
 
+def lora_delta(module, adapter: str, lora_a: torch.Tensor, lora_b: torch.Tensor) -> torch.Tensor:
+    """What peft's ``Linear.get_delta_weight(adapter)`` computes, from the tensors ``lora_a`` and
+    ``lora_b`` (gathered whole) instead of the layer's own: ``(B @ A) * scaling`` (transposed for
+    ``fan_in_fan_out``), in float32 on the CPU for 16-bit weights, as peft does."""
+    from peft.tuners.lora import Linear
+
+    if type(module) is not Linear:
+        raise ModelLoadError(f"{type(module).__name__}: a LoRA layer of this kind is exported in one process only "
+                             "(target linear layers, e.g. target_modules: all-linear)")
+    dtype = lora_b.dtype
+    cast = lora_b.device.type == "cpu" and dtype in (torch.float16, torch.bfloat16)
+    a, b = (lora_a.float(), lora_b.float()) if cast else (lora_a, lora_b)
+    delta = b @ a
+    delta = (delta.T if module.fan_in_fan_out else delta) * module.scaling[adapter]
+    return delta.to(dtype) if cast else delta
+
+
 @torch.no_grad()
-def merged_tensors(peft_model, adapter: str) -> Iterator[tuple[str, torch.Tensor]]:
+def merged_tensors(peft_model, adapter: str, state: Optional[dict] = None) -> Iterator[tuple[str, torch.Tensor]]:
     """(name, tensor) of the inner model's state dict as the plain architecture names it, with
     ``adapter`` merged, one tensor at a time (a merged weight exists only until the caller drops it).
 
     Adapted layers: ``weight + get_delta_weight(adapter)`` (new tensors; nothing in memory changes);
     ``modules_to_save`` (a SEQ_CLS score head): the adapter's trained copy; every other adapter dropped.
+    ``state``: the peft model's state dict gathered whole (an FSDP-sharded base), read instead of the
+    live modules; the delta is then :func:`lora_delta` of its tensors. A live layer whose tensors are
+    sharded (DTensor) is gathered one layer at a time the same way; the other tensors are yielded as
+    they are (the caller gathers them).
     """
     from peft.tuners.lora import LoraLayer
     from peft.utils import ModulesToSaveWrapper
 
     lm = peft_model.get_base_model()
+    source = lm.state_dict() if state is None else state
     adapted, saved = {}, {}
     for name, module in lm.named_modules():
         if isinstance(module, LoraLayer) and adapter in module.r:
             adapted[name] = module
         elif isinstance(module, ModulesToSaveWrapper) and adapter in module.modules_to_save:
-            saved[name] = module.modules_to_save[adapter].state_dict()
-    for key, tensor in lm.state_dict().items():
+            prefix = f"{name}.modules_to_save.{adapter}."
+            saved[name] = {k[len(prefix):]: t for k, t in source.items() if k.startswith(prefix)}
+    for key, tensor in source.items():
         parts = key.split(".")
         if "modules_to_save" in parts or any(p.startswith("lora_") for p in parts):
             continue
         plain = ".".join(p for p in parts if p not in ("base_layer", "original_module"))
         owner, _, leaf = plain.rpartition(".")
         if owner in adapted and leaf == "weight":
-            module = adapted[owner]
-            weight = module.get_base_layer().weight
-            yield plain, weight.detach() + module.get_delta_weight(adapter).to(weight.dtype)
+            yield plain, _merged_weight(adapted[owner], owner, adapter, source, live=state is None)
         elif owner in saved:
             yield plain, saved[owner][leaf]
         else:
             yield plain, tensor
 
 
-def merged_state_dict(peft_model, adapter: str) -> dict[str, torch.Tensor]:
+def _whole(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
+
+
+def _merged_weight(module, name: str, adapter: str, source: dict, live: bool) -> torch.Tensor:
+    """One adapted layer's ``weight + delta``: peft's own delta on the live layer when its tensors
+    are plain, else :func:`lora_delta` of the tensors in ``source``, gathered whole."""
+    weight = source[f"{name}.base_layer.weight"]
+    lora_a, lora_b = source[f"{name}.lora_A.{adapter}.weight"], source[f"{name}.lora_B.{adapter}.weight"]
+    if live and not any(hasattr(t, "full_tensor") for t in (weight, lora_a, lora_b)):
+        return weight.detach() + module.get_delta_weight(adapter).to(weight.dtype)
+    weight = _whole(weight).detach()
+    return weight + lora_delta(module, adapter, _whole(lora_a), _whole(lora_b)).to(weight.dtype)
+
+
+def merged_state_dict(peft_model, adapter: str, state: Optional[dict] = None) -> dict[str, torch.Tensor]:
     """The inner model's state dict as the plain architecture names it, with ``adapter`` merged
     (:func:`merged_tensors`, all at once)."""
-    return dict(merged_tensors(peft_model, adapter))
+    return dict(merged_tensors(peft_model, adapter, state))
 
 
-def save_merged_dir(peft_model, adapter: str, path) -> None:
-    """The base with ``adapter`` merged, as a plain HF directory (safetensors) at ``path``."""
+def save_merged_dir(peft_model, adapter: str, path, state: Optional[dict] = None) -> None:
+    """The base with ``adapter`` merged, as a plain HF directory (safetensors) at ``path``
+    (``state``: as for :func:`merged_state_dict`)."""
     lm = peft_model.get_base_model()
-    lm.save_pretrained(str(path), state_dict=merged_state_dict(peft_model, adapter), safe_serialization=True)
+    lm.save_pretrained(str(path), state_dict=merged_state_dict(peft_model, adapter, state), safe_serialization=True)
 
 
 def backbone_prefixes(lm: nn.Module) -> tuple[str, str]:
@@ -226,11 +266,30 @@ def _sequence_classifier(role: AdapterScalarModel):
     return model, head
 
 
-def _head_state(role: AdapterScalarModel, head: str) -> dict[str, torch.Tensor]:
-    return {f"{head}.{k}": t.detach() for k, t in role.head.state_dict().items()}
+class Gathered:
+    """A LoRA role's tensors gathered whole from a sharded base (the state dict of its
+    :class:`~fourfold.models.lora.base.BaseRunner`, on rank 0): ``lm``, the base model's state dict,
+    and ``head``, the role's head's (None for a causal role)."""
+
+    def __init__(self, role, runner_state: dict):
+        self.lm = {k[3:]: t for k, t in runner_state.items() if k.startswith("lm.")}
+        prefix = f"heads.{role.adapter}."
+        self.head = {k[len(prefix):]: t for k, t in runner_state.items() if k.startswith(prefix)} or None
 
 
-def save_scalar_adapter(role: AdapterScalarModel, path) -> None:
+def _head_state(role: AdapterScalarModel, head: str, gathered: Optional[Gathered] = None) -> dict[str, torch.Tensor]:
+    own = role.head.state_dict() if gathered is None else gathered.head
+    return {f"{head}.{k}": t.detach() for k, t in own.items()}
+
+
+def _adapter_tensors(role, gathered: Optional[Gathered]) -> dict[str, torch.Tensor]:
+    """The role's adapter's tensors by their adapter-file names (:func:`adapter_keys`)."""
+    if gathered is None:
+        return {key: p.detach() for key, p in role.base.parameters_of(role.adapter).items()}
+    return {key: gathered.lm[name] for key, name in adapter_keys(role.base.lm, role.adapter).items()}
+
+
+def save_scalar_adapter(role: AdapterScalarModel, path, gathered: Optional[Gathered] = None) -> None:
     """``role``'s adapter and head as a LoRA reward-model directory at ``path`` (module docstring)."""
     import safetensors.torch
 
@@ -242,9 +301,9 @@ def save_scalar_adapter(role: AdapterScalarModel, path) -> None:
     config.modules_to_save = [head]
     config.inference_mode = True
     config.target_modules = rename_target_modules(config.target_modules, target, source)
-    tensors = {PEFT_PREFIX + source + key[len(target):]: p.detach().contiguous()
-               for key, p in role.base.parameters_of(role.adapter).items()}
-    tensors.update({PEFT_PREFIX + k: t.contiguous() for k, t in _head_state(role, head).items()})
+    tensors = {PEFT_PREFIX + source + key[len(target):]: t.contiguous()
+               for key, t in _adapter_tensors(role, gathered).items()}
+    tensors.update({PEFT_PREFIX + k: t.contiguous() for k, t in _head_state(role, head, gathered).items()})
     path.mkdir(parents=True, exist_ok=True)
     config.save_pretrained(str(path))
     safetensors.torch.save_file(tensors, str(path / ADAPTER_WEIGHTS), metadata={"format": "pt"})
@@ -252,32 +311,37 @@ def save_scalar_adapter(role: AdapterScalarModel, path) -> None:
         (path / SCORE_FILE).write_text(json.dumps({"fourfold_score_shift": float(role.score_shift)}) + "\n")
 
 
-def save_scalar_merged(role: AdapterScalarModel, path) -> None:
+def save_scalar_merged(role: AdapterScalarModel, path, gathered: Optional[Gathered] = None) -> None:
     """``role`` with its adapter merged into the base, as a plain sequence-classifier directory."""
     source, target = backbone_prefixes(role.base.lm)
     model, head = _sequence_classifier(role)
-    state = {source + key[len(target):]: t for key, t in merged_state_dict(role.base.peft, role.adapter).items()
+    merged = merged_state_dict(role.base.peft, role.adapter, None if gathered is None else gathered.lm)
+    state = {source + key[len(target):]: t for key, t in merged.items()
              if key.startswith(target + ".")}  # the causal LM's output head is not the classifier's
-    state.update(_head_state(role, head))
+    state.update(_head_state(role, head, gathered))
     model.save_pretrained(str(path), state_dict=state, safe_serialization=True)
 
 
-def save_adapter(role, path) -> None:
+def save_adapter(role, path, runner_state: Optional[dict] = None) -> None:
     """A LoRA role's adapter directory at ``path``: a policy's peft adapter (loads with
-    ``PeftModel.from_pretrained(causal LM, path)``), a scalar role's LoRA reward-model directory."""
+    ``PeftModel.from_pretrained(causal LM, path)``), a scalar role's LoRA reward-model directory.
+    ``runner_state``: the base runner's state dict gathered whole from a sharded base (rank 0;
+    :func:`fourfold.trainers.fsdp.export_state_dict`), else None: the role's own tensors."""
+    gathered = None if runner_state is None else Gathered(role, runner_state)
     if isinstance(role, AdapterScalarModel):
-        save_scalar_adapter(role, path)
+        save_scalar_adapter(role, path, gathered)
     else:
-        save_adapter_dir(role.base.peft, role.adapter, path)
+        save_adapter_dir(role.base.peft, role.adapter, path, None if gathered is None else gathered.lm)
 
 
-def save_merged(role, path) -> None:
+def save_merged(role, path, runner_state: Optional[dict] = None) -> None:
     """A LoRA role with its adapter merged into the base, as a plain HF directory (a causal LM, or
-    a one-label sequence classifier for a scalar role)."""
+    a one-label sequence classifier for a scalar role); ``runner_state`` as for :func:`save_adapter`."""
+    gathered = None if runner_state is None else Gathered(role, runner_state)
     if isinstance(role, AdapterScalarModel):
-        save_scalar_merged(role, path)
+        save_scalar_merged(role, path, gathered)
     else:
-        save_merged_dir(role.base.peft, role.adapter, path)
+        save_merged_dir(role.base.peft, role.adapter, path, None if gathered is None else gathered.lm)
 
 
 def is_lora_role(model) -> bool:

@@ -16,20 +16,38 @@ import torch
 from torch import nn
 
 from fourfold.models.lora.base import CRITIC, POLICY, LoraSettings, SharedBase
-from fourfold.models.roles import ScalarRole, per_position_scalars
+from fourfold.models.roles import ScalarRole
 
 
 class _AdapterWeights(nn.Module):
     """Registers one adapter's parameters (``/`` for ``.`` in their names) and dropout modules, so the
-    role holding it owns exactly them; the base's own weights are not registered anywhere here."""
+    role holding it owns exactly them; the base's own weights are not registered anywhere here.
+    :meth:`refresh` registers the base's current ones (after sharding replaced them)."""
 
     def __init__(self, base: SharedBase, name: str):
         super().__init__()
-        self.weights = nn.ParameterDict({k.replace(".", "/"): p for k, p in base.parameters_of(name).items()})
+        self.base, self.adapter = base, name  # the base: a plain object, not a submodule
+        self.refresh()
         self.dropouts = nn.ModuleList(base.dropouts_of(name))
+        base.hold(self)
+
+    def refresh(self) -> None:
+        self.weights = nn.ParameterDict({k.replace(".", "/"): p for k, p in self.base.parameters_of(self.adapter).items()})
 
 
-class AdapterLM(nn.Module):
+class _OnSharedBase:
+    """What the LoRA roles share: the module their forwards run through (a torchrun placement
+    shards it, and a sharded role's parameters are gathered through it)."""
+
+    base: SharedBase
+
+    @property
+    def runs_on(self) -> nn.Module:
+        """The shared base's :class:`~fourfold.models.lora.base.BaseRunner`."""
+        return self.base.runner
+
+
+class AdapterLM(_OnSharedBase, nn.Module):
     """The policy in LoRA mode: the shared causal LM with adapter ``name`` active.
 
     Called like the causal LM it wraps (keywords pass through; ``forwards_to`` tells
@@ -53,10 +71,10 @@ class AdapterLM(nn.Module):
 
     def forward(self, *args, **kwargs):
         with self.base.activate(self.adapter):
-            return self.base.lm(*args, **kwargs)
+            return self.base.runner(*args, **kwargs)
 
 
-class AdapterScalarModel(ScalarRole, nn.Module):
+class AdapterScalarModel(_OnSharedBase, ScalarRole, nn.Module):
     """Critic or reward model in LoRA mode: the shared backbone with adapter ``name`` active, then a
     linear ``head`` (hidden -> 1, float32) at every position, plus ``score_shift`` when set (the
     reward normalisation's shift, see :meth:`ScalarModel.set_affine`). Same interface as
@@ -72,6 +90,7 @@ class AdapterScalarModel(ScalarRole, nn.Module):
         self.lora = _AdapterWeights(base, name)
         self.head = head
         self.score_shift = score_shift
+        base.add_head(name, head)
 
     @property
     def config(self):
@@ -81,8 +100,7 @@ class AdapterScalarModel(ScalarRole, nn.Module):
                 keep_last: Optional[int] = None) -> torch.Tensor:
         """Per-position scalars [B, L] (or [B, keep_last]), float32."""
         with self.base.activate(self.adapter):
-            return per_position_scalars(self.base.backbone, self.head, input_ids, attention_mask, keep_last,
-                                        self.score_shift)
+            return self.base.runner(input_ids, attention_mask, keep_last, self.score_shift, head=self.adapter)
 
 
 def value_head(base: SharedBase) -> nn.Linear:
