@@ -141,3 +141,18 @@ def test_dpo_lora_two_processes_match_one(tiny_lm, dist_data, tmp_path):
     assert main(["dpo", *args(tmp_path / "one")]) == 0
     torchrun("dpo", args(tmp_path / "two"))
     print(f"dpo LoRA 2 procs = 1 proc: {_same_run(tmp_path / 'one', tmp_path / 'two', ('model',), rows=4)}")
+
+
+
+@pytest.mark.slow  # 2 more PPO runs (1 and 2 processes) of about 30 s each
+def test_ppo_lora_samples_from_a_merged_copy_under_two_processes(ppo_runs, tiny_lm, tmp_path):
+    """generation.weights: copy with LoRA under torchrun: the engine's sync merges each adapted layer
+    from its gathered shards into a plain copy of the policy. 2 processes = 1 process with the same
+    engine, and both = the live LoRA policy's run (ppo_runs) up to float rounding."""
+    root, adapter = ppo_runs
+    engine = {"generation.engine": "static", "generation.weights": "copy"}
+    assert main(["ppo", *_ppo(tiny_lm, adapter, tmp_path / "one", **engine)]) == 0
+    torchrun("ppo", _ppo(tiny_lm, adapter, tmp_path / "two", **engine))
+    same_engine = _same_run(tmp_path / "one", tmp_path / "two", ("policy", "critic"), rows=3)
+    vs_live = _same_run(root / "one", tmp_path / "two", ("policy", "critic"), rows=3)
+    print(f"ppo LoRA, weights=copy: 2 procs = 1 proc {same_engine}; = the live policy's run {vs_live}")
