@@ -45,6 +45,18 @@ def synthetic_rollout(args, generator):
                    context={"input_ids": ids, "attention_mask": attn})
 
 
+MATMULS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::_weight_int8pack_mm", "mkldnn::_linear_pointwise")
+
+
+def matmul_share(profiler) -> dict:
+    """The profiled update's self CPU time in ms: all operators, the matrix products (what compile
+    cannot shrink: the floor of any fusion) and their share."""
+    events = profiler.key_averages()
+    total = sum(e.self_cpu_time_total for e in events) / 1000
+    mm = sum(e.self_cpu_time_total for e in events if e.key in MATMULS) / 1000
+    return {"self_cpu_ms": round(total, 1), "matmul_ms": round(mm, 1), "matmul_share": round(mm / total, 3) if total else None}
+
+
 def main(argv=None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--mode", choices=["eager", "tokens", "compiled", "compiled-tokens"], default="eager")
@@ -55,6 +67,9 @@ def main(argv=None) -> dict:
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--prompt-len", type=int, default=16)
     p.add_argument("--response-len", type=int, default=40)
+    p.add_argument("--profile", action="store_true",
+                   help="torch.profiler over the last update: the top operators by self CPU time on stderr, "
+                        "the matrix products' share in the JSON line")
     args = p.parse_args(argv)
 
     import torch
@@ -76,11 +91,17 @@ def main(argv=None) -> dict:
     opt = make_optim(roles, algo, compiled=args.mode.startswith("compiled"))
     rollout = compute_advantages(synthetic_rollout(args, torch.Generator().manual_seed(0)), algo)
     torch.manual_seed(0)
-    seconds = []
+    seconds, profiler = [], None
     for it in range(1, args.iterations + 1):
+        if args.profile and it == args.iterations:
+            profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
+            profiler.__enter__()
         t0 = time.perf_counter()
         ppo_update(roles, rollout, algo, opt, 1.0, NonFiniteGuard(limit=10**9), it)
         seconds.append(time.perf_counter() - t0)
+    if profiler is not None:
+        profiler.__exit__(None, None, None)
+        print(profiler.key_averages().table(sort_by="self_cpu_time_total", row_limit=15), file=sys.stderr)
     steady = statistics.median(seconds[1:]) if len(seconds) > 1 else float("nan")
     steps = 2 * algo.steps_per_iteration  # policy and critic
     result = {"benchmark": "train_step", "mode": args.mode, "threads": args.threads, "micro_batch_tokens": tokens,
@@ -89,6 +110,8 @@ def main(argv=None) -> dict:
               "rollout_tokens": int(rollout.context["attention_mask"].sum()),
               "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
               "torch": torch.__version__, "machine": platform.machine(), "python": platform.python_version()}
+    if profiler is not None:
+        result["profile"] = matmul_share(profiler)
     print(json.dumps(result))
     return result
 
