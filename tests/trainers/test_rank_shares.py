@@ -8,36 +8,15 @@ import dataclasses
 import pytest
 import torch
 
-from fourfold.config import PPOConfig, load_config
 from fourfold.dist import World
 
 
 @pytest.fixture(scope="module")
-def setup(tiny_lm):
+def setup(mixed_rollout):
     """Roles with a critic, the policy moved away from the reference, and a GAE rollout of 8
     responses of lengths 8, 3, 5, 1, 8, 2, 6, 4 (so that the aggregations differ)."""
-    from fourfold.config import GenerationConfig
-    from fourfold.models.build import load_roles
-    from fourfold.rollout.noise import RowNoise
-    from fourfold.trainers.ppo import compute_advantages
-    from fourfold.trainers.rollouts import collect
-
-    over = {"model.policy": tiny_lm / "sft", "model.reward": tiny_lm / "rm", "model.critic_init": "policy",
-            "data.prompts": tiny_lm / "prompts.jsonl", "ppo.rollout_batch_size": 8, "ppo.minibatch_size": 8,
-            "ppo.max_grad_norm": 1e9, "ppo.kl_coef": 0.5}
-    cfg = load_config(PPOConfig, None, [f"{k}={v}" for k, v in over.items()])
-    roles = load_roles("ppo", cfg, torch.device("cpu"))
-    torch.manual_seed(0)
-    with torch.no_grad():
-        for p in [*roles.policy.parameters(), *roles.critic.parameters()]:
-            p.add_(0.05 * torch.randn_like(p))
     ids = torch.tensor([[1, 5, 9], [1, 7, 11], [0, 1, 4], [1, 8, 8], [0, 0, 1], [1, 3, 2], [1, 6, 5], [0, 1, 9]])
-    col = collect(roles, ["p"] * 8, ids, (ids != 0).long(), GenerationConfig(max_new_tokens=8, stop_at_eos=False),
-                  kl_coef=0.1, noise=RowNoise(0, 1))
-    lengths = torch.tensor([8, 3, 5, 1, 8, 2, 6, 4])
-    short = (torch.arange(8)[None, :] < lengths[:, None]).to(col.rollout.mask.dtype)
-    rollout = compute_advantages(dataclasses.replace(col.rollout, mask=short), cfg.ppo)
-    return roles, rollout, cfg.ppo
+    return mixed_rollout(ids, kl_coef=0.5)
 
 
 def _ranks(setup, step, model_of, world_size, **algo_changes):

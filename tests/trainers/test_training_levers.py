@@ -14,32 +14,11 @@ from fourfold.errors import ConfigError
 
 
 @pytest.fixture(scope="module")
-def setup(tiny_lm):
+def setup(mixed_rollout):
     """A policy and critic, and a GAE rollout of 8 responses of lengths 8, 3, 5, 1, 8, 2, 6, 4
     after prompts of 1-3 tokens (a minibatch with padding to lose)."""
-    from fourfold.config import GenerationConfig
-    from fourfold.models.build import load_roles
-    from fourfold.rollout.noise import RowNoise
-    from fourfold.trainers.ppo import compute_advantages
-    from fourfold.trainers.rollouts import collect
-
-    over = {"model.policy": tiny_lm / "sft", "model.reward": tiny_lm / "rm", "model.critic_init": "policy",
-            "data.prompts": tiny_lm / "prompts.jsonl", "ppo.rollout_batch_size": 8, "ppo.minibatch_size": 8,
-            "ppo.max_grad_norm": 1e9, "ppo.entropy_coef": 0.01}
-    cfg = load_config(PPOConfig, None, [f"{k}={v}" for k, v in over.items()])
-    roles = load_roles("ppo", cfg, torch.device("cpu"))
-    torch.manual_seed(0)
-    with torch.no_grad():
-        for p in [*roles.policy.parameters(), *roles.critic.parameters()]:
-            p.add_(0.05 * torch.randn_like(p))
     ids = torch.tensor([[1, 5, 9], [0, 1, 11], [0, 1, 4], [1, 8, 8], [0, 0, 1], [1, 3, 2], [0, 1, 5], [0, 1, 9]])
-    col = collect(roles, ["p"] * 8, ids, (ids != 0).long(), GenerationConfig(max_new_tokens=8, stop_at_eos=False),
-                  kl_coef=0.1, noise=RowNoise(0, 1))
-    lengths = torch.tensor([8, 3, 5, 1, 8, 2, 6, 4])
-    short = (torch.arange(8)[None, :] < lengths[:, None]).to(col.rollout.mask.dtype)
-    rollout = dataclasses.replace(col.rollout, mask=short)
-    rollout.context["attention_mask"] = torch.cat([(ids != 0).long(), short.long()], 1)
-    return roles, compute_advantages(rollout, cfg.ppo), cfg.ppo
+    return mixed_rollout(ids, entropy_coef=0.01)
 
 
 def _step(setup, compiled: bool = False, **algo_changes):
