@@ -185,3 +185,21 @@ def test_report_to_and_samples_every_are_validated():
     with pytest.raises(ConfigError, match=r"run.samples_every: must be >= 0"):
         RunConfig(samples_every=-1).validate()
     assert json.loads(json.dumps(dataclasses.asdict(RunConfig())))["report_to"] == []
+
+
+def test_every_stage_that_trains_into_a_run_directory_takes_overwrite_and_resume():
+    """The flags come from the stage table, not from a hand-kept list: every stage with a run
+    directory (dpo included, which once lacked --overwrite) takes --overwrite and --resume; the
+    others take neither."""
+    from fourfold.cli import STAGES, build_parser
+
+    parser = build_parser()
+    trained = {name for name, stage in STAGES.items() if stage.run_dir}
+    assert trained == {"sft", "reward", "dpo", "ppo", "reinforce", "gym"}
+    for name in trained:
+        args = parser.parse_args([name, "--overwrite"])
+        assert (args.stage, args.overwrite, args.resume) == (name, True, False)
+        assert parser.parse_args([name, "--resume"]).resume
+    for name in set(STAGES) - trained - {"demo"}:  # the demo resumes its stages (--resume), never overwrites
+        with pytest.raises(SystemExit):
+            parser.parse_args([name, "--overwrite"])

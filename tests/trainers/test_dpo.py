@@ -313,6 +313,13 @@ def test_cli_runs_the_example_config(toy, tmp_path, capsys):
     assert main(["dpo", "--config", EXAMPLE, "--output-dir", str(out), *overrides]) == 0
     assert (out / "model" / "model.safetensors").is_file()
     assert "dpo/eval_accuracy" in read_metrics(out / "metrics.jsonl")[-1]  # default eval_fraction 0.1
+    assert capsys.readouterr().out.strip().splitlines()[-1].startswith("fourfold dpo: done in ")  # the summary line
+
+    # the directory now holds a run: refused without a flag, rerun from scratch with --overwrite
+    assert main(["dpo", "--config", EXAMPLE, "--output-dir", str(out), *overrides]) == 2
+    assert "already holds a run" in capsys.readouterr().err
+    assert main(["dpo", "--overwrite", "--config", EXAMPLE, "--output-dir", str(out), *overrides]) == 0
+    assert [r["step"] for r in read_metrics(out / "metrics.jsonl") if "dpo/loss" in r] == [2]  # the new run's row alone
 
     capsys.readouterr()
     assert main(["dpo", "--config", EXAMPLE, *overrides, "dpo.loss=hinge"]) == 2
