@@ -286,7 +286,7 @@ def headline_table(res: Mapping) -> str:
             "`fourfold experiments` | [docs/experiments.md](docs/experiments.md) |"]
     if h:
         held = sum(c["holds"] == "yes" for c in h["claims"])
-        critic = ", ".join(f"{c['claim'].split(' (')[0]}: {c['holds']}" for c in h["claims"]
+        critic = "; ".join(f"{re.sub(r' [(][^()]*[)]$', '', c['claim'])}: {c['holds']}" for c in h["claims"]
                            if c["group"] in ("critic", "match"))
         rows.append(f"| when the critic pays: horizons {', '.join(map(str, h['horizons']))} | {held} of {len(h['claims'])} "
                     f"claims hold ({critic}) | `fourfold experiments --config examples/horizon.yaml` | "
