@@ -181,6 +181,12 @@ def all_reduce_max(t: torch.Tensor) -> torch.Tensor:
     return _all_reduce(t, "MAX")
 
 
+def full_tensor(t: torch.Tensor) -> torch.Tensor:
+    """A DTensor (FSDP2's sharded parameters and what is computed from them) as the whole tensor,
+    the same on every rank (a collective every rank makes in the same order); any other tensor as is."""
+    return t.full_tensor() if hasattr(t, "full_tensor") else t
+
+
 def all_gather_rows(t: torch.Tensor) -> torch.Tensor:
     """Every rank's ``t`` concatenated along dim 0 in rank order (same shape on every rank)."""
     if not world().distributed:

@@ -28,6 +28,7 @@ from typing import Iterator, Optional
 import torch
 from torch import nn
 
+from fourfold.dist import full_tensor
 from fourfold.errors import ConfigError
 from fourfold.models.roles import inner_model
 
@@ -163,11 +164,6 @@ def inference_copy(policy: nn.Module, dtype: Optional[torch.dtype] = None,
     return plain
 
 
-def _full(tensor: torch.Tensor) -> torch.Tensor:
-    """A sharded (DTensor) weight gathered whole; any other tensor as it is."""
-    return tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
-
-
 def current_weights(policy: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
     """The policy's current weights, (name as the plain architecture names it, tensor), one at a
     time: a LoRA role's base with its adapter merged, otherwise its causal LM's state dict, with
@@ -176,10 +172,10 @@ def current_weights(policy: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
 
     if is_lora_role(policy):
         for name, tensor in merged_tensors(policy.base.peft, policy.adapter):
-            yield name, _full(tensor)
+            yield name, full_tensor(tensor)
         return
     for name, tensor in inner_model(policy).state_dict().items():
-        yield name, _full(tensor)
+        yield name, full_tensor(tensor)
 
 
 @torch.no_grad()

@@ -40,18 +40,12 @@ _SAFETY = 4.0
 """How far below the dtype's largest number a step's bound must stay for it to go uncopied."""
 
 
-def full_tensor(t: torch.Tensor) -> torch.Tensor:
-    """A DTensor (FSDP2's sharded parameters and what is computed from them) as the whole tensor,
-    the same on every rank (one collective when its placement is partial); any other tensor as is."""
-    return t.full_tensor() if hasattr(t, "full_tensor") else t
-
-
 def _norms(params: list[torch.Tensor]) -> list[float]:
     """The L2 norm of each tensor (float32 accumulation; inf when even that overflows); of the whole
     parameter when it is sharded."""
     if not params:
         return []
-    return full_tensor(torch.stack(torch._foreach_norm(params, 2, dtype=torch.float32))).tolist()
+    return dist.full_tensor(torch.stack(torch._foreach_norm(params, 2, dtype=torch.float32))).tolist()
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:

@@ -11,7 +11,7 @@ import torch
 
 from fourfold import dist
 from fourfold.errors import NonFiniteError
-from fourfold.trainers.finite_step import finite_step, full_tensor
+from fourfold.trainers.finite_step import finite_step
 from fourfold.trainers.fsdp import average_gradients
 
 
@@ -105,7 +105,7 @@ def clip_and_step(model, optimizer, scheduler, max_grad_norm: Optional[float], g
         norm = torch.nn.utils.get_total_norm([p.grad for p in params])
     else:
         norm = torch.norm(torch.stack([p.grad.detach().norm() for p in params])) if params else torch.zeros(())
-    norm = full_tensor(norm)
+    norm = dist.full_tensor(norm)
     taken = False
     if guard.ok("grad_norm", norm, where):
         taken = finite_step(optimizer)

@@ -42,6 +42,7 @@ from typing import Iterator, Optional
 import torch
 from torch import nn
 
+from fourfold.dist import full_tensor
 from fourfold.errors import ModelLoadError
 from fourfold.models.lora.base import SharedBase, adapter_keys
 from fourfold.models.lora.roles import AdapterLM, AdapterScalarModel
@@ -129,10 +130,6 @@ def merged_tensors(peft_model, adapter: str, state: Optional[dict] = None) -> It
             yield plain, tensor
 
 
-def _whole(tensor: torch.Tensor) -> torch.Tensor:
-    return tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
-
-
 def _merged_weight(module, name: str, adapter: str, source: dict, live: bool) -> torch.Tensor:
     """One adapted layer's ``weight + delta``: peft's own delta on the live layer when its tensors
     are plain, else :func:`lora_delta` of the tensors in ``source``, gathered whole."""
@@ -140,8 +137,8 @@ def _merged_weight(module, name: str, adapter: str, source: dict, live: bool) ->
     lora_a, lora_b = source[f"{name}.lora_A.{adapter}.weight"], source[f"{name}.lora_B.{adapter}.weight"]
     if live and not any(hasattr(t, "full_tensor") for t in (weight, lora_a, lora_b)):
         return weight.detach() + module.get_delta_weight(adapter).to(weight.dtype)
-    weight = _whole(weight).detach()
-    return weight + lora_delta(module, adapter, _whole(lora_a), _whole(lora_b)).to(weight.dtype)
+    weight = full_tensor(weight).detach()
+    return weight + lora_delta(module, adapter, full_tensor(lora_a), full_tensor(lora_b)).to(weight.dtype)
 
 
 def merged_state_dict(peft_model, adapter: str, state: Optional[dict] = None) -> dict[str, torch.Tensor]:
