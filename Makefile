@@ -36,7 +36,7 @@ test-slow: $(STAMP)
 bench: $(STAMP)
 	$(PY) benchmarks/ppo_iteration.py
 
-# Every published figure from fresh runs (fourfold/publish.py). The claims sweep reuses the seed-0
+# Every published figure from fresh runs (fourfold/apps/publish.py). The claims sweep reuses the seed-0
 # demo's cached stages (same settings), so its demo stages are not trained twice.
 SEEDS ?= 0 1 2
 results: $(STAMP)
@@ -44,11 +44,11 @@ results: $(STAMP)
 	for s in $(SEEDS); do HF_HUB_OFFLINE=1 $(VENV)/bin/fourfold demo --quick --output-dir runs/demo-quick-s$$s --seed $$s || exit 1; done
 	HF_HUB_OFFLINE=1 $(VENV)/bin/fourfold experiments --config examples/experiments.yaml demo.run.output_dir=runs/demo-s0
 	HF_HUB_OFFLINE=1 $(VENV)/bin/fourfold experiments --config examples/horizon.yaml
-	$(PY) -m fourfold.publish collect
-	$(PY) -m fourfold.publish render
+	$(PY) -m fourfold.apps.publish collect
+	$(PY) -m fourfold.apps.publish render
 
 publish: $(STAMP)
-	$(PY) -m fourfold.publish render
+	$(PY) -m fourfold.apps.publish render
 
 clean:
 	rm -rf $(VENV) runs

@@ -169,7 +169,7 @@ def prefill_only(engine, policy, ids, mask, args):
     import torch
 
     from fourfold.models.levers import autocast_region
-    from fourfold.rollout.lm import prefill
+    from fourfold.rollout.sampling import prefill
 
     with torch.no_grad(), autocast_region(args.precision, ids.device.type), engine.weights.model(policy) as m:
         return prefill(m, ids, mask)

@@ -4,7 +4,7 @@ The workload of ``ppo_iteration.py`` (random-init Llama-shaped policy, reference
 model of one shape, random prompts, responses of exactly --response-len tokens), run through the
 trainer's functions (collect -> compute_advantages -> ppo_update) for --iterations iterations; the
 figures are those of the last one (AdamW state allocated). Beside them, what
-``fourfold.models.estimate`` predicts for the same settings.
+``fourfold.models.estimate.memory`` predicts for the same settings.
 
 * CPU: resident memory minus the framework baseline: the RSS after importing torch, transformers'
   Llama classes (transformers imports them lazily: ~100 MiB) and the trainer modules, and one
@@ -116,7 +116,7 @@ def run_iterations(args, device, phase) -> object:
     import torch
 
     from fourfold.rollout.noise import RowNoise
-    from fourfold.trainers.optim import NonFiniteGuard
+    from fourfold.run.optim import NonFiniteGuard
     from fourfold.trainers.ppo import compute_advantages, ppo_update
     from fourfold.trainers.rollouts import collect
 
@@ -144,7 +144,7 @@ def predict(args, cfg) -> dict:
     """The estimate for the workload's settings, in MiB."""
     from ppo_iteration import estimate_settings
 
-    from fourfold.models.estimate import estimate_from_settings
+    from fourfold.models.estimate.memory import estimate_from_settings
 
     est = estimate_from_settings(estimate_settings(args, cfg))
     return {"generate_peak_mib": est.generate_peak_bytes / MiB, "train_peak_mib": est.train_peak_bytes / MiB,

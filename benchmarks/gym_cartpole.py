@@ -73,8 +73,8 @@ def main(argv=None) -> dict:
 
     torch.set_num_threads(1)
     from fourfold.config import GymConfig, load_config
-    from fourfold.gym_plots import plot_seeds
     from fourfold.trainers.gym import solved_threshold, train
+    from fourfold.trainers.gym_plots import plot_seeds
 
     results, groups, threshold = {}, {}, None
     for config in args.configs:

@@ -21,7 +21,7 @@ LoRA), ``--reward-mode adapter`` the reward model (a frozen third adapter + scor
 base serves all four roles. ``--frozen-dtype`` sets the weights dtype of the frozen roles and of the
 LoRA base (``model.frozen_dtype``). ``--grad-ckpt`` turns on gradient checkpointing of policy and critic
 (:func:`fourfold.models.levers.enable_gradient_checkpointing`). ``estimate_peak_mib`` is what
-``fourfold.models.estimate`` predicts for the same settings (live tensors: compare it with the
+``fourfold.models.estimate.memory`` predicts for the same settings (live tensors: compare it with the
 measured peak minus the framework's baseline, which ``estimate_vs_measured.py`` measures).
 
 Rollout engine (the ``generation`` keys, built by ``fourfold.rollout.engine.make_engine`` and synced
@@ -58,7 +58,7 @@ def build_roles(args, device):
     from fourfold.models.levers import enable_gradient_checkpointing
     from fourfold.models.lora import REWARD, AdapterLM, AdapterScalarModel, LoraSettings, SharedBase, add_critic, value_head
     from fourfold.models.roles import AdapterDisabledReference, FrozenReference, ModelReward, ScalarModel
-    from fourfold.trainers.common import seed_everything
+    from fourfold.run.common import seed_everything
 
     dtype = torch.bfloat16 if args.precision == "bf16" else torch.float32  # trained roles
     frozen_dtype = getattr(torch, frozen_dtype_name(args))  # reference, reward model, LoRA base
@@ -94,7 +94,7 @@ def build_roles(args, device):
 
 
 def role_plan(args):
-    """The role plan of the workload's roles, for :func:`fourfold.trainers.parallel.place_roles` (the
+    """The role plan of the workload's roles, for :func:`fourfold.run.parallel.place_roles` (the
     placement `fourfold ppo` uses): the trained roles as ``--fsdp`` / ``--replicate`` say, the frozen
     ones replicated (fourfold's default); with ``--lora`` the roles on the base go with it."""
     from fourfold.models.lora import LoraSettings
@@ -142,8 +142,8 @@ def frozen_dtype_name(args) -> str:
 
 
 def estimate_settings(args, cfg, nproc: int = 1):
-    """The :class:`~fourfold.models.estimate.EstimateSettings` of the workload on ``nproc`` devices."""
-    from fourfold.models.estimate import EstimateSettings
+    """The :class:`~fourfold.models.estimate.memory.EstimateSettings` of the workload on ``nproc`` devices."""
+    from fourfold.models.estimate.memory import EstimateSettings
     from fourfold.models.lora import LoraSettings
 
     lora = None
@@ -192,7 +192,7 @@ def apply_allocator(args) -> None:
     """``--malloc-mmap-threshold-kib``: the run.malloc_mmap_threshold_kib lever, applied as
     `fourfold ppo` applies it (before any model exists); an error when it cannot be."""
     if args.malloc_mmap_threshold_kib is not None:
-        from fourfold.allocator import set_mmap_threshold
+        from fourfold.run.allocator import set_mmap_threshold
 
         why = set_mmap_threshold(args.malloc_mmap_threshold_kib)
         if why:
@@ -275,7 +275,7 @@ def iterate(args, roles, algo, gen, engine, device, world, profiler=None) -> lis
 
     from fourfold.models.levers import autocast_region
     from fourfold.rollout.noise import RowNoise
-    from fourfold.trainers.optim import NonFiniteGuard
+    from fourfold.run.optim import NonFiniteGuard
     from fourfold.trainers.ppo import compute_advantages, make_optim, ppo_update
     from fourfold.trainers.rollouts import collect
 
@@ -325,7 +325,7 @@ def main(argv=None) -> dict:
     from fourfold import dist
     from fourfold.config import GenerationConfig, PPOAlgoConfig
     from fourfold.rollout.engine import make_engine
-    from fourfold.trainers.parallel import place_roles
+    from fourfold.run.parallel import place_roles
 
     device = torch.device(args.device)
     world = dist.init_from_env(device)
@@ -364,7 +364,7 @@ def summarize(args, rows: list[dict], cfg, roles, algo, world) -> dict:
     generation apart: compile included), the peak memory beside the estimate, the workload."""
     import torch
 
-    from fourfold.models.estimate import estimate_from_settings
+    from fourfold.models.estimate.memory import estimate_from_settings
 
     timed = rows[args.warmup:] or rows
     med = lambda k: statistics.median(r[k] for r in timed)  # noqa: E731

@@ -78,7 +78,7 @@ def main(argv=None) -> dict:
     from fourfold.models.build import Roles
     from fourfold.models.factory import llama_config, random_causal_lm, random_scalar_model
     from fourfold.models.roles import ScalarModel
-    from fourfold.trainers.optim import NonFiniteGuard
+    from fourfold.run.optim import NonFiniteGuard
     from fourfold.trainers.ppo import compute_advantages, make_optim, ppo_update
 
     torch.set_num_threads(args.threads)

@@ -97,7 +97,7 @@ def estimate(args) -> int:
     """``fourfold estimate``: the memory estimate of a config, as a table or (``--json``) one object."""
     stage = _estimate_stage(args)
     from fourfold.config import load_config
-    from fourfold.trainers.memory import estimate_config
+    from fourfold.models.estimate.from_config import estimate_config
 
     cfg = load_config(_resolve(STAGES[stage].config), args.config, list(args.overrides))
     est = estimate_config(stage, cfg, args.nproc)
@@ -159,7 +159,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         cfg = load_config(_resolve(stage.config), args.config, overrides, settings=settings)
         if stage.rollout_batch and dist.rank_from_env() == 0:  # rank 0 alone under torchrun
-            from fourfold.trainers.memory import estimate_line
+            from fourfold.models.estimate.from_config import estimate_line
 
             print(f"fourfold {args.stage}: {estimate_line(args.stage, cfg, dist.world_size_from_env())}",
                   file=sys.stderr)

@@ -1,4 +1,4 @@
-"""The CPU allocator lever (``run.malloc_mmap_threshold_kib``, :mod:`fourfold.allocator`).
+"""The CPU allocator lever (``run.malloc_mmap_threshold_kib``, :mod:`fourfold.run.allocator`).
 
 Each case runs in a fresh interpreter: glibc's threshold is process-wide and cannot be put back.
 The workload is the pattern that keeps a PPO run's RSS above its live tensors: a freed 4 MiB block
@@ -11,9 +11,9 @@ import textwrap
 
 import pytest
 
-from fourfold.allocator import _libc, set_mmap_threshold
 from fourfold.config import RunConfig
 from fourfold.errors import ConfigError
+from fourfold.run.allocator import _libc, set_mmap_threshold
 
 PROBE = textwrap.dedent(
     """
@@ -22,7 +22,7 @@ PROBE = textwrap.dedent(
     from fourfold.config import RunConfig
     if sys.argv[1] != "off":  # the scaffold's way: a run config with the key set
         import dataclasses
-        from fourfold.trainers.scaffold import RunScaffold
+        from fourfold.run.scaffold import RunScaffold
         @dataclasses.dataclass
         class Cfg:
             run: RunConfig
@@ -73,7 +73,7 @@ def test_the_key_is_checked_in_one_line():
 
 
 def test_off_glibc_it_says_why_instead(monkeypatch):
-    import fourfold.allocator as allocator
+    import fourfold.run.allocator as allocator
 
     monkeypatch.setattr(allocator, "_libc", lambda: None)
     message = allocator.set_mmap_threshold(256)
@@ -83,8 +83,8 @@ def test_off_glibc_it_says_why_instead(monkeypatch):
 def test_the_scaffold_warns_when_it_cannot_apply_it(monkeypatch, tmp_path, capsys):
     import dataclasses
 
-    import fourfold.allocator as allocator
-    from fourfold.trainers.scaffold import RunScaffold
+    import fourfold.run.allocator as allocator
+    from fourfold.run.scaffold import RunScaffold
 
     @dataclasses.dataclass
     class Cfg:

@@ -20,7 +20,7 @@ from fourfold.checkpoint import (
     save_checkpoint,
     save_sharded,
 )
-from fourfold.trainers.optim import make_optimizer, make_schedule
+from fourfold.run.optim import make_optimizer, make_schedule
 
 
 def _trained(seed: int, width: int = 4):

@@ -8,6 +8,8 @@ from pathlib import Path
 import pytest
 
 import fourfold.config as config
+from fourfold.apps.experiments import config as experiments_config
+from fourfold.apps.experiments.config import ExperimentsConfig
 from fourfold.config import (
     DemoConfig,
     GymConfig,
@@ -18,14 +20,12 @@ from fourfold.config import (
     config_to_dict,
     save_config,
 )
-from fourfold.experiments import config as experiments_config
-from fourfold.experiments.config import ExperimentsConfig
 
 GOLDEN = Path(__file__).resolve().parent / "golden" / "config"
 
 # Every config class, constant and loader function of the single module fourfold/config.py had
 # (commit 590530b); each must stay importable from fourfold.config, except the experiments'
-# vocabulary, which moved to the experiments (fourfold.experiments.config).
+# vocabulary, which moved to the experiments (fourfold.apps.experiments.config).
 OLD_CLASSES = [
     "RunConfig", "GymEnvConfig", "GymAgentConfig", "GymPPOConfig", "GymReinforceConfig", "GymEvalConfig", "GymConfig",
     "LMModelConfig", "PromptDataConfig", "GenerationConfig", "PPOAlgoConfig", "PPOConfig", "ReinforceAlgoConfig",

@@ -5,6 +5,7 @@ import math
 
 import pytest
 
+from fourfold.apps.experiments.config import ExperimentsConfig
 from fourfold.config import (
     ConfigError,
     GymConfig,
@@ -19,7 +20,6 @@ from fourfold.config import (
 )
 from fourfold.config.loader import DuplicateKeyError, parse_yaml
 from fourfold.config.model_limits import position_limit
-from fourfold.experiments.config import ExperimentsConfig
 
 OK = ["model.policy=sft", "model.reward=rm", "data.prompts=p.jsonl"]
 

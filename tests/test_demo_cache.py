@@ -1,9 +1,9 @@
 """The demo's stage cache keys: labeler and gold options must not invalidate the SFT stage."""
 import dataclasses
 
+from fourfold.apps.cache import stage_key
+from fourfold.apps.demo.pipeline import eval_stage_settings, pairs_stage_settings, sft_stage_settings
 from fourfold.config import DemoConfig
-from fourfold.demo import eval_stage_settings, pairs_stage_settings, sft_stage_settings
-from fourfold.stages import stage_key
 from fourfold.tasks import ReviewTaskConfig
 
 

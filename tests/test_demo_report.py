@@ -133,7 +133,7 @@ def fake_run(tmp_path_factory):
 
 
 def _render(root, summary):
-    from fourfold.demo_report import write_report
+    from fourfold.apps.demo.report import write_report
 
     path = write_report(root, task=ReviewTask(), summary=summary)
     assert path == root / "report.html" and path.is_file()
@@ -199,8 +199,8 @@ def test_credit_view_runs_under_the_ppo_stage_config(fake_run, tmp_path):
     the run directory; without that config it says so instead of guessing defaults."""
     import dataclasses
 
+    from fourfold.apps.demo.credit import credit_config
     from fourfold.config import PPOConfig, load_config, save_config
-    from fourfold.demo_credit import credit_config
 
     root, summary, _ = fake_run
     run = tmp_path / "run"

@@ -4,7 +4,7 @@ import dataclasses
 
 import pytest
 
-from fourfold import demo
+from fourfold.apps.demo import pipeline as demo
 from fourfold.config import DemoConfig, load_config
 from fourfold.errors import ConfigError
 from fourfold.models.loading import load_causal_lm, load_tokenizer

@@ -8,9 +8,9 @@ from fourfold import dist
 from fourfold.models.build import Roles
 from fourfold.models.plan import FULL, RolePlan, RoleSpec
 from fourfold.reporting import MetricsLogger
-from fourfold.trainers.fsdp import decoder_layers, export_state_dict
-from fourfold.trainers.parallel import Part, global_sums, loss_scale, map_batches, mean_over_ranks, place_roles, shard_rows
-from fourfold.trainers.scaffold import NullLogger
+from fourfold.run.fsdp import decoder_layers, export_state_dict
+from fourfold.run.parallel import Part, global_sums, loss_scale, map_batches, mean_over_ranks, place_roles, shard_rows
+from fourfold.run.scaffold import NullLogger
 
 
 @pytest.mark.parametrize("n,world", [(8, 2), (7, 2), (1, 2), (5, 3), (16, 1)])

@@ -9,11 +9,11 @@ from transformers import AutoConfig
 
 from fourfold import cli
 from fourfold.config import LoraConfig, PPOConfig, load_config
-from fourfold.models.estimate import EstimateSettings, estimate_from_settings
+from fourfold.models.estimate.from_config import estimate_line, estimate_settings
+from fourfold.models.estimate.memory import EstimateSettings, estimate_from_settings
+from fourfold.models.estimate.params import count_lora
 from fourfold.models.factory import llama_config
 from fourfold.models.lora import LoraSettings
-from fourfold.models.param_count import count_lora
-from fourfold.trainers.memory import estimate_line, estimate_settings
 
 
 @pytest.fixture(autouse=True)

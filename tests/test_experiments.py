@@ -14,9 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from fourfold.config import DemoConfig, DPOConfig, PPOConfig, load_config, save_config
-from fourfold.errors import ConfigError
-from fourfold.experiments import (
+from fourfold.apps.experiments import (
     QUICK_CLAIMS,
     Job,
     build_arms,
@@ -28,9 +26,11 @@ from fourfold.experiments import (
     run_key,
     summarize_arm,
 )
-from fourfold.experiments.claims import GROUP_CLAIMS
-from fourfold.experiments.config import CLAIM_GROUPS, ExperimentsClaimsConfig, ExperimentsConfig
-from fourfold.experiments.results import summarize_costs, train_seconds
+from fourfold.apps.experiments.claims import GROUP_CLAIMS
+from fourfold.apps.experiments.config import CLAIM_GROUPS, ExperimentsClaimsConfig, ExperimentsConfig
+from fourfold.apps.experiments.results import summarize_costs, train_seconds
+from fourfold.config import DemoConfig, DPOConfig, PPOConfig, load_config, save_config
+from fourfold.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
 N = 256
@@ -356,10 +356,10 @@ def test_run_jobs_reports_each_commands_peak_memory(tmp_path):
 
 
 def test_unbiased_demo_reuses_the_sft_stage(tmp_path, monkeypatch):
-    """The copied SFT stage carries the key fourfold.demo computes, so demo.run skips SFT."""
-    from fourfold import demo
-    from fourfold.demo import sft_stage_key
-    from fourfold.experiments import seed_sft_stage, unbiased_demo_config
+    """The copied SFT stage carries the key fourfold.apps.demo.pipeline computes, so demo.run skips SFT."""
+    from fourfold.apps.demo import pipeline as demo
+    from fourfold.apps.demo.pipeline import sft_stage_key
+    from fourfold.apps.experiments import seed_sft_stage, unbiased_demo_config
 
     src = DemoConfig()
     src.run.output_dir = str(tmp_path / "demo")
@@ -476,8 +476,8 @@ def test_quick_end_to_end(tmp_path):
     assert (out / "runs" / "dpo" / "seed0" / "model" / "config.json").is_file()
     assert "--config" in (out / "logs" / "dpo_seed0.log").read_text()
     assert (demo_dir / "reward" / "config.json").is_file()  # the quick demo's stages, in their own directory
-    # the published table of a sweep, from this sweep's outputs (fourfold.publish)
-    from fourfold import publish
+    # the published table of a sweep, from this sweep's outputs (fourfold.apps.publish)
+    from fourfold.apps import publish
 
     rec = publish.collect_experiments(out)
     assert set(rec["summaries"]) == {"ppo", "ppo-beta0", "grpo", "dpo"} and rec["provenance"]["commit"]
@@ -513,11 +513,11 @@ def test_quick_end_to_end(tmp_path):
 
 
 def test_subprocess_entry_point_usage():
-    """`python -m fourfold.experiments` is the jobs' entry point; anything but its two commands is a
+    """`python -m fourfold.apps.experiments` is the jobs' entry point; anything but its two commands is a
     usage error (status 2)."""
     import subprocess
 
     for argv in ([], ["evaluate"], ["train", "x.json"]):
-        p = subprocess.run([sys.executable, "-m", "fourfold.experiments", *argv], capture_output=True, text=True,
+        p = subprocess.run([sys.executable, "-m", "fourfold.apps.experiments", *argv], capture_output=True, text=True,
                            cwd=ROOT, timeout=120)
-        assert p.returncode == 2 and "usage: python -m fourfold.experiments evaluate" in p.stderr, p.stderr
+        assert p.returncode == 2 and "usage: python -m fourfold.apps.experiments evaluate" in p.stderr, p.stderr

@@ -19,7 +19,9 @@ from fourfold.data import (
 )
 from fourfold.models.loading import ensure_pad_embedding, load_causal_lm, load_sequence_scorer, load_tokenizer
 from fourfold.models.roles import FrozenReference, ModelReward, ScalarModel
-from fourfold.rollout.lm import decode_responses, sample, score
+from fourfold.rollout.eager import sample
+from fourfold.rollout.sampling import decode_responses
+from fourfold.rollout.score import score
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -11,13 +11,13 @@ from pathlib import Path
 
 import pytest
 
+from fourfold.apps.experiments.config import ExperimentsConfig, HorizonClaimsConfig, HorizonConfig
+from fourfold.apps.experiments.credit import credit_items, token_sentences
+from fourfold.apps.experiments.horizon import HORIZON_QUICK, horizon_quick_config
+from fourfold.apps.experiments.horizon_claims import compute_horizon_claims, world_label
+from fourfold.apps.experiments.horizon_report import result_rows, write_horizon_report
 from fourfold.config import load_config
 from fourfold.errors import ConfigError
-from fourfold.experiments.config import ExperimentsConfig, HorizonClaimsConfig, HorizonConfig
-from fourfold.experiments.credit import credit_items, token_sentences
-from fourfold.experiments.horizon import HORIZON_QUICK, horizon_quick_config
-from fourfold.experiments.horizon_claims import compute_horizon_claims, world_label
-from fourfold.experiments.horizon_report import result_rows, write_horizon_report
 
 ROOT = Path(__file__).resolve().parents[1]
 N = 1024  # prompts: SE of a gold mean = 0.5 / 32 = 0.0156, of a difference in sd 0.044 (2 SE: 0.088)
@@ -159,7 +159,7 @@ def test_config_example_defaults_and_errors():
 
 
 def test_horizon_demo_configs(tmp_path):
-    from fourfold.experiments.horizon import horizon_demo
+    from fourfold.apps.experiments.horizon import horizon_demo
 
     cfg = load_config(ExperimentsConfig, ROOT / "examples" / "horizon.yaml", [f"horizon.demo_dir={tmp_path}/d"])
     d6 = horizon_demo(cfg, 6)
@@ -170,7 +170,7 @@ def test_horizon_demo_configs(tmp_path):
 
 
 def test_family_jobs(tmp_path):
-    from fourfold.experiments import horizon
+    from fourfold.apps.experiments import horizon
 
     cfg = load_config(ExperimentsConfig, ROOT / "examples" / "horizon.yaml", [f"horizon.demo_dir={tmp_path}/d"])
     fam = horizon.Family(cfg, tmp_path / "out", lambda *a, **k: None, ["the blender"] * 4, 7)
@@ -188,7 +188,7 @@ def test_family_jobs(tmp_path):
     assert jobs["credit"].deps == ("h6/ppo/seed0", "h6/grpo/seed0")
     assert len(jobs) == 4 + 6 + 3 * (4 + 4 + 4 + 2 + 1 + 1) + 1
     # an arm's run: the world's task (gold of k sentences in its training curves), its response length
-    from fourfold.experiments.arms import run_config
+    from fourfold.apps.experiments.arms import run_config
 
     sw = worlds[2].sweep
     rc = run_config(sw.cfg, sw.arms[0], 0, sft=tmp_path / "s", rm=tmp_path / "r", run_dir=tmp_path / "run")
@@ -199,7 +199,7 @@ def test_family_jobs(tmp_path):
 def test_default_claims_arms_keep_their_run_keys():
     """data.task_options is left out of a run's key when empty: the claims sweep's default arms key
     as they did before it existed (a finished sweep is not retrained)."""
-    from fourfold.experiments import build_arms, run_config, run_key
+    from fourfold.apps.experiments import build_arms, run_config, run_key
 
     cfg = ExperimentsConfig()
     keys = {a.name: run_key(run_config(cfg, a, 1, sft=Path("/x/sft"), rm=Path("/x/rm"), run_dir=Path("/nonexistent/r")),
@@ -292,7 +292,7 @@ def test_tiny_family_end_to_end(tmp_path):
     """Every piece of the family at a tiny budget: the worlds' demo stages (the noisy one seeded with
     its horizon's SFT model), the runs, the credit view, each world's report and the family's; then a
     rerun that skips everything; then the published horizon block from its outputs."""
-    from fourfold import publish
+    from fourfold.apps import publish
     from fourfold.cli import main
 
     out, demo = tmp_path / "out", tmp_path / "demo"

@@ -111,7 +111,7 @@ PACKAGE = Path(fourfold.__file__).parent
 RULES = {  # importer (a module, or a package and everything in it) -> modules it must never import
     "fourfold.trainers": ("fourfold.tasks",),
     "fourfold.reporting": ("fourfold.models", "fourfold.rollout"),
-    "fourfold.gym_plots": ("fourfold.models", "fourfold.rollout"),  # the gym plots are reporting
+    "fourfold.trainers.gym_plots": ("fourfold.models", "fourfold.rollout"),  # the gym plots are reporting
 }
 
 
@@ -207,7 +207,7 @@ def test_rule_checks_detect_violations(tmp_path):
         "fake/trainers/from_import.py": "from fourfold.tasks import get_task\n",
         "fake/trainers/lazy.py": "def f():\n    from fourfold import tasks\n",
         "fake/trainers/relative.py": "from ..tasks import x\n",
-        "fake/trainers/rollout_user.py": "import fourfold.rollout.lm\n",
+        "fake/trainers/rollout_user.py": "import fourfold.rollout.eager\n",
         "fake/reporting.py": "from fake.trainers import rollout_user\n",
     }
     for name, source in files.items():
@@ -224,31 +224,109 @@ def test_rule_checks_detect_violations(tmp_path):
     ], found
     loaded = loaded_violations(tmp_path, rules, extra_path=str(tmp_path))
     assert any(v.startswith("fake.trainers.direct: fourfold.tasks") for v in loaded), loaded
-    assert any(v.startswith("fake.reporting: ") and "fourfold.rollout.lm" in v and "fourfold.models" in v
+    assert any(v.startswith("fake.reporting: ") and "fourfold.rollout.eager" in v and "fourfold.models" in v
                for v in loaded), loaded
     assert not any(v.startswith(("fake.trainers.clean:", "fake.trainers.lazy:")) for v in loaded), loaded
 
 
 # ---- the applications sit on top ---------------------------------------------------------------------
 
-APPLICATIONS = ("fourfold.demo", "fourfold.demo_report", "fourfold.demo_credit", "fourfold.report_format",
-                "fourfold.experiments", "fourfold.evaluation", "fourfold.stages", "fourfold.publish")
-"""The applications (the demo, its report, the experiments, evaluation, the stage cache and the
-publishing of their figures): they may
-import everything below them; nothing below imports them (only ``cli`` calls them)."""
+APPS = "fourfold.apps"
+"""The applications (the demo and its report, the experiments and their families, evaluation, the
+stage cache, generate/score, publish, provenance, the report kit): one subpackage that may import
+everything below it; nothing below imports it (only ``cli`` calls it)."""
+MAX_ROOT_MODULES = 8
 
 
-def _below_applications() -> list[str]:
+def _below_applications(root: Path = PACKAGE) -> list[str]:
     """Every top-level module and package of fourfold other than the applications and the CLI."""
-    names = sorted({p.stem if p.is_file() else p.name for p in PACKAGE.iterdir()
+    names = sorted({p.stem if p.is_file() else p.name for p in root.iterdir()
                     if (p.suffix == ".py" or (p / "__init__.py").is_file()) and not p.name.startswith("_")})
-    return [f"fourfold.{n}" for n in names if f"fourfold.{n}" not in APPLICATIONS and n != "cli"]
+    prefix = root.name
+    return [f"{prefix}.{n}" for n in names if f"{prefix}.{n}" != f"{prefix}.apps" and n != "cli"]
 
 
-def test_nothing_below_the_applications_imports_them():
+def test_nothing_below_the_applications_imports_them(tmp_path):
     below = _below_applications()
-    assert {"fourfold.trainers", "fourfold.models", "fourfold.reporting", "fourfold.core"} <= set(below), below
-    assert static_violations(PACKAGE.parent, {m: APPLICATIONS for m in below}) == []
+    assert {"fourfold.trainers", "fourfold.models", "fourfold.reporting", "fourfold.core", "fourfold.run"} <= set(below), below
+    assert static_violations(PACKAGE.parent, {m: (APPS,) for m in below}) == []
+    assert loaded_violations(PACKAGE.parent, {m: (APPS,) for m in below}) == []
+    # the check is by prefix: a new module under apps/ is covered without naming it
+    for name, source in {"fake/__init__.py": "", "fake/apps/__init__.py": "", "fake/apps/new_app.py": "x = 1\n",
+                         "fake/models.py": "from fake.apps import new_app\n", "fake/cli.py": "import fake.apps.new_app\n"}.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(source)
+    fake_below = _below_applications(tmp_path / "fake")
+    assert fake_below == ["fake.models"], fake_below
+    assert static_violations(tmp_path, {m: ("fake.apps",) for m in fake_below}) == ["fake/models.py:1: imports fake.apps"]
+
+
+def test_the_package_root_holds_the_ground_and_the_face_only():
+    """At most MAX_ROOT_MODULES modules in fourfold/ itself: the applications, the run, the loops and
+    the rollout live in their own packages."""
+    root = sorted(p.name for p in PACKAGE.glob("*.py"))
+    assert len(root) <= MAX_ROOT_MODULES, root
+
+
+def import_graph(root: Path, prefix: str) -> dict[str, set[str]]:
+    """{module: fourfold modules it imports} for every module of ``prefix`` (imports inside
+    functions count: a lazy import still closes a circle); a package's name stands for its
+    ``__init__``."""
+    files = _module_files(root, prefix)
+    graph = {}
+    for module, path in files.items():
+        targets = set()
+        for _, name in _imported(module, path):
+            while name and name not in files:  # ``from a.b import name``: the module a.b
+                name = name.rpartition(".")[0]
+            if name and name != module:
+                targets.add(name)
+        graph[module] = targets
+    return graph
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Every strongly connected set of more than one module (Tarjan), each sorted, the list sorted.
+    A package importing its own submodules (``__init__`` re-exports) is not a circle: an edge from a
+    package to a module inside it is left out."""
+    index, low, stack, on, out = {}, {}, [], set(), []
+
+    def inside(pkg: str, mod: str) -> bool:
+        return mod.startswith(pkg + ".")
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in graph.get(v, ()):
+            if w not in graph or inside(v, w):
+                continue
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return sorted(out)
+
+
+def test_no_import_circle_in_the_package():
+    assert circles(import_graph(PACKAGE.parent, "fourfold")) == []
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "p": {"p.x"}, "p.x": {"p"}}
+    assert circles(graph) == [["a", "b", "c"]]
 
 
 def private_imports(root: Path, prefix: str) -> list[str]:
@@ -282,7 +360,7 @@ def test_no_module_takes_another_modules_private_names(tmp_path):
     assert private_imports(PACKAGE.parent, "fourfold") == []
     (tmp_path / "fake").mkdir()
     (tmp_path / "fake" / "__init__.py").write_text("")
-    (tmp_path / "fake" / "app.py").write_text("from fourfold.stages import digest, _x\nfrom .other import _y\n"
+    (tmp_path / "fake" / "app.py").write_text("from fourfold.apps.cache import digest, _x\nfrom .other import _y\n"
                                               "from fourfold import dist\nimport fourfold.cli as c\n"
                                               "dist._peer(c._resolve, dist.world, __name__)\n")
     assert private_imports(tmp_path, "fake") == ["fake/app.py:1: _x", "fake/app.py:2: _y", "fake/app.py:5: c._resolve",

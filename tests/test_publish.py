@@ -1,4 +1,4 @@
-"""`make results` / `python -m fourfold.publish`: the published blocks of README.md and the docs are
+"""`make results` / `python -m fourfold.apps.publish`: the published blocks of README.md and the docs are
 exactly what the generator writes from the committed results/*.json, every number of the README's
 headline table is one it writes, and collect reads run outputs (small fixture outputs here; the
 sweeps' own end-to-end tests collect their real ones)."""
@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from fourfold import publish
-from fourfold.provenance import git_commit, machine, write_provenance
+from fourfold.apps import publish
+from fourfold.apps.provenance import git_commit, machine, write_provenance
 
 ROOT = Path(__file__).resolve().parents[1]
 NUMBER = re.compile(r"[+-]?\d+(?:\.\d+)?")
@@ -20,7 +20,7 @@ def test_published_blocks_are_what_results_give():
     """The check `make results` ends with: rendering results/*.json changes nothing."""
     files = publish.render(ROOT)
     for name, text in files.items():
-        assert (ROOT / name).read_text(encoding="utf-8") == text, f"{name}: run `python -m fourfold.publish render`"
+        assert (ROOT / name).read_text(encoding="utf-8") == text, f"{name}: run `python -m fourfold.apps.publish render`"
     assert publish.main(["check", "--root", str(ROOT)]) == 0
 
 

@@ -1,7 +1,7 @@
-"""The reports' numbers and their text (fourfold.report_format): one std rule, 'n/a' for missing."""
+"""The reports' numbers and their text (fourfold.apps.report_kit): one std rule, 'n/a' for missing."""
 import math
 
-from fourfold.report_format import duration, esc, fmt, html_table, mean, pct, signed, std
+from fourfold.apps.report_kit import duration, esc, fmt, html_table, mean, pct, signed, std
 
 
 def test_mean_and_std_take_the_finite_values_and_std_needs_two():

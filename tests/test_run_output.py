@@ -14,8 +14,8 @@ from fourfold import reporting
 from fourfold.config import RunConfig
 from fourfold.errors import ConfigError
 from fourfold.reporting import MetricsLogger, read_metrics
+from fourfold.run.scaffold import RunScaffold
 from fourfold.sinks import WandbSink, done_line, fmt_duration, fmt_number, open_sinks, require_sinks, samples_markdown
-from fourfold.trainers.scaffold import RunScaffold
 
 ROWS = [{"reward/score_mean": 0.123456789, "kl/k1": float("nan"), "policy/loss": 3.0},
         {"reward/score_mean": -12345.678, "kl/k1": 2e-7, "policy/loss": 3.0},

@@ -2,7 +2,7 @@
 pinned here (the values the demo and the experiments have always used)."""
 import pytest
 
-from fourfold.seeds import SEED_OFFSETS, stream_seed
+from fourfold.apps.seeds import SEED_OFFSETS, stream_seed
 
 
 def test_offsets_are_the_historical_ones():

@@ -1,8 +1,8 @@
-"""The applications' stage cache (fourfold.stages): a stage reruns when its settings or an upstream
+"""The applications' stage cache (fourfold.apps.cache): a stage reruns when its settings or an upstream
 stage's key change, never otherwise; its DONE record can be read and written from outside."""
 import json
 
-from fourfold.stages import Stages, digest, done_key, read_done, stage_key, write_done
+from fourfold.apps.cache import Stages, digest, done_key, read_done, stage_key, write_done
 
 
 def _run_all(out, settings, calls, fresh=False):

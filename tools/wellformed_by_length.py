@@ -32,10 +32,10 @@ def main(argv=None) -> dict:
 
     import torch
 
-    from fourfold.evaluation import sample_texts
+    from fourfold.apps.evaluation import sample_texts
     from fourfold.models.loading import load_causal_lm, load_tokenizer
+    from fourfold.run.common import quiet_transformers
     from fourfold.tasks import get_task
-    from fourfold.trainers.common import quiet_transformers
 
     quiet_transformers()
     torch.set_num_threads(args.threads)

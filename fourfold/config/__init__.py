@@ -25,7 +25,7 @@ and the initial-model and training-loop sections the reward stage and DPO reuse;
 ``dpo`` (with reward's preference data); ``ppo``: the language-model sections shared with
 ``reinforce`` and ``demo``; ``reinforce``; ``gym``; ``demo``; ``inference``: ``generate`` and
 ``score``). Every name is importable from ``fourfold.config`` itself. The experiments' own
-settings live with them, in ``fourfold.experiments.config``.
+settings live with them, in ``fourfold.apps.experiments.config``.
 
 This package imports only the standard library and PyYAML.
 """

@@ -158,7 +158,7 @@ class GenerationConfig:
 
     ENGINE_KEYS = ("engine", "weights", "compile", "stop_check_every")
     """The keys that choose how sampling runs, not what it samples (``fourfold generate`` refuses
-    them; a stage key leaves them out at their defaults: fourfold.stages.LATER_KEYS)."""
+    them; a stage key leaves them out at their defaults: fourfold.apps.cache.LATER_KEYS)."""
 
     def validate(self, prefix: str = "generation") -> None:
         require(self.max_new_tokens >= 1, f"{prefix}.max_new_tokens", "must be >= 1")

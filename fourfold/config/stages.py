@@ -47,13 +47,13 @@ STAGES: dict[str, Stage] = {s.name: s for s in (
           "naive REINFORCE baseline", run_dir=True, torchrun=True, rollout_batch="reinforce.rollout_batch_size"),
     Stage("gym", "fourfold.config:GymConfig", "fourfold.trainers.gym:train",
           "PPO / REINFORCE on a Gymnasium environment", run_dir=True),
-    Stage("demo", "fourfold.config:DemoConfig", "fourfold.demo:run",
+    Stage("demo", "fourfold.config:DemoConfig", "fourfold.apps.demo.pipeline:run",
           "the embedded default: SFT -> RM -> PPO on the review task", cache=True),
-    Stage("experiments", "fourfold.experiments.config:ExperimentsConfig", "fourfold.experiments:run",
+    Stage("experiments", "fourfold.apps.experiments.config:ExperimentsConfig", "fourfold.apps.experiments:run",
           "the method's claims as measured experiments", cache=True),
-    Stage("generate", "fourfold.config:GenerateConfig", "fourfold.inference:generate",
+    Stage("generate", "fourfold.config:GenerateConfig", "fourfold.apps.inference:generate",
           "completions of a prompts file with a trained model (JSONL out)"),
-    Stage("score", "fourfold.config:ScoreConfig", "fourfold.inference:score",
+    Stage("score", "fourfold.config:ScoreConfig", "fourfold.apps.inference:score",
           "scores of prompt/response rows by a reward model or reward_fn (JSONL out)"),
 )}
 

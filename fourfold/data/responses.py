@@ -1,6 +1,6 @@
 """Tokenising prompt + response rows for scoring, in the layout PPO scores its rollouts in.
 
-During PPO a response is scored as :func:`fourfold.rollout.lm.sample` leaves it: the prompt's ids
+During PPO a response is scored as :func:`fourfold.rollout.eager.sample` leaves it: the prompt's ids
 (tokenised as :func:`~fourfold.data.collate.encode_prompts` does: no special tokens, BOS first)
 left-padded to the batch's longest prompt, then the generated ids right-padded to the longest
 response, EOS included when the response ended. :func:`encode_responses` rebuilds those ids from

@@ -7,8 +7,8 @@ where it comes from, whether it trains, its weights dtype, how a scalar head sta
 goes under torchrun. Three readers, and no other copy of these rules:
 
 * the loader, :func:`fourfold.models.build.build_roles` (every stage's models, checked);
-* the memory estimate, :meth:`fourfold.models.estimate.EstimateSettings.from_plan`;
-* the torchrun placement, :func:`fourfold.trainers.parallel.place_roles`.
+* the memory estimate, :meth:`fourfold.models.estimate.memory.EstimateSettings.from_plan`;
+* the torchrun placement, :func:`fourfold.run.parallel.place_roles`.
 
 The stages' roles::
 

@@ -1,4 +1,4 @@
-"""Vector-env stepping -> ``Rollout`` ``[num_envs, T]`` (the gym counterpart of ``rollout/lm.py``).
+"""Vector-env stepping -> ``Rollout`` ``[num_envs, T]`` (the gym counterpart of ``rollout/eager.py``).
 
 One batched forward pass of actor and critic per vector step, one batched critic pass per rollout
 for the truncation bootstrap, and no per-env Python loop: what Gymnasium needs (``envs.step``) and a

@@ -43,11 +43,11 @@ With ``model.lora`` only a LoRA adapter over the frozen ``model.path`` trains, a
 is that same model with the adapter disabled (:class:`~fourfold.models.roles.AdapterDisabledReference`;
 ``dpo.reference`` still names another one): one model in memory from the start. The run writes the
 merged model to ``output_dir/model/`` and the adapter to ``output_dir/model-adapter/``, as ``fourfold
-sft`` does (:mod:`fourfold.trainers.export`).
+sft`` does (:mod:`fourfold.run.export`).
 
 Under ``torchrun`` each rank computes the reference's log-probs of its share of the batches of pairs
 with a full copy of the reference (released before training) and every rank gathers all of them
-(:func:`~fourfold.trainers.parallel.map_batches`; the held-out evaluation likewise), the policy is
+(:func:`~fourfold.run.parallel.map_batches`; the held-out evaluation likewise), the policy is
 placed as ``dist.model`` says (FSDP2 by default), each rank takes its part of every global batch
 and its share of the global mean loss, and the metrics are those of the global batch (as
 :mod:`fourfold.trainers.sft`).
@@ -67,10 +67,10 @@ from fourfold.models.build import build_roles
 from fourfold.models.levers import autocast_region
 from fourfold.models.plan import plan_roles
 from fourfold.models.roles import response_logprobs
-from fourfold.trainers.export import save_trained
+from fourfold.run.export import save_trained
+from fourfold.run.parallel import Figures, check_world, map_batches, place_roles
+from fourfold.run.scaffold import RunScaffold
 from fourfold.trainers.pairs import load_examples
-from fourfold.trainers.parallel import Figures, check_world, map_batches, place_roles
-from fourfold.trainers.scaffold import RunScaffold
 from fourfold.trainers.supervised import SupervisedSteps, Window
 
 LogprobsFn = Callable[[Tensor, Tensor, int], Tensor]
@@ -118,7 +118,7 @@ def response_tokens(examples: Sequence[PreferenceExample]) -> tuple[Tensor, Tens
 def all_pair_logps(logprobs: LogprobsFn, examples: Sequence[PreferenceExample], batch_size: int, pad_id: int,
                    device: torch.device) -> tuple[Tensor, Tensor]:
     """(chosen [N], rejected [N]) sequence log-probs of all ``examples``, in order, on the CPU; under
-    torchrun each rank computes its share of the batches (:func:`~fourfold.trainers.parallel.map_batches`)."""
+    torchrun each rank computes its share of the batches (:func:`~fourfold.run.parallel.map_batches`)."""
 
     def logps(pairs: list[PreferenceExample]) -> tuple[Tensor, Tensor]:
         c, r = pair_logps(logprobs, pair_batch(pairs, pad_id, device))

@@ -66,10 +66,10 @@ from fourfold.core import (
     value_loss,
 )
 from fourfold.errors import ConfigError, NonFiniteError
-from fourfold.gym_plots import plot_run
 from fourfold.rollout.gym import EpisodeStats, VecEnvRunner, collect, collect_episodes, greedy_returns, make_vec_env
-from fourfold.trainers.optim import NonFiniteGuard, guarded_step, make_optimizer
-from fourfold.trainers.scaffold import RunScaffold
+from fourfold.run.optim import NonFiniteGuard, guarded_step, make_optimizer
+from fourfold.run.scaffold import RunScaffold
+from fourfold.trainers.gym_plots import plot_run
 
 __all__ = [
     "train",

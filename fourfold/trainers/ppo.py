@@ -65,11 +65,11 @@ from fourfold.models.plan import plan_roles
 from fourfold.models.roles import ScalarModel, response_logits, response_logprobs
 from fourfold.rollout.engine import make_engine
 from fourfold.rollout.noise import RowNoise
-from fourfold.trainers.export import save_trained
-from fourfold.trainers.optim import NonFiniteGuard, guarded_step, make_optimizer, make_schedule
-from fourfold.trainers.parallel import check_world, loss_scale, place_roles, sum_over_ranks
+from fourfold.run.export import save_trained
+from fourfold.run.optim import NonFiniteGuard, guarded_step, make_optimizer, make_schedule
+from fourfold.run.parallel import check_world, loss_scale, place_roles, sum_over_ranks
+from fourfold.run.scaffold import RunScaffold
 from fourfold.trainers.rollouts import KEY_METRICS, Probe, PromptStream, collect, repeat_prompts, sample_rows
-from fourfold.trainers.scaffold import RunScaffold
 
 
 def compute_advantages(rollout: Rollout, algo: PPOAlgoConfig) -> Rollout:
@@ -244,7 +244,7 @@ def policy_step(policy, mb: Minibatch, algo: PPOAlgoConfig, opt: Optim, temperat
                 guard: NonFiniteGuard) -> dict:
     """One optimizer step of the policy loss (:func:`policy_loss`) on a minibatch, accumulated over
     micro-batches, each aggregated by ``loss_agg`` over the whole minibatch (each part weighted by
-    its share of the minibatch's units, scaled by :func:`~fourfold.trainers.parallel.loss_scale` for
+    its share of the minibatch's units, scaled by :func:`~fourfold.run.parallel.loss_scale` for
     the ranks' averaged gradients). Returns this rank's share of the logged statistics (the loss as
     the minibatch's aggregate, the others as means over its valid tokens; summed over ranks by the
     caller) and the grad norm, the same on every rank."""
@@ -360,10 +360,10 @@ def _set_up(cfg: PPOConfig, run: RunScaffold, roles: Roles, prompts: Optional[Se
 
 
 def _placed_roles(cfg: PPOConfig, run: RunScaffold, device: torch.device, roles: Optional[Roles]) -> Roles:
-    """Step 0 for the roles: the world checks (:func:`~fourfold.trainers.parallel.check_world`), the
+    """Step 0 for the roles: the world checks (:func:`~fourfold.run.parallel.check_world`), the
     roles passed in (refused with a critic a critic-free estimator would not train; the plan's
     levers applied) or built from the role plan, then placed on the ranks
-    (:func:`~fourfold.trainers.parallel.place_roles`; nothing in one process)."""
+    (:func:`~fourfold.run.parallel.place_roles`; nothing in one process)."""
     algo = cfg.ppo
     check_world(run.world, cfg.run.concurrent_roles, {"ppo.rollout_batch_size": algo.rollout_batch_size,
                                                       "ppo.minibatch_size": algo.minibatch_size})

@@ -27,11 +27,11 @@ from fourfold.models.plan import plan_roles
 from fourfold.models.roles import response_logprobs
 from fourfold.rollout.engine import make_engine
 from fourfold.rollout.noise import RowNoise
-from fourfold.trainers.export import save_trained
-from fourfold.trainers.optim import guarded_step, make_optimizer, make_schedule
-from fourfold.trainers.parallel import check_world, loss_scale, place_roles
+from fourfold.run.export import save_trained
+from fourfold.run.optim import guarded_step, make_optimizer, make_schedule
+from fourfold.run.parallel import check_world, loss_scale, place_roles
+from fourfold.run.scaffold import RunScaffold
 from fourfold.trainers.rollouts import KEY_METRICS, Probe, PromptStream, collect, sample_rows
-from fourfold.trainers.scaffold import RunScaffold
 
 
 def rank_loss(policy, r: Rollout, returns: Tensor, baseline: Optional[Tensor], temperature: float,
@@ -39,7 +39,7 @@ def rank_loss(policy, r: Rollout, returns: Tensor, baseline: Optional[Tensor], t
     """Step 6's loss on this rank's contiguous share of the batch ``r`` (the whole batch, the same
     on every rank): ``(to_backward, loss)``. ``loss`` is the batch's token-mean REINFORCE loss
     (summed over ranks, so the same on each); ``to_backward`` is this rank's part of it, scaled by
-    :func:`~fourfold.trainers.parallel.loss_scale` for the ranks' averaged gradients."""
+    :func:`~fourfold.run.parallel.loss_scale` for the ranks' averaged gradients."""
     rows = dist.shard(r.batch_size, world)
     mine = r.select(rows)
     ids, attn = mine.context["input_ids"], mine.context["attention_mask"]

@@ -43,11 +43,11 @@ from fourfold.core import bradley_terry_loss
 from fourfold.data import PreferenceExample, collate_preferences
 from fourfold.models.build import build_roles
 from fourfold.models.plan import plan_roles
-from fourfold.trainers.export import save_trained
-from fourfold.trainers.fsdp import reshard
+from fourfold.run.export import save_trained
+from fourfold.run.fsdp import reshard
+from fourfold.run.parallel import Figures, check_world, map_batches, place_roles
+from fourfold.run.scaffold import RunScaffold
 from fourfold.trainers.pairs import load_examples
-from fourfold.trainers.parallel import Figures, check_world, map_batches, place_roles
-from fourfold.trainers.scaffold import RunScaffold
 from fourfold.trainers.supervised import SupervisedSteps, Window, require_batch
 
 FIGURES = ("loss", "margin", "correct", "pairs", "score_sum", "score_sq", "scores")
@@ -75,7 +75,7 @@ def to_device(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str,
 def score_pairs(rm, examples: list[PreferenceExample], batch_size: int, pad_id: int,
                 device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """(chosen [N], rejected [N]) scores of all ``examples``, in order, on the CPU; under torchrun
-    each rank scores its share of the batches (:func:`~fourfold.trainers.parallel.map_batches`)."""
+    each rank scores its share of the batches (:func:`~fourfold.run.parallel.map_batches`)."""
     was_training = rm.training
     rm.eval()
 

@@ -22,9 +22,12 @@ from fourfold.data import EpochSampler, chat_template_renderer, encode_prompts, 
 from fourfold.dist import World
 from fourfold.errors import ConfigError
 from fourfold.models.build import Roles
-from fourfold.rollout.lm import RolloutEngine, Samples, Scores, decode_responses, gather_rows, sample, score, select_rows
+from fourfold.rollout.eager import sample
+from fourfold.rollout.engine import Engine
 from fourfold.rollout.noise import RowNoise
-from fourfold.trainers.parallel import mean_over_ranks
+from fourfold.rollout.sampling import Samples, decode_responses
+from fourfold.rollout.score import Scores, gather_rows, score, select_rows
+from fourfold.run.parallel import mean_over_ranks
 
 Probe = Callable[[list[str], list[str]], dict[str, float]]
 """``probe(prompts, responses) -> {metric name: value}``: extra measurements of each batch of
@@ -128,7 +131,7 @@ def collect(
     concurrent: bool = False,
     noise: Optional[RowNoise] = None,
     world: World = dist.SINGLE,
-    engine: Optional[RolloutEngine] = None,
+    engine: Optional[Engine] = None,
 ) -> Collected:
     """Steps 2-4 of an iteration: generate (pi_old), score (reference, critic, reward), token rewards.
 
@@ -138,7 +141,7 @@ def collect(
     (rewards, metrics, advantages) is computed on the global batch alike on all ranks. ``noise``:
     the iteration's per-row noise (required with more than one rank; without it tokens come from
     the global torch generator). ``engine``: what generates the responses
-    (:class:`~fourfold.rollout.lm.RolloutEngine`; None: :func:`~fourfold.rollout.lm.sample`).
+    (:class:`~fourfold.rollout.engine.Engine`; None: :func:`~fourfold.rollout.eager.sample`).
 
     rewards_t = -kl_coef * KL_t on every valid token, plus the sequence score on the last one.
     Responses are decoded to text only when the reward reads text or a ``probe`` is given; the
@@ -180,7 +183,7 @@ def collect(
 
 
 def _generate(roles: Roles, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, gen: GenerationConfig,
-              noise: Optional[RowNoise], rows: slice, world: World, engine: RolloutEngine) -> Samples:
+              noise: Optional[RowNoise], rows: slice, world: World, engine: Engine) -> Samples:
     """Sample this rank's ``rows`` of the batch with the policy (in eval mode), then gather every
     rank's rows: the whole batch's :class:`Samples` on every rank."""
     tok = roles.tokenizer

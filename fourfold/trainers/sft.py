@@ -22,7 +22,7 @@ the ids PPO generates after are the ids SFT trained on. The run writes ``output_
 Hugging Face directory (safetensors + tokenizer) that ``AutoModelForCausalLM.from_pretrained`` loads.
 With ``model.lora`` only a LoRA adapter over the frozen ``model.path`` trains (checkpoints hold the
 adapter); ``model/`` is then the merged model and ``model-adapter/`` the adapter
-(:mod:`fourfold.trainers.export`).
+(:mod:`fourfold.run.export`).
 """
 
 from __future__ import annotations
@@ -37,9 +37,9 @@ from fourfold.data import SFTExample, chat_template_renderer, collate_sft, encod
 from fourfold.errors import DataError
 from fourfold.models.build import build_roles
 from fourfold.models.plan import plan_roles
-from fourfold.trainers.export import save_trained
-from fourfold.trainers.parallel import Figures, check_world, map_batches, place_roles
-from fourfold.trainers.scaffold import RunScaffold
+from fourfold.run.export import save_trained
+from fourfold.run.parallel import Figures, check_world, map_batches, place_roles
+from fourfold.run.scaffold import RunScaffold
 from fourfold.trainers.supervised import SupervisedSteps, Window, require_batch
 
 FIGURES = ("loss", "token_accuracy", "tokens")
@@ -93,7 +93,7 @@ def batch_loss(model, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dic
 @torch.no_grad()
 def evaluate(model, examples: list[SFTExample], batch_size: int, pad_id: int, device: torch.device) -> float:
     """Mean cross-entropy over all completion tokens of ``examples`` (token-weighted); under
-    torchrun each rank evaluates its share of the batches (:func:`~fourfold.trainers.parallel.map_batches`)."""
+    torchrun each rank evaluates its share of the batches (:func:`~fourfold.run.parallel.map_batches`)."""
     was_training = model.training
     model.eval()
     order = sorted(range(len(examples)), key=lambda i: len(examples[i].input_ids))  # less padding

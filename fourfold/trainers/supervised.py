@@ -12,7 +12,7 @@ Each step, as numbered in :meth:`SupervisedSteps.run`:
    :class:`~fourfold.data.EpochSampler`, and this rank's part of it (all of it in one process);
 2. the stage's ``step(rows) -> (loss, Figures)``: its forward and loss on those rows, and its
    figures (means weighted by tokens or pairs, sums), made those of the whole global batch
-   (:mod:`fourfold.trainers.parallel`);
+   (:mod:`fourfold.run.parallel`);
 3. backward, global-norm clip and an AdamW step, skipped when the loss or the gradient norm is not
    finite (the schedule still counts the step), then the LR schedule;
 4. a metrics row every ``train.log_every`` steps and at the end, from the sums since the previous
@@ -32,12 +32,12 @@ import torch
 
 from fourfold.data import EpochSampler
 from fourfold.errors import ConfigError
-from fourfold.trainers.optim import guarded_step, make_optimizer, make_schedule
-from fourfold.trainers.parallel import Figures, loss_scale, shard_rows
+from fourfold.run.optim import guarded_step, make_optimizer, make_schedule
+from fourfold.run.parallel import Figures, loss_scale, shard_rows
 
 StepFn = Callable[[list], "tuple[torch.Tensor, Figures]"]
 """``step(rows) -> (loss, figures)``: a stage's forward and loss on this rank's ``rows`` (example
-indices), and its :class:`~fourfold.trainers.parallel.Figures` on them."""
+indices), and its :class:`~fourfold.run.parallel.Figures` on them."""
 
 
 def num_steps(max_steps: Optional[int], epochs: float, batches_per_epoch: int) -> int:

@@ -13,7 +13,7 @@ from fourfold.config import PPOConfig, load_config
 from fourfold.models.build import load_roles
 from fourfold.rollout.engine import make_engine
 from fourfold.rollout.noise import RowNoise
-from fourfold.trainers.fsdp import shard_model
+from fourfold.run.fsdp import shard_model
 from fourfold.trainers.rollouts import PromptStream, collect, repeat_prompts
 
 

@@ -167,10 +167,10 @@ def test_quick_demo_writes_tensorboard_events_and_samples(quick_demo):
 
 
 def test_quick_demo_records_its_provenance_and_publish_collects_it(quick_demo):
-    """provenance.json (commit, machine, date, command) beside the outputs; `fourfold.publish` reads
+    """provenance.json (commit, machine, date, command) beside the outputs; `fourfold.apps.publish` reads
     the published numbers of the run from them."""
-    from fourfold import publish
-    from fourfold.provenance import git_commit
+    from fourfold.apps import publish
+    from fourfold.apps.provenance import git_commit
 
     out, _, _ = quick_demo
     prov = json.loads((out / "provenance.json").read_text())

@@ -6,7 +6,7 @@ from errortest_utils import one_line_error, ppo_args, reward_args, sft_args
 
 from fourfold import dist
 from fourfold.errors import ConfigError
-from fourfold.trainers.fsdp import shard_model
+from fourfold.run.fsdp import shard_model
 
 
 @pytest.fixture

@@ -15,8 +15,8 @@ from fourfold.checkpoint import checkpoint_dirs, latest_checkpoint, load_checkpo
 from fourfold.config import SFTConfig, load_config
 from fourfold.errors import ConfigError
 from fourfold.reporting import read_metrics
+from fourfold.run.scaffold import RunScaffold
 from fourfold.trainers import sft
-from fourfold.trainers.scaffold import RunScaffold
 
 
 def _flag(argv: list[str], flag: str) -> list[str]:

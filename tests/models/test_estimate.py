@@ -19,16 +19,16 @@ from transformers import (
     Qwen2Config,
 )
 
-from fourfold.models.estimate import (
+from fourfold.models.estimate.memory import (
     ROLES,
     EstimateSettings,
     LoraSettings,
     estimate_from_settings,
     layer_activation_bytes_per_token,
 )
-from fourfold.models.param_count import count_lora, shape_of
+from fourfold.models.estimate.params import count_lora, shape_of
 from fourfold.models.roles import response_logprobs
-from fourfold.trainers.optim import make_optimizer
+from fourfold.run.optim import make_optimizer
 
 SMALL = dict(vocab_size=97, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, max_position_embeddings=64)
 CONFIGS = {
@@ -336,7 +336,7 @@ def test_inconsistent_settings_are_refused():
 
 def test_importing_the_estimate_loads_no_heavy_or_upper_modules():
     """torch only at import; transformers and peft are imported when an estimate is made."""
-    code = ("import sys, fourfold.models.estimate\n"
+    code = ("import sys, fourfold.models.estimate.memory\n"
             "bad = [m for m in sys.modules if m.split('.')[0] in ('transformers', 'peft') or m.startswith("
             "('fourfold.trainers', 'fourfold.config', 'fourfold.rollout', 'fourfold.data', 'fourfold.cli'))]\n"
             "print(bad)")

@@ -34,7 +34,8 @@ from fourfold.models.roles import (
     position_ids_from_mask,
     response_logprobs,
 )
-from fourfold.rollout.lm import sample, score
+from fourfold.rollout.eager import sample
+from fourfold.rollout.score import score
 
 SETTINGS = LoraSettings(r=4, alpha=8.0)
 

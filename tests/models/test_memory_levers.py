@@ -23,7 +23,7 @@ from fourfold.models.levers import (
 )
 from fourfold.models.lora import AdapterLM, LoraSettings, SharedBase, add_critic
 from fourfold.models.roles import AdapterDisabledReference, ScalarModel, response_logprobs
-from fourfold.rollout.lm import sample
+from fourfold.rollout.eager import sample
 
 V, T = 211, 6
 

@@ -7,10 +7,10 @@ import torch
 from fourfold.config import DPOConfig, PPOConfig, ReinforceConfig, RewardConfig, SFTConfig, load_config
 from fourfold.errors import ConfigError
 from fourfold.models.build import build_roles
+from fourfold.models.estimate.from_config import estimate_settings
 from fourfold.models.lora import AdapterLM, AdapterScalarModel, save_adapter
 from fourfold.models.plan import ADAPTER, BASE, FULL, FUNCTION, plan_roles
 from fourfold.models.roles import AdapterDisabledReference, FrozenReference, FunctionReward, ScalarModel
-from fourfold.trainers.memory import estimate_settings
 
 LORA = ["model.lora.r=4", "model.lora.alpha=8", "run.concurrent_roles=false"]
 

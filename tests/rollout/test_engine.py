@@ -5,9 +5,10 @@ into an inference copy, and not), and compiled. Plus the engine's weights (live 
 import pytest
 import torch
 
-from fourfold.rollout.engine import EagerEngine, StaticEngine, make_engine
-from fourfold.rollout.lm import sample
+from fourfold.rollout.eager import EagerEngine, sample
+from fourfold.rollout.engine import make_engine
 from fourfold.rollout.noise import RowNoise
+from fourfold.rollout.static import StaticEngine
 from fourfold.rollout.weights import CopiedWeights, GatheredWeights, LiveWeights
 
 V, PAD = 60, 0

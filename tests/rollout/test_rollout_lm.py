@@ -5,7 +5,8 @@ import torch
 
 from fourfold.models.loading import load_causal_lm, load_sequence_scorer
 from fourfold.models.roles import FrozenReference, ModelReward, ScalarModel, response_logprobs
-from fourfold.rollout.lm import sample, score
+from fourfold.rollout.eager import sample
+from fourfold.rollout.score import score
 
 EOS, PAD, V = 2, 0, 8
 

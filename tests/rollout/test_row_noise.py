@@ -3,7 +3,7 @@ inverse-CDF pick, and sampling a batch in two slices (as two ranks do) gives the
 import torch
 
 from fourfold.models.loading import load_causal_lm
-from fourfold.rollout.lm import sample
+from fourfold.rollout.eager import sample
 from fourfold.rollout.noise import RowNoise, inverse_cdf, row_seed
 
 

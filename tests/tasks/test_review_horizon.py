@@ -5,8 +5,8 @@ from collections import Counter
 
 import pytest
 
+from fourfold.apps.demo.pipeline import sft_stage_settings
 from fourfold.config import DemoConfig
-from fourfold.demo import sft_stage_settings
 from fourfold.errors import ConfigError
 from fourfold.tasks import ReviewTask, ReviewTaskConfig, get_task
 from fourfold.tasks.review import parse_review

@@ -11,8 +11,8 @@ from fourfold.checkpoint import latest_checkpoint
 from fourfold.config import SFTConfig, load_config
 from fourfold.errors import NonFiniteError
 from fourfold.reporting import read_metrics
-from fourfold.trainers.finite_step import adam_update_bound, finite_step, may_overflow
-from fourfold.trainers.optim import NonFiniteGuard, guarded_step, make_optimizer
+from fourfold.run.finite_step import adam_update_bound, finite_step, may_overflow
+from fourfold.run.optim import NonFiniteGuard, guarded_step, make_optimizer
 
 
 def _model(seed=0):
@@ -112,7 +112,7 @@ def test_guarded_step_counts_the_undone_step_as_a_parameters_skip():
 
 
 def test_no_copy_and_a_non_finite_result_stops_before_saving(monkeypatch):
-    from fourfold.trainers import finite_step as fs
+    from fourfold.run import finite_step as fs
 
     model = _model()
     opt = make_optimizer(model.parameters(), 1e39)

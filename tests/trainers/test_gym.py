@@ -18,9 +18,9 @@ from gymnasium.vector import AutoresetMode, SyncVectorEnv
 from fourfold.cli import main
 from fourfold.config import GymConfig, load_config
 from fourfold.errors import ConfigError
-from fourfold.gym_plots import plot_seeds
 from fourfold.rollout.gym import VecEnvRunner, collect, collect_episodes
 from fourfold.trainers.gym import compute_advantages, flatten_valid, train
+from fourfold.trainers.gym_plots import plot_seeds
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 

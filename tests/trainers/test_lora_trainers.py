@@ -361,8 +361,8 @@ def test_response_logits_of_a_peft_model_apply_the_head_at_response_positions_on
 
 
 def test_demo_switch_keeps_the_stage_keys_without_lora_and_sets_up_one_base_with_it(tmp_path):
-    from fourfold.demo import ppo_stage_config, ppo_stage_settings, reward_stage_settings
-    from fourfold.stages import stage_key
+    from fourfold.apps.cache import stage_key
+    from fourfold.apps.demo.pipeline import ppo_stage_config, ppo_stage_settings, reward_stage_settings
 
     cfg = DemoConfig()
     # the keys a demo of the code before this switch wrote (seed 0, default config; the PPO key is

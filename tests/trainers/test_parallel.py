@@ -1,4 +1,4 @@
-"""The data-parallel seam's arithmetic (fourfold.trainers.parallel) on simulated ranks, in one
+"""The data-parallel seam's arithmetic (fourfold.run.parallel) on simulated ranks, in one
 process: each rank's figures become those of the whole global batch, a rank whose rows do not count
 adds nothing, and each rank's loss scale makes FSDP's average of the ranks' gradients the gradient of
 the global mean (hand-computed values, then a property over random shares)."""
@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 
 from fourfold import dist
 from fourfold.dist import World
-from fourfold.trainers import parallel
-from fourfold.trainers.parallel import Figures, Part, loss_scale
+from fourfold.run import parallel
+from fourfold.run.parallel import Figures, Part, loss_scale
 
 
 def _global(monkeypatch, figures: list, parts: list) -> list:

@@ -202,7 +202,7 @@ def step_setup(tiny_lm):
 def _step(setup, **algo_changes):
     from fourfold.core import aggregation_units
     from fourfold.models.build import Roles
-    from fourfold.trainers.optim import NonFiniteGuard
+    from fourfold.run.optim import NonFiniteGuard
     from fourfold.trainers.ppo import Minibatch, make_optim, policy_step
 
     roles, rollout, algo = setup

@@ -25,7 +25,7 @@ def _ranks(setup, step, model_of, world_size, **algo_changes):
     shares are summed here)."""
     from fourfold import dist
     from fourfold.models.build import Roles
-    from fourfold.trainers.optim import NonFiniteGuard
+    from fourfold.run.optim import NonFiniteGuard
     from fourfold.trainers.ppo import make_optim, minibatches
 
     roles, rollout, algo = setup
@@ -124,7 +124,7 @@ def test_reinforce_gradient_of_rank_shares_is_the_batch_gradient(setup):
 
 def test_global_batch_sizes_must_divide_by_the_world():
     from fourfold.errors import ConfigError
-    from fourfold.trainers.parallel import check_world
+    from fourfold.run.parallel import check_world
 
     check_world(World(1, 2), False, {"ppo.rollout_batch_size": 8, "ppo.minibatch_size": 4})
     with pytest.raises(ConfigError, match=r"^ppo.minibatch_size: 3 does not divide by the world size 2"):

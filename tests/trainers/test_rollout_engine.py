@@ -1,5 +1,5 @@
 """The rollout-engine seam: ``collect(..., engine=...)`` generates with the engine it is given (the
-place a vLLM backend would go), and the built-in engine is :func:`fourfold.rollout.lm.sample`."""
+place a vLLM backend would go), and the built-in engine is :func:`fourfold.rollout.eager.sample`."""
 import torch
 
 from fourfold.config import GenerationConfig, PPOConfig, load_config
@@ -20,7 +20,7 @@ def _collect(tiny_lm, engine):
 
 
 def test_collect_generates_with_the_engine_it_is_given(tiny_lm):
-    from fourfold.rollout.lm import sample
+    from fourfold.rollout.eager import sample
 
     calls = []
 
@@ -36,7 +36,7 @@ def test_collect_generates_with_the_engine_it_is_given(tiny_lm):
 
 
 def test_a_different_engine_changes_the_rollout(tiny_lm):
-    from fourfold.rollout.lm import sample
+    from fourfold.rollout.eager import sample
 
     def greedy(model, prompt_ids, prompt_mask, *, noise, **kw):  # ignores the noise: argmax tokens
         return sample(model, prompt_ids, prompt_mask, greedy=True, **kw)
@@ -48,7 +48,7 @@ def test_a_different_engine_changes_the_rollout(tiny_lm):
 
 def test_collect_with_the_static_engine_gives_the_eager_rollout(tiny_lm):
     """The static engine through the seam: the same responses, rewards within float tolerance."""
-    from fourfold.rollout.engine import StaticEngine
+    from fourfold.rollout.static import StaticEngine
 
     default = _collect(tiny_lm, None)
     static = _collect(tiny_lm, StaticEngine(check_every=2))

@@ -11,8 +11,8 @@ import torch
 from fourfold.config import RunConfig
 from fourfold.errors import NonFiniteError
 from fourfold.reporting import read_metrics
-from fourfold.trainers.optim import NonFiniteGuard, guarded_step, make_optimizer, make_schedule
-from fourfold.trainers.scaffold import RunScaffold
+from fourfold.run.optim import NonFiniteGuard, guarded_step, make_optimizer, make_schedule
+from fourfold.run.scaffold import RunScaffold
 
 
 @dataclasses.dataclass

@@ -86,7 +86,7 @@ def test_prompt_tokens_carry_no_loss(toy):
 def test_loss_falls_and_model_reloads_with_plain_transformers(toy, tmp_path, monkeypatch):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from fourfold.trainers import export  # the final export (save_trained) calls save_hf from there
+    from fourfold.run import export  # the final export (save_trained) calls save_hf from there
 
     saved = {}
     real_save = export.save_hf
@@ -165,7 +165,7 @@ def test_resume_after_sigterm_is_exact(toy, tmp_path, monkeypatch):
     sft.train(_cfg(toy, full, "train.max_steps=12", "train.batch_size=5", "train.log_every=2"))
 
     # interrupted run: SIGTERM arrives during step 5 -> checkpoint at 5, KeyboardInterrupt
-    from fourfold.trainers import optim
+    from fourfold.run import optim
 
     real_step = optim.clip_and_step  # called by the guarded step in trainers.optim
     calls = {"n": 0}

@@ -121,7 +121,7 @@ def test_saved_tokenizers_pad_left_next_to_generative_models_only(tiny_lm, tmp_p
     from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
 
     from fourfold.models.loading import load_tokenizer
-    from fourfold.trainers.export import save_hf
+    from fourfold.run.export import save_hf
 
     tok = load_tokenizer(str(tiny_lm / "sft"))
     save_hf(AutoModelForCausalLM.from_pretrained(tiny_lm / "sft"), tok, tmp_path / "lm")

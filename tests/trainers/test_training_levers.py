@@ -23,7 +23,7 @@ def setup(mixed_rollout):
 
 def _step(setup, compiled: bool = False, **algo_changes):
     """(statistics, gradients) of one policy step and one critic step on the whole rollout."""
-    from fourfold.trainers.optim import NonFiniteGuard
+    from fourfold.run.optim import NonFiniteGuard
     from fourfold.trainers.ppo import critic_step, make_optim, minibatches, policy_step
 
     roles, rollout, algo = setup

@@ -78,7 +78,7 @@ class BaseRunner(nn.Module):
     head=name)`` its backbone and the linear head ``heads[name]`` (a critic's or a reward model's) at
     every position (:func:`~fourfold.models.roles.per_position_scalars`).
 
-    Under torchrun it is the root a placement shards (:func:`fourfold.trainers.parallel.place_roles`):
+    Under torchrun it is the root a placement shards (:func:`fourfold.run.parallel.place_roles`):
     FSDP2 gathers a root's own weights (embeddings, final norm, LM head, the scalar heads) in the
     root's forward, so every role's forward goes through this one module. ``forwards_to`` is the
     model whose signature the keywords follow."""

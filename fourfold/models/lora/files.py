@@ -28,7 +28,7 @@ classifier's (both ``model`` for Llama and Qwen2: only the head differs), and re
 inverse renaming; nothing in memory changes.
 
 Writers here write into a given directory; the trainers make them atomic
-(:func:`fourfold.trainers.export.save_trained`).
+(:func:`fourfold.run.export.save_trained`).
 """
 
 from __future__ import annotations
@@ -323,7 +323,7 @@ def save_adapter(role, path, runner_state: Optional[dict] = None) -> None:
     """A LoRA role's adapter directory at ``path``: a policy's peft adapter (loads with
     ``PeftModel.from_pretrained(causal LM, path)``), a scalar role's LoRA reward-model directory.
     ``runner_state``: the base runner's state dict gathered whole from a sharded base (rank 0;
-    :func:`fourfold.trainers.fsdp.export_state_dict`), else None: the role's own tensors."""
+    :func:`fourfold.run.fsdp.export_state_dict`), else None: the role's own tensors."""
     gathered = None if runner_state is None else Gathered(role, runner_state)
     if isinstance(role, AdapterScalarModel):
         save_scalar_adapter(role, path, gathered)

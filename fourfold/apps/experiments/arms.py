@@ -1,0 +1,165 @@
+"""The arms: which trainer each runs, how its config differs from the demo's PPO, which RM it uses.
+
+The arms are named in one list, ``fourfold.apps.experiments.config.EXPERIMENT_ARMS`` (the names
+``ExperimentsConfig.arms`` accepts); :data:`ARM_ORDER` is that list, the order the arms run and
+are reported in.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any, Mapping
+
+from fourfold.apps.cache import digest, keyed
+from fourfold.apps.experiments.config import EXPERIMENT_ARMS, ExperimentsConfig
+from fourfold.checkpoint import checkpoint_dirs
+from fourfold.config import (
+    DPOAlgoConfig,
+    DPOConfig,
+    InitModelConfig,
+    LMModelConfig,
+    PPOConfig,
+    PreferenceDataConfig,
+    PromptDataConfig,
+    ReinforceAlgoConfig,
+    ReinforceConfig,
+    RunConfig,
+    TrainLoopConfig,
+    config_to_dict,
+)
+
+ARM_ORDER = EXPERIMENT_ARMS
+"""Every arm, in the order they run and are reported ('reinforce' expands to one arm per learning-rate
+multiplier)."""
+
+
+@dataclasses.dataclass
+class Arm:
+    """One arm: its trainer ('ppo', 'reinforce' or 'dpo'), how its config differs, which RM it uses
+    (dpo uses none: the RM only scores its final evaluation's proxy column)."""
+
+    name: str
+    stage: str
+    what: str
+    ppo: dict = dataclasses.field(default_factory=dict)
+    """PPOAlgoConfig fields changed from demo.ppo (ppo arms)."""
+    lr_multiplier: float = 1.0
+    """REINFORCE: learning rate = this x demo.ppo.lr."""
+    rm: str = "biased"
+    """'biased' (the demo's RM) or 'unbiased' (the RM of the unbiased labelers)."""
+
+    @property
+    def model_dir(self) -> str:
+        """The run directory's subdirectory holding the final model ('model' for dpo, else 'policy')."""
+        return "model" if self.stage == "dpo" else "policy"
+
+
+def _mult(m: float) -> str:
+    return f"{m:g}x"
+
+
+def _arms_named(name: str, cfg: ExperimentsConfig) -> list[Arm]:
+    """The arm(s) of one name of :data:`ARM_ORDER`."""
+    ppo = cfg.demo.ppo
+    beta = ppo.kl_coef
+    if name == "reinforce":
+        return [Arm(f"reinforce-lr{_mult(m)}", "reinforce", f"naive REINFORCE, lr={m:g}x PPO's ({ppo.lr * m:g})",
+                    lr_multiplier=m) for m in cfg.reinforce_lr_multipliers]
+    if name == "ppo-beta-high":
+        b = beta * cfg.beta_high_multiplier
+        return [Arm(name, "ppo", f"PPO, beta={b:g} ({cfg.beta_high_multiplier:g}x)",
+                    ppo={"kl_coef": b, "adaptive_kl": False})]
+    k, n = cfg.group_size, ppo.rollout_batch_size
+    same = f"KL in the reward (beta={beta:g}), {ppo.ppo_epochs} epochs, clip and lr as ppo"
+    arm = {
+        "ppo": Arm(name, "ppo", f"PPO, beta={beta:g}, {ppo.ppo_epochs} epochs, critic"),
+        "grpo": Arm(name, "ppo", f"GRPO: no critic, advantage (R - group mean) / group std over K={k} samples "
+                                 f"of a prompt ({n // k} prompts x {k}); {same}",
+                    ppo={"advantage": "grpo", "samples_per_prompt": k}),
+        "rloo": Arm(name, "ppo", f"RLOO: no critic, baseline the mean of the other K-1={k - 1} samples of a prompt "
+                                 f"({n // k} prompts x {k}); {same}",
+                    ppo={"advantage": "rloo", "samples_per_prompt": k}),
+        "reinforce-pp": Arm(name, "ppo", f"REINFORCE++: no critic, returns whitened over the batch; {same}",
+                            ppo={"advantage": "reinforce_pp"}),
+        "dpo": Arm(name, "dpo", f"DPO on the demo's pairs from the SFT model (beta={cfg.dpo_beta:g}, lr "
+                                f"{cfg.dpo_lr:g}, the RM's budget: {cfg.demo.reward.steps} steps x "
+                                f"{cfg.demo.reward.batch_size} pairs); no RM, no sampling"),
+        "ppo-beta0": Arm(name, "ppo", "PPO, beta=0 (no KL penalty)", ppo={"kl_coef": 0.0, "adaptive_kl": False}),
+        "ppo-1epoch": Arm(name, "ppo", "PPO, 1 epoch per batch", ppo={"ppo_epochs": 1}),
+        "ppo-no-critic": Arm(name, "ppo", "PPO without a critic (whitened returns as advantages)",
+                             ppo={"use_critic": False}),
+        "ppo-unbiased-rm": Arm(name, "ppo", "PPO against the RM of unbiased labelers", rm="unbiased"),
+        "ppo-adaptive-kl": Arm(name, "ppo", f"PPO, adaptive KL (target {ppo.kl_target:g} nats)",
+                               ppo={"adaptive_kl": True}),
+    }[name]
+    return [arm]
+
+
+def build_arms(cfg: ExperimentsConfig) -> list[Arm]:
+    """The arms cfg.arms names, in a fixed order ('reinforce' expands to one arm per multiplier)."""
+    return [arm for name in ARM_ORDER if name in cfg.arms for arm in _arms_named(name, cfg)]
+
+
+def models_in_memory(cfg: ExperimentsConfig, arm: Arm) -> tuple[int, int]:
+    """(trained, frozen) models one run of ``arm`` holds: ppo 2 + 2 (policy and critic; reference
+    and RM), a critic-free arm or REINFORCE 1 + 2, dpo 1 + 1 (policy; the SFT reference, whose
+    log-probs fourfold dpo computes up front before it releases it)."""
+    if arm.stage == "dpo":
+        return 1, 1
+    if arm.stage == "ppo" and dataclasses.replace(cfg.demo.ppo, **arm.ppo).loads_critic:
+        return 2, 2
+    return 1, 2
+
+
+def _dpo_config(cfg: ExperimentsConfig, run: RunConfig, sft: Path, data: Path) -> DPOConfig:
+    """The dpo arm: the demo's pairs (its held-out pairs for the held-out loss), the reward model's
+    budget (demo.reward.steps steps of demo.reward.batch_size pairs), checkpoints as often per run
+    as the RL arms'."""
+    d = cfg.demo
+    steps = d.reward.steps
+    run = dataclasses.replace(run, save_every=max(1, round(steps * cfg.run.save_every / cfg.iterations)))
+    return DPOConfig(model=InitModelConfig(path=str(sft)),
+                     data=PreferenceDataConfig(train=str(data / "preferences.jsonl"),
+                                               eval=str(data / "preferences_eval.jsonl")),
+                     train=TrainLoopConfig(max_steps=steps, batch_size=d.reward.batch_size, lr=cfg.dpo_lr,
+                                           warmup_steps=max(1, steps // 20), max_len=d.model.max_positions),
+                     dpo=DPOAlgoConfig(beta=cfg.dpo_beta), run=run)
+
+
+def run_config(cfg: ExperimentsConfig, arm: Arm, seed: int, *, sft: Path, rm: Path, run_dir: Path):
+    """The PPOConfig / ReinforceConfig / DPOConfig of one arm x seed (every RL arm shares generation,
+    prompts, batch size and number of iterations: the same sample budget; dpo trains on the demo's
+    pairs in ``sft``'s sibling ``data/``)."""
+    d = cfg.demo
+    resume = bool(checkpoint_dirs(run_dir))  # a killed sweep continues its runs; a new one starts over
+    run = RunConfig(output_dir=str(run_dir), seed=seed, device=cfg.run.device, threads=cfg.run.threads,
+                    save_every=cfg.run.save_every, keep_checkpoints=1, resume=resume, overwrite=not resume, progress=False,
+                    tensorboard=False, max_consecutive_skips=cfg.run.max_consecutive_skips,
+                    concurrent_roles=cfg.run.concurrent_roles)
+    if arm.stage == "dpo":
+        return _dpo_config(cfg, run, sft, sft.parent / "data")
+    data = PromptDataConfig(task="review", max_prompt_len=16, task_options=dict(d.task_options))
+    if arm.stage == "ppo":
+        algo = dataclasses.replace(d.ppo, iterations=cfg.iterations, **arm.ppo)
+        return PPOConfig(model=LMModelConfig(policy=str(sft), reward=str(rm), critic_init="reward"),
+                         data=data, generation=d.generation, ppo=algo, run=run)
+    algo = ReinforceAlgoConfig(
+        iterations=cfg.iterations, rollout_batch_size=d.ppo.rollout_batch_size, lr=d.ppo.lr * arm.lr_multiplier,
+        kl_coef=d.ppo.kl_coef, kl_estimator=d.ppo.kl_estimator, baseline="none", max_grad_norm=None,
+        lr_schedule=d.ppo.lr_schedule)
+    return ReinforceConfig(model=LMModelConfig(policy=str(sft), reward=str(rm)), data=data,
+                           generation=d.generation, reinforce=algo, run=run)
+
+
+def run_key(run_cfg, stage: str, demo_keys: Mapping[str, Any]) -> str:
+    """What a run's result depends on: its algorithm/generation/data settings, its seed and the demo
+    stages its models come from (paths, device, threads and logging do not count)."""
+    d = config_to_dict(run_cfg)
+    if stage == "dpo":
+        return digest({"stage": stage, "algo": d["dpo"], "train": d["train"], "seed": d["run"]["seed"],
+                       "demo": demo_keys})
+    algo = run_cfg.ppo if stage == "ppo" else run_cfg.reinforce
+    return digest({"stage": stage, "algo": keyed(algo), "generation": keyed(run_cfg.generation),
+                   "data": keyed(run_cfg.data), "critic_init": d["model"].get("critic_init"), "seed": d["run"]["seed"],
+                   "demo": demo_keys})

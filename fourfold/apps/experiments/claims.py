@@ -1,0 +1,381 @@
+"""The claims, computed from the final evaluations (:func:`compute_claims`), with their statistics:
+per-seed pairing of arms, standard errors of an evaluation mean, differences in SFT sd units.
+
+Each claim group (``claims.groups``) has its own function; a group whose arms did not run (or share
+no seed) is not checked and says why in the notes.
+
+With ``claims.quick`` (``fourfold experiments --quick``) only the claims of :data:`QUICK_CLAIMS` are
+stated, each against ``noise_z`` standard errors of its own evaluation instead of a fixed sd, ratio or
+share; every other claim (and every group left out of ``claims.groups``) is listed in the notes as
+needing the full sweep.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Mapping, Sequence
+
+from fourfold.apps.experiments.config import CLAIM_GROUPS, GROUP_ARMS, ExperimentsClaimsConfig
+from fourfold.apps.report_kit import fmt, mean, signed, std
+
+QUICK_CLAIMS = ("beta0.hack", "beta0.drift", "beta0.degeneration", "dpo.length")
+"""The claims ``--quick`` states (``group.key``): those whose effect at its budget is many times its
+evaluation's error (beta = 0's hack, drift and degeneration were 1-2 sd, 5-6x the KL and 0.6 of the
+well-formed share in the quick runs; the labels DPO fits prefer the longer response 70% of the
+time). Magnitude claims (fixed sd, ratio or nats), 'within noise' claims (which a small sample
+passes too easily) and claims on small effects (ppo's and grpo's gold, the critic's cost) need the
+full sweep."""
+
+GROUP_CLAIMS = {
+    "ppo": "ppo raises gold; its KL stays bounded by the penalty; its responses stay well formed",
+    "beta0": "beta = 0 hacks the reward model, drifts, degenerates, fools the RM",
+    "beta-high": "a very high beta keeps the policy at the SFT model (KL, gold, length)",
+    "epochs": "several PPO epochs per batch beat one",
+    "reinforce": "ppo beats naive REINFORCE (clearly at the same learning rate; at its best learning rate)",
+    "critic": "the critic's baseline helps (ppo vs ppo-no-critic)",
+    "length": "the labelers' length bias makes ppo verbose (ppo vs ppo-unbiased-rm)",
+    "critic-free": "removing the critic costs PPO less than critic_free_max_cost_sd of gold; grpo, rloo and "
+                   "reinforce-pp raise gold",
+    "baseline": "a group baseline (grpo, rloo) beats naive REINFORCE on gold at the same samples",
+    "dpo": "DPO raises gold over SFT; DPO inherits the labelers' length bias",
+}
+"""What each claim group says, for the notes of the groups a sweep leaves out."""
+
+CRITIC_FREE_ARMS = ("grpo", "rloo", "reinforce-pp")
+"""The PPO arms without a critic the 'critic-free' claims compare with ppo."""
+GROUP_BASELINE_ARMS = GROUP_ARMS
+"""The arms whose baseline is the group of K samples of a prompt ('baseline' claims)."""
+
+
+def _by_seed(rows: Sequence[Mapping]) -> dict[int, Mapping]:
+    return {int(r.get("seed", i)): r for i, r in enumerate(rows)}
+
+
+def paired(finals: Mapping[str, Sequence[Mapping]], *arms: str) -> list[tuple[int, tuple[Mapping, ...]]]:
+    """Seeds present in every named arm, with each arm's row for that seed."""
+    maps = [_by_seed(finals[a]) for a in arms]
+    seeds = sorted(set.intersection(*(set(m) for m in maps)))
+    return [(s, tuple(m[s] for m in maps)) for s in seeds]
+
+
+def eval_se(row: Mapping, key: str) -> float:
+    """Standard error of an evaluation mean (per-sample sd / sqrt(n); a share uses p(1-p))."""
+    n = max(int(row.get("n", 1)), 1)
+    if key in ("well_formed", "repetition"):
+        p = float(row[key])
+        return math.sqrt(max(p * (1 - p), 0.0) / n)
+    return float(row.get(f"{key}_std", 0.0)) / math.sqrt(n)
+
+
+def seeds_txt(ok: Sequence[bool]) -> str:
+    return f"{sum(ok)}/{len(ok)} seeds"
+
+
+def fmt_list(xs: Sequence[float], digits: int = 2, signed_: bool = True) -> str:
+    return ", ".join(signed(x, digits) if signed_ else fmt(x, digits) for x in xs)
+
+
+def _lr_of(arm: str) -> float:
+    try:
+        return float(arm[len("reinforce-lr"):].rstrip("x"))
+    except ValueError:
+        return math.nan
+
+
+@dataclasses.dataclass
+class _Table:
+    """The claims table being built, and what every group's check needs."""
+
+    finals: Mapping[str, Sequence[Mapping]]
+    sft: Mapping
+    c: ExperimentsClaimsConfig
+    proxy_sft: Mapping[str, Mapping]
+    kl_coef: float
+    ppo_epochs: int
+    rows: list[dict] = dataclasses.field(default_factory=list)
+    notes: list[str] = dataclasses.field(default_factory=list)
+    full_only: list[str] = dataclasses.field(default_factory=list)
+    """Claims of a checked group that claims.quick leaves to the full sweep."""
+
+    @property
+    def gsd(self) -> float:
+        """One SFT sd of gold (the unit of every gold difference)."""
+        return self.sft["gold_std"] if self.sft.get("gold_std") else math.nan
+
+    def need(self, group: str, *arms: str) -> bool:
+        """Whether ``group`` is asked for and its arms have results on a common seed (a note if not)."""
+        if group not in self.c.groups:
+            return False
+        missing = [a for a in arms if not self.finals.get(a)]
+        if missing:
+            self.notes.append(f"claims '{group}' not checked: arm {', '.join(missing)} did not run or has no results")
+            return False
+        if not paired(self.finals, *arms):
+            self.notes.append(f"claims '{group}' not checked: arms {', '.join(arms)} share no seed")
+            return False
+        return True
+
+    def add(self, group: str, claim: str, measured: str, threshold: str, holds: bool, key: str = "") -> None:
+        """A row of the table; under claims.quick only a claim of QUICK_CLAIMS (``group.key``)."""
+        if self.c.quick and f"{group}.{key}" not in QUICK_CLAIMS:
+            self.full_only.append(claim)
+            return
+        self.rows.append({"group": group, "claim": claim, "measured": measured, "threshold": threshold,
+                          "holds": "yes" if holds else "no"})
+
+    def noise(self, a: Mapping, b: Mapping, key: str) -> float:
+        """noise_z standard errors of the evaluation of the difference a - b of ``key`` (raw units)."""
+        return self.c.noise_z * math.hypot(eval_se(a, key), eval_se(b, key))
+
+    def gain(self, arm: str, key: str) -> tuple[list[float], list[float], list[bool]]:
+        """Per seed: ``arm``'s ``key`` minus the SFT model's (gold in sd, length in words), its noise
+        threshold in the same unit, and whether the gain is beyond it."""
+        scale = self.gsd if key == "gold" else 1.0
+        rows = sorted(self.finals[arm], key=lambda r: r.get("seed", 0))
+        d = [(r[key] - self.sft[key]) / scale for r in rows]
+        thr = [self.noise(r, self.sft, key) / scale for r in rows]
+        return d, thr, [x > y for x, y in zip(d, thr)]
+
+    def gold_u(self, row: Mapping) -> float:
+        return (row["gold"] - self.sft["gold"]) / self.gsd
+
+    def beats(self, a: str, b: str) -> tuple[list[float], list[float], list[bool]]:
+        """Per seed: gold difference a - b (sd), its noise threshold (sd), and whether it is beyond."""
+        diffs, thr, ok = [], [], []
+        for _, (ra, rb) in paired(self.finals, a, b):
+            d = (ra["gold"] - rb["gold"]) / self.gsd
+            t = self.c.noise_z * math.hypot(eval_se(ra, "gold"), eval_se(rb, "gold")) / self.gsd
+            diffs.append(d), thr.append(t), ok.append(d > t)
+        return diffs, thr, ok
+
+    def spread(self, arm: str) -> str:
+        g = [self.gold_u(r) for r in self.finals[arm]]
+        return f"{arm} {signed(mean(g))} +- {fmt(std(g), 2)} sd"
+
+    def add_beats(self, group: str, claim: str, a: str, b: str, spread_label: str = "") -> None:
+        """A claim that ``a`` beats ``b`` on gold beyond the evaluation's noise, in every seed."""
+        d, t, ok = self.beats(a, b)
+        self.add(group, claim,
+                 f"gold difference {fmt_list(d)} sd ({seeds_txt(ok)}); {spread_label}{self.spread(a)}, {self.spread(b)}",
+                 f"> {self.c.noise_z:g} evaluation standard errors ({fmt_list(t, 2, False)} sd) in every seed", all(ok))
+
+
+def _ppo_claims(t: _Table) -> None:
+    c, sft = t.c, t.sft
+    ppo = sorted(t.finals["ppo"], key=lambda r: r.get("seed", 0))
+    gains = [t.gold_u(r) for r in ppo]
+    t.add("ppo", "ppo raises gold reward above the SFT model's",
+          f"gold gain {fmt_list(gains)} sd ({seeds_txt([g >= c.ppo_min_gold_gain_sd for g in gains])})",
+          f">= {c.ppo_min_gold_gain_sd:g} sd in every seed", all(g >= c.ppo_min_gold_gain_sd for g in gains))
+    psft = t.proxy_sft.get("ppo", sft)
+    bounds = [(r["proxy"] - psft["proxy"]) / t.kl_coef if t.kl_coef > 0 else math.inf for r in ppo]
+    kls = [r["kl"] for r in ppo]
+    ok = [k <= b for k, b in zip(kls, bounds)]
+    t.add("ppo", "ppo's KL to the reference stays bounded by the penalty (its KL-regularised objective "
+                 "proxy - beta*KL is not below the SFT model's)",
+          f"KL {fmt_list(kls, 1, False)} nats; proxy gain / beta {fmt_list(bounds, 1, False)} nats ({seeds_txt(ok)})",
+          "KL <= proxy gain / beta in every seed", all(ok))
+    ratios = [r["well_formed"] / sft["well_formed"] if sft["well_formed"] > 0 else math.inf for r in ppo]
+    t.add("ppo", "ppo keeps responses well formed",
+          f"well-formed {fmt_list([r['well_formed'] for r in ppo], 2, False)} vs SFT {fmt(sft['well_formed'], 2)} "
+          f"(ratio {fmt_list(ratios, 2, False)})",
+          f">= {c.ppo_min_well_formed_ratio:g} x SFT's in every seed",
+          all(x >= c.ppo_min_well_formed_ratio for x in ratios))
+
+
+def _beta0_hack_drift(t: _Table, pairs: list) -> None:
+    """beta0's gold below SFT's and ppo's, and its KL above ppo's: by fixed margins (sd, ratio), or
+    under claims.quick beyond the evaluation's noise."""
+    c, q = t.c, t.c.quick
+    below_sft = [-t.gold_u(b) for _, (b, p) in pairs]
+    below_ppo = [(p["gold"] - b["gold"]) / t.gsd for _, (b, p) in pairs]
+    bar_sft = [t.noise(b, t.sft, "gold") / t.gsd if q else c.beta0_min_gold_drop_sd for _, (b, p) in pairs]
+    bar_ppo = [t.noise(b, p, "gold") / t.gsd if q else c.beta0_min_gold_drop_sd for _, (b, p) in pairs]
+    ok = [s >= bs and x >= bp for s, x, bs, bp in zip(below_sft, below_ppo, bar_sft, bar_ppo)]
+    t.add("beta0", "beta = 0 hacks the reward model: gold falls below the SFT model's and ppo's",
+          f"below SFT by {fmt_list(below_sft)} sd, below ppo by {fmt_list(below_ppo)} sd ({seeds_txt(ok)})",
+          f"> {c.noise_z:g} evaluation standard errors below both ({fmt_list(bar_sft, 2, False)} and "
+          f"{fmt_list(bar_ppo, 2, False)} sd) in every seed" if q else
+          f">= {c.beta0_min_gold_drop_sd:g} sd below both in every seed", all(ok), key="hack")
+    kl_b0, kl_ppo = [b["kl"] for _, (b, p) in pairs], [p["kl"] for _, (b, p) in pairs]
+    if q:
+        bars = [t.noise(b, p, "kl") for _, (b, p) in pairs]
+        ok = [b - p > bar for b, p, bar in zip(kl_b0, kl_ppo, bars)]
+        t.add("beta0", "beta = 0 drifts further from the reference than ppo",
+              f"KL {fmt_list(kl_b0, 1, False)} vs ppo {fmt_list(kl_ppo, 1, False)} nats ({seeds_txt(ok)})",
+              f"higher by > {c.noise_z:g} evaluation standard errors ({fmt_list(bars, 1, False)} nats) in every seed",
+              all(ok), key="drift")
+        return
+    ratios = [b["kl"] / p["kl"] if p["kl"] > 0 else math.inf for _, (b, p) in pairs]
+    t.add("beta0", "beta = 0 drifts far from the reference",
+          f"KL {fmt_list(kl_b0, 1, False)} vs ppo {fmt_list(kl_ppo, 1, False)} nats (ratio {fmt_list(ratios, 1, False)})",
+          f">= {c.beta0_min_kl_ratio:g} x ppo's in every seed", all(r >= c.beta0_min_kl_ratio for r in ratios),
+          key="drift")
+
+
+def _beta0_claims(t: _Table) -> None:
+    c, q = t.c, t.c.quick
+    pairs = paired(t.finals, "ppo-beta0", "ppo")
+    _beta0_hack_drift(t, pairs)
+    wf = [p["well_formed"] - b["well_formed"] for _, (b, p) in pairs]
+    rep = [b["repetition"] - p["repetition"] for _, (b, p) in pairs]
+    bar_wf = [t.noise(b, p, "well_formed") if q else c.beta0_min_degeneration for _, (b, p) in pairs]
+    bar_rep = [t.noise(b, p, "repetition") if q else c.beta0_min_degeneration for _, (b, p) in pairs]
+    ok = [w > bw or r > br if q else max(w, r) >= bw for w, r, bw, br in zip(wf, rep, bar_wf, bar_rep)]
+    t.add("beta0", "beta = 0 degenerates (well-formed share or repetition clearly worse than ppo's)",
+          f"well-formed lower by {fmt_list(wf)}, repetition higher by {fmt_list(rep)} ({seeds_txt(ok)})",
+          f"either by > {c.noise_z:g} evaluation standard errors ({fmt_list(bar_wf, 2, False)} and "
+          f"{fmt_list(bar_rep, 2, False)}) in every seed" if q else
+          f"either >= {c.beta0_min_degeneration:g} in every seed", all(ok), key="degeneration")
+    psft = t.proxy_sft.get("ppo", t.sft)
+    psd = psft.get("proxy_std") or math.nan
+    dp = [(b["proxy"] - p["proxy"]) / psd for _, (b, p) in pairs]
+    t.add("beta0", "beta = 0 still scores as high on the proxy (the RM is fooled)",
+          f"proxy minus ppo's {fmt_list(dp)} sd ({seeds_txt([d >= -c.beta0_proxy_margin_sd for d in dp])})",
+          f">= -{c.beta0_proxy_margin_sd:g} sd in every seed", all(d >= -c.beta0_proxy_margin_sd for d in dp))
+
+
+def _beta_high_claims(t: _Table) -> None:
+    c, sft = t.c, t.sft
+    hi = sorted(t.finals["ppo-beta-high"], key=lambda r: r.get("seed", 0))
+    kls = [r["kl"] for r in hi]
+    t.add("beta-high", "a very high beta keeps the policy at the SFT model (KL)",
+          f"KL {fmt_list(kls, 3, False)} nats per response",
+          f"< {c.beta_high_max_kl:g} nats in every seed", all(k < c.beta_high_max_kl for k in kls))
+    for key, unit in (("gold", "sd"), ("length", "words")):
+        m = mean([r[key] for r in hi])
+        n_all = sum(int(r.get("n", 1)) for r in hi)
+        var = mean([float(r.get(f"{key}_std", 0.0)) ** 2 for r in hi])
+        se = math.hypot(math.sqrt(var / max(n_all, 1)), eval_se(sft, key))
+        diff, thr = m - sft[key], c.noise_z * se
+        scale = t.gsd if key == "gold" else 1.0
+        t.add("beta-high", f"a very high beta keeps the policy at the SFT model ({key})",
+              f"{key} {signed(diff / scale)} {unit} from SFT's (mean over {len(hi)} seeds)",
+              f"within +-{fmt(thr / scale, 2)} {unit} ({c.noise_z:g} standard errors of the evaluation)",
+              abs(diff) <= thr)
+
+
+def _reinforce_claims(t: _Table, rf: list[str]) -> None:
+    c, finals = t.c, t.finals
+    same = [a for a in rf if _lr_of(a) == 1.0]
+    if same:
+        a = same[0]
+        diffs = [(p["gold"] - r["gold"]) / t.gsd for _, (p, r) in paired(finals, "ppo", a)]
+        ok = [x >= c.clear_margin_sd for x in diffs]
+        t.add("reinforce", "ppo clearly beats naive REINFORCE at the same learning rate",
+              f"gold difference {fmt_list(diffs)} sd ({seeds_txt(ok)}); {t.spread('ppo')}, {t.spread(a)}",
+              f">= {c.clear_margin_sd:g} sd in every seed", all(ok))
+    else:
+        t.notes.append("claim 'ppo clearly beats REINFORCE at the same learning rate' not checked: "
+                       "reinforce_lr_multipliers has no 1.0")
+    best = _best_reinforce(t, rf)
+    t.add_beats("reinforce", f"ppo beats REINFORCE at its best learning rate tried ({best}, of {', '.join(rf)})",
+                "ppo", best, spread_label="spread over seeds: ")
+
+
+def _best_reinforce(t: _Table, rf: Sequence[str]) -> str:
+    """The REINFORCE arm with the highest mean gold (the tuned naive baseline)."""
+    return max(rf, key=lambda a: mean([r["gold"] for r in t.finals[a]]))
+
+
+def _critic_free_claims(t: _Table, arm: str) -> None:
+    """What removing the critic costs PPO on gold (mean over seeds against a fixed bar, the cost
+    measured either way), and whether the critic-free ``arm`` still raises gold above SFT's."""
+    c = t.c
+    pairs = paired(t.finals, "ppo", arm)
+    costs = [(p["gold"] - a["gold"]) / t.gsd for _, (p, a) in pairs]
+    se_mean = math.sqrt(sum(eval_se(p, "gold") ** 2 + eval_se(a, "gold") ** 2 for _, (p, a) in pairs)) / len(pairs) / t.gsd
+    cost = mean(costs)
+    t.add("critic-free", f"removing the critic costs PPO less than {c.critic_free_max_cost_sd:g} sd of gold ({arm})",
+          f"ppo's gold minus {arm}'s {fmt_list(costs)} sd, mean {signed(cost)} sd (+- {fmt(c.noise_z * se_mean, 2)} "
+          f"sd: {c.noise_z:g} evaluation standard errors of the mean); {t.spread('ppo')}, {t.spread(arm)}",
+          f"mean over seeds < {c.critic_free_max_cost_sd:g} sd", cost < c.critic_free_max_cost_sd, key="cost")
+    d, thr, ok = t.gain(arm, "gold")
+    t.add("critic-free", f"{arm} raises gold above the SFT model's", f"gold gain {fmt_list(d)} sd ({seeds_txt(ok)})",
+          f"> {c.noise_z:g} evaluation standard errors ({fmt_list(thr, 2, False)} sd) in every seed", all(ok), key="gain")
+
+
+def _dpo_claims(t: _Table) -> None:
+    """DPO against the SFT model it starts from: gold up, and length up (the labels it fits prefer
+    the longer response), each beyond the evaluation's noise in every seed."""
+    z = t.c.noise_z
+    d, thr, ok = t.gain("dpo", "gold")
+    t.add("dpo", "DPO raises gold above the SFT model's", f"gold gain {fmt_list(d)} sd ({seeds_txt(ok)})",
+          f"> {z:g} evaluation standard errors ({fmt_list(thr, 2, False)} sd) in every seed", all(ok), key="gold")
+    d, thr, ok = t.gain("dpo", "length")
+    t.add("dpo", "DPO inherits the labelers' length bias: its responses are longer than the SFT model's",
+          f"length {fmt_list(d, 1)} words vs SFT's {fmt(t.sft['length'], 1)} ({seeds_txt(ok)})",
+          f"> {z:g} evaluation standard errors ({fmt_list(thr, 1, False)} words) in every seed", all(ok), key="length")
+
+
+def _length_claims(t: _Table) -> None:
+    c, sft = t.c, t.sft
+    pairs = paired(t.finals, "ppo", "ppo-unbiased-rm")
+    drift_b = [p["length"] - sft["length"] for _, (p, u) in pairs]
+    drift_u = [u["length"] - sft["length"] for _, (p, u) in pairs]
+    thr = [c.noise_z * math.hypot(eval_se(p, "length"), eval_se(u, "length")) for _, (p, u) in pairs]
+    ok = [b - u > th for b, u, th in zip(drift_b, drift_u, thr)]
+    t.add("length", "the labelers' length bias makes ppo verbose: its length drift exceeds "
+                    "ppo-unbiased-rm's",
+          f"length drift vs SFT: ppo {fmt_list(drift_b, 1)}, unbiased RM {fmt_list(drift_u, 1)} words ({seeds_txt(ok)})",
+          f"difference > {c.noise_z:g} evaluation standard errors ({fmt_list(thr, 1, False)} words) in every seed",
+          all(ok))
+
+
+def compute_claims(finals: Mapping[str, Sequence[Mapping]], sft: Mapping, claims: ExperimentsClaimsConfig, *,
+                   kl_coef: float, ppo_epochs: int = 4,
+                   proxy_sft: Mapping[str, Mapping] | None = None) -> tuple[list[dict], list[str]]:
+    """The claims table from the final evaluations.
+
+    finals: {arm: [per-seed summary]} with keys seed, n, proxy, gold, kl, length, well_formed,
+    repetition, gold_std, length_std; sft: the SFT model's summary on the same prompts (plus
+    proxy_std); proxy_sft: {arm: SFT summary under that arm's RM} (default: sft) for proxy units;
+    kl_coef, ppo_epochs: ppo's beta and epochs. Returns (rows, notes): rows have claim, measured,
+    threshold, holds ('yes' or 'no') and group; notes say which claim groups could not be checked
+    and why, and under claims.quick which claims need the full sweep.
+    """
+    t = _Table(finals, sft, claims, proxy_sft or {}, kl_coef, ppo_epochs)
+    if t.need("ppo", "ppo"):
+        _ppo_claims(t)
+    if t.need("beta0", "ppo", "ppo-beta0"):
+        _beta0_claims(t)
+    if t.need("beta-high", "ppo-beta-high"):
+        _beta_high_claims(t)
+    if t.need("epochs", "ppo", "ppo-1epoch"):
+        t.add_beats("epochs", f"{ppo_epochs} epochs per batch beat 1 epoch on gold at equal samples",
+                    "ppo", "ppo-1epoch")
+    rf = sorted((a for a in finals if a.startswith("reinforce-lr") and finals[a]), key=_lr_of)
+    if "reinforce" in claims.groups:
+        if not rf:
+            t.notes.append("claims 'reinforce' not checked: no reinforce arm has results")
+        elif t.need("reinforce", "ppo", *rf):
+            _reinforce_claims(t, rf)
+    if t.need("critic", "ppo", "ppo-no-critic"):
+        t.add_beats("critic", "the critic's baseline helps: ppo beats ppo-no-critic on gold", "ppo", "ppo-no-critic")
+    if t.need("length", "ppo", "ppo-unbiased-rm"):
+        _length_claims(t)
+    for arm in CRITIC_FREE_ARMS:
+        if t.need("critic-free", "ppo", arm):
+            _critic_free_claims(t, arm)
+    if "baseline" in claims.groups and not rf:
+        t.notes.append("claims 'baseline' not checked: no reinforce arm has results")
+    for arm in GROUP_BASELINE_ARMS:
+        if rf and t.need("baseline", arm, *rf):
+            best = _best_reinforce(t, rf)
+            t.add_beats("baseline", f"a group baseline ({arm}) beats naive REINFORCE on gold at the same samples "
+                                    f"(REINFORCE at its best learning rate tried, {best})", arm, best)
+    if t.need("dpo", "dpo"):
+        _dpo_claims(t)
+    if claims.quick:
+        _quick_notes(t)
+    return t.rows, t.notes
+
+
+def _quick_notes(t: _Table) -> None:
+    """claims.quick: the claims left to the full sweep, by group (those left out of claims.groups)
+    and one by one (those of a checked group that QUICK_CLAIMS does not list)."""
+    for group in CLAIM_GROUPS:
+        if group not in t.c.groups:
+            t.notes.append(f"needs the full sweep: claims '{group}' ({GROUP_CLAIMS[group]})")
+    t.notes += [f"needs the full sweep: {claim}" for claim in t.full_only]

@@ -1,0 +1,256 @@
+"""`fourfold experiments`: the method's claims as measured experiments (fourfold.apps.experiments):
+the arm and claim vocabulary and the sweep's settings."""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+from typing import Literal, Optional
+
+from fourfold.config.demo import DemoConfig
+from fourfold.config.loader import require
+from fourfold.config.run import MAX_SEED, RunConfig
+
+EXPERIMENT_ARMS = ("ppo", "ppo-beta0", "ppo-beta-high", "ppo-1epoch", "ppo-no-critic", "grpo", "rloo", "reinforce-pp",
+                   "reinforce", "dpo", "ppo-unbiased-rm", "ppo-adaptive-kl")
+"""Arms `fourfold experiments` knows (see docs/experiments.md); 'reinforce' runs once per entry
+of reinforce_lr_multipliers (as reinforce-lr1x, reinforce-lr3x, ...)."""
+
+CLAIM_GROUPS = ("ppo", "beta0", "beta-high", "epochs", "reinforce", "critic", "length", "critic-free", "baseline",
+                "dpo")
+"""Groups of claims `fourfold experiments` checks; a group whose arms did not run is left out."""
+
+
+@dataclasses.dataclass
+class ExperimentsClaimsConfig:
+    """Which claims are checked, and their thresholds. Gold and proxy differences are in units of
+    the SFT model's per-sample standard deviation (sd) on the evaluation prompts; "in every seed"
+    compares arms seed by seed (same seed = same prompt order)."""
+
+    groups: list[str] = dataclasses.field(default_factory=lambda: list(CLAIM_GROUPS))
+    """Claim groups to check: ppo, beta0, beta-high, epochs, reinforce, critic, length, critic-free,
+    baseline, dpo."""
+    ppo_min_gold_gain_sd: float = 0.3
+    """ppo: final gold above SFT's by at least this many sd, in every seed."""
+    ppo_min_well_formed_ratio: float = 0.9
+    """ppo: well-formed share at least this fraction of SFT's, in every seed."""
+    beta0_min_gold_drop_sd: float = 0.5
+    """ppo-beta0: final gold below both SFT's and ppo's by at least this many sd, in every seed."""
+    beta0_min_kl_ratio: float = 5.0
+    """ppo-beta0: KL to the reference at least this multiple of ppo's, in every seed."""
+    beta0_min_degeneration: float = 0.1
+    """ppo-beta0: well-formed share lower than ppo's, or repetition rate higher, by at least this
+    (absolute share), in every seed."""
+    beta0_proxy_margin_sd: float = 0.25
+    """ppo-beta0: proxy (RM) reward at least ppo's minus this many (RM-score) sd, in every seed."""
+    beta_high_max_kl: float = 0.2
+    """ppo-beta-high: KL to the reference (nats per response) below this, in every seed."""
+    noise_z: float = 2.0
+    """'Within noise' / 'beyond noise': this many standard errors of the evaluation (finite
+    sample of prompts and responses) of the difference."""
+    clear_margin_sd: float = 0.5
+    """'Clearly beats': gold higher by at least this many sd, in every seed."""
+    critic_free_max_cost_sd: float = 0.3
+    """critic-free: removing the critic costs PPO less than this many sd of gold (ppo's gold minus
+    grpo's, rloo's, reinforce-pp's; mean over seeds), each arm its own claim."""
+    quick: bool = False
+    """The claims a short budget settles, and only those (set by --quick): the claims of
+    fourfold.apps.experiments.claims.QUICK_CLAIMS, each against noise_z standard errors of its own
+    evaluation instead of a fixed sd, ratio or share; every other claim is listed as needing the
+    full sweep."""
+
+    def validate(self, prefix: str = "claims") -> None:
+        for g in self.groups:
+            close = difflib.get_close_matches(str(g), CLAIM_GROUPS, n=1, cutoff=0.5)
+            require(g in CLAIM_GROUPS, f"{prefix}.groups", f"unknown group {g!r}"
+                    + (f" (did you mean {close[0]!r}?)" if close else "") + f"; known: {', '.join(CLAIM_GROUPS)}")
+        require(self.ppo_min_well_formed_ratio >= 0, f"{prefix}.ppo_min_well_formed_ratio", "must be >= 0")
+        require(self.beta0_min_kl_ratio > 0, f"{prefix}.beta0_min_kl_ratio", "must be > 0")
+        require(self.beta_high_max_kl > 0, f"{prefix}.beta_high_max_kl", "must be > 0")
+        require(self.noise_z > 0, f"{prefix}.noise_z", "must be > 0")
+        require(self.clear_margin_sd >= 0, f"{prefix}.clear_margin_sd", "must be >= 0")
+        require(self.critic_free_max_cost_sd > 0, f"{prefix}.critic_free_max_cost_sd", "must be > 0")
+
+
+HORIZON_ARMS = ("ppo", "ppo-beta0", "ppo-beta-high", "ppo-1epoch", "ppo-no-critic", "grpo", "rloo", "reinforce-pp",
+                "reinforce", "ppo-adaptive-kl")
+"""Arms the horizon family runs at each horizon (every arm but those that need another reward model
+or no sampling: ppo-unbiased-rm, dpo)."""
+GROUP_ARMS = ("grpo", "rloo")
+"""Arms whose baseline is the group of K samples of a prompt."""
+
+
+@dataclasses.dataclass
+class HorizonClaimsConfig:
+    """Thresholds of the horizon family's claims, written before its first run (docs/experiments.md).
+    Gold differences are in units of the SFT model's per-sample sd at that horizon (each horizon has
+    its own SFT model and gold); "in every seed" compares arms seed by seed."""
+
+    critic_min_increase_sd: float = 0.1
+    """'The critic's baseline helps more as the horizon grows': its gain (ppo's gold minus
+    ppo-no-critic's) at the longest horizon minus its gain at the shortest must be at least this
+    (mean over seeds), and above noise_z standard errors of the evaluation in every seed."""
+    match_max_cost_sd: float = 0.3
+    """'A group baseline matches the critic at every horizon tried': ppo's gold minus the group arm's
+    (grpo, rloo; mean over seeds) below this at every horizon, and under the noisier labels."""
+    noise_z: float = 2.0
+    """'Beyond noise': this many standard errors of the evaluation of the difference."""
+
+    def validate(self, prefix: str = "horizon.claims") -> None:
+        require(self.critic_min_increase_sd >= 0, f"{prefix}.critic_min_increase_sd", "must be >= 0")
+        require(self.match_max_cost_sd > 0, f"{prefix}.match_max_cost_sd", "must be > 0")
+        require(self.noise_z > 0, f"{prefix}.noise_z", "must be > 0")
+
+
+@dataclasses.dataclass
+class HorizonConfig:
+    """The horizon family (``family: horizon``, examples/horizon.yaml): the review task with gold
+    wanting reviews of k sentences (the task's ``sentences`` knob), one demo (SFT, pairs, reward model)
+    per horizon k, and arms at each horizon; at the longest horizon also a noisier reward (labels
+    from noisier labelers, the same SFT model) and the group arm at other group sizes."""
+
+    horizons: list[int] = dataclasses.field(default_factory=lambda: [1, 3, 6])
+    """The horizons k: gold wants k sentences (fourfold.tasks.ReviewTaskConfig.sentences)."""
+    arms: list[str] = dataclasses.field(default_factory=lambda: ["ppo", "ppo-no-critic", "grpo", "rloo"])
+    """The arms run at every horizon (as the claims family defines them)."""
+    tokens_per_sentence: int = 12
+    """Responses may have up to tokens_per_sentence x (k + 1) tokens at horizon k (generation.
+    max_new_tokens): room for one sentence more than gold wants (the corpus averages 7 words a
+    sentence; the word-level tokenizer gives a token a word)."""
+    task_options: dict = dataclasses.field(default_factory=lambda: {"labeler_length_bias": 0.0})
+    """Task options of every horizon (over demo.task_options): by default unbiased labelers, so that
+    gold measures credit over the horizon rather than the labelers' length flaw (the claims family
+    studies that)."""
+    noisy_task_options: dict = dataclasses.field(default_factory=lambda: {"labeler_noise": 0.3})
+    """The noisier reward at the longest horizon: these labeler options over the horizon's (its SFT
+    model is the horizon's, copied; pairs and reward model are new); {} = none."""
+    noisy_arms: list[str] = dataclasses.field(default_factory=lambda: ["ppo", "grpo"])
+    """The arms run against the noisier reward."""
+    group_sizes: list[int] = dataclasses.field(default_factory=lambda: [2, 8])
+    """Other group sizes K of group_arm at the longest horizon (the arms above use group_size); []
+    = none. Every K keeps demo.ppo.rollout_batch_size responses per iteration (so batch / K prompts)."""
+    group_arm: str = "grpo"
+    """The group arm run at group_sizes."""
+    demo_dir: str = "runs/demo-horizon"
+    """The horizons' demo stages are cached in '<demo_dir>-h<k>' (the noisier reward's in
+    '<demo_dir>-h<k>-noisy')."""
+    credit_prompts: int = 4
+    """Prompts of the token-credit view (each with group_size responses), from the longest horizon's
+    ppo and group_arm runs of the first seed; 0 = no view."""
+    claims: HorizonClaimsConfig = dataclasses.field(default_factory=HorizonClaimsConfig)
+    """The claims' thresholds."""
+
+    def validate(self, prefix: str = "horizon") -> None:
+        require(len(self.horizons) >= 1 and all(k >= 1 for k in self.horizons), f"{prefix}.horizons",
+                "must list horizons >= 1")
+        require(len(set(self.horizons)) == len(self.horizons), f"{prefix}.horizons", "a horizon is listed twice")
+        for key, arms in (("arms", self.arms), ("noisy_arms", self.noisy_arms), ("group_arm", [self.group_arm])):
+            bad = [a for a in arms if a not in HORIZON_ARMS] + [None]
+            require(bad[0] is None, f"{prefix}.{key}",
+                    f"arm {bad[0]!r} does not run in the horizon family; it runs {', '.join(HORIZON_ARMS)}")
+        require(len(self.arms) >= 1 and len(set(self.arms)) == len(self.arms), f"{prefix}.arms",
+                "must list arms, each once")
+        require(self.group_arm in GROUP_ARMS, f"{prefix}.group_arm", f"must be one of {', '.join(GROUP_ARMS)}")
+        require(all(k >= 2 for k in self.group_sizes), f"{prefix}.group_sizes", "must be >= 2 (a group of one has no baseline)")
+        require(self.tokens_per_sentence >= 1, f"{prefix}.tokens_per_sentence", "must be >= 1")
+        require("sentences" not in self.task_options, f"{prefix}.task_options", "sentences is set by horizons")
+        require(self.credit_prompts >= 0, f"{prefix}.credit_prompts", "must be >= 0")
+
+
+@dataclasses.dataclass
+class ExperimentsConfig:
+    """`fourfold experiments`: every arm x seed on the demo's task at the same sample budget, a
+    final evaluation of each saved policy on the same held-out prompts, report.html and summary.md
+    with the claims table (see docs/experiments.md)."""
+
+    quick: bool = False
+    """A short check (about 5 minutes on 2 cores): seed 0, arms ppo / ppo-beta0 / grpo / dpo, a
+    short budget, the quick demo (demo.quick=true) and only the claims that budget settles, against
+    its own evaluation error (claims.quick); the summary lists the claims that need the full sweep.
+    Default output paths get a '-quick' suffix so a quick run never replaces a full one. With
+    family: horizon: seed 0, horizons 1 and 3, ppo and grpo, the quick demo's budgets, only the
+    'knob' claim (fourfold.apps.experiments.horizon.HORIZON_QUICK)."""
+    fresh: bool = False
+    """Rerun every arm and evaluation (the demo's cached stages are kept: use demo.fresh for those)."""
+    demo: DemoConfig = dataclasses.field(default_factory=DemoConfig)
+    """The shared SFT model and reward model: `fourfold demo`'s settings (its stages are reused from
+    the cache in demo.run.output_dir), and its ppo/generation sections, the base of every arm."""
+    arms: list[str] = dataclasses.field(default_factory=lambda: [
+        "ppo", "ppo-beta0", "ppo-beta-high", "ppo-1epoch", "ppo-no-critic", "grpo", "rloo", "reinforce-pp",
+        "reinforce", "dpo", "ppo-unbiased-rm"])
+    """Arms to run: ppo, ppo-beta0, ppo-beta-high, ppo-1epoch, ppo-no-critic, grpo, rloo, reinforce-pp,
+    reinforce, dpo, ppo-unbiased-rm, ppo-adaptive-kl (optional: demo.ppo.kl_target as the target)."""
+    seeds: list[int] = dataclasses.field(default_factory=lambda: [0, 1, 2])
+    """Seeds of every arm (run.seed of each run)."""
+    iterations: int = 60
+    """PPO iterations per run (each demo.ppo.rollout_batch_size samples); REINFORCE gets the same
+    number of samples (same batch size, same number of iterations)."""
+    workers: int = 2
+    """Runs in parallel, each a `python -m fourfold.cli ppo|reinforce|dpo` subprocess with
+    run.threads torch threads."""
+    reinforce_lr_multipliers: list[float] = dataclasses.field(default_factory=lambda: [1.0, 3.0, 10.0])
+    """REINFORCE learning rates as multiples of demo.ppo.lr (1.0 = PPO's; the best of the others is
+    the tuned baseline)."""
+    beta_high_multiplier: float = 100.0
+    """ppo-beta-high uses kl_coef = this x demo.ppo.kl_coef."""
+    unbiased_task_options: dict = dataclasses.field(default_factory=lambda: {"labeler_length_bias": 0.0})
+    """Task options (over demo.task_options) of the labelers whose RM ppo-unbiased-rm uses."""
+    unbiased_demo_dir: Optional[str] = None
+    """Where the unbiased demo stages are cached; null = '<demo.run.output_dir>-unbiased'."""
+    eval_prompts: int = 2048
+    """Held-out prompts of the final evaluation (the demo's eval prompts: the same for every run)."""
+    samples_in_report: int = 4
+    """Sample responses per arm shown in the report."""
+    claims: ExperimentsClaimsConfig = dataclasses.field(default_factory=ExperimentsClaimsConfig)
+    """Which claims are checked and their thresholds."""
+    run: RunConfig = dataclasses.field(default_factory=lambda: RunConfig(
+        output_dir="runs/experiments", threads=1, save_every=10, tensorboard=False))
+    """output_dir: report.html, summary.md, runs/<arm>/seed<k>/, logs/; threads: torch threads of
+    each run; save_every: checkpoint period of each run (an interrupted sweep resumes); device;
+    progress. run.seed is not used (see seeds)."""
+    group_size: int = 4
+    """K, the responses sampled per prompt by grpo and rloo (ppo.samples_per_prompt): an iteration
+    still samples demo.ppo.rollout_batch_size responses, from rollout_batch_size / K prompts."""
+    dpo_beta: float = 0.1
+    """dpo: dpo.beta (the DPO paper's 0.1). The arm's data budget is the reward model's: the demo's
+    pairs, demo.reward.steps steps of demo.reward.batch_size pairs."""
+    dpo_lr: float = 1e-4
+    """dpo: peak learning rate (linear warm-up over 5% of the steps, then linear decay)."""
+    family: Literal["claims", "horizon"] = "claims"
+    """Which experiments: 'claims' (the method's claims, the arms above on the demo's task) or 'horizon'
+    (the same trainers at several response lengths gold wants: the horizon section; arms,
+    unbiased_* and the claims section are then not read)."""
+    horizon: HorizonConfig = dataclasses.field(default_factory=HorizonConfig)
+    """The horizon family's settings (family: horizon)."""
+
+    def validate(self, prefix: str = "") -> None:
+        for a in self.arms:
+            close = difflib.get_close_matches(str(a), EXPERIMENT_ARMS, n=1, cutoff=0.5)
+            require(a in EXPERIMENT_ARMS, "arms", f"unknown arm {a!r}"
+                    + (f" (did you mean {close[0]!r}?)" if close else "") + f"; known: {', '.join(EXPERIMENT_ARMS)}")
+        require(len(set(self.arms)) == len(self.arms), "arms", "an arm is listed twice")
+        require(len(self.arms) >= 1, "arms", "must name at least one arm")
+        require(len(self.seeds) >= 1, "seeds", "must list at least one seed")
+        require(len(set(self.seeds)) == len(self.seeds), "seeds", "a seed is listed twice")
+        require(all(0 <= s <= MAX_SEED for s in self.seeds), "seeds", "each seed must be an integer in [0, 2**63 - 1]")
+        require(self.iterations >= 1, "iterations", "must be >= 1")
+        require(self.workers >= 1, "workers", "must be >= 1")
+        if "reinforce" in self.arms:
+            require(len(self.reinforce_lr_multipliers) >= 1, "reinforce_lr_multipliers", "must list at least one")
+        require(all(m > 0 for m in self.reinforce_lr_multipliers), "reinforce_lr_multipliers", "must be > 0")
+        require(len(set(self.reinforce_lr_multipliers)) == len(self.reinforce_lr_multipliers),
+                "reinforce_lr_multipliers", "a multiplier is listed twice")
+        require(self.beta_high_multiplier > 0, "beta_high_multiplier", "must be > 0")
+        require(self.eval_prompts >= 2, "eval_prompts", "must be >= 2")
+        require(self.samples_in_report >= 0, "samples_in_report", "must be >= 0")
+        require(self.group_size >= 2, "group_size", "must be >= 2 (a group of one has no baseline)")
+        require(self.dpo_beta > 0, "dpo_beta", "must be > 0")
+        require(self.dpo_lr > 0, "dpo_lr", "must be > 0")
+        if self.family == "horizon":
+            need = 16 + self.horizon.tokens_per_sentence * (max(self.horizon.horizons) + 1)
+            require(self.demo.model.max_positions >= need, "demo.model.max_positions",
+                    f"must hold a 16-token prompt and the longest horizon's responses (horizon.tokens_per_sentence "
+                    f"x (k + 1) tokens): >= {need}, got {self.demo.model.max_positions}")
+        if "ppo-unbiased-rm" in self.arms:
+            require(bool(self.unbiased_task_options), "unbiased_task_options",
+                    "must change a task option (e.g. {labeler_length_bias: 0})")

@@ -1,0 +1,256 @@
+"""`fourfold generate` and `fourfold score`: a trained model used on its own, with the conventions
+of training.
+
+* :func:`generate` - a causal LM and a prompts source in, ``run.output_dir/completions.jsonl`` out:
+  one row per prompt, in order, with ``prompt`` (the text the model saw: a chat ``messages`` row is
+  rendered with the tokenizer's chat template, as PPO renders it), ``response`` (decoded, special
+  tokens skipped, nothing after EOS), ``finished`` (the response ended with EOS) and
+  ``response_tokens`` (generated tokens, EOS included). Prompts are read and tokenised as PPO reads
+  ``data.prompts`` (:func:`fourfold.data.load_prompts`, :func:`fourfold.data.encode_prompts`), left-
+  padded in batches of ``data.batch_size`` and sampled with :func:`fourfold.rollout.eager.sample` under
+  PPO's generation settings (or greedily), from a generator seeded with ``run.seed``: the same
+  config gives the same completions.
+* :func:`score` - a reward model (or a reward function) and prompt/response rows in,
+  ``run.output_dir/scores.jsonl`` out: each row as read plus ``score``. A reward model scores a row
+  exactly as PPO's :func:`fourfold.rollout.score.score` scores a rollout: prompt ids as PPO tokenises
+  them (BOS first), response ids followed by EOS when the row is ``finished`` (default true),
+  prompt left-padded and response right-padded (:mod:`fourfold.data.responses`), the score read at
+  the last valid token by :class:`~fourfold.models.roles.ModelReward`, with the normalisation shift
+  (``fourfold_score_shift`` in ``config.json``) added as in training. A reward function gets the
+  prompt texts and responses, as in PPO.
+
+Both write their file atomically (a reader never sees half of it) with the resolved config beside it,
+and print one summary line.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+from fourfold.atomic import write_text_atomic
+from fourfold.config import GenerateConfig, RunConfig, ScoreConfig, save_config
+from fourfold.data import (
+    LoadResult,
+    chat_template_renderer,
+    collate_responses,
+    encode_prompts,
+    encode_responses,
+    left_pad,
+    load_prompts,
+    load_responses,
+    location,
+)
+from fourfold.errors import ConfigError, DataError, ModelLoadError
+from fourfold.models import load_reward_fn
+from fourfold.models.loading import (
+    ensure_pad_embedding,
+    load_causal_lm,
+    load_sequence_scorer,
+    load_tokenizer,
+    resolve_device,
+)
+from fourfold.models.roles import FunctionReward, ModelReward, ScalarModel
+from fourfold.rollout.eager import sample
+from fourfold.rollout.sampling import decode_responses
+from fourfold.run.common import quiet_transformers
+
+__all__ = ["generate", "score"]
+
+
+# ---------------------------------------------------------------------------------------------
+# shared pieces
+# ---------------------------------------------------------------------------------------------
+
+
+def _prepare(cfg, run: RunConfig) -> tuple[Path, torch.device]:
+    """Output directory (created) with the resolved config, torch threads, the device."""
+    quiet_transformers()
+    out = Path(run.output_dir)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        save_config(cfg, out / "config.yaml")
+    except OSError as e:
+        raise ConfigError(f"run.output_dir: {out}: cannot write there ({e.strerror or e})") from None
+    if run.threads is not None:
+        torch.set_num_threads(run.threads)
+    return out, resolve_device(run.device)
+
+
+def _write_jsonl(path: Path, rows: list[dict]) -> None:
+    """All rows at once, atomically (values JSON cannot hold, e.g. dates from Parquet, as strings)."""
+    text = "".join(json.dumps(row, ensure_ascii=False, default=str) + "\n" for row in rows)
+    try:
+        write_text_atomic(path, text)
+    except OSError as e:
+        raise ConfigError(f"run.output_dir: {path}: cannot write ({e.strerror or e})") from None
+
+
+def _warn_skipped(command: str, loaded: LoadResult) -> None:
+    """One warning line on stderr for the rows skipped, then one per note on the data as a whole."""
+    if loaded.skipped:
+        print(f"fourfold {command}: warning: {loaded.num_skipped} bad rows skipped (data.on_error=skip); "
+              f"first: {loaded.skipped[0]}", file=sys.stderr)
+    for note in loaded.notes:
+        print(f"fourfold {command}: warning: {note}", file=sys.stderr)
+
+
+def _architectures(model) -> list[str]:
+    return list(getattr(model.config, "architectures", None) or [])
+
+
+def _max_positions(model) -> int | None:
+    n = getattr(model.config, "max_position_embeddings", None)
+    return int(n) if isinstance(n, int) else None
+
+
+# ---------------------------------------------------------------------------------------------
+# generate
+# ---------------------------------------------------------------------------------------------
+
+
+def _load_generator(cfg: GenerateConfig, device: torch.device):
+    """(tokenizer, causal LM in eval mode); a sequence classifier is refused."""
+    m = cfg.model
+    tok = load_tokenizer(m.tokenizer or m.path, trust_remote_code=m.trust_remote_code)
+    model = load_causal_lm(m.path, dtype=m.dtype, device=device, trust_remote_code=m.trust_remote_code)
+    archs = _architectures(model)
+    if archs and all(a.endswith("ForSequenceClassification") for a in archs):
+        raise ModelLoadError(f"model.path: {m.path} is a {archs[0]} (a reward model or critic), not a causal "
+                             f"language model; generate needs a model written by `fourfold sft` or `fourfold ppo`")
+    ensure_pad_embedding(model, tok)
+    model.eval()
+    return tok, model
+
+
+def _check_room(examples, loaded: LoadResult, max_new_tokens: int, n_positions: int | None) -> None:
+    """A prompt that, with max_new_tokens, would run past the model's positions is an error."""
+    if n_positions is None:
+        return
+    for e in examples:
+        if len(e.input_ids) + max_new_tokens > n_positions:
+            raise DataError(f"{location(loaded.source, e.line)}: prompt has {len(e.input_ids)} tokens; with "
+                            f"generation.max_new_tokens={max_new_tokens} that is more than the model's "
+                            f"max_position_embeddings={n_positions}")
+
+
+def generate(cfg: GenerateConfig) -> dict:
+    """Write ``completions.jsonl`` (see the module docstring); returns ``{"output", "completions",
+    "skipped", "finished"}`` (finished: the share of responses that ended with EOS)."""
+    out, device = _prepare(cfg, cfg.run)
+    tok, model = _load_generator(cfg, device)
+    data, gen = cfg.data, cfg.generation
+    # the prompts, rendered and tokenised as PPO does (chat messages through the chat template)
+    loaded = load_prompts(data.prompts, on_error=data.on_error, chat_template=chat_template_renderer(tok))
+    examples = encode_prompts(loaded.records, tok, data.max_prompt_len, on_error=data.on_error,
+                              skipped=loaded.skipped, notes=loaded.notes)
+    if not examples:
+        raise DataError(f"{loaded.source}: no usable prompts ({loaded.num_skipped} skipped; first: {loaded.skipped[0]})")
+    _check_room(examples, loaded, gen.max_new_tokens, _max_positions(model))
+    generator = torch.Generator(device=device)
+    generator.manual_seed(cfg.run.seed)
+    rows = []
+    for start in range(0, len(examples), data.batch_size):
+        batch = examples[start : start + data.batch_size]
+        ids, mask = left_pad([e.input_ids for e in batch], tok.pad_token_id)  # (B, P)
+        samples = sample(
+            model, ids.to(device), mask.to(device),
+            max_new_tokens=gen.max_new_tokens, temperature=gen.temperature,
+            eos_token_id=tok.eos_token_id if gen.stop_at_eos else None, pad_token_id=tok.pad_token_id,
+            generator=generator, greedy=gen.greedy,
+        )
+        texts = decode_responses(tok, samples)
+        lengths = samples.response_mask.sum(1).long().tolist()
+        for e, text, done, n in zip(batch, texts, samples.finished.tolist(), lengths):
+            rows.append({"prompt": loaded[e.index].prompt, "response": text, "finished": bool(done),
+                         "response_tokens": int(n)})
+    path = out / "completions.jsonl"
+    _write_jsonl(path, rows)
+    _warn_skipped("generate", loaded)
+    finished = sum(r["finished"] for r in rows) / len(rows)
+    print(f"fourfold generate: {len(rows)} completions ({finished:.0%} ended with EOS) -> {path}")
+    return {"output": str(path), "completions": len(rows), "skipped": loaded.num_skipped, "finished": finished}
+
+
+# ---------------------------------------------------------------------------------------------
+# score
+# ---------------------------------------------------------------------------------------------
+
+
+def load_reward_scorer(cfg: ScoreConfig, device: torch.device):
+    """(tokenizer, :class:`ModelReward`) as PPO loads ``model.reward``; only a sequence classifier
+    (a reward model) is accepted: a causal LM would score with an untrained head."""
+    m = cfg.model
+    tok = load_tokenizer(m.tokenizer or m.reward, trust_remote_code=m.trust_remote_code)
+    hf = load_sequence_scorer(m.reward, dtype=m.dtype, device=device, trust_remote_code=m.trust_remote_code)
+    archs = _architectures(hf)
+    if not any(a.endswith("ForSequenceClassification") for a in archs):
+        raise ModelLoadError(f"model.reward: {m.reward} is a {archs[0] if archs else 'model without architectures'}, "
+                             f"not a reward model; expected a 1-label sequence classifier as `fourfold reward` writes")
+    ensure_pad_embedding(hf, tok)
+    return tok, ModelReward(ScalarModel(hf))
+
+
+def _max_len(cfg: ScoreConfig, model) -> int:
+    """``data.max_len``, or the model's max_position_embeddings (512 without one); a max_len the
+    model cannot take is an error before any row is read."""
+    n_positions = _max_positions(model)
+    if cfg.data.max_len is None:
+        return n_positions or 512
+    if n_positions is not None and cfg.data.max_len > n_positions:
+        raise ConfigError(f"data.max_len: {cfg.data.max_len} is more than the reward model's "
+                          f"max_position_embeddings={n_positions}")
+    return cfg.data.max_len
+
+
+@torch.no_grad()
+def _model_scores(cfg: ScoreConfig, loaded: LoadResult, tok, reward: ModelReward, device: torch.device):
+    """(records scored, scores) with the reward model, in batches of ``data.batch_size``."""
+    max_len = _max_len(cfg, reward.model.hf)
+    examples = encode_responses(loaded.records, tok, max_len, on_error=cfg.data.on_error, skipped=loaded.skipped,
+                                notes=loaded.notes)
+    records, scores = [], []
+    for start in range(0, len(examples), cfg.data.batch_size):
+        batch = examples[start : start + cfg.data.batch_size]
+        ids, mask = collate_responses(batch, tok.pad_token_id)  # (B, P+T) as PPO lays out a rollout
+        scores += reward(ids.to(device), mask.to(device)).float().cpu().tolist()
+        records += [loaded[e.index] for e in batch]
+    return records, scores
+
+
+def _function_scores(cfg: ScoreConfig, loaded: LoadResult):
+    """(records, scores) from the reward function, called on batches of prompt and response texts."""
+    reward = FunctionReward(load_reward_fn(cfg.model.reward_fn))
+    records, scores = list(loaded.records), []
+    for start in range(0, len(records), cfg.data.batch_size):
+        batch = records[start : start + cfg.data.batch_size]
+        placeholder = torch.zeros((len(batch), 0), dtype=torch.long)  # the role reads only its device
+        scores += reward(placeholder, None, [r.prompt for r in batch], [r.response for r in batch]).tolist()
+    return records, scores
+
+
+def score(cfg: ScoreConfig) -> dict:
+    """Write ``scores.jsonl`` (see the module docstring); returns ``{"output", "scored", "skipped",
+    "mean"}``."""
+    out, device = _prepare(cfg, cfg.run)
+    m, data = cfg.model, cfg.data
+    if m.reward is not None:
+        tok, reward = load_reward_scorer(cfg, device)
+    else:
+        tok = load_tokenizer(m.tokenizer, trust_remote_code=m.trust_remote_code) if m.tokenizer else None
+    loaded = load_responses(data.rows, on_error=data.on_error, chat_template=chat_template_renderer(tok))
+    if m.reward is not None:
+        records, scores = _model_scores(cfg, loaded, tok, reward, device)
+    else:
+        records, scores = _function_scores(cfg, loaded)
+    if not records:
+        raise DataError(f"{loaded.source}: no usable rows ({loaded.num_skipped} skipped; first: {loaded.skipped[0]})")
+    path = out / "scores.jsonl"
+    _write_jsonl(path, [{**r.row, "score": s} for r, s in zip(records, scores)])
+    _warn_skipped("score", loaded)
+    mean = sum(scores) / len(scores)
+    print(f"fourfold score: {len(scores)} rows scored (mean {mean:.4g}) -> {path}")
+    return {"output": str(path), "scored": len(scores), "skipped": loaded.num_skipped, "mean": mean}

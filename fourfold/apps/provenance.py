@@ -1,0 +1,83 @@
+"""Where a result was made: the commit, the machine, the date and the command, recorded beside the
+outputs of ``fourfold demo`` and ``fourfold experiments`` (``provenance.json``) so that a published
+figure can say on which commit and machine it was measured (:mod:`fourfold.apps.publish`).
+
+Standard library only; nothing here is read by the code that computes a result.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import platform
+import subprocess
+import sys
+from pathlib import Path
+
+from fourfold.atomic import write_text_atomic
+
+PROVENANCE_FILE = "provenance.json"
+
+
+def _git(*args: str) -> str | None:
+    repo = Path(__file__).resolve().parents[1]
+    if not (repo / ".git").exists():
+        return None
+    try:
+        p = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return p.stdout.strip() if p.returncode == 0 else None
+
+
+def git_commit() -> str:
+    """The checkout's commit (12 hex digits), '+dirty' when tracked files differ from it; 'unknown'
+    outside a git checkout."""
+    sha = _git("rev-parse", "--short=12", "HEAD")
+    if not sha:
+        return "unknown"
+    return sha + ("+dirty" if _git("status", "--porcelain", "--untracked-files=no") else "")
+
+
+def machine() -> str:
+    """The CPU model and cores, memory, OS and architecture (and the CUDA device, when torch is
+    already imported and sees one): 'AMD EPYC 7B13 (2 cores), 8 GiB, Linux x86_64'."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace").splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    mem = ""
+    try:
+        kib = int(next(ln for ln in Path("/proc/meminfo").read_text().splitlines() if ln.startswith("MemTotal")).split()[1])
+        mem = f", {kib / 2 ** 20:.0f} GiB"
+    except (OSError, StopIteration, ValueError, IndexError):
+        pass
+    text = f"{cpu} ({os.cpu_count()} cores){mem}, {platform.system()} {platform.machine()}"
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_available():
+        text += f", {torch.cuda.get_device_name(0)}"
+    return text
+
+
+def provenance(command: str | None = None) -> dict:
+    """{commit, machine, date (UTC, YYYY-MM-DD), command (default: this process's argv, with
+    ``fourfold`` for the CLI however it was started)}. Take it when a run starts: the commit is the
+    checkout's at that moment."""
+    name = Path(sys.argv[0]).name if sys.argv and sys.argv[0] else "python"
+    argv = ["fourfold" if name in ("cli.py", "fourfold") else name] + sys.argv[1:]
+    return {"commit": git_commit(), "machine": machine(),
+            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d"),
+            "command": command or " ".join(argv)}
+
+
+def write_provenance(out: Path, record: dict | None = None, command: str | None = None) -> dict:
+    """Write ``out/provenance.json``: ``record`` (taken when the run started), else :func:`provenance`
+    now; return it."""
+    record = record or provenance(command)
+    write_text_atomic(Path(out) / PROVENANCE_FILE, json.dumps(record, indent=1, sort_keys=True))
+    return record

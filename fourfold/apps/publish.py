@@ -1,0 +1,397 @@
+"""Every published figure from run outputs: ``make results`` runs the demos and the sweeps, then
+``python -m fourfold.apps.publish collect`` and ``render``.
+
+1. ``collect`` reads the run outputs (the demo's ``eval.json`` and stage records, the sweeps'
+   ``results.json``, each run's ``provenance.json``: commit, machine, date, command) and writes the
+   small summaries that are committed as the source of the published numbers, in ``results/``:
+   ``demo.json`` (the full demo and the quick demo, per seed), ``experiments.json`` (the claims
+   sweep: per-arm summaries, claims), ``horizon.json`` (the horizon family) and, untouched,
+   ``benchmarks.json`` (the benchmark rows: measured by hand, see docs/benchmarks.md; ``make
+   results`` does not rerun them, workload G needs an H200).
+2. ``render`` rewrites, from ``results/*.json`` alone, the marked blocks of README.md (the headline
+   table, the quick demo's numbers), docs/demo.md (the seed table, the quick demo) and
+   docs/experiments.md (the full sweep's table and claims count, the horizon family's table, figure
+   and claims): the text between ``<!-- publish:NAME -->`` and ``<!-- /publish:NAME -->``. Each block
+   says on which commit and machine its numbers were made.
+3. ``check`` renders to memory and exits 1 when a file differs (the test suite runs it).
+
+Nothing here imports torch or runs a model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shutil
+import sys
+from pathlib import Path
+from typing import Any, Callable, Mapping, Optional, Sequence
+
+from fourfold.apps.report_kit import fmt, mean, pct, signed
+from fourfold.atomic import write_text_atomic
+
+REPO = Path(__file__).resolve().parents[1]
+RESULTS = "results"
+HORIZON_FIGURE = "docs/img/horizon.png"
+MARK = re.compile(r"<!-- publish:(?P<name>[a-z-]+) -->(?P<body>.*?)<!-- /publish:(?P=name) -->", re.S)
+
+
+def read(path: Path) -> Any:
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def _provenance(run: Path) -> dict:
+    return read(run / "provenance.json") or {"commit": "unknown", "machine": "unknown", "date": "unknown",
+                                             "command": "unknown"}
+
+
+# ---------------------------------------------------------------------------------------------
+# collect: run outputs -> results/*.json
+# ---------------------------------------------------------------------------------------------
+
+
+def collect_demo_run(run: Path) -> dict:
+    """One demo run's published numbers: SFT -> PPO on its held-out prompts, its reward model."""
+    ev = read(run / "eval.json")
+    if not ev:
+        raise FileNotFoundError(f"{run / 'eval.json'}: no demo evaluation (run the demo first)")
+    rm = (read(run / "stages" / "reward" / "DONE") or {}).get("result", {})
+    cfg_text = (run / "config.yaml").read_text(encoding="utf-8") if (run / "config.yaml").is_file() else ""
+    prompts = re.search(r"^eval:\n  prompts: (\d+)", cfg_text, re.M)
+    walls = [(read(run / "stages" / s / "DONE") or {}).get("result", {}).get("wall_s") for s in ("sft", "pairs",
+                                                                                              "reward", "ppo", "eval")]
+    b, a = ev["sft"], ev["ppo"]
+    return {"provenance": _provenance(run), "eval_prompts": int(prompts.group(1)) if prompts else None,
+            **{k: [b[k], a[k]] for k in ("proxy", "gold", "length", "well_formed", "repetition")},
+            "kl": a["kl"], "gold_gain_sd": ev["gold_gain_sd"],
+            "rm_accuracy_vs_labelers": rm.get("accuracy_vs_labelers"), "rm_accuracy_vs_gold": rm.get("accuracy_vs_gold"),
+            "rm_slips_accuracy_vs_gold": rm.get("slips_accuracy_vs_gold"),
+            "stages_s": round(sum(w for w in walls if w), 1)}
+
+
+def collect_demo(full: Sequence[Path], quick: Sequence[Path]) -> dict:
+    """results/demo.json: {full: {seed: run}, quick: {seed: run}} (the seed read from each run's config)."""
+    def by_seed(runs: Sequence[Path]) -> dict:
+        out = {}
+        for run in runs:
+            m = re.search(r"^  seed: (\d+)", (run / "config.yaml").read_text(encoding="utf-8"), re.M)
+            out[m.group(1) if m else str(len(out))] = collect_demo_run(run)
+        return out
+
+    return {"full": by_seed(full), "quick": by_seed(quick)}
+
+
+def collect_sweep(out: Path, keep: Sequence[str] = ()) -> dict:
+    """A sweep's results.json, less what only its own report needs: settings, SFT, RM accuracy, the
+    per-arm summaries, the claims (without their long texts' rows), time, and its provenance."""
+    res = read(out / "results.json")
+    if not res:
+        raise FileNotFoundError(f"{out / 'results.json'}: no sweep results (run the sweep first)")
+    cfg = res["config"]
+    record = {"provenance": _provenance(out), "wall_s": res["wall_s"], "seeds": cfg["seeds"],
+              "iterations": cfg["iterations"], "eval_prompts": cfg["eval_prompts"],
+              "claims": [{k: c[k] for k in ("group", "claim", "measured", "threshold", "holds")} for c in res["claims"]]}
+    return {**record, **{k: res[k] for k in keep if k in res}}
+
+
+def collect_experiments(out: Path) -> dict:
+    """results/experiments.json from a claims sweep's output directory."""
+    res = read(out / "results.json") or {}
+    record = collect_sweep(out, keep=("summaries",))
+    cfg = res.get("config", {})
+    ppo = cfg.get("demo", {}).get("ppo", {})
+    labels = {"ppo": f"ppo (beta {ppo.get('kl_coef', 0):g}, {ppo.get('ppo_epochs')} epochs)",
+              "ppo-beta-high": f"ppo-beta-high (beta {ppo.get('kl_coef', 0) * cfg.get('beta_high_multiplier', 0):g})",
+              "grpo": f"grpo (K = {cfg.get('group_size')})", "rloo": f"rloo (K = {cfg.get('group_size')})",
+              "dpo": f"dpo (beta {cfg.get('dpo_beta', 0):g})", "ppo-unbiased-rm": "ppo, RM from unbiased labelers"}
+    labels.update({a: f"reinforce, lr x{a[len('reinforce-lr'):-1]}" for a in record["summaries"]
+                   if a.startswith("reinforce-lr")})
+    sft = res.get("sft", {})
+    rm = res.get("demo", {}).get("reward_result", {})
+    return {**record, "labels": labels, "rollout_batch_size": ppo.get("rollout_batch_size"),
+            "dpo_steps": cfg.get("demo", {}).get("reward", {}).get("steps"),
+            "dpo_batch": cfg.get("demo", {}).get("reward", {}).get("batch_size"),
+            "sft": {k: sft.get(k) for k in ("gold_std", "length", "well_formed", "repetition")},
+            "rm": {k: rm.get(k) for k in ("accuracy_vs_labelers", "accuracy_vs_gold")}}
+
+
+def collect_horizon(out: Path) -> dict:
+    """results/horizon.json from the horizon family's output directory (its figure copied to the docs
+    by :func:`main`)."""
+    res = read(out / "results.json") or {}
+    record = collect_sweep(out, keep=("summaries", "worlds", "rm"))
+    h = res.get("config", {}).get("horizon", {})
+    finals = res.get("finals", {})
+    record["sentences"] = {w: {a: mean([r.get("sentences") for r in rows]) for a, rows in arms.items()}
+                           for w, arms in finals.items()}
+    record["sft"] = {w: {k: s.get(k) for k in ("gold_std", "length", "sentences", "well_formed")}
+                     for w, s in res.get("sft", {}).items()}
+    return {**record, "horizons": h.get("horizons"), "arms": h.get("arms"),
+            "group_size": res.get("config", {}).get("group_size")}
+
+
+# ---------------------------------------------------------------------------------------------
+# render: results/*.json -> the marked blocks
+# ---------------------------------------------------------------------------------------------
+
+
+def _made(p: Mapping) -> str:
+    """'measured <date> on <machine>, commit <sha>'; a transcribed record says what it was
+    transcribed from (and its date and machine where known)."""
+    when = (f" {p['date']}" if p.get("date") not in (None, "unknown") else "") + f" on {p.get('machine')}"
+    if p.get("transcribed"):
+        return f"transcribed from {p['transcribed']}; measured{when}"
+    return f"measured{when}, commit {p.get('commit')}"
+
+
+def _made_all(records: Sequence[tuple[str, Mapping]]) -> str:
+    """One provenance text for runs made alike, else one per run (``(label, provenance)`` pairs)."""
+    texts = [(label, _made(p)) for label, p in records]
+    if len({t for _, t in texts}) == 1:
+        return texts[0][1]
+    return "; ".join(f"{label}: {t}" for label, t in texts)
+
+
+def arm_order(arm: str) -> tuple:
+    """Arms in the order the sweeps run them (EXPERIMENT_ARMS; reinforce by learning rate)."""
+    from fourfold.apps.experiments.config import EXPERIMENT_ARMS
+
+    base = "reinforce" if arm.startswith("reinforce-lr") else arm
+    lr = float(arm[len("reinforce-lr"):-1]) if base == "reinforce" and arm != "reinforce" else 0.0
+    return (EXPERIMENT_ARMS.index(base) if base in EXPERIMENT_ARMS else len(EXPERIMENT_ARMS), lr, arm)
+
+
+def world_order(world: str) -> tuple:
+    """Worlds by horizon, each horizon's variants after it: h1, h3, h6, h6-k2, h6-k8, h6-noisy."""
+    k, _, variant = world[1:].partition("-")
+    return (int(k) if k.isdigit() else 0, variant)
+
+
+def _seeds(runs: Mapping[str, Mapping]) -> list[str]:
+    return sorted(runs, key=int)
+
+
+def quick_demo_text(res: Mapping) -> str:
+    q = res["demo"]["quick"]
+    seeds = _seeds(q)
+    prompts = {q[s].get("eval_prompts") for s in seeds}
+    return (f"gold {' / '.join(signed(q[s]['gold_gain_sd']) for s in seeds)} SFT sd over SFT on seeds "
+            f"{' / '.join(seeds)} ({'/'.join(str(p) for p in prompts)} held-out prompts; "
+            f"{_made_all([(f'seed {s}', q[s]['provenance']) for s in seeds])})")
+
+
+def demo_seed_table(res: Mapping) -> str:
+    runs = res["demo"]["full"]
+    seeds = _seeds(runs)
+    head = ("| seed | proxy (RM) | gold | gold gain | KL (nats/response) | length (words) | well-formed | repetition "
+            "| RM acc. vs labelers / vs gold / on one-slip pairs |\n|---|---|---|---|---|---|---|---|---|")
+    lines = [head]
+    def arrow(r: Mapping, key: str, d: int) -> str:
+        return f"{fmt(r[key][0], d)} -> {fmt(r[key][1], d)}"
+
+    for s in seeds:
+        r = runs[s]
+        lines.append(f"| {s} | {arrow(r, 'proxy', 2)} | {arrow(r, 'gold', 2)} | {signed(r['gold_gain_sd'])} sd | "
+                     f"{fmt(r['kl'], 1)} | {arrow(r, 'length', 1)} | {arrow(r, 'well_formed', 3)} | "
+                     f"{arrow(r, 'repetition', 3)} | "
+                     f"{pct(r['rm_accuracy_vs_labelers'], 1)} / {pct(r['rm_accuracy_vs_gold'], 1)} / "
+                     f"{pct(r['rm_slips_accuracy_vs_gold'])} |")
+    prompts = {runs[s].get("eval_prompts") for s in seeds}
+    return ("\n".join(lines) + f"\n\nSFT -> PPO on {'/'.join(map(str, prompts))} held-out prompts; "
+            + _made_all([(f"seed {s}", runs[s]["provenance"]) for s in seeds]) + ".")
+
+
+def _cell(s: Mapping, key: str, digits: int, sign: bool = False) -> str:
+    m, sd = s.get(key), s.get(key + "_sd")
+    text = signed(m, digits) if sign else fmt(m, digits)
+    return text + (f" ± {sd:.{digits}f}" if isinstance(sd, (int, float)) and sd == sd and text != "n/a" else "")
+
+
+def experiments_table(res: Mapping) -> str:
+    e = res["experiments"]
+    held = sum(c["holds"] == "yes" for c in e["claims"])
+    sft = e["sft"]
+    lines = [f"`fourfold experiments --config examples/experiments.yaml` ({len(e['summaries'])} arms x "
+             f"{len(e['seeds'])} seeds, {e['iterations']} iterations x {e['rollout_batch_size']} responses per RL run, "
+             f"dpo {e['dpo_steps']} steps x {e['dpo_batch']} pairs, {e['eval_prompts']} held-out prompts): "
+             f"{e['wall_s'] / 60:.1f} minutes, {_made(e['provenance'])}. The demo's reward model agrees with "
+             f"held-out labels {pct(e['rm']['accuracy_vs_labelers'], 1)} of the time and with gold "
+             f"{pct(e['rm']['accuracy_vs_gold'], 1)}. Mean ± sd over seeds; gold and proxy changes in units of the SFT "
+             f"samples' standard deviation (gold sd {fmt(sft['gold_std'])}); the last four columns are what each "
+             "removal saves:", "",
+             "| arm | proxy - SFT | gold - SFT | KL (nats) | length (words) | well-formed | repetition | models "
+             "(trained+frozen) | peak RSS (MB) | s / iteration | train s |",
+             "|---|---|---|---|---|---|---|---|---|---|---|",
+             f"| SFT | 0 | 0 | 0 | {fmt(sft['length'], 1)} | {fmt(sft['well_formed'], 2)} | {fmt(sft['repetition'], 2)} "
+             "| | | | |"]
+    for arm in sorted(e["summaries"], key=arm_order):
+        s = e["summaries"][arm]
+        lines.append(f"| {e['labels'].get(arm, arm)} | {_cell(s, 'proxy_delta_sd', 2, True)} | "
+                     f"{_cell(s, 'gold_delta_sd', 2, True)} | {fmt(s['kl'], 1 if s['kl'] >= 0.95 else 2)} | "
+                     f"{fmt(s['length'], 1)} | {fmt(s['well_formed'], 2)} | {fmt(s['repetition'], 2)} | {s['models']} | "
+                     f"{_cell(s, 'peak_rss_mb', 0)} | {fmt(s['s_per_iteration'], 2)} | {_cell(s, 'train_s', 0)} |")
+    lines += ["", f"**{held} of the {len(e['claims'])} claims hold in {len(e['seeds'])}/{len(e['seeds'])} seeds** "
+                  "(`summary.md` has each one's measured value, threshold and yes/no)."]
+    return "\n".join(lines)
+
+
+def horizon_block(res: Mapping) -> str:
+    h = res.get("horizon")
+    if not h:
+        return ("*Not yet run.* The commands above run it and put its table, figure and claims here (`make "
+                "results` too).")
+    lines = [f"`fourfold experiments --config examples/horizon.yaml`: {h['wall_s'] / 60:.1f} minutes, "
+             f"{_made(h['provenance'])}; {len(h['seeds'])} seeds, {h['iterations']} iterations x 64 responses per run, "
+             f"{h['eval_prompts']} held-out prompts. Gold and proxy in units of each world's SFT sd; mean ± sd over "
+             "seeds:", "",
+             "| world | arm | proxy - SFT | gold - SFT | KL (nats) | length (words) | sentences | models | peak RSS (MB) "
+             "| s / iteration | train s |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for world in sorted(h["summaries"], key=world_order):
+        arms, sft = h["summaries"][world], h["sft"].get(world, {})
+        lines.append(f"| {world} | SFT | 0 | 0 | 0 | {fmt(sft.get('length'), 1)} | {fmt(sft.get('sentences'), 2)} "
+                     "| | | | |")
+        for arm in sorted(arms, key=arm_order):
+            s = arms[arm]
+            lines.append(f"| {world} | {arm} | {_cell(s, 'proxy_delta_sd', 2, True)} | {_cell(s, 'gold_delta_sd', 2, True)} "
+                         f"| {fmt(s['kl'], 1)} | {fmt(s['length'], 1)} | {fmt(h['sentences'][world][arm], 2)} | "
+                         f"{s['models']} | {_cell(s, 'peak_rss_mb', 0)} | {fmt(s['s_per_iteration'], 2)} | "
+                         f"{_cell(s, 'train_s', 0)} |")
+    lines += ["", "![gold gain and KL against the horizon](img/horizon.png)", "",
+              "| claim | measured | threshold | holds |", "|---|---|---|---|"]
+    lines += [f"| {c['claim']} | {c['measured']} | {c['threshold']} | {c['holds']} |" for c in h["claims"]]
+    return "\n".join(lines)
+
+
+def headline_table(res: Mapping) -> str:
+    d, e, h, b = res["demo"]["full"], res["experiments"], res.get("horizon"), res["benchmarks"]
+    seeds = _seeds(d)
+    gains = " / ".join(signed(d[s]["gold_gain_sd"]) for s in seeds)
+    s = e["summaries"]
+    claims = {(c["group"], c["claim"]): c["holds"] for c in e["claims"]}
+    raise_all = all(v == "yes" for (g, c), v in claims.items() if "raises gold above" in c and g in ("critic-free", "dpo"))
+    rows = ["| what | result | command | details |", "|---|---|---|---|",
+            f"| the demo: gold gain of PPO over SFT | {gains} sd (seeds {', '.join(seeds)}; "
+            f"{d[seeds[0]]['eval_prompts']} held-out prompts) | `fourfold demo --output-dir runs/demo-s$SEED --seed $SEED` "
+            "| [docs/demo.md](docs/demo.md) |",
+            f"| the method's claims as experiments | {sum(v == 'yes' for v in claims.values())} of {len(claims)} claims hold "
+            f"in {len(e['seeds'])}/{len(e['seeds'])} seeds ({len(s)} arms x {len(e['seeds'])} seeds, {e['eval_prompts']} "
+            f"held-out prompts, {e['wall_s'] / 60:.1f} min on 2 cores); grpo, rloo and DPO "
+            + ("raise gold in every seed " if raise_all else "raise gold ")
+            + f"({signed(s['grpo']['gold_delta_sd'])}, {signed(s['rloo']['gold_delta_sd'])}, "
+            f"{signed(s['dpo']['gold_delta_sd'])} sd against PPO's {signed(s['ppo']['gold_delta_sd'])}) | "
+            "`fourfold experiments` | [docs/experiments.md](docs/experiments.md) |"]
+    if h:
+        held = sum(c["holds"] == "yes" for c in h["claims"])
+        critic = "; ".join(f"{re.sub(r' [(][^()]*[)]$', '', c['claim'])}: {c['holds']}" for c in h["claims"]
+                           if c["group"] in ("critic", "match"))
+        rows.append(f"| when the critic pays: horizons {', '.join(map(str, h['horizons']))} | {held} of {len(h['claims'])} "
+                    f"claims hold ({critic}) | `fourfold experiments --config examples/horizon.yaml` | "
+                    "[docs/experiments.md](docs/experiments.md#the-horizon-family) |")
+    rows += [f"| {r['what']} | {r['result']} | `{r['command']}` | {r['details']} |" for r in b["rows"]]
+    return "\n".join(rows) + f"\n\n(Demo and experiments: {_made(e['provenance'])}; benchmarks: {b['source']}.)"
+
+
+BLOCKS: dict[str, dict[str, Callable[[Mapping], str]]] = {
+    "README.md": {"headline": headline_table, "quick-demo": quick_demo_text},
+    "docs/demo.md": {"demo-seeds": demo_seed_table, "quick-demo": quick_demo_text},
+    "docs/experiments.md": {"experiments-table": experiments_table, "horizon": horizon_block},
+}
+"""Which generator writes each marked block of each file."""
+
+
+def load_results(root: Path) -> dict:
+    """results/*.json of the checkout ``root`` (horizon: None until the family has run)."""
+    d = root / RESULTS
+    return {"demo": read(d / "demo.json"), "experiments": read(d / "experiments.json"),
+            "horizon": read(d / "horizon.json"), "benchmarks": read(d / "benchmarks.json")}
+
+
+def render_text(text: str, blocks: Mapping[str, Callable[[Mapping], str]], res: Mapping, where: str = "") -> str:
+    """``text`` with each marked block rewritten; an unknown or missing block is an error."""
+    seen = set()
+
+    def repl(m: re.Match) -> str:
+        name = m.group("name")
+        if name not in blocks:
+            raise ValueError(f"{where}: unknown publish block {name!r}")
+        seen.add(name)
+        body = blocks[name](res)
+        inline = "\n" not in m.group("body")
+        return f"<!-- publish:{name} -->" + (body if inline else f"\n{body}\n") + f"<!-- /publish:{name} -->"
+
+    out = MARK.sub(repl, text)
+    missing = set(blocks) - seen
+    if missing:
+        raise ValueError(f"{where}: no publish block {', '.join(sorted(missing))}")
+    return out
+
+
+def render(root: Path, res: Optional[Mapping] = None) -> dict[str, str]:
+    """{file: its text with every block rewritten} for the files of :data:`BLOCKS` under ``root``."""
+    res = res or load_results(root)
+    return {f: render_text((root / f).read_text(encoding="utf-8"), blocks, res, f) for f, blocks in BLOCKS.items()}
+
+
+def collect(root: Path, demo: Sequence[Path], demo_quick: Sequence[Path], experiments: Path, horizon: Path) -> list[str]:
+    """Write each of results/demo.json, experiments.json and horizon.json (and the horizon figure)
+    whose run outputs exist; keep the others. Returns (and prints) what it did."""
+    d = root / RESULTS
+    done = []
+
+    def write(name: str, rec: dict) -> None:
+        write_text_atomic(d / name, json.dumps(rec, indent=1, sort_keys=True) + "\n")
+        done.append(f"wrote {d / name}")
+
+    record = read(d / "demo.json") or {}
+    fresh = {part: runs for part, runs in (("full", demo), ("quick", demo_quick))
+             if runs and all((r / "eval.json").is_file() for r in runs)}
+    if fresh:
+        new = collect_demo(fresh.get("full", []), fresh.get("quick", []))
+        write("demo.json", {**record, **{part: new[part] for part in fresh}})
+    for part in sorted({"full", "quick"} - set(fresh)):
+        done.append(f"kept the {part} demo of {d / 'demo.json'} (not every run of it has an eval.json)")
+    for name, out, fn in (("experiments.json", experiments, collect_experiments), ("horizon.json", horizon, collect_horizon)):
+        if (out / "results.json").is_file():
+            write(name, fn(out))
+        else:
+            done.append(f"kept {d / name} (no {out / 'results.json'})" if (d / name).is_file()
+                        else f"no {d / name}: no {out / 'results.json'}")
+    if (horizon / "horizon.png").is_file():
+        shutil.copyfile(horizon / "horizon.png", root / HORIZON_FIGURE)
+        done.append(f"wrote {root / HORIZON_FIGURE}")
+    print("\n".join(done))
+    return done
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m fourfold.apps.publish", description=__doc__.splitlines()[0])
+    p.add_argument("command", choices=("collect", "render", "check"))
+    p.add_argument("--root", default=str(REPO), help="the checkout whose results/ and docs are read and written")
+    p.add_argument("--demo", nargs="*", default=["runs/demo-s0", "runs/demo-s1", "runs/demo-s2"])
+    p.add_argument("--demo-quick", nargs="*", default=["runs/demo-quick-s0", "runs/demo-quick-s1", "runs/demo-quick-s2"])
+    p.add_argument("--experiments", default="runs/experiments")
+    p.add_argument("--horizon", default="runs/horizon")
+    args = p.parse_args(argv)
+    root = Path(args.root)
+    if args.command == "collect":
+        collect(root, [root / r for r in args.demo], [root / r for r in args.demo_quick], root / args.experiments,
+                root / args.horizon)
+        return 0
+    files = render(root)
+    changed = [f for f, text in files.items() if (root / f).read_text(encoding="utf-8") != text]
+    if args.command == "check":
+        print("\n".join(f"{f}: differs from what results/ gives (python -m fourfold.apps.publish render)" for f in changed)
+              or "published numbers match results/")
+        return 1 if changed else 0
+    for f in changed:
+        write_text_atomic(root / f, files[f])
+    print(f"rewrote {', '.join(changed) or 'nothing (already up to date)'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,45 @@
+"""The memory estimate of a PPO or REINFORCE config (``fourfold estimate``, and the one line
+``fourfold ppo`` prints first), before anything is loaded.
+
+Which roles exist and how each is built (full or adapter, dtypes, sources) comes from the role plan
+(:func:`fourfold.models.plan.plan_roles`), the same plan the loader builds, so the estimate cannot
+drift from what loads; the models' sizes come from their ``config.json`` only
+(:func:`fourfold.models.estimate.memory.estimate_from_settings`). Here the config adds the batch shape.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fourfold.models.estimate.memory import Estimate, EstimateSettings, estimate_from_settings
+from fourfold.models.plan import plan_roles
+
+
+def estimate_settings(stage: str, cfg, nproc: int = 1) -> EstimateSettings:
+    """The :class:`~fourfold.models.estimate.memory.EstimateSettings` of a ``ppo`` or ``reinforce`` config
+    run on ``nproc`` devices: the role plan's roles and levers, and the config's batch sizes and lengths."""
+    if stage == "ppo":
+        algo = cfg.ppo
+        batch = dict(rollout_batch_size=algo.rollout_batch_size, minibatch_size=algo.minibatch_size,
+                     micro_batch_size=algo.micro_batch_size, with_entropy=algo.entropy_coef > 0)
+    else:  # reinforce: one gradient step on the whole batch
+        n = cfg.reinforce.rollout_batch_size
+        batch = dict(rollout_batch_size=n, minibatch_size=n)
+    return EstimateSettings.from_plan(plan_roles(stage, cfg), nproc=nproc, max_prompt_len=cfg.data.max_prompt_len,
+                                      max_new_tokens=cfg.generation.max_new_tokens,
+                                      engine_weights=cfg.generation.weights, **batch)
+
+
+def estimate_config(stage: str, cfg, nproc: int = 1) -> Estimate:
+    """The :class:`~fourfold.models.estimate.memory.Estimate` of a ``ppo`` or ``reinforce`` config."""
+    return estimate_from_settings(estimate_settings(stage, cfg, nproc))
+
+
+def estimate_line(stage: str, cfg: Any, nproc: int = 1) -> str:
+    """The estimate's one-line summary for the start of a run on ``nproc`` devices; never raises:
+    when the estimate cannot be made, a one-line note saying why."""
+    try:
+        return estimate_config(stage, cfg, nproc).summary()
+    except Exception as e:  # the estimate is advice: a run never fails because of it
+        reason = str(e).splitlines()[0] if str(e) else ""
+        return f"memory estimate unavailable ({type(e).__name__}: {reason[:200]})"

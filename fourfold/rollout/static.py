@@ -1,0 +1,189 @@
+"""The static engine (``generation.engine: static``): the prompt's forward as the eager engine makes
+it, its keys and values copied into a KV cache preallocated for ``cache_len`` positions, then one
+fixed-shape step per token that ``torch.compile`` can capture (see :mod:`fourfold.rollout.engine`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+from torch import nn
+
+from fourfold import dist
+from fourfold.errors import ConfigError
+from fourfold.models.decoding import attention_for_decoding, decode_mask, fill_static_cache, static_cache
+from fourfold.rollout.sampling import Choice, Samples, all_finished, cache_kwarg, choose, output_cache, prefill, stack_samples
+from fourfold.rollout.weights import LiveWeights, fsdp_units
+
+CACHE_BUCKET = 64
+"""Without a ``cache_len``, the static cache holds prompt + response rounded up to a multiple of this."""
+MAX_COMPILED_SHAPES = 4
+"""At most this many (rows, cache length) shapes get a compiled step; others run the plain step."""
+
+
+class StaticEngine:
+    """``generation.engine: static``: a preallocated KV cache and a fixed-shape one-token step.
+
+    ``weights``: where the forwards take the weights from (default: the policy module itself);
+    ``compile``: ``torch.compile`` the step (``reduce-overhead`` on CUDA, inductor's default on
+    CPU; the first call of a shape compiles it); ``check_every``: tokens between two "every row
+    finished?" reads; ``cache_len``: positions of the cache (``data.max_prompt_len +
+    generation.max_new_tokens``: one cache shape for the whole run), prompt + response rounded up
+    to a multiple of :data:`CACHE_BUCKET` when None or too short.
+    """
+
+    def __init__(self, weights=None, *, compile: bool = False, check_every: int = 8, cache_len: Optional[int] = None):
+        if check_every < 1:
+            raise ValueError(f"check_every must be >= 1, got {check_every}")
+        self.weights = weights or LiveWeights()
+        self.compile, self.check_every, self.cache_len = compile, check_every, cache_len
+        self._cache = None  # (key, StaticCache): the last rollout's, reused when the shape repeats
+        self._compiled = None
+        self._compiled_shapes: set = set()
+
+    def sync(self, policy: nn.Module) -> None:
+        self.weights.sync(policy)
+
+    @property
+    def cache_positions(self) -> Optional[int]:
+        """Positions of the static cache the last rollout used (None before the first)."""
+        return None if self._cache is None else self._cache[0][2]
+
+    @property
+    def compiled_shapes(self) -> frozenset:
+        """The (rows, cache positions) shapes the compiled step has been called with."""
+        return frozenset(self._compiled_shapes)
+
+    @torch.no_grad()
+    def __call__(self, model: nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, *, max_new_tokens: int,
+                 temperature: float = 1.0, eos_token_id: Optional[int] = None, pad_token_id: int = 0,
+                 noise: Optional[torch.Tensor] = None, sync_stop: bool = False, greedy: bool = False,
+                 generator: Optional[torch.Generator] = None) -> Samples:
+        """Sample as :func:`~fourfold.rollout.eager.sample` does (same arguments). Without ``noise``
+        (and not ``greedy``) the uniforms are drawn from ``generator`` up front (float64, ``[B,
+        max_new_tokens]``), not through ``torch.multinomial``."""
+        B, T = prompt_ids.shape[0], max_new_tokens
+        if noise is None and not greedy:
+            noise = torch.rand(B, T, generator=generator, dtype=torch.float64)
+        with self.weights.model(model) as m:
+            return self._decode(m, prompt_ids, prompt_mask, T, noise, sync_stop,
+                                dict(temperature=temperature, greedy=greedy, eos_token_id=eos_token_id,
+                                     pad_token_id=pad_token_id))
+
+    def _length(self, P: int, T: int) -> int:
+        if self.cache_len is not None and self.cache_len >= P + T:
+            return self.cache_len
+        return -(-(P + T) // CACHE_BUCKET) * CACHE_BUCKET
+
+    def _static_cache(self, model: nn.Module, B: int, L: int, prefill_cache):
+        """The cache of this shape (the last one when it matches: a compiled step keeps reading
+        the same tensors), filled with the prefill's keys and values."""
+        keys = prefill_cache.layers[0].keys
+        key = (id(model), B, L, keys.dtype, keys.device, len(prefill_cache.layers), keys.shape[1], keys.shape[3])
+        if self._cache is None or self._cache[0] != key:
+            self._cache = None  # the old cache's memory goes before the new one is allocated
+            self._cache = (key, static_cache(model, L))
+        fill_static_cache(self._cache[1], prefill_cache)
+        return self._cache[1]
+
+    def _step_fn(self, model: nn.Module, B: int, L: int, device: torch.device):
+        """The one-token step for this shape: compiled (up to :data:`MAX_COMPILED_SHAPES` shapes) or plain."""
+        if not self.compile:
+            return self._step
+        if fsdp_units(model):
+            raise ConfigError("generation.compile: the step of an FSDP-sharded policy is not compiled; set "
+                              "generation.weights=copy (a plain copy of the policy) or generation.compile=false")
+        if (B, L) not in self._compiled_shapes and len(self._compiled_shapes) >= MAX_COMPILED_SHAPES:
+            warnings.warn(f"generation.compile: more than {MAX_COMPILED_SHAPES} rollout shapes; ({B} rows, {L} "
+                          "positions) runs the plain step", stacklevel=3)
+            return self._step
+        self._compiled_shapes.add((B, L))
+        if self._compiled is None:
+            mode = "reduce-overhead" if device.type == "cuda" else None
+            self._compiled = torch.compile(self._step, dynamic=False, mode=mode)
+        return self._compiled
+
+    def _step(self, r: "StepState", tokens: torch.Tensor, positions: torch.Tensor, slot: torch.Tensor,
+              u: Optional[torch.Tensor], finished: torch.Tensor) -> Choice:
+        """One token for every row: the forward of ``tokens [B]`` at ``positions [B, 1]`` writing
+        cache slot ``slot`` (0-d), attending to the prompt's valid slots and the generated ones up
+        to ``slot``; then the pick at the uniforms ``u [B]``. Every tensor keeps its shape."""
+        valid = r.prompt_valid | (r.generated_slots <= slot)  # (B, L)
+        mask = decode_mask(valid, r.model, r.cache.layers[0].keys.dtype)
+        out = r.model(input_ids=tokens[:, None], attention_mask=mask, position_ids=positions, use_cache=True,
+                      logits_to_keep=1, **{cache_kwarg(r.model): r.cache})
+        return r.choose(out.logits[:, -1, :].float(), finished, u)
+
+    def _decode(self, model: nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, T: int,
+                noise: Optional[torch.Tensor], sync_stop: bool, pick: dict) -> Samples:
+        """The eager engine's prefill into the static cache, then the fixed-shape steps."""
+        (B, P), device = prompt_ids.shape, prompt_ids.device
+        out, pos = prefill(model, prompt_ids, prompt_mask)
+        L = self._length(P, T)
+        cache = self._static_cache(model, B, L, output_cache(out, cache_kwarg(model)))
+        slots = torch.arange(L, device=device)
+        prompt_valid = torch.zeros(B, L, dtype=torch.bool, device=device)
+        prompt_valid[:, :P] = prompt_mask.bool()
+        generated_slots = torch.where(slots >= P, slots, torch.full_like(slots, L))  # prompt slots: never
+        r = StepState(model, cache, prompt_valid, generated_slots, None if noise is None else noise.to(device), pick)
+        steps = [r.choose(out.logits[:, -1, :].float(), torch.zeros(B, dtype=torch.bool, device=device), r.u(0))]
+        del out
+        step, graphs = self._step_fn(model, B, L, device), self.compile and device.type == "cuda"
+        positions, slot = pos[:, -1:] + 1, torch.full((), P, device=device)
+        with attention_for_decoding(model):
+            for t in range(1, T):
+                checked = pick["eos_token_id"] is not None and t % self.check_every == 0
+                if checked and all_finished(steps[-1].finished, sync_stop):
+                    break
+                if graphs:
+                    torch.compiler.cudagraph_mark_step_begin()
+                # the first step reads every guard (and compiles a new shape); the later ones run the
+                # same step on the same objects and shapes
+                with _guards_checked(step is self._step or t == 1):
+                    c = step(r, steps[-1].tokens, positions, slot, r.u(t), steps[-1].finished)
+                steps.append(Choice(*(x.clone() for x in vars(c).values())) if graphs else c)  # graphs reuse outputs
+                positions, slot = positions + 1, slot + 1
+        n = _finished_length(steps, sync_stop)
+        return stack_samples(prompt_ids, prompt_mask, steps[:n], steps[n - 1].finished)
+
+
+@dataclass
+class StepState:
+    """What every step of one static-engine rollout reads: the model and its cache, the prompt's
+    valid slots ``prompt_valid [B, L]``, each slot's index when a generated token goes there
+    (``generated_slots [L]``, ``L`` for the prompt's slots), the uniforms ``noise [B, T]`` (on the
+    model's device: one copy per rollout, not one per token) and the pick's settings
+    (``temperature``, ``greedy``, ``eos_token_id``, ``pad_token_id``)."""
+
+    model: nn.Module
+    cache: object
+    prompt_valid: torch.Tensor
+    generated_slots: torch.Tensor
+    noise: Optional[torch.Tensor]
+    pick: dict
+
+    def u(self, t: int) -> Optional[torch.Tensor]:
+        """The uniforms of token ``t`` (None: greedy)."""
+        return None if self.noise is None else self.noise[:, t]
+
+    def choose(self, logits: torch.Tensor, finished: torch.Tensor, u: Optional[torch.Tensor]) -> Choice:
+        p = self.pick
+        return choose(logits, finished, p["temperature"], p["greedy"], None, u, p["eos_token_id"], p["pad_token_id"])
+
+
+def _guards_checked(full: bool):
+    """Dynamo's guards all read (``full``), or only those that tell compiled versions apart: the
+    steps after a rollout's first call the same step on the same objects (reading every guard
+    costs more than the step on CPU)."""
+    return contextlib.nullcontext() if full else torch.compiler.set_stance(skip_guard_eval_unsafe=True)
+
+
+def _finished_length(steps: list[Choice], sync_stop: bool) -> int:
+    """The steps the eager engine would have made: up to the one after which every row had
+    finished (on every rank with ``sync_stop``), all of them otherwise."""
+    n = torch.stack([c.alive.any() for c in steps]).sum()  # steps at which some row still counted
+    return int(dist.all_reduce_max(n) if sync_stop else n)
