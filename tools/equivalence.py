@@ -4,6 +4,7 @@ their timing keys and the sha256 of every weights file the runs export. Prints o
     python tools/equivalence.py runs/equiv-before > before.json     # on the old commit
     python tools/equivalence.py runs/equiv-after > after.json       # on the new one
     python tools/equivalence.py --compare before.json after.json    # exit 1 on any difference
+    python tools/equivalence.py --demo runs/demo-quick > demo.json    # a `fourfold demo` output, reduced
 
 The runs go through the command line (``python -m fourfold.cli``), so the script needs nothing of
 the package's internals and runs unchanged on both sides of a refactor: sft, reward and dpo (full
@@ -157,6 +158,22 @@ def fingerprint(run: Path) -> dict:
     return out
 
 
+def demo_fingerprint(out: Path) -> dict:
+    """The same reduction for a ``fourfold demo`` output directory: each stage that trained (its
+    metrics, samples, weights), the pairs and the held-out samples, and eval.json minus timing."""
+    found = {}
+    for stage in sorted(p for p in (out / "stages").iterdir() if p.is_dir()):
+        if (stage / "metrics.jsonl").is_file():
+            found[f"demo-{stage.name}"] = fingerprint(stage)
+        else:
+            found[f"demo-{stage.name}"] = {"samples": "".join(f.read_text() for f in sorted(stage.rglob("*.jsonl")))}
+    data = {str(f.relative_to(out)): hashlib.sha256(f.read_bytes()).hexdigest()
+            for f in sorted([*(out / "data").rglob("*"), *out.glob("*/*.safetensors")]) if f.is_file()}
+    evaluation = json.loads((out / "eval.json").read_text())
+    found["demo-eval"] = {"rows": [{k: v for k, v in evaluation.items() if not _timing(k)}], "weights": data}
+    return found
+
+
 def compare(a: dict, b: dict) -> list[str]:
     problems = []
     for name in sorted(set(a) | set(b)):
@@ -174,7 +191,11 @@ def main(argv=None) -> int:
     p.add_argument("root", nargs="?", help="an empty directory for the runs")
     p.add_argument("--no-torchrun", action="store_true", help="leave out the 2-process runs")
     p.add_argument("--compare", nargs=2, metavar="JSON", help="compare two outputs of this script instead")
+    p.add_argument("--demo", metavar="DIR", help="reduce the output directory of a `fourfold demo` run instead")
     args = p.parse_args(argv)
+    if args.demo:
+        print(json.dumps(demo_fingerprint(Path(args.demo)), sort_keys=True))
+        return 0
     if args.compare:
         a, b = (json.loads(Path(f).read_text()) for f in args.compare)
         problems = compare(a, b)
