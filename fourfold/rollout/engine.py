@@ -10,11 +10,15 @@ would implement to plug in; none ships here). An engine has two calls:
    :func:`~fourfold.models.decoding.current_weights` (name, tensor) pairs: the policy's weights as
    the plain transformers architecture names them, a LoRA adapter merged, FSDP shards gathered.
 2. ``engine(model, prompt_ids, prompt_mask, *, max_new_tokens, temperature, eos_token_id,
-   pad_token_id, noise, sync_stop) -> Samples`` (:class:`fourfold.rollout.engine.Engine`): given
-   this rank's rows of left-padded prompts ``[B, P]`` (mask 1 on tokens), the policy module (an
-   engine with its own weights may ignore it), per-row uniforms ``noise [B, max_new_tokens]``
-   (token t of row r is the inverse CDF of the temperature-scaled distribution at ``noise[r, t]``,
-   so a row's tokens do not depend on the engine, the batch or the rank), it returns
+   pad_token_id, noise, sync_stop, greedy, generator) -> Samples``
+   (:class:`fourfold.rollout.engine.Engine`): given this rank's rows of left-padded prompts
+   ``[B, P]`` (mask 1 on tokens), the policy module (an engine with its own weights may ignore
+   it), per-row uniforms ``noise [B, max_new_tokens]`` (token t of row r is the inverse CDF of the
+   temperature-scaled distribution at ``noise[r, t]``, so a row's tokens do not depend on the
+   engine, the batch or the rank; the training rollouts' way), or else ``greedy`` (the argmax) or
+   ``torch.multinomial`` on ``generator`` (the device's default generator when None; the held-out
+   evaluation's, the demo's pairs' and ``fourfold generate``'s way: the generator ends where the
+   eager engine leaves it, so the next batch's tokens are the same too), it returns
    :class:`~fourfold.rollout.sampling.Samples`: the response tokens ``[B, T]`` (pad after a row's EOS),
    the log-probs of the sampled tokens under ``temperature`` (pi_old, 0 where masked), the
    entropies, the finished flags ``[B]`` and the masks, with ``T`` the step at which every row had
@@ -39,7 +43,11 @@ would implement to plug in; none ships here). An engine has two calls:
   float rounding (the attention sums over the fixed slots in another order).
 
 Either engine takes its weights from a :mod:`~fourfold.rollout.weights` object
-(``generation.weights``). :func:`make_engine` builds the engine of a generation config.
+(``generation.weights``). :func:`make_engine` builds the engine of a generation config; every
+sampler goes through it: the PPO and REINFORCE rollouts, the held-out evaluation
+(:func:`fourfold.apps.evaluation.sample_texts`, used by the demo's eval stage and the experiments'
+final evaluation), the demo's preference pairs and ``fourfold generate``, each reading its own
+``generation`` section (docs/engines.md).
 """
 
 from __future__ import annotations
@@ -65,7 +73,8 @@ class Engine(Protocol):
 
     def __call__(self, model: nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, *,
                  max_new_tokens: int, temperature: float, eos_token_id: Optional[int], pad_token_id: int,
-                 noise: Optional[torch.Tensor], sync_stop: bool) -> Samples: ...
+                 noise: Optional[torch.Tensor], sync_stop: bool, greedy: bool = False,
+                 generator: Optional[torch.Generator] = None) -> Samples: ...
 
 
 def make_engine(gen, *, precision: str = "fp32", max_prompt_len: Optional[int] = None):
