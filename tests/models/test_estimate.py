@@ -401,3 +401,30 @@ def test_the_engine_weights_terms(lora):
     assert not any("generation.weights" in k for k in live.generate)
     with pytest.raises(ValueError, match="engine_weights"):
         estimate_of(config, **kw, workload=Workload(engine_weights="server"))
+
+
+def test_the_training_breakdown_says_where_the_peak_falls():
+    """Full fine-tuning: a model large against its batch peaks at the end of backward (all its
+    gradients; the activations freed: the table names them and their size); a small one at the
+    start (the activations and logits are terms); several micro-batches in the last one's backward."""
+    big = LlamaConfig(vocab_size=32000, hidden_size=896, num_hidden_layers=24, num_attention_heads=14,
+                      num_key_value_heads=2, intermediate_size=4864)
+    est = estimate_of(big, reward=big, workload=Workload(rollout_batch_size=2, minibatch_size=1, max_prompt_len=8,
+                                                          max_new_tokens=8))
+    table = est.table()
+    assert "activations (policy)" not in est.train and est.train["gradients (policy)"] == est.roles["policy"].grads_bytes
+    note = [line for line in table.splitlines() if "peak is" in line]
+    assert len(note) == 1 and note[0].startswith("  (the policy's peak is at the end of backward (every gradient): "
+                                                 "its activations and logits (")
+    assert note[0].endswith(" MiB) are freed by then)")
+    assert table.index("backward workspace (policy)") < table.index(note[0]) < table.index("(live tensors")
+    small = tiny_llama()
+    est = estimate_of(small, reward=small, workload=Workload(rollout_batch_size=64, minibatch_size=64))
+    assert est.train["activations (policy)"] > 0 and est.train_notes == [
+        "the policy's peak is at the start of backward (activations and logits kept, the LM head's gradient)"]
+    assert "  (the policy's peak is at the start of backward" in est.table()
+    est = estimate_of(small, reward=small, workload=Workload(rollout_batch_size=64, minibatch_size=64,
+                                                             micro_batch_size=16))
+    assert est.train_notes == ["the policy's peak is in the last micro-batch's backward (the earlier micro-batches' "
+                               "gradients, its activations)"]
+    assert sum(est.train.values()) == est.train_peak_bytes  # the notes are no terms

@@ -24,7 +24,7 @@ from typing import Mapping, Optional
 
 from fourfold.core.logprobs import BLOCK_ELEMENTS  # elements of one float32 log-prob block
 from fourfold.models.estimate.params import LoraCount, Shape
-from fourfold.models.estimate.result import Estimate, RoleMemory
+from fourfold.models.estimate.result import Estimate, RoleMemory, fmt_bytes
 from fourfold.models.estimate.roles import ROLES, RoleCost, role_costs, shard
 from fourfold.models.estimate.settings import EstimateInput, Workload
 from fourfold.models.plan import ADAPTER, FULL, LoraSettings, RolePlan
@@ -97,7 +97,13 @@ def _lora_copy_bytes(role: RoleCost, s: EstimateInput) -> int:
     return master if master != frozen else 0
 
 
-def _train_terms(role: RoleCost, s: EstimateInput) -> dict[str, int]:
+PEAK_AT, FREED = "peak at", "activations freed"  # the two entries of _train_terms that are notes, not terms
+PEAK_START = "at the start of backward (activations and logits kept, the LM head's gradient)"
+PEAK_END = "at the end of backward (every gradient)"
+PEAK_LAST_MICRO = "in the last micro-batch's backward (the earlier micro-batches' gradients, its activations)"
+
+
+def _train_terms(role: RoleCost, s: EstimateInput) -> dict:
     """One role's training peak above the resident weights and AdamW state, as named terms.
 
     Activations A (all layers, the final norm, the head's input slice, the causal mask, RoPE
@@ -138,6 +144,8 @@ def _train_terms(role: RoleCost, s: EstimateInput) -> dict[str, int]:
         live = {"gradients": grads, "activations": acts, "logits": head} if n_micro > 1 else {"gradients": grads}
     else:
         live = {"gradients": head_grad, "activations": acts, "logits": head}
+    live[PEAK_AT] = PEAK_LAST_MICRO if n_micro > 1 else (PEAK_END if "activations" not in live else PEAK_START)
+    live[FREED] = 0 if "activations" in live else acts + head
     live["backward workspace"] = tokens * (2 * shape.intermediate + 2 * h) * c
     if n == 1:  # the Linears keep their bf16 weight copies for backward (one layer's at a time with checkpointing)
         kept = role.cast_params - (L - 1) * role.cast_layer if s.plan.gradient_checkpointing else role.cast_params
@@ -245,6 +253,7 @@ def estimate(plan: RolePlan, workload: Optional[Workload] = None, configs: Optio
     engine = _engine_terms(roles["policy"], s)
     generate.update(engine)
     trained = {name: _train_terms(roles[name], s) for name in ("policy", "critic") if roles[name] is not None}
+    notes = {name: (terms.pop(PEAK_AT), terms.pop(FREED)) for name, terms in trained.items()}
     if s.plan.concurrent:
         live = {f"{k} ({name})": v for name, terms in trained.items() for k, v in terms.items()}
     else:
@@ -252,7 +261,11 @@ def estimate(plan: RolePlan, workload: Optional[Workload] = None, configs: Optio
         live = {f"{k} ({name})": v for k, v in terms.items()}
     train = {**resident, **live, "FSDP gather/reduce buffers": _fsdp_bytes(roles, s, training=True)}
     train.update({k: v for k, v in engine.items() if k.startswith(COPY_TERM)})  # resident
-    return Estimate(memory, generate, train, _describe(s))
+    peaks = [name for name in notes if f"gradients ({name})" in live]
+    where = [f"the {name}'s peak is {notes[name][0]}" + (
+        f": its activations and logits ({fmt_bytes(notes[name][1])}) are freed by then" if notes[name][1] else "")
+        for name in peaks]
+    return Estimate(memory, generate, train, _describe(s), train_notes=where)
 
 
 def _describe(s: EstimateInput) -> str:
