@@ -17,6 +17,8 @@ The stages' roles::
     dpo        policy (trained), reference (dpo.reference, model.path, or the policy's base)
     ppo        policy, reference, reward (model, LoRA adapter or function), critic (when loaded)
     reinforce  policy, reference, reward
+    evaluate   saved models used as they are, all frozen (:func:`plan_evaluation`): policy,
+               reference, reward, those given
 
 Config objects are read by attribute (this module imports no config), so the plan is the same
 for a config loaded from YAML and one built in Python.
@@ -190,6 +192,20 @@ def plan_roles(stage: str, cfg) -> RolePlan:
     if stage in ("sft", "reward", "dpo"):
         return _supervised_plan(stage, cfg)
     raise ValueError(f"plan_roles: no roles for stage {stage!r}")
+
+
+def plan_evaluation(tokenizer: str, *, policy: Optional[str] = None, reference: Optional[str] = None,
+                    reward: Optional[str] = None) -> RolePlan:
+    """The roles of saved models used as they are (stage ``evaluate``: the held-out evaluation, the
+    demo's pair sampling and its reward model's accuracy): each given directory a frozen model of its
+    own, loaded in its checkpoint's dtype and checked like a trained stage's (the policy and the
+    reference as causal LMs with the same embeddings, the reward model with its trained head); the
+    tokenizer is ``tokenizer``'s (the SFT model's directory, or the reward model's)."""
+    roles = [RoleSpec(name, FULL, source, name, False) for name, source in
+             (("policy", policy), ("reference", reference), ("reward", reward)) if source is not None]
+    if not roles:
+        raise ValueError("plan_evaluation: no model given")
+    return RolePlan("evaluate", tuple(roles), tokenizer, "tokenizer")
 
 
 def _levers(model) -> dict:

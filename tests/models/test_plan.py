@@ -109,3 +109,29 @@ def test_the_estimate_reads_the_plan(tiny_lm):
     est = estimate(plan)
     assert plan.role("critic") is None and plan.role("reward").form == FUNCTION
     assert est.roles["critic"].params == est.roles["reward"].params == 0
+
+
+def test_the_evaluation_plan_loads_saved_models_through_the_loader(tiny_lm):
+    """plan_evaluation: the saved models of an evaluation, each frozen and of its own, in load order;
+    the loader checks them as any stage's (a causal LM given as the reward model is refused) and
+    fits their embeddings to the tokenizer."""
+    from fourfold.apps.evaluation import load_eval_roles
+    from fourfold.errors import ModelLoadError
+    from fourfold.models.plan import plan_evaluation
+
+    sft, rm = str(tiny_lm / "sft"), str(tiny_lm / "rm")
+    plan = plan_evaluation(sft, policy=sft, reference=sft, reward=rm)
+    assert plan.stage == "evaluate" and plan.tokenizer == sft
+    assert [(r.name, r.form, r.source, r.trained, r.dtype) for r in plan.roles] == [
+        ("policy", FULL, sft, False, None), ("reference", FULL, sft, False, None), ("reward", FULL, rm, False, None)]
+    assert plan_evaluation(sft, reward=rm).names == ("reward",)
+    with pytest.raises(ValueError, match="no model given"):
+        plan_evaluation(sft)
+    roles = load_eval_roles(sft, rm, policy=sft)
+    assert roles.policy is roles.reference.model  # the same directory: loaded once
+    assert isinstance(roles.reference, FrozenReference) and isinstance(roles.reward_model, ScalarModel)
+    assert not roles.reward_model.training and len(roles.tokenizer) <= roles.reference.model.get_input_embeddings().num_embeddings
+    other = load_eval_roles(sft, rm, policy=sft + "/")
+    assert other.policy is not other.reference.model and not other.policy.training
+    with pytest.raises(ModelLoadError, match="reward"):
+        load_eval_roles(sft, sft)  # a causal LM has no trained score head
