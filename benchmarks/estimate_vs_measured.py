@@ -143,11 +143,9 @@ def run_iterations(args, device, phase) -> object:
 
 def predict(args, cfg) -> dict:
     """The estimate for the workload's settings, in MiB."""
-    from ppo_iteration import estimate_settings
+    from ppo_iteration import estimate_of
 
-    from fourfold.models.estimate.memory import estimate_from_settings
-
-    est = estimate_from_settings(estimate_settings(args, cfg))
+    est = estimate_of(args, cfg)
     return {"generate_peak_mib": est.generate_peak_bytes / MiB, "train_peak_mib": est.train_peak_bytes / MiB,
             "peak_mib": est.peak_bytes / MiB}
 

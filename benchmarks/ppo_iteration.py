@@ -49,68 +49,91 @@ from types import SimpleNamespace
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
-def build_roles(args, device):
-    """(model config, roles) of the synthetic workload: four full models, or LoRA over one base."""
-    import torch
+SYNTHETIC = "synthetic"
+"""The source every role's plan names: the workload's one model config (:func:`model_config`)."""
 
+
+def model_config(args):
+    """The workload's model config: every role has this shape."""
+    from fourfold.models.factory import llama_config
+
+    return llama_config(args.vocab, args.hidden, args.layers, args.heads, args.intermediate,
+                        max_positions=args.prompt_len + args.response_len + 8, pad_token_id=0, eos_token_id=1)
+
+
+def workload_plan(args):
+    """The role plan of the workload, by the rules `fourfold ppo` uses (:func:`fourfold.models.plan.plan_roles`
+    over the model, dist and run sections these flags stand for): forms (``--lora``, ``--critic-mode``,
+    ``--reward-mode``), dtypes (``--precision``, ``--frozen-dtype``: unset, the frozen roles are bf16
+    unless fp32), gradient checkpointing, and the placement under torchrun (the trained roles as
+    ``--fsdp`` / ``--replicate`` say, the frozen ones replicated, fourfold's default). Every model
+    source is :data:`SYNTHETIC`; a reward adapter is named by a stand-in directory that only marks it
+    as one (the weights are random, built by :func:`build_roles`)."""
+    import tempfile
+    from pathlib import Path
+
+    from fourfold.config import LMDistConfig, LMModelConfig, LoraConfig
+    from fourfold.models.plan import ADAPTER_CONFIG, plan_roles
+
+    lora = args.lora
+    adapters = lora and args.critic_mode == "adapter", lora and args.reward_mode == "adapter"
+    trained = "replicate" if getattr(args, "replicate", False) else "fsdp"
+    with tempfile.TemporaryDirectory() as stand_in:
+        (Path(stand_in) / ADAPTER_CONFIG).write_text("{}")
+        model = LMModelConfig(policy=SYNTHETIC, reward=stand_in if adapters[1] else SYNTHETIC,
+                              critic_init="reward" if adapters[0] == adapters[1] else "policy",
+                              lora=LoraConfig(r=lora) if lora else None,
+                              critic_mode="adapter" if adapters[0] else "separate",
+                              precision=args.precision, frozen_dtype=args.frozen_dtype,
+                              gradient_checkpointing=args.grad_ckpt)
+        cfg = SimpleNamespace(model=model, dist=LMDistConfig(policy=trained, critic=trained),
+                              ppo=SimpleNamespace(loads_critic=True),
+                              run=SimpleNamespace(concurrent_roles=getattr(args, "concurrent", False)))
+        return plan_roles("ppo", cfg)
+
+
+def build_roles(args, device):
+    """(model config, roles) of the synthetic workload, as its role plan (:func:`workload_plan`) says:
+    four random models of one shape, or LoRA roles over one random base, in the plan's dtypes."""
     from fourfold.models.build import Roles
-    from fourfold.models.factory import llama_config, random_causal_lm, random_scalar_model
+    from fourfold.models.factory import random_causal_lm, random_scalar_model
     from fourfold.models.levers import enable_gradient_checkpointing
-    from fourfold.models.lora import REWARD, AdapterLM, AdapterScalarModel, LoraSettings, SharedBase, add_critic, value_head
+    from fourfold.models.lora import REWARD, AdapterLM, AdapterScalarModel, SharedBase, add_critic, value_head
+    from fourfold.models.plan import ADAPTER, BASE
     from fourfold.models.roles import AdapterDisabledReference, FrozenReference, ModelReward, ScalarModel
     from fourfold.run.common import seed_everything
 
-    dtype = torch.bfloat16 if args.precision == "bf16" else torch.float32  # trained roles
-    frozen_dtype = getattr(torch, frozen_dtype_name(args))  # reference, reward model, LoRA base
+    plan = workload_plan(args)
+    policy_spec, reference_spec, reward_spec, critic_spec = (plan.role(n) for n in plan.names)
     seed_everything(0)
-    cfg = llama_config(args.vocab, args.hidden, args.layers, args.heads, args.intermediate,
-                       max_positions=args.prompt_len + args.response_len + 8, pad_token_id=0, eos_token_id=1)
-    lora = args.lora
-    policy = random_causal_lm(cfg, seed=0, dtype=frozen_dtype if lora else dtype).to(device)
-    base = SharedBase(policy, LoraSettings(r=lora)) if lora else None
-    reference = AdapterDisabledReference(base) if lora else FrozenReference(copy.deepcopy(policy).to(frozen_dtype))
-    if lora and args.critic_mode == "adapter":
-        critic = add_critic(base, LoraSettings(r=lora))
+    cfg = model_config(args)
+    lora = plan.lora
+    policy = random_causal_lm(cfg, seed=0, dtype=plan.base_dtype if lora else policy_spec.dtype).to(device)
+    base = SharedBase(policy, lora) if lora else None
+    reference = AdapterDisabledReference(base) if reference_spec.form == BASE else \
+        FrozenReference(copy.deepcopy(policy).to(reference_spec.dtype))
+    if critic_spec.form == ADAPTER:
+        critic = add_critic(base, lora)
     else:
-        critic = ScalarModel(random_scalar_model(cfg, seed=1, dtype=dtype).to(device))
-    if lora and args.reward_mode == "adapter":
-        base.add_adapter(REWARD, LoraSettings(r=lora).peft_config(), trainable=False)
+        critic = ScalarModel(random_scalar_model(cfg, seed=1, dtype=critic_spec.dtype).to(device))
+    if reward_spec.form == ADAPTER:
+        base.add_adapter(REWARD, lora.peft_config(), trainable=False)
         reward_model = AdapterScalarModel(base, REWARD, value_head(base).requires_grad_(False))
         reward_model.reset_head("normal")
     elif isinstance(critic, ScalarModel):
-        reward_model = ScalarModel(copy.deepcopy(critic.hf).to(frozen_dtype))
+        reward_model = ScalarModel(copy.deepcopy(critic.hf).to(reward_spec.dtype))
     else:
-        reward_model = ScalarModel(random_scalar_model(cfg, seed=1, dtype=frozen_dtype).to(device))
+        reward_model = ScalarModel(random_scalar_model(cfg, seed=1, dtype=reward_spec.dtype).to(device))
     if lora:
         policy = AdapterLM(base)
         policy.train()
         critic.train()
-    if args.grad_ckpt:
+    if plan.gradient_checkpointing:
         enable_gradient_checkpointing(policy)
         enable_gradient_checkpointing(critic)
     roles = Roles(SimpleNamespace(eos_token_id=1, pad_token_id=0), policy, reference, ModelReward(reward_model),
                   critic, reward_model, base=base)
     return cfg, roles
-
-
-def role_plan(args):
-    """The role plan of the workload's roles, for :func:`fourfold.run.parallel.place_roles` (the
-    placement `fourfold ppo` uses): the trained roles as ``--fsdp`` / ``--replicate`` say, the frozen
-    ones replicated (fourfold's default); with ``--lora`` the roles on the base go with it."""
-    from fourfold.models.lora import LoraSettings
-    from fourfold.models.plan import ADAPTER, BASE, FULL, RolePlan, RoleSpec
-
-    trained = "replicate" if args.replicate else "fsdp"
-    lora = bool(args.lora)
-
-    def form(on_base: bool) -> str:
-        return ADAPTER if lora and on_base else FULL
-
-    specs = (RoleSpec("policy", form(True), None, "", True, placement=trained),
-             RoleSpec("reference", BASE if lora else FULL, None, "", False, placement="replicate"),
-             RoleSpec("reward", form(args.reward_mode == "adapter"), None, "", False, placement="replicate"),
-             RoleSpec("critic", form(args.critic_mode == "adapter"), None, "", True, placement=trained))
-    return RolePlan("ppo", specs, "", "", lora=LoraSettings(r=args.lora) if lora else None)
 
 
 def collectives(prof, iterations: int) -> dict:
@@ -136,27 +159,14 @@ def collectives(prof, iterations: int) -> dict:
             for k, v in sorted(out.items())}
 
 
-def frozen_dtype_name(args) -> str:
-    """The frozen roles' dtype: ``--frozen-dtype``, else float32 under fp32 and bfloat16 otherwise."""
-    return args.frozen_dtype or ("float32" if args.precision == "fp32" else "bfloat16")
+def estimate_of(args, cfg, nproc: int = 1):
+    """What :mod:`fourfold.models.estimate.memory` predicts for the workload's plan on ``nproc`` devices."""
+    from fourfold.models.estimate.memory import Workload, estimate
 
-
-def estimate_settings(args, cfg, nproc: int = 1):
-    """The :class:`~fourfold.models.estimate.memory.EstimateSettings` of the workload on ``nproc`` devices."""
-    from fourfold.models.estimate.memory import EstimateSettings
-    from fourfold.models.lora import LoraSettings
-
-    lora = None
-    if args.lora:
-        lora = LoraSettings(r=args.lora)
-    return EstimateSettings(
-        policy=cfg, reward=cfg, critic=cfg, lora=lora, critic_mode=args.critic_mode if lora else "separate",
-        reward_mode=args.reward_mode if lora else "separate", precision=args.precision, frozen_dtype=frozen_dtype_name(args),
-        gradient_checkpointing=args.grad_ckpt,
-        rollout_batch_size=args.batch, minibatch_size=args.minibatch, micro_batch_size=getattr(args, "micro_batch", None),
-        max_prompt_len=args.prompt_len, max_new_tokens=args.response_len, concurrent_roles=args.concurrent,
-        engine_weights=getattr(args, "weights", "live"),
-        nproc=nproc, replicated=("policy", "critic") if getattr(args, "replicate", False) else ())
+    workload = Workload(rollout_batch_size=args.batch, minibatch_size=args.minibatch,
+                        micro_batch_size=getattr(args, "micro_batch", None), max_prompt_len=args.prompt_len,
+                        max_new_tokens=args.response_len, nproc=nproc, engine_weights=getattr(args, "weights", "live"))
+    return estimate(workload_plan(args), workload, {SYNTHETIC: cfg})
 
 
 def allocator_env(args=None) -> dict:
@@ -218,7 +228,7 @@ def add_mode_args(p: argparse.ArgumentParser) -> None:
                         "the top operators by self CPU time on stderr (rank 0)")
     p.add_argument("--frozen-dtype", default=None, choices=["float32", "bfloat16"],
                    help="weights of the frozen roles (reference, reward model, LoRA base); default: float32 "
-                        "under --precision fp32, else bfloat16 (model.frozen_dtype)")
+                        "under --precision fp32, else bfloat16 (model.frozen_dtype's default)")
     p.add_argument("--malloc-mmap-threshold-kib", type=int, default=None, metavar="KIB",
                    help="glibc: tensors of KIB or more get their own mapping, returned to the OS when freed "
                         "(run.malloc_mmap_threshold_kib; 256 makes the peak RSS the live tensors)")
@@ -333,7 +343,7 @@ def main(argv=None) -> dict:
         raise SystemExit("ppo_iteration.py: under torchrun with more than one process, pass --fsdp or --replicate")
     cfg, roles = build_roles(args, device)
     if args.fsdp or args.replicate:
-        place_roles(roles, role_plan(args), device)
+        place_roles(roles, workload_plan(args), device)
     algo = PPOAlgoConfig(iterations=args.iterations, rollout_batch_size=args.batch, minibatch_size=args.minibatch,
                          ppo_epochs=args.ppo_epochs, lr=1e-5, critic_lr=1e-5)
     algo.validate()
@@ -364,15 +374,13 @@ def summarize(args, rows: list[dict], cfg, roles, algo, world) -> dict:
     generation apart: compile included), the peak memory beside the estimate, the workload."""
     import torch
 
-    from fourfold.models.estimate.memory import estimate_from_settings
-
     timed = rows[args.warmup:] or rows
     med = lambda k: statistics.median(r[k] for r in timed)  # noqa: E731
     if args.device.startswith("cuda"):
         peak = torch.cuda.max_memory_allocated(torch.device(args.device)) / 2**20
     else:
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB -> MiB on Linux
-    estimate = estimate_from_settings(estimate_settings(args, cfg, world.world_size))
+    estimate = estimate_of(args, cfg, world.world_size)
     gen_tokens = args.batch * args.response_len
     train_tokens = args.ppo_epochs * args.batch * (args.prompt_len + args.response_len)
     return {

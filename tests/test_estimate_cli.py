@@ -5,15 +5,17 @@ import json
 import warnings
 
 import pytest
+import torch
 from transformers import AutoConfig
 
 from fourfold import cli
 from fourfold.config import LoraConfig, PPOConfig, load_config
-from fourfold.models.estimate.from_config import estimate_line, estimate_settings
-from fourfold.models.estimate.memory import EstimateSettings, estimate_from_settings
+from fourfold.models.estimate.from_config import estimate_config, estimate_line, workload_of
+from fourfold.models.estimate.memory import Workload, estimate
 from fourfold.models.estimate.params import count_lora
 from fourfold.models.factory import llama_config
 from fourfold.models.lora import LoraSettings
+from fourfold.models.plan import ADAPTER, FULL, plan_roles
 
 
 @pytest.fixture(autouse=True)
@@ -38,6 +40,14 @@ def write_config(path, dirs, text=""):
     return str(path)
 
 
+@pytest.fixture(scope="module")
+def reward_adapter_dir(tmp_path_factory):
+    """A directory that reads as a LoRA reward adapter (the estimate reads none of it)."""
+    path = tmp_path_factory.mktemp("reward-adapter")
+    (path / "adapter_config.json").write_text("{}")
+    return path
+
+
 PPO = "ppo:\n  rollout_batch_size: 8\n  minibatch_size: 4\n"
 
 
@@ -52,9 +62,12 @@ def test_json_is_exactly_the_estimate_of_the_config(dirs, tmp_path, capsys):
     rc, out, err = run(["estimate", "--config", cfg, "--json"], capsys)
     assert rc == 0 and err == "" and out.count("\n") == 1
     got = json.loads(out)
-    expected = estimate_from_settings(EstimateSettings(
-        policy=str(dirs / "sft"), reward=str(dirs / "rm"), critic=str(dirs / "rm"), rollout_batch_size=8,
-        minibatch_size=4, max_prompt_len=16, max_new_tokens=8, frozen_dtype="float32")).to_json()
+    plan = plan_roles("ppo", load_config(PPOConfig, cfg, []))
+    assert [(r.name, r.form, r.source) for r in plan.roles] == [
+        ("policy", FULL, str(dirs / "sft")), ("reference", FULL, str(dirs / "sft")), ("reward", FULL, str(dirs / "rm")),
+        ("critic", FULL, str(dirs / "rm"))]
+    expected = estimate(plan, Workload(rollout_batch_size=8, minibatch_size=4, max_prompt_len=16,
+                                       max_new_tokens=8)).to_json()
     assert got == expected
     assert set(got["roles"]) == {"policy", "reference", "reward", "critic"}
     assert set(got["roles"]["policy"]) == {"params", "trainable_params", "weights_bytes", "grads_bytes", "optimizer_bytes"}
@@ -78,24 +91,35 @@ def test_levers_and_reinforce_are_mapped(dirs, tmp_path):
         "model.precision=bf16-mixed", "model.frozen_dtype=bfloat16", "model.gradient_checkpointing=true",
         "model.logits_chunk=64", "model.critic_init=policy", "ppo.micro_batch_size=2", "ppo.entropy_coef=0.01",
         "run.concurrent_roles=true", "generation.weights=copy"])
-    s = estimate_settings("ppo", cfg, nproc=2)
-    assert s.engine_weights == "copy"
-    assert (s.precision, s.frozen_dtype, s.gradient_checkpointing, s.logits_chunk) == ("bf16-mixed", "bfloat16", True, 64)
-    assert (s.critic, s.micro_batch_size, s.with_entropy, s.concurrent_roles, s.nproc) == (
-        str(dirs / "sft"), 2, True, True, 2)
+    assert workload_of("ppo", cfg, nproc=2) == Workload(rollout_batch_size=8, minibatch_size=4, micro_batch_size=2,
+                                                        max_prompt_len=16, max_new_tokens=8, with_entropy=True,
+                                                        nproc=2, engine_weights="copy")
+    plan = plan_roles("ppo", cfg)
+    assert (plan.precision, plan.frozen_dtype, plan.gradient_checkpointing, plan.logits_chunk, plan.concurrent) == (
+        "bf16-mixed", torch.bfloat16, True, 64, True)
+    assert plan.role("critic").source == str(dirs / "sft")
+    est = estimate_config("ppo", cfg, nproc=2)
+    assert est.description == "full fine-tuning, bf16-mixed, gradient checkpointing, 2 devices, FSDP"
+    assert est.roles["reference"].weights_bytes == 2 * est.roles["reference"].params  # bf16, replicated
+    assert est.train["inference copy of the policy (generation.weights: copy)"] == 2 * est.roles["reference"].params
+    assert "gradients (critic)" in est.train and "gradients (policy)" in est.train  # concurrent: both live
     cfg.model.dtype, cfg.model.precision, cfg.model.frozen_dtype = "bfloat16", "fp32", None
-    s = estimate_settings("ppo", cfg)
-    assert (s.precision, s.frozen_dtype) == ("bf16", "bfloat16")
+    est = estimate_config("ppo", cfg)
+    assert est.description.startswith("full fine-tuning, bf16, ")
+    policy = est.roles["policy"]
+    assert policy.weights_bytes == policy.grads_bytes == 2 * policy.params  # bf16 weights and gradients
     cfg.ppo.advantage = "grpo"  # a critic-free estimator loads no critic, whatever use_critic says
-    assert estimate_settings("ppo", cfg).critic is None
+    assert plan_roles("ppo", cfg).role("critic") is None and estimate_config("ppo", cfg).roles["critic"].params == 0
     cfg.ppo.advantage, cfg.ppo.use_critic = "gae", False
-    assert estimate_settings("ppo", cfg).critic is None
+    assert plan_roles("ppo", cfg).role("critic") is None
     rf = tmp_path / "rf.yaml"
     write_config(rf, dirs, "reinforce:\n  rollout_batch_size: 8\n")
     from fourfold.config import ReinforceConfig
 
-    s = estimate_settings("reinforce", load_config(ReinforceConfig, str(rf), []))
-    assert s.critic is None and s.rollout_batch_size == s.minibatch_size == 8
+    rcfg = load_config(ReinforceConfig, str(rf), [])
+    assert plan_roles("reinforce", rcfg).role("critic") is None
+    w = workload_of("reinforce", rcfg)
+    assert w.rollout_batch_size == w.minibatch_size == 8
 
 
 def test_reinforce_config_is_recognised_by_its_section(dirs, tmp_path, capsys):
@@ -108,20 +132,22 @@ def test_reinforce_config_is_recognised_by_its_section(dirs, tmp_path, capsys):
 def test_lora_settings_are_read_when_the_config_has_them(dirs, tmp_path):
     """model.lora (null: full fine-tuning) and model.critic_mode."""
     cfg = load_config(PPOConfig, write_config(tmp_path / "ppo.yaml", dirs, PPO), ["model.critic_init=policy"])
-    assert estimate_settings("ppo", cfg).lora is None
+    assert plan_roles("ppo", cfg).lora is None
     cfg.model.lora = LoraConfig(r=4, alpha=8, dropout=0.0, target_modules=["q_proj", "v_proj"])
     cfg.model.critic_mode = "adapter"
-    s = estimate_settings("ppo", cfg)
-    assert s.lora == LoraSettings(r=4, alpha=8.0, target_modules=["q_proj", "v_proj"], dropout=0.0)
-    assert (s.critic_mode, s.reward_mode) == ("adapter", "separate")
-    assert s.reference is None
-    est = estimate_from_settings(s)
+    plan = plan_roles("ppo", cfg)
+    assert plan.lora == LoraSettings(r=4, alpha=8.0, target_modules=["q_proj", "v_proj"], dropout=0.0)
+    assert [(r.name, r.form) for r in plan.roles] == [("policy", ADAPTER), ("reference", "base"), ("reward", FULL),
+                                                     ("critic", ADAPTER)]
+    est = estimate_config("ppo", cfg)
+    assert est.description.startswith("LoRA r=4 on a shared base (critic adapter, reward model separate), ")
     lora_params = count_lora(AutoConfig.from_pretrained(dirs / "sft"), 4, ["q_proj", "v_proj"]).params
     assert est.roles["policy"].trainable_params == lora_params
     assert est.roles["critic"].weights_bytes < est.roles["reward"].weights_bytes  # the critic is an adapter
     cfg.model.lora = LoraConfig(r=8)
     cfg.model.critic_mode = "separate"
-    assert estimate_settings("ppo", cfg).lora.r == 8 and estimate_settings("ppo", cfg).critic_mode == "separate"
+    assert plan_roles("ppo", cfg).lora.r == 8 and plan_roles("ppo", cfg).role("critic").form == FULL
+    assert "(critic separate, reward model separate)" in estimate_config("ppo", cfg).description
 
 
 def test_ppo_prints_the_estimate_line_first_and_never_fails_on_it(dirs, tmp_path, capsys, monkeypatch):
@@ -152,20 +178,53 @@ def test_placements_under_torchrun_are_read_from_the_plan(dirs, tmp_path):
     sharded."""
     def est(*overrides, nproc=4):
         cfg = load_config(PPOConfig, write_config(tmp_path / "ppo.yaml", dirs, PPO), list(overrides))
-        return estimate_settings("ppo", cfg, nproc=nproc), estimate_from_settings(estimate_settings("ppo", cfg, nproc))
+        return plan_roles("ppo", cfg), estimate_config("ppo", cfg, nproc)
 
     one = est(nproc=1)[1].roles
-    s, sharded = est()
-    assert s.replicated == () and not s.shard_frozen and "4 devices, FSDP" in sharded.description
+    plan, sharded = est()
+    assert [r.placement for r in plan.roles] == ["fsdp", "replicate", "replicate", "fsdp"]
+    assert sharded.description.endswith("4 devices, FSDP")
     assert sharded.roles["policy"].optimizer_bytes == -(-one["policy"].optimizer_bytes // 4)
-    s, rep = est("dist.policy=replicate", "dist.critic=replicate", "dist.reference=fsdp")
-    assert s.replicated == ("policy", "critic") and s.shard_frozen
+    assert sharded.roles["reference"].weights_bytes == one["reference"].weights_bytes
+    plan, rep = est("dist.policy=replicate", "dist.critic=replicate", "dist.reference=fsdp")
+    assert rep.description.endswith("4 devices, FSDP, frozen roles sharded, policy and critic replicated")
     assert rep.roles["policy"].optimizer_bytes == one["policy"].optimizer_bytes
     assert rep.roles["reference"].weights_bytes == -(-one["reference"].weights_bytes // 4)
+    assert rep.roles["reward"].weights_bytes == one["reward"].weights_bytes  # each frozen role as it is placed
     lora = ("model.lora.r=4", "model.critic_init=policy", "model.critic_mode=adapter")
-    s, lora_sharded = est(*lora)
+    _, lora_sharded = est(*lora)
     lora_one = est(*lora, nproc=1)[1].roles
     assert lora_sharded.roles["policy"].weights_bytes < 0.3 * lora_one["policy"].weights_bytes  # the base too
-    s, lora_rep = est(*lora, "dist.policy=replicate", "dist.critic=replicate")
-    assert s.replicated == ("policy", "critic") and "FSDP" not in lora_rep.description
+    plan, lora_rep = est(*lora, "dist.policy=replicate", "dist.critic=replicate")
+    assert plan.base_placement == "replicate" and "FSDP" not in lora_rep.description
+    assert lora_rep.description.endswith("policy and critic replicated")
     assert lora_rep.roles["policy"].weights_bytes == lora_one["policy"].weights_bytes
+
+
+def test_frozen_roles_are_bf16_under_bf16_mixed_unless_frozen_dtype_says(dirs, tmp_path, reward_adapter_dir):
+    """The plan and so the estimate: under bf16-mixed the reference and the reward model (with LoRA,
+    the shared base) are bf16 by default, float32 with model.frozen_dtype: float32; fp32 runs keep
+    them float32. The trained roles keep float32 master weights throughout."""
+    def of(*overrides):
+        cfg = load_config(PPOConfig, write_config(tmp_path / "ppo.yaml", dirs, PPO), list(overrides))
+        return plan_roles("ppo", cfg), estimate_config("ppo", cfg)
+
+    for overrides, frozen in ((["model.precision=bf16-mixed"], torch.bfloat16),
+                              (["model.precision=bf16-mixed", "model.frozen_dtype=float32"], torch.float32),
+                              (["model.precision=bf16-mixed", "model.frozen_dtype=float16"], torch.float16),
+                              ([], torch.float32)):
+        plan, est = of(*overrides)
+        assert [r.dtype for r in plan.roles] == [torch.float32, frozen, frozen, torch.float32], overrides
+        size = 4 if frozen == torch.float32 else 2
+        for name in ("reference", "reward"):
+            assert est.roles[name].weights_bytes == size * est.roles[name].params, (overrides, name)
+        assert est.roles["policy"].weights_bytes == 4 * est.roles["policy"].params
+    lora = ("model.lora.r=4", f"model.reward={reward_adapter_dir}", "model.critic_mode=adapter")
+    plan, est = of("model.precision=bf16-mixed", *lora)
+    assert plan.base_dtype == torch.bfloat16 and est.description.startswith("LoRA r=4 on a shared base (critic adapter, "
+                                                                            "reward model adapter), bf16-mixed, ")
+    adapters = est.roles["policy"].trainable_params
+    base = est.roles["reference"].params
+    assert est.roles["policy"].weights_bytes == 2 * base + 4 * adapters  # bf16 base, float32 adapters
+    plan, est = of("model.precision=bf16-mixed", "model.frozen_dtype=float32", *lora)
+    assert plan.base_dtype == torch.float32 and est.roles["policy"].weights_bytes == 4 * (base + adapters)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Optional
 
 import torch
 
@@ -14,15 +15,21 @@ from fourfold.config import GenerationConfig
 
 
 @torch.no_grad()
-def load_eval_roles(reference: str, reward: str) -> tuple:
-    """(tokenizer, the frozen reference, the reward model in eval mode) of an evaluation, from the
-    SFT model's directory (its tokenizer too) and the reward model's: what the demo's evaluation
-    stage and the experiments' final evaluation both load."""
-    from fourfold.models.loading import load_causal_lm, load_sequence_scorer, load_tokenizer
-    from fourfold.models.roles import FrozenReference, ScalarModel
+def load_eval_roles(reference: str, reward: str, policy: Optional[str] = None):
+    """The :class:`~fourfold.models.build.Roles` of an evaluation, built by the one loader from an
+    evaluation plan (:func:`~fourfold.models.plan.plan_evaluation`: every model checked, its
+    embeddings fitting the tokenizer): the tokenizer and the frozen ``reference`` of the SFT
+    model's directory, the reward model (in eval mode) and, when given, the ``policy`` evaluated
+    (the reference's own model when it is the same directory). What the demo's evaluation stage and
+    the experiments' final evaluation both load."""
+    from fourfold.models.build import load_saved
 
-    tok = load_tokenizer(reference)
-    return tok, FrozenReference(load_causal_lm(reference)), ScalarModel(load_sequence_scorer(reward)).eval()
+    roles = load_saved(reference, reference=reference, reward=reward,
+                       policy=None if policy in (None, reference) else policy)
+    roles.reward_model.eval()
+    if policy == reference:
+        roles.policy = roles.reference.model
+    return roles
 
 
 def sample_texts(model, tokenizer, prompts: list[str], *, max_new_tokens: int, temperature: float,

@@ -1,7 +1,8 @@
 """`model.lora`: LoRA adapters instead of full fine-tuning (sft, reward, ppo, reinforce).
 
-Mirrored by ``fourfold.models.lora.LoraSettings`` (the trainers convert one into the other; this
-package imports only the standard library)."""
+Mirrored by ``fourfold.models.plan.LoraSettings`` (the role plan converts one into the other with
+``LoraSettings.from_config``, which asks this section's :meth:`LoraConfig.validate`, the one check of
+the settings; this package imports only the standard library)."""
 
 from __future__ import annotations
 
@@ -28,12 +29,21 @@ class LoraConfig:
     [q_proj, v_proj]."""
 
     def validate(self, prefix: str = "model.lora") -> None:
-        require(self.r >= 1, f"{prefix}.r", f"must be an integer >= 1, got {self.r!r}")
-        require(self.alpha > 0, f"{prefix}.alpha", f"must be > 0, got {self.alpha!r}")
-        require(0 <= self.dropout < 1, f"{prefix}.dropout", f"must be in [0, 1), got {self.dropout!r}")
-        if isinstance(self.target_modules, str):
-            require(self.target_modules == "all-linear", f"{prefix}.target_modules",
-                    f"a list of module names or 'all-linear', got {self.target_modules!r}")
+        """ConfigError naming the key when a value is out of range or of the wrong type: the one
+        check of LoRA settings (``fourfold.models.plan.LoraSettings.from_config`` asks a section for
+        it, so a config built in Python is checked as a loaded one is)."""
+        r, alpha, dropout, targets = self.r, self.alpha, self.dropout, self.target_modules
+
+        def number(x) -> bool:
+            return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+        require(isinstance(r, int) and not isinstance(r, bool) and r >= 1, f"{prefix}.r",
+                f"must be an integer >= 1, got {r!r}")
+        require(number(alpha) and alpha > 0, f"{prefix}.alpha", f"must be > 0, got {alpha!r}")
+        require(number(dropout) and 0 <= dropout < 1, f"{prefix}.dropout", f"must be in [0, 1), got {dropout!r}")
+        if isinstance(targets, str):
+            require(targets == "all-linear", f"{prefix}.target_modules",
+                    f"a list of module names or 'all-linear', got {targets!r}")
         else:
-            require(bool(self.target_modules) and all(self.target_modules), f"{prefix}.target_modules",
+            require(bool(targets) and all(isinstance(t, str) and t for t in targets), f"{prefix}.target_modules",
                     "a non-empty list of module names or 'all-linear'")

@@ -64,8 +64,10 @@ class LMModelConfig:
     keep float32 master weights, gradients and AdamW state (model.dtype must be float32) and every
     forward runs under bf16 autocast (the standard on GPUs). bf16: the trained roles' weights,
     gradients and AdamW moments in bf16. Log-probs, values and losses are float32 in every mode."""
-    frozen_dtype: Optional[Literal["bfloat16", "float16"]] = None
-    """Weights dtype of the frozen roles (reference, reward model); null = the trained roles'."""
+    frozen_dtype: Optional[Literal["bfloat16", "float16", "float32"]] = None
+    """Weights dtype of the frozen roles (reference, reward model; with `lora`, the shared base);
+    null = bfloat16 under precision bf16-mixed, else the trained roles' (float32 keeps them in
+    float32 under bf16-mixed too)."""
     logits_chunk: Optional[int] = None
     """Apply the LM head to this many response tokens at a time when computing log-probs and
     entropies (recomputed in backward), so the full [tokens x vocab] logits never exist at once;

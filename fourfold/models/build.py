@@ -30,7 +30,7 @@ from fourfold.models.factory import llama_config, random_causal_lm, random_scala
 from fourfold.models.levers import autocast_forwards, enable_gradient_checkpointing, set_logits_chunk
 from fourfold.models.loading import ensure_pad_embedding, load_causal_lm, load_sequence_scorer, load_tokenizer
 from fourfold.models.lora import POLICY, REWARD, AdapterLM, AdapterScalarModel, SharedBase, add_critic, load_reward_adapter
-from fourfold.models.plan import ADAPTER, BASE, FULL, FUNCTION, RolePlan, RoleSpec, plan_roles
+from fourfold.models.plan import ADAPTER, BASE, FULL, FUNCTION, RolePlan, RoleSpec, plan_evaluation, plan_roles
 from fourfold.models.reward_fn import load_reward_fn
 from fourfold.models.roles import AdapterDisabledReference, FrozenReference, FunctionReward, ModelReward, ScalarModel
 
@@ -70,11 +70,13 @@ def build_roles(plan: RolePlan, device: torch.device) -> Roles:
     for spec in plan.roles:
         builder.build(spec, roles)
     roles.base = builder.base
-    if roles.reward_model is not None and plan.role("reward").form == FULL and not plan.role("reward").trained:
-        roles.reward_model.to(plan.role("reward").dtype)  # a no-op unless loaded in the trained dtype for a copy
-    for role in (roles.policy, roles.critic):
-        if role is not None:
-            role.train()
+    reward = plan.role("reward")
+    if roles.reward_model is not None and reward.form == FULL and not reward.trained and reward.dtype is not None:
+        roles.reward_model.to(reward.dtype)  # a no-op unless loaded in the trained dtype for a copy
+    modules = roles.modules()
+    for spec in plan.roles:
+        if spec.trained and spec.name in ("policy", "critic") and modules[spec.name] is not None:
+            modules[spec.name].train()
     return apply_levers(roles, plan, device)
 
 
@@ -209,4 +211,13 @@ def apply_levers(roles: Roles, plan: RolePlan, device: torch.device) -> Roles:
     return roles
 
 
-__all__ = ["Roles", "apply_levers", "build_roles", "load_roles"]
+def load_saved(tokenizer: str, *, policy: Optional[str] = None, reference: Optional[str] = None,
+               reward: Optional[str] = None, device: Optional[torch.device] = None) -> Roles:
+    """Saved models used as they are (:func:`~fourfold.models.plan.plan_evaluation`), built and
+    checked by the one loader: ``policy``, ``reference`` and ``reward_model`` (with ``reward``, its
+    score) where given, on ``device`` (default: the CPU)."""
+    plan = plan_evaluation(tokenizer, policy=policy, reference=reference, reward=reward)
+    return build_roles(plan, device or torch.device("cpu"))
+
+
+__all__ = ["Roles", "apply_levers", "build_roles", "load_roles", "load_saved"]

@@ -21,8 +21,9 @@ those of the run without it, up to float rounding (bf16 rounding for the bf16 le
   region must never span an optimizer step: each forward of a role opens its own region (which
   also carries autocast into the threads of ``run.concurrent_roles``), and only generation and
   scoring, where the weights do not change, run inside one long region that keeps the cache.
-* **Frozen dtype** (``model.frozen_dtype``): the reference and the reward model are loaded in
-  bf16 or fp16 while the trained roles keep their own dtype.
+* **Frozen dtype** (``model.frozen_dtype``): the reference and the reward model (with LoRA: the
+  shared base) are loaded in bf16, fp16 or float32 while the trained roles keep their own dtype;
+  unset, they are bf16 under ``bf16-mixed`` and in the trained roles' dtype otherwise.
 * **Logits chunk** (:func:`set_logits_chunk`): :func:`~fourfold.models.roles.response_logprobs`
   applies the LM head to that many tokens at a time (with checkpointing in backward), so the full
   ``[tokens x vocab]`` logits never exist at once. Values need no chunking: the value head has one
@@ -52,13 +53,16 @@ def role_dtypes(dtype: str, precision: str = "fp32", frozen_dtype: Optional[str]
     """(weights dtype of the trained roles, weights dtype of the frozen roles).
 
     ``fp32``: ``dtype`` (``model.dtype``) for the trained roles; ``bf16-mixed``: float32 (the config
-    requires ``model.dtype: float32``); ``bf16``: bfloat16. The frozen roles use ``frozen_dtype``,
-    or the trained roles' dtype when it is None.
+    requires ``model.dtype: float32``); ``bf16``: bfloat16. The frozen roles use ``frozen_dtype``;
+    when it is None, bfloat16 under ``bf16-mixed`` (they compute in bf16 anyway, and need no master
+    weights) and the trained roles' dtype otherwise (so no ``fp32`` run changes).
     """
     if precision not in PRECISIONS:
         raise ValueError(f"precision {precision!r}: expected one of {', '.join(PRECISIONS)}")
     trained = torch.bfloat16 if precision == "bf16" else resolve_dtype(dtype)
-    return trained, resolve_dtype(frozen_dtype) if frozen_dtype is not None else trained
+    if frozen_dtype is None:
+        return trained, torch.bfloat16 if precision == "bf16-mixed" else trained
+    return trained, resolve_dtype(frozen_dtype)
 
 
 def _shared_base(model: nn.Module):

@@ -7,7 +7,7 @@ where it comes from, whether it trains, its weights dtype, how a scalar head sta
 goes under torchrun. Three readers, and no other copy of these rules:
 
 * the loader, :func:`fourfold.models.build.build_roles` (every stage's models, checked);
-* the memory estimate, :meth:`fourfold.models.estimate.memory.EstimateSettings.from_plan`;
+* the memory estimate, :func:`fourfold.models.estimate.memory.estimate` (its roles, as they are);
 * the torchrun placement, :func:`fourfold.run.parallel.place_roles`.
 
 The stages' roles::
@@ -19,6 +19,8 @@ The stages' roles::
     reinforce  policy, reference, reward
     generate   policy (a causal LM, not trained)              :func:`plan_inference`
     score      reward (a reward model, not trained)           :func:`plan_inference`
+    evaluate   saved models used as they are, all frozen (:func:`plan_evaluation`): policy,
+               reference, reward, those given
 
 Config objects are read by attribute (this module imports no config), so the plan is the same
 for a config loaded from YAML and one built in Python.
@@ -49,7 +51,8 @@ def is_adapter_dir(path) -> bool:
 
 @dataclass(frozen=True)
 class LoraSettings:
-    """LoRA hyper-parameters (the config's ``model.lora``; the config schema mirrors these fields)."""
+    """LoRA hyper-parameters (the config's ``model.lora``, checked there: :meth:`from_config`; the
+    config schema mirrors these fields)."""
 
     r: int = 8
     """Rank of each update: W + (alpha / r) * B @ A, A of shape r x in, B of shape out x r."""
@@ -64,29 +67,17 @@ class LoraSettings:
     def __post_init__(self):
         if isinstance(self.target_modules, list):  # frozen: a tuple keeps the settings hashable
             object.__setattr__(self, "target_modules", tuple(self.target_modules))
-        self.validate()
-
-    def validate(self, prefix: str = "model.lora") -> None:
-        """ConfigError naming the key when a value is out of range."""
-        r, alpha, dropout, targets = self.r, self.alpha, self.dropout, self.target_modules
-        if isinstance(r, bool) or not isinstance(r, int) or r < 1:
-            raise ConfigError(f"{prefix}.r: must be an integer >= 1, got {r!r}")
-        if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not alpha > 0:
-            raise ConfigError(f"{prefix}.alpha: must be a number > 0, got {alpha!r}")
-        if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0 <= dropout < 1:
-            raise ConfigError(f"{prefix}.dropout: must be in [0, 1), got {dropout!r}")
-        if isinstance(targets, str):
-            if targets != "all-linear":
-                raise ConfigError(f"{prefix}.target_modules: a list of module names or 'all-linear', got {targets!r}")
-        elif not targets or not all(isinstance(t, str) and t for t in targets):
-            raise ConfigError(f"{prefix}.target_modules: a non-empty list of module names or 'all-linear', "
-                              f"got {list(targets)!r}")
 
     @classmethod
     def from_config(cls, lora) -> Optional["LoraSettings"]:
-        """The settings of a ``model.lora`` section (None: full fine-tuning)."""
+        """The settings of a ``model.lora`` section (None: full fine-tuning), checked by the
+        section's own ``validate()`` (``fourfold.config.LoraConfig``, the one owner of the rules:
+        a ConfigError naming ``model.lora.<key>``), so a section built in Python is checked too."""
         if lora is None:
             return None
+        validate = getattr(lora, "validate", None)
+        if callable(validate):
+            validate()
         targets = lora.target_modules if isinstance(lora.target_modules, str) else tuple(lora.target_modules)
         return cls(r=lora.r, alpha=float(lora.alpha), dropout=float(lora.dropout), target_modules=targets)
 
@@ -164,7 +155,8 @@ class RolePlan:
     concurrent: bool = False
     """The trainer runs roles in parallel threads (``run.concurrent_roles``)."""
     frozen_dtype: Optional[torch.dtype] = field(default=None)
-    """``model.frozen_dtype`` as given (None: the frozen roles take the trained roles' dtype)."""
+    """The frozen roles' weights dtype (``model.frozen_dtype``, resolved: bf16 under ``bf16-mixed``
+    when unset, else the trained roles' dtype; :func:`~fourfold.models.levers.role_dtypes`)."""
 
     def without(self, *names: str) -> "RolePlan":
         """This plan without the roles ``names`` (roles the caller brings ready-made)."""
@@ -217,6 +209,20 @@ def plan_inference(stage: str, m) -> RolePlan:
         raise ValueError(f"plan_inference: no roles for stage {stage!r}")
     return RolePlan(stage, (role,), m.tokenizer or role.source, "model.tokenizer" if m.tokenizer else key,
                     trust_remote_code=m.trust_remote_code)
+
+
+def plan_evaluation(tokenizer: str, *, policy: Optional[str] = None, reference: Optional[str] = None,
+                    reward: Optional[str] = None) -> RolePlan:
+    """The roles of saved models used as they are (stage ``evaluate``: the held-out evaluation, the
+    demo's pair sampling and its reward model's accuracy): each given directory a frozen model of its
+    own, loaded in its checkpoint's dtype and checked like a trained stage's (the policy and the
+    reference as causal LMs with the same embeddings, the reward model with its trained head); the
+    tokenizer is ``tokenizer``'s (the SFT model's directory, or the reward model's)."""
+    roles = [RoleSpec(name, FULL, source, name, False) for name, source in
+             (("policy", policy), ("reference", reference), ("reward", reward)) if source is not None]
+    if not roles:
+        raise ValueError("plan_evaluation: no model given")
+    return RolePlan("evaluate", tuple(roles), tokenizer, "tokenizer")
 
 
 def _levers(model) -> dict:

@@ -19,14 +19,10 @@ from transformers import (
     Qwen2Config,
 )
 
-from fourfold.models.estimate.memory import (
-    ROLES,
-    EstimateSettings,
-    LoraSettings,
-    estimate_from_settings,
-    layer_activation_bytes_per_token,
-)
+from fourfold.config import PPOConfig, SFTConfig, load_config
+from fourfold.models.estimate.memory import ROLES, Workload, estimate, layer_activation_bytes_per_token
 from fourfold.models.estimate.params import count_lora, shape_of
+from fourfold.models.plan import LoraSettings, plan_roles
 from fourfold.models.roles import response_logprobs
 from fourfold.run.optim import make_optimizer
 
@@ -39,6 +35,45 @@ CONFIGS = {
     "mistral": lambda: MistralConfig(**SMALL, num_key_value_heads=1, intermediate_size=40, sliding_window=None),
 }
 TARGETS = {"llama": ["q_proj", "v_proj"], "qwen2": "all-linear", "gpt2": "all-linear", "mistral": "all-linear"}
+
+
+def ppo_plan(policy, *overrides, reward=None, critic=True, lora=None, reward_adapter=None):
+    """The role plan of a PPO config whose models are config objects (named ``policy-config`` and
+    ``reward-config`` in the config) and the map the estimate reads them from: the reward model
+    ``reward`` (a function when None), or a LoRA adapter directory ``reward_adapter``; a critic
+    (from the reward model, else the policy) unless ``critic`` is false; ``lora`` a ``model.lora``."""
+    configs = {"policy-config": policy}
+    keys = ["model.policy=policy-config", "data.prompts=p"]
+    if reward_adapter is not None:
+        keys.append(f"model.reward={reward_adapter}")
+    elif reward is not None:
+        configs["reward-config"] = reward
+        keys.append("model.reward=reward-config")
+    else:
+        keys.append("model.reward_fn=m:f")
+    if not critic:
+        keys += ["ppo.advantage=grpo", "ppo.samples_per_prompt=2"]
+    elif reward is None and reward_adapter is None:
+        keys.append("model.critic_init=policy")
+    if lora is not None:
+        targets = lora.target_modules if isinstance(lora.target_modules, str) else f"[{','.join(lora.target_modules)}]"
+        keys += [f"model.lora.r={lora.r}", f"model.lora.dropout={lora.dropout}", f"model.lora.target_modules={targets}"]
+    cfg = load_config(PPOConfig, None, keys + list(overrides))
+    return plan_roles("ppo", cfg), configs
+
+
+def estimate_of(policy, *overrides, workload=None, **kw):
+    """The estimate of :func:`ppo_plan`'s plan under ``workload``."""
+    plan, configs = ppo_plan(policy, *overrides, **kw)
+    return estimate(plan, workload, configs)
+
+
+@pytest.fixture(scope="module")
+def reward_adapter(tmp_path_factory):
+    """A directory that reads as a LoRA reward adapter (the estimate reads none of it)."""
+    path = tmp_path_factory.mktemp("reward-adapter")
+    (path / "adapter_config.json").write_text("{}")
+    return path
 
 
 def numel(params) -> int:
@@ -61,7 +96,7 @@ def _quiet():
 @pytest.mark.parametrize("arch", sorted(CONFIGS))
 def test_full_mode_counts_are_exact(arch):
     cfg = CONFIGS[arch]()
-    roles = estimate_from_settings(EstimateSettings(policy=cfg, reward=cfg, critic=cfg)).roles
+    roles = estimate_of(cfg, reward=cfg).roles
     lm, sc = AutoModelForCausalLM.from_config(cfg), scorer(cfg)
     for name, model in (("policy", lm), ("reference", lm), ("reward", sc), ("critic", sc)):
         assert roles[name].params == numel(model.parameters()), name
@@ -71,13 +106,12 @@ def test_full_mode_counts_are_exact(arch):
 
 
 @pytest.mark.parametrize("arch", sorted(CONFIGS))
-def test_lora_counts_are_exact(arch):
+def test_lora_counts_are_exact(arch, reward_adapter):
     """Policy = base + adapter (what get_peft_model builds); critic = backbone + its own adapter
     (add_adapter) + value head; reference = the base; reward adapter counted like the critic's."""
     cfg, targets = CONFIGS[arch](), TARGETS[arch]
     lora = LoraSettings(r=4, target_modules=targets)
-    roles = estimate_from_settings(EstimateSettings(policy=cfg, critic=cfg, lora=lora, critic_mode="adapter",
-                                                    reward_mode="adapter")).roles
+    roles = estimate_of(cfg, "model.critic_mode=adapter", lora=lora, reward_adapter=reward_adapter).roles
     base = AutoModelForCausalLM.from_config(cfg)
     base_params = numel(base.parameters())
     peft_model = get_peft_model(base, LoraConfig(r=4, target_modules=targets), adapter_name="policy")
@@ -95,8 +129,9 @@ def test_lora_counts_are_exact(arch):
 
 def test_counts_from_directories(tiny_lm):
     """Model sources as directories: only config.json is read."""
-    roles = estimate_from_settings(EstimateSettings(policy=str(tiny_lm / "sft"), reward=str(tiny_lm / "rm"),
-                                                    critic=str(tiny_lm / "rm"))).roles
+    cfg = load_config(PPOConfig, None, [f"model.policy={tiny_lm / 'sft'}", f"model.reward={tiny_lm / 'rm'}",
+                                        "data.prompts=p"])
+    roles = estimate(plan_roles("ppo", cfg)).roles
     assert roles["policy"].params == numel(AutoModelForCausalLM.from_pretrained(tiny_lm / "sft").parameters())
     rm = AutoModelForSequenceClassification.from_pretrained(tiny_lm / "rm", num_labels=1)
     assert roles["reward"].params == roles["critic"].params == numel(rm.parameters())
@@ -140,7 +175,8 @@ def test_full_model_state_bytes_match_one_optimizer_step(precision):
     ids = torch.randint(0, 128, (2, 8))
     opts = [one_step(policy, policy.parameters(), lm_loss, ids), one_step(critic, critic.parameters(), lm_loss, ids)]
     measured = allocated_bytes([policy, critic, reference, reward], opts)
-    est = estimate_from_settings(EstimateSettings(policy=cfg, reward=cfg, critic=cfg, precision=precision))
+    frozen_dtype = ["model.frozen_dtype=bfloat16"] if precision == "bf16-mixed" else []
+    est = estimate_of(cfg, f"model.precision={precision}", *frozen_dtype, reward=cfg)
     assert abs(model_state_bytes(est) - measured) <= 0.05 * measured, (model_state_bytes(est), measured)
 
 
@@ -165,8 +201,9 @@ def test_shared_base_model_state_bytes_match_one_optimizer_step(precision):
     reward = scorer(cfg).to(frozen)
     measured = allocated_bytes([model, head, reward], [policy_opt, critic_opt])
     lora = LoraSettings(r=4, target_modules=targets)
-    est = estimate_from_settings(EstimateSettings(policy=cfg, reward=cfg, critic=cfg, lora=lora, critic_mode="adapter",
-                                                  precision=precision))
+    frozen_dtype = ["model.frozen_dtype=bfloat16"] if precision == "bf16-mixed" else []
+    est = estimate_of(cfg, "model.critic_mode=adapter", "model.critic_init=policy", f"model.precision={precision}",
+                      *frozen_dtype, reward=cfg, lora=lora)
     assert abs(model_state_bytes(est) - measured) <= 0.05 * measured, (model_state_bytes(est), measured)
 
 
@@ -193,14 +230,14 @@ def test_model_state_bytes_match_one_optimizer_step_for_each_architecture(arch, 
 
         critic_opt = one_step(model, [*model.parameters(), *head.parameters()], value_loss, ids)
         measured = allocated_bytes([model, head, scorer(cfg)], [policy_opt, critic_opt])
-        settings = EstimateSettings(policy=cfg, reward=cfg, critic=cfg,
-                                    lora=LoraSettings(r=4, target_modules=targets), critic_mode="adapter")
+        settings = ppo_plan(cfg, "model.critic_mode=adapter", "model.critic_init=policy", reward=cfg,
+                            lora=LoraSettings(r=4, target_modules=targets))
     else:
         policy, critic = AutoModelForCausalLM.from_config(cfg), scorer(cfg)
         opts = [one_step(policy, policy.parameters(), lm_loss, ids), one_step(critic, critic.parameters(), lm_loss, ids)]
         measured = allocated_bytes([policy, critic, AutoModelForCausalLM.from_config(cfg), scorer(cfg)], opts)
-        settings = EstimateSettings(policy=cfg, reward=cfg, critic=cfg)
-    estimated = model_state_bytes(estimate_from_settings(settings))
+        settings = ppo_plan(cfg, reward=cfg)
+    estimated = model_state_bytes(estimate(settings[0], configs=settings[1]))
     assert abs(estimated - measured) <= 0.05 * measured, (estimated, measured)
 
 
@@ -266,7 +303,7 @@ def test_layer_activation_formula_matches_saved_tensors(case):
 
 def test_json_has_exactly_the_documented_keys():
     cfg = tiny_llama()
-    out = estimate_from_settings(EstimateSettings(policy=cfg, reward=cfg)).to_json()
+    out = estimate_of(cfg, reward=cfg, critic=False).to_json()
     assert set(out) == {"roles", "per_device"}
     assert tuple(out["roles"]) == ROLES
     for role in out["roles"].values():
@@ -279,7 +316,7 @@ def test_json_has_exactly_the_documented_keys():
 
 def test_table_says_whether_it_fits():
     cfg = tiny_llama()
-    est = estimate_from_settings(EstimateSettings(policy=cfg, reward=cfg, critic=cfg))
+    est = estimate_of(cfg, reward=cfg)
     assert "fits" not in est.table()
     assert est.table(device_bytes=80 << 30, device_name="cuda:0").splitlines()[-1].startswith(
         "fits on cuda:0 (80.0 GiB):")
@@ -289,26 +326,26 @@ def test_table_says_whether_it_fits():
     assert all(name in est.table() for name in ROLES)
 
 
-def test_levers_lower_the_estimate_and_devices_shard_the_trained_state():
+def test_levers_lower_the_estimate_and_devices_shard_the_trained_state(reward_adapter):
     cfg = LlamaConfig(vocab_size=32000, hidden_size=896, num_hidden_layers=24, num_attention_heads=14,
                       num_key_value_heads=2, intermediate_size=4864)
-    base = dict(policy=cfg, reward=cfg, critic=cfg, rollout_batch_size=64, minibatch_size=16,
-                max_prompt_len=64, max_new_tokens=128)
-    full = estimate_from_settings(EstimateSettings(**base))
-    ckpt = estimate_from_settings(EstimateSettings(**base, gradient_checkpointing=True))
-    lora = estimate_from_settings(EstimateSettings(**base, lora=LoraSettings(), critic_mode="adapter",
-                                                   reward_mode="adapter"))
-    mixed = estimate_from_settings(EstimateSettings(**base, precision="bf16-mixed"))
+    shape = dict(rollout_batch_size=64, minibatch_size=16, max_prompt_len=64, max_new_tokens=128)
+    full = estimate_of(cfg, reward=cfg, workload=Workload(**shape))
+    ckpt = estimate_of(cfg, "model.gradient_checkpointing=true", reward=cfg, workload=Workload(**shape))
+    lora = estimate_of(cfg, "model.critic_mode=adapter", lora=LoraSettings(), reward_adapter=reward_adapter,
+                       workload=Workload(**shape))
+    mixed = estimate_of(cfg, "model.precision=bf16-mixed", "model.frozen_dtype=bfloat16", reward=cfg,
+                        workload=Workload(**shape))
     resident = full.train["weights"] + full.train["AdamW state"]
     assert ckpt.train_peak_bytes - resident < 0.3 * (full.train_peak_bytes - resident)
     assert model_state_bytes(lora) < 0.2 * model_state_bytes(full) and lora.peak_bytes < 0.5 * full.peak_bytes
     assert mixed.roles["reference"].weights_bytes * 2 == full.roles["reference"].weights_bytes
-    four = estimate_from_settings(EstimateSettings(**base, nproc=4))
+    four = estimate_of(cfg, reward=cfg, workload=Workload(**shape, nproc=4))
     for name in ("policy", "critic"):
         for key in ("weights_bytes", "grads_bytes", "optimizer_bytes"):
             assert getattr(four.roles[name], key) == -(-getattr(full.roles[name], key) // 4)
     assert four.roles["reference"].weights_bytes == full.roles["reference"].weights_bytes
-    sharded = estimate_from_settings(EstimateSettings(**base, nproc=4, shard_frozen=True))
+    sharded = estimate_of(cfg, "dist.reference=fsdp", "dist.reward=fsdp", reward=cfg, workload=Workload(**shape, nproc=4))
     assert sharded.roles["reference"].weights_bytes == -(-full.roles["reference"].weights_bytes // 4)
 
 
@@ -317,21 +354,20 @@ def test_kv_cache_term():
     layer's worth while it grows): one more new token adds exactly that per position."""
     cfg = LlamaConfig(vocab_size=1000, hidden_size=256, num_hidden_layers=24, num_attention_heads=8,
                       num_key_value_heads=4, intermediate_size=512)
-    terms = [estimate_from_settings(EstimateSettings(policy=cfg, rollout_batch_size=32, max_prompt_len=64,
-                                                     max_new_tokens=t)).generate for t in (256, 257)]
+    terms = [estimate_of(cfg, critic=False, workload=Workload(rollout_batch_size=32, max_prompt_len=64,
+                                                              max_new_tokens=t)).generate for t in (256, 257)]
     per_position = 2 * 24 * 32 * 4 * 32 * 4
     key = "sampling (KV cache, logits)"
     assert terms[1][key] - terms[0][key] == per_position + per_position // 24
 
 
-def test_inconsistent_settings_are_refused():
+def test_what_the_estimate_does_not_cover_is_refused(tiny_lm):
     cfg = tiny_llama()
-    with pytest.raises(ValueError, match="precision"):
-        estimate_from_settings(EstimateSettings(policy=cfg, precision="fp8"))
-    with pytest.raises(ValueError, match="needs a critic"):
-        estimate_from_settings(EstimateSettings(policy=cfg, lora=LoraSettings(), critic_mode="adapter"))
-    with pytest.raises(ValueError, match="reference"):
-        estimate_from_settings(EstimateSettings(policy=cfg, reference=tiny_llama().__class__(), lora=LoraSettings()))
+    with pytest.raises(ValueError, match="batch sizes, lengths and nproc must be >= 1"):
+        estimate_of(cfg, reward=cfg, workload=Workload(minibatch_size=0))
+    sft = load_config(SFTConfig, None, [f"model.path={tiny_lm / 'sft'}", "data.train=x"])
+    with pytest.raises(ValueError, match="the memory estimate covers ppo and reinforce plans, not 'sft'"):
+        estimate(plan_roles("sft", sft))
 
 
 def test_importing_the_estimate_loads_no_heavy_or_upper_modules():
@@ -350,18 +386,45 @@ def test_the_engine_weights_terms(lora):
     a LoRA policy's copy is its base with the adapter merged); gathered adds, over N devices, the
     policy's other shards while sampling; live adds nothing."""
     config = CONFIGS["llama"]()
-    kw = dict(policy=config, reward=config, critic=config, lora=LoraSettings(r=4) if lora else None)
-    live = estimate_from_settings(EstimateSettings(**kw))
-    copy = estimate_from_settings(EstimateSettings(**kw, engine_weights="copy"))
-    mixed = estimate_from_settings(EstimateSettings(**kw, engine_weights="copy", precision="bf16-mixed"))
+    kw = dict(reward=config, lora=LoraSettings(r=4) if lora else None)
+    live = estimate_of(config, **kw)
+    copy = estimate_of(config, **kw, workload=Workload(engine_weights="copy"))
+    mixed = estimate_of(config, "model.precision=bf16-mixed", **kw, workload=Workload(engine_weights="copy"))
     base_params = live.roles["reference"].params  # the policy's model without any adapter
     key = "inference copy of the policy (generation.weights: copy)"
     assert copy.generate[key] == copy.train[key] == 4 * base_params
     assert mixed.generate[key] == 2 * base_params
     assert copy.generate_peak_bytes - live.generate_peak_bytes == 4 * base_params
-    gathered = estimate_from_settings(EstimateSettings(**kw, engine_weights="gathered", nproc=4))
+    gathered = estimate_of(config, **kw, workload=Workload(engine_weights="gathered", nproc=4))
     if not lora:
         assert gathered.generate["policy gathered for the rollout (generation.weights: gathered)"] == 4 * base_params * 3 // 4
     assert not any("generation.weights" in k for k in live.generate)
     with pytest.raises(ValueError, match="engine_weights"):
-        estimate_from_settings(EstimateSettings(**kw, engine_weights="server"))
+        estimate_of(config, **kw, workload=Workload(engine_weights="server"))
+
+
+def test_the_training_breakdown_says_where_the_peak_falls():
+    """Full fine-tuning: a model large against its batch peaks at the end of backward (all its
+    gradients; the activations freed: the table names them and their size); a small one at the
+    start (the activations and logits are terms); several micro-batches in the last one's backward."""
+    big = LlamaConfig(vocab_size=32000, hidden_size=896, num_hidden_layers=24, num_attention_heads=14,
+                      num_key_value_heads=2, intermediate_size=4864)
+    est = estimate_of(big, reward=big, workload=Workload(rollout_batch_size=2, minibatch_size=1, max_prompt_len=8,
+                                                          max_new_tokens=8))
+    table = est.table()
+    assert "activations (policy)" not in est.train and est.train["gradients (policy)"] == est.roles["policy"].grads_bytes
+    note = [line for line in table.splitlines() if "peak is" in line]
+    assert len(note) == 1 and note[0].startswith("  (the policy's peak is at the end of backward (every gradient): "
+                                                 "its activations and logits (")
+    assert note[0].endswith(" MiB) are freed by then)")
+    assert table.index("backward workspace (policy)") < table.index(note[0]) < table.index("(live tensors")
+    small = tiny_llama()
+    est = estimate_of(small, reward=small, workload=Workload(rollout_batch_size=64, minibatch_size=64))
+    assert est.train["activations (policy)"] > 0 and est.train_notes == [
+        "the policy's peak is at the start of backward (activations and logits kept, the LM head's gradient)"]
+    assert "  (the policy's peak is at the start of backward" in est.table()
+    est = estimate_of(small, reward=small, workload=Workload(rollout_batch_size=64, minibatch_size=64,
+                                                             micro_batch_size=16))
+    assert est.train_notes == ["the policy's peak is in the last micro-batch's backward (the earlier micro-batches' "
+                               "gradients, its activations)"]
+    assert sum(est.train.values()) == est.train_peak_bytes  # the notes are no terms

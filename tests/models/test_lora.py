@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from fourfold.checkpoint import load_checkpoint, save_checkpoint, save_pretrained_atomic
-from fourfold.config import PPOConfig, RewardConfig, load_config
+from fourfold.config import LoraConfig, PPOConfig, RewardConfig, load_config
 from fourfold.errors import ConfigError, ModelLoadError
 from fourfold.models.build import load_roles
 from fourfold.models.factory import llama_config, random_causal_lm
@@ -91,9 +91,32 @@ def test_settings_are_validated():
            ({"dropout": 1.0}, "model.lora.dropout"), ({"dropout": -0.1}, "model.lora.dropout"),
            ({"target_modules": "q_proj"}, "model.lora.target_modules"),
            ({"target_modules": []}, "model.lora.target_modules")]
-    for kwargs, key in bad:
+    for kwargs, key in bad:  # one check, the config section's, also for a section built in Python
         with pytest.raises(ConfigError, match=key):
-            LoraSettings(**kwargs)
+            LoraSettings.from_config(LoraConfig(**kwargs))
+    assert LoraSettings.from_config(LoraConfig(r=2, alpha=3, target_modules=["q_proj"])) == LoraSettings(
+        r=2, alpha=3.0, target_modules=("q_proj",))
+    assert LoraSettings.from_config(None) is None
+
+
+def test_the_lora_messages_are_the_config_loaders(tmp_path):
+    """A bad model.lora from the command line and from Python: the same one-line message."""
+    base = ["model.policy=p", "model.reward=r", "data.prompts=p"]
+    cases = {"model.lora.alpha=0.0": "model.lora.alpha: must be > 0, got 0.0",
+             "model.lora.dropout=1.0": "model.lora.dropout: must be in [0, 1), got 1.0",
+             "model.lora.r=0": "model.lora.r: must be an integer >= 1, got 0",
+             "model.lora.target_modules=[]": "model.lora.target_modules: a non-empty list of module names or "
+                                             "'all-linear'"}
+    for override, message in cases.items():
+        with pytest.raises(ConfigError) as loaded:
+            load_config(PPOConfig, None, [*base, override])
+        assert str(loaded.value).endswith(message), (str(loaded.value), message)
+        key, value = override.split("=")
+        field = key.rsplit(".", 1)[1]
+        value = [] if value == "[]" else float(value) if "." in value else int(value)
+        with pytest.raises(ConfigError) as built:
+            LoraSettings.from_config(LoraConfig(**{field: value}))
+        assert str(built.value) == message
 
 
 def test_reference_is_the_base_exactly_after_the_policy_trained(roles, tiny_lm):

@@ -154,7 +154,9 @@ def test_role_dtypes():
     f32, bf16, f16 = torch.float32, torch.bfloat16, torch.float16
     assert role_dtypes("float32") == (f32, f32)
     assert role_dtypes("bfloat16") == (bf16, bf16)  # fp32 precision: the weights' own dtype
-    assert role_dtypes("float32", "bf16-mixed") == (f32, f32)
+    assert role_dtypes("float32", "bf16-mixed") == (f32, bf16)  # frozen roles bf16 unless frozen_dtype says
+    assert role_dtypes("float32", "bf16-mixed", "float32") == (f32, f32)
+    assert role_dtypes("float32", "bf16-mixed", "float16") == (f32, f16)
     assert role_dtypes("float32", "bf16-mixed", "bfloat16") == (f32, bf16)
     assert role_dtypes("float32", "bf16") == (bf16, bf16)
     assert role_dtypes("float32", "fp32", "float16") == (f32, f16)
@@ -336,6 +338,26 @@ def _assert_bf16_reference_close(roles, default):
         ref16 = roles.reference.logprobs(ids, torch.ones_like(ids), 3)
         ref32 = default.reference.logprobs(ids, torch.ones_like(ids), 3)
     assert ref16.dtype == torch.float32 and (ref16 - ref32).abs().max() < 0.1
+
+
+def test_bf16_mixed_loads_the_frozen_roles_in_bf16_unless_frozen_dtype_says(tiny_lm):
+    """model.precision: bf16-mixed and no model.frozen_dtype: the reference and the reward model
+    (with LoRA: the shared base) load in bf16, the trained roles in float32; frozen_dtype: float32
+    keeps them float32; fp32 runs load every role as before (float32)."""
+    from fourfold.config import LoraConfig
+
+    kw = dict(policy=str(tiny_lm / "sft"), reward=str(tiny_lm / "rm"), critic_init="reward")
+
+    def dtypes(roles):
+        frozen = [*roles.reference.model.parameters(), *roles.reward_model.parameters()]
+        return {p.dtype for p in frozen}, {p.dtype for m in (roles.policy, roles.critic) for p in m.parameters()}
+
+    f32, bf16 = torch.float32, torch.bfloat16
+    assert dtypes(_ppo_roles(LMModelConfig(**kw, precision="bf16-mixed"))) == ({bf16}, {f32})
+    assert dtypes(_ppo_roles(LMModelConfig(**kw, precision="bf16-mixed", frozen_dtype="float32"))) == ({f32}, {f32})
+    assert dtypes(_ppo_roles(LMModelConfig(**kw))) == ({f32}, {f32})
+    lora = _ppo_roles(LMModelConfig(**kw, precision="bf16-mixed", lora=LoraConfig(r=4)))
+    assert {p.dtype for n, p in lora.base.lm.named_parameters() if "lora_" not in n} == {bf16}
 
 
 def test_lora_roles_put_the_shared_base_in_the_frozen_dtype(tiny_lm):

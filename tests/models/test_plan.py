@@ -7,7 +7,7 @@ import torch
 from fourfold.config import DPOConfig, PPOConfig, ReinforceConfig, RewardConfig, SFTConfig, load_config
 from fourfold.errors import ConfigError
 from fourfold.models.build import build_roles
-from fourfold.models.estimate.from_config import estimate_settings
+from fourfold.models.estimate.memory import estimate
 from fourfold.models.lora import AdapterLM, AdapterScalarModel, save_adapter
 from fourfold.models.plan import ADAPTER, BASE, FULL, FUNCTION, plan_roles
 from fourfold.models.roles import AdapterDisabledReference, FrozenReference, FunctionReward, ScalarModel
@@ -94,10 +94,44 @@ def test_the_loader_builds_what_the_plan_says(tiny_lm, tmp_path):
 
 
 def test_the_estimate_reads_the_plan(tiny_lm):
-    """estimate_settings restates no role rule: its sources and modes are the plan's."""
-    s = estimate_settings("ppo", _ppo(tiny_lm, *LORA, "model.critic_mode=separate", "model.critic_init=policy"))
-    assert (s.policy, s.reference, s.reward, s.critic) == (str(tiny_lm / "sft"), None, str(tiny_lm / "rm"),
-                                                           str(tiny_lm / "sft"))
-    assert (s.critic_mode, s.reward_mode, s.lora.r) == ("separate", "separate", 4)
-    s = estimate_settings("ppo", _ppo(tiny_lm, "ppo.advantage=grpo", "ppo.samples_per_prompt=2"))
-    assert s.critic is None and s.lora is None
+    """The estimate restates no role rule: its roles are the plan's, as they are (a role the plan
+    lacks or a function costs nothing; a role on the base holds no weights of its own)."""
+    plan = plan_roles("ppo", _ppo(tiny_lm, *LORA, "model.critic_mode=separate", "model.critic_init=policy"))
+    est = estimate(plan)
+    assert [(r.name, r.form, r.source) for r in plan.roles] == [
+        ("policy", ADAPTER, str(tiny_lm / "sft")), ("reference", BASE, None), ("reward", FULL, str(tiny_lm / "rm")),
+        ("critic", FULL, str(tiny_lm / "sft"))]
+    assert est.roles["reference"].weights_bytes == 0 and est.roles["reference"].params > 0
+    assert est.roles["critic"].trainable_params == est.roles["critic"].params > est.roles["policy"].trainable_params
+    assert est.description.startswith("LoRA r=4 on a shared base (critic separate, reward model separate)")
+    plan = plan_roles("ppo", _ppo(tiny_lm, "ppo.advantage=grpo", "ppo.samples_per_prompt=2", "model.reward=null",
+                                  "model.reward_fn=m:f"))
+    est = estimate(plan)
+    assert plan.role("critic") is None and plan.role("reward").form == FUNCTION
+    assert est.roles["critic"].params == est.roles["reward"].params == 0
+
+
+def test_the_evaluation_plan_loads_saved_models_through_the_loader(tiny_lm):
+    """plan_evaluation: the saved models of an evaluation, each frozen and of its own, in load order;
+    the loader checks them as any stage's (a causal LM given as the reward model is refused) and
+    fits their embeddings to the tokenizer."""
+    from fourfold.apps.evaluation import load_eval_roles
+    from fourfold.errors import ModelLoadError
+    from fourfold.models.plan import plan_evaluation
+
+    sft, rm = str(tiny_lm / "sft"), str(tiny_lm / "rm")
+    plan = plan_evaluation(sft, policy=sft, reference=sft, reward=rm)
+    assert plan.stage == "evaluate" and plan.tokenizer == sft
+    assert [(r.name, r.form, r.source, r.trained, r.dtype) for r in plan.roles] == [
+        ("policy", FULL, sft, False, None), ("reference", FULL, sft, False, None), ("reward", FULL, rm, False, None)]
+    assert plan_evaluation(sft, reward=rm).names == ("reward",)
+    with pytest.raises(ValueError, match="no model given"):
+        plan_evaluation(sft)
+    roles = load_eval_roles(sft, rm, policy=sft)
+    assert roles.policy is roles.reference.model  # the same directory: loaded once
+    assert isinstance(roles.reference, FrozenReference) and isinstance(roles.reward_model, ScalarModel)
+    assert not roles.reward_model.training and len(roles.tokenizer) <= roles.reference.model.get_input_embeddings().num_embeddings
+    other = load_eval_roles(sft, rm, policy=sft + "/")
+    assert other.policy is not other.reference.model and not other.policy.training
+    with pytest.raises(ModelLoadError, match="reward"):
+        load_eval_roles(sft, sft)  # a causal LM has no trained score head

@@ -270,11 +270,11 @@ def stage_sft(demo: DemoRun, d: Path) -> dict:
 
 def stage_pairs(demo: DemoRun, d: Path) -> dict:
     """2. response pairs from the SFT model, labelled by the simulated labelers."""
-    from fourfold.models.loading import load_causal_lm, load_tokenizer
+    from fourfold.models.build import load_saved
 
     cfg, task, data, temperature = demo.cfg, demo.task, demo.data, demo.cfg.pairs.temperature
-    tok = load_tokenizer(str(demo.out / "sft"))
-    model = load_causal_lm(str(demo.out / "sft"), device="cpu")
+    sft = load_saved(str(demo.out / "sft"), policy=str(demo.out / "sft"))  # checked by the one loader
+    tok, model = sft.tokenizer, sft.policy
     torch.manual_seed(stream_seed(demo.seed, "pairs"))
     rng = random.Random(stream_seed(demo.seed, "pairs"))
     prompts = task.sample_prompts(cfg.pairs.pairs + cfg.pairs.eval_pairs, rng)
@@ -302,8 +302,7 @@ def stage_pairs(demo: DemoRun, d: Path) -> dict:
 def stage_reward(demo: DemoRun, d: Path) -> dict:
     """3. the reward model, initialised from SFT -> ``reward/``; its accuracy on held-out pairs
     against the labelers and against the hidden gold reward, and on the one-slip pairs."""
-    from fourfold.models.loading import load_sequence_scorer, load_tokenizer
-    from fourfold.models.roles import ScalarModel
+    from fourfold.models.build import load_saved
     from fourfold.trainers import reward as reward_trainer
 
     cfg, out, data = demo.cfg, demo.out, demo.data
@@ -326,8 +325,8 @@ def stage_reward(demo: DemoRun, d: Path) -> dict:
     publish(Path(res["model"]), out / "reward")
     if "adapter" in res:  # LoRA: PPO loads the adapter onto its one base
         publish(Path(res["adapter"]), out / "reward-adapter")
-    rm = ScalarModel(load_sequence_scorer(str(out / "reward")))
-    tok = load_tokenizer(str(out / "reward"))
+    saved = load_saved(str(out / "reward"), reward=str(out / "reward"))  # checked by the one loader
+    rm, tok = saved.reward_model, saved.tokenizer
     result = {**pair_accuracy(rm, tok, data / "preferences_eval.jsonl", demo.max_len),
               "eval_loss": res["final"].get("rm/eval_loss")}
     slips_file = data / "preferences_eval_slips.jsonl"
@@ -354,14 +353,13 @@ def stage_ppo(demo: DemoRun, d: Path) -> dict:
 
 def stage_eval(demo: DemoRun, d: Path) -> dict:
     """5. before/after evaluation on held-out prompts -> ``eval.json``."""
-    from fourfold.models.loading import load_causal_lm
-
     out, gen = demo.out, demo.cfg.generation
     torch.manual_seed(stream_seed(demo.seed, "eval_sampling"))
-    tok, ref, rm = load_eval_roles(str(out / "sft"), str(out / "reward"))
+    roles = load_eval_roles(str(out / "sft"), str(out / "reward"), policy=str(out / "policy"))  # loading draws no RNG
+    ref, rm, tok = roles.reference, roles.reward_model, roles.tokenizer
     prompts = demo.task.sample_prompts(demo.cfg.eval.prompts, random.Random(stream_seed(demo.seed, "eval_prompts")))
     before, rows_b = evaluate_policy(ref.model, ref, rm, tok, demo.task, prompts, gen)
-    after, rows_a = evaluate_policy(load_causal_lm(str(out / "policy")), ref, rm, tok, demo.task, prompts, gen)
+    after, rows_a = evaluate_policy(roles.policy, ref, rm, tok, demo.task, prompts, gen)
     sd = max(before["gold_std"], 1e-6)
     result = {"sft": before, "ppo": after, "gold_gain_sd": (after["gold"] - before["gold"]) / sd,
               "proxy_gain_sd": (after["proxy"] - before["proxy"]) / max(before["proxy_std"], 1e-6)}

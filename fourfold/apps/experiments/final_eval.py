@@ -41,15 +41,14 @@ def evaluate_spec(spec: Mapping[str, Any]) -> dict:
     import torch
 
     from fourfold.apps.evaluation import evaluate_policy, load_eval_roles
-    from fourfold.models.loading import load_causal_lm
     from fourfold.run.common import quiet_transformers
     from fourfold.tasks import get_task
 
     quiet_transformers()
     torch.set_num_threads(int(spec.get("threads") or 1))
     task = get_task("review", **spec["task_options"])
-    tok, ref, rm = load_eval_roles(spec["reference"], spec["reward"])
-    policy = ref.model if spec["policy"] == spec["reference"] else load_causal_lm(spec["policy"])
+    roles = load_eval_roles(spec["reference"], spec["reward"], policy=spec["policy"])
+    policy, ref, rm, tok = roles.policy, roles.reference, roles.reward_model, roles.tokenizer
     gen = GenerationConfig(max_new_tokens=spec["max_new_tokens"], temperature=spec["temperature"])
     prompts = list(spec["prompts"])
     torch.manual_seed(spec["sample_seed"])

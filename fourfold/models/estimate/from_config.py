@@ -1,23 +1,24 @@
 """The memory estimate of a PPO or REINFORCE config (``fourfold estimate``, and the one line
 ``fourfold ppo`` prints first), before anything is loaded.
 
-Which roles exist and how each is built (full or adapter, dtypes, sources) comes from the role plan
-(:func:`fourfold.models.plan.plan_roles`), the same plan the loader builds, so the estimate cannot
-drift from what loads; the models' sizes come from their ``config.json`` only
-(:func:`fourfold.models.estimate.memory.estimate_from_settings`). Here the config adds the batch shape.
+Which roles exist and how each is built (full or adapter, dtypes, sources, placements) is the role
+plan (:func:`fourfold.models.plan.plan_roles`), the same plan the loader builds, read as it is, so the
+estimate cannot drift from what loads; the models' sizes come from their ``config.json`` only
+(:func:`fourfold.models.estimate.memory.estimate`). Here the config adds the batch shape.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from fourfold.models.estimate.memory import Estimate, EstimateSettings, estimate_from_settings
+from fourfold.models.estimate.memory import Estimate, estimate
+from fourfold.models.estimate.settings import Workload
 from fourfold.models.plan import plan_roles
 
 
-def estimate_settings(stage: str, cfg, nproc: int = 1) -> EstimateSettings:
-    """The :class:`~fourfold.models.estimate.memory.EstimateSettings` of a ``ppo`` or ``reinforce`` config
-    run on ``nproc`` devices: the role plan's roles and levers, and the config's batch sizes and lengths."""
+def workload_of(stage: str, cfg, nproc: int = 1) -> Workload:
+    """The :class:`~fourfold.models.estimate.settings.Workload` of a ``ppo`` or ``reinforce`` config run
+    on ``nproc`` devices: its batch sizes and lengths and ``generation.weights``."""
     if stage == "ppo":
         algo = cfg.ppo
         batch = dict(rollout_batch_size=algo.rollout_batch_size, minibatch_size=algo.minibatch_size,
@@ -25,14 +26,13 @@ def estimate_settings(stage: str, cfg, nproc: int = 1) -> EstimateSettings:
     else:  # reinforce: one gradient step on the whole batch
         n = cfg.reinforce.rollout_batch_size
         batch = dict(rollout_batch_size=n, minibatch_size=n)
-    return EstimateSettings.from_plan(plan_roles(stage, cfg), nproc=nproc, max_prompt_len=cfg.data.max_prompt_len,
-                                      max_new_tokens=cfg.generation.max_new_tokens,
-                                      engine_weights=cfg.generation.weights, **batch)
+    return Workload(nproc=nproc, max_prompt_len=cfg.data.max_prompt_len, max_new_tokens=cfg.generation.max_new_tokens,
+                    engine_weights=cfg.generation.weights, **batch)
 
 
 def estimate_config(stage: str, cfg, nproc: int = 1) -> Estimate:
-    """The :class:`~fourfold.models.estimate.memory.Estimate` of a ``ppo`` or ``reinforce`` config."""
-    return estimate_from_settings(estimate_settings(stage, cfg, nproc))
+    """The :class:`~fourfold.models.estimate.result.Estimate` of a ``ppo`` or ``reinforce`` config."""
+    return estimate(plan_roles(stage, cfg), workload_of(stage, cfg, nproc))
 
 
 def estimate_line(stage: str, cfg: Any, nproc: int = 1) -> str:

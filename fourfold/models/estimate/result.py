@@ -3,7 +3,7 @@ phases' terms per device (:class:`Estimate`), with their one-line summary and ta
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional
 
 GiB = 1 << 30
@@ -29,6 +29,9 @@ class Estimate:
     generate: dict[str, int]
     train: dict[str, int]
     description: str
+    train_notes: list = field(default_factory=list)
+    """Where the training peak falls for each trained role in it (the start or the end of its
+    backward), and what is freed by then: lines the table prints under the training terms."""
 
     @property
     def generate_peak_bytes(self) -> int:
@@ -67,6 +70,8 @@ class Estimate:
                                     ("training", self.train, self.train_peak_bytes)):
             lines += ["", f"{phase} peak per device: {fmt_bytes(total)}"]
             lines += [f"  {k:<40}{fmt_bytes(v):>12}" for k, v in terms.items() if v]
+            if phase == "training":
+                lines += [f"  ({note})" for note in self.train_notes]
         lines += ["", "(live tensors; on CPU the RSS adds the framework, ~0.4 GiB, and memory glibc keeps after "
                       "freeing unless run.malloc_mmap_threshold_kib is set)"]
         if device_bytes is not None:
