@@ -175,7 +175,7 @@ def window_row(window: Window) -> dict:
         "dpo/rejected_logps": window["rejected_logps"] / pairs,
         "dpo/chosen_reward": window["chosen_reward"] / pairs,
         "dpo/rejected_reward": window["rejected_reward"] / pairs,
-        "train/grad_norm": window.mean_grad_norm(),
+        "dpo/grad_norm": window.mean_grad_norm(),
         "time/step_s": window.per_step("seconds"),
     }
 
@@ -227,7 +227,7 @@ def train(cfg: DPOConfig, *, reference=None) -> dict:
 
     with steps.loop("dpo", ("dpo/loss", "dpo/eval_accuracy"), skipped, notes) as logger:
         last = steps.run(logger, step=step, row=window_row, evaluate=held_out if eval_ex is not None else None,
-                         check="dpo_loss", lr_key="train/lr")
+                         check="dpo_loss", lr_key="dpo/lr")
         # the final model, loadable with plain transformers (sharded: gathered by every rank first;
         # LoRA: merged, and the adapter beside it)
         written = save_trained(run, policy, tok, run.out / "model")
