@@ -84,6 +84,7 @@ __all__ = [
     "collate_preferences",
     "tokenize_preferences",
     "EpochSampler",
+    "to_device",
 ]
 
 
@@ -279,6 +280,12 @@ def encode_sft(
             continue
         out.append(SFTExample(input_ids=p + c, num_prompt_tokens=len(p), index=i, line=rec.line, truncated=truncated))
     return out
+
+
+def to_device(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
+    """A collated batch (any of the ``collate_*`` dicts) with every tensor moved to ``device``
+    (non-blocking)."""
+    return {k: v.to(device, non_blocking=True) for k, v in batch.items()}
 
 
 def collate_sft(examples: Sequence[SFTExample], pad_id: int) -> dict[str, torch.Tensor]:

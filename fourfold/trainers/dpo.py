@@ -62,7 +62,7 @@ from torch import Tensor
 
 from fourfold.config import DPOAlgoConfig, DPOConfig
 from fourfold.core import dpo_loss, sequence_logprobs
-from fourfold.data import PreferenceExample, collate_pair_responses
+from fourfold.data import PreferenceExample, collate_pair_responses, to_device
 from fourfold.models.build import build_roles
 from fourfold.models.levers import autocast_region
 from fourfold.models.plan import plan_roles
@@ -93,7 +93,7 @@ def policy_logprobs(policy) -> LogprobsFn:
 
 def pair_batch(examples: Sequence[PreferenceExample], pad_id: int, device: torch.device) -> dict[str, Tensor]:
     """Step 1's layout of ``examples`` (:func:`~fourfold.data.collate_pair_responses`) on ``device``."""
-    return {k: v.to(device, non_blocking=True) for k, v in collate_pair_responses(examples, pad_id).items()}
+    return to_device(collate_pair_responses(examples, pad_id), device)
 
 
 def pair_logps(logprobs: LogprobsFn, batch: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
