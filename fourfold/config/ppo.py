@@ -230,8 +230,8 @@ class PPOAlgoConfig:
     critic-free estimators normalise their own)."""
     use_critic: bool = True
     """False: no value baseline; advantages are the whitened returns (ablation 'ppo-no-critic').
-    Applies to `advantage: gae` only, where false replaces GAE by the discounted returns (whitened
-    when whiten_advantages: the same advantages as `advantage: reinforce_pp`). The critic-free
+    Applies to `advantage: gae` only, where false runs the estimator `reinforce_pp` instead (the
+    discounted returns, whitened over the batch; needs whiten_advantages: true). The critic-free
     estimators never load a critic, whatever this says."""
     advantage: str = "gae"
     """Advantage estimator, a name registered in fourfold.core.estimators: 'gae' (GAE with the
@@ -307,6 +307,9 @@ class PPOAlgoConfig:
                 "iteration: an iteration draws rollout_batch_size / samples_per_prompt prompts)")
         require(K >= 2 or self.advantage not in ZERO_AT_ONE_SAMPLE, f"{prefix}.samples_per_prompt",
                 f"advantage={self.advantage} needs >= 2 samples per prompt (with 1 every advantage is 0), e.g. 4")
+        require(self.use_critic or self.advantage not in CRITIC_ADVANTAGES or self.whiten_advantages,
+                f"{prefix}.use_critic", "false runs advantage=reinforce_pp, whose returns are whitened: "
+                "whiten_advantages=false (the raw returns as advantages) has no critic-free form")
         require(not self.whiten_rewards or self.advantage in CRITIC_ADVANTAGES, f"{prefix}.whiten_rewards",
                 f"applies to advantage=gae only (advantage={self.advantage} normalises its own advantages)")
         require(not (self.adaptive_kl and self.kl_in == "loss"), f"{prefix}.adaptive_kl",
@@ -316,9 +319,17 @@ class PPOAlgoConfig:
             require(value is None or value > 0, f"{prefix}.{key}", f"must be > 0 or null, got {value}")
 
     @property
+    def estimator(self) -> str:
+        """The registered estimator the run computes: ``advantage``, except that ``use_critic:
+        false`` with gae is ``reinforce_pp`` (the same whitened discounted returns, no critic)."""
+        if not self.use_critic and self.advantage in CRITIC_ADVANTAGES:
+            return "reinforce_pp"
+        return self.advantage
+
+    @property
     def loads_critic(self) -> bool:
-        """The run loads and trains a critic: advantage gae with use_critic."""
-        return self.use_critic and self.advantage in CRITIC_ADVANTAGES
+        """The run loads and trains a critic: its estimator reads critic values (gae with use_critic)."""
+        return self.estimator in CRITIC_ADVANTAGES
 
     @property
     def steps_per_iteration(self) -> int:
