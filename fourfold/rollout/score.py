@@ -44,7 +44,7 @@ def gather_rows(batch):
 
 
 @torch.no_grad()
-def score(
+def score_rollout(
     samples: Samples,
     *,
     reference,

@@ -26,7 +26,7 @@ from fourfold.rollout.eager import sample
 from fourfold.rollout.engine import Engine
 from fourfold.rollout.noise import RowNoise
 from fourfold.rollout.sampling import Samples, decode_responses
-from fourfold.rollout.score import Scores, gather_rows, score, select_rows
+from fourfold.rollout.score import Scores, gather_rows, score_rollout, select_rows
 from fourfold.run.parallel import mean_over_ranks
 
 Probe = Callable[[list[str], list[str]], dict[str, float]]
@@ -204,8 +204,8 @@ def _score(roles: Roles, samples: Samples, prompts: list[str], responses: list[s
     """Score this rank's ``samples`` (the critic in eval mode), then gather every rank's scores."""
     if roles.critic is not None:
         roles.critic.eval()
-    sc = score(samples, reference=roles.reference, reward=roles.reward, critic=roles.critic,
-               temperature=temperature, prompts=prompts, responses=responses, concurrent=concurrent)
+    sc = score_rollout(samples, reference=roles.reference, reward=roles.reward, critic=roles.critic,
+                       temperature=temperature, prompts=prompts, responses=responses, concurrent=concurrent)
     if roles.critic is not None:
         roles.critic.train()
     return gather_rows(sc)
