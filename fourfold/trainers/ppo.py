@@ -99,14 +99,7 @@ def trim(mb: Rollout) -> Rollout:
     t_keep = int(mb.mask.sum(0).nonzero().max()) + 1 if bool(mb.mask.any()) else 1
     p_first = int(attn[:, :P].sum(0).nonzero().min()) if bool(attn[:, :P].any()) else 0
     cols = slice(p_first, P + t_keep)
-    out = Rollout(
-        actions=mb.actions[:, :t_keep], mask=mb.mask[:, :t_keep], logprobs=mb.logprobs[:, :t_keep],
-        values=mb.values[:, :t_keep], rewards=mb.rewards[:, :t_keep],
-        ref_logprobs=None if mb.ref_logprobs is None else mb.ref_logprobs[:, :t_keep], scores=mb.scores,
-        advantages=mb.advantages[:, :t_keep], returns=mb.returns[:, :t_keep],
-        context={"input_ids": ids[:, cols], "attention_mask": attn[:, cols]},
-    )
-    return out
+    return mb.map(lambda x: x, steps=lambda x: x[:, :t_keep], context=lambda x: x[:, cols])
 
 
 @dataclass
