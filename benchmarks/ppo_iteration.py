@@ -143,6 +143,7 @@ def frozen_dtype_name(args) -> str:
 
 def estimate_settings(args, cfg, nproc: int = 1):
     """The :class:`~fourfold.models.estimate.memory.EstimateSettings` of the workload on ``nproc`` devices."""
+    from fourfold.config.ppo import resolve_weights
     from fourfold.models.estimate.memory import EstimateSettings
     from fourfold.models.lora import LoraSettings
 
@@ -155,7 +156,8 @@ def estimate_settings(args, cfg, nproc: int = 1):
         gradient_checkpointing=args.grad_ckpt,
         rollout_batch_size=args.batch, minibatch_size=args.minibatch, micro_batch_size=getattr(args, "micro_batch", None),
         max_prompt_len=args.prompt_len, max_new_tokens=args.response_len, concurrent_roles=args.concurrent,
-        engine_weights=getattr(args, "weights", "live"),
+        engine_weights=resolve_weights(getattr(args, "weights", "live"),
+                                       nproc > 1 and getattr(args, "fsdp", False) and not args.lora),
         nproc=nproc, replicated=("policy", "critic") if getattr(args, "replicate", False) else ())
 
 
@@ -262,7 +264,8 @@ def parse_args(argv=None) -> argparse.Namespace:
 def add_engine_args(p: argparse.ArgumentParser) -> None:
     """The rollout engine: --engine, --weights, --compile, --stop-check-every (the generation keys)."""
     p.add_argument("--engine", default="eager", choices=["eager", "static"], help="generation.engine")
-    p.add_argument("--weights", default="live", choices=["live", "gathered", "copy"], help="generation.weights")
+    p.add_argument("--weights", default="auto", choices=["auto", "live", "gathered", "copy"],
+                   help="generation.weights (auto, its default: gathered for an FSDP-sharded policy, else live)")
     p.add_argument("--compile", action="store_true", help="generation.compile (with --engine static)")
     p.add_argument("--stop-check-every", type=int, default=8, help="generation.stop_check_every")
 

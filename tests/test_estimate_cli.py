@@ -169,3 +169,18 @@ def test_placements_under_torchrun_are_read_from_the_plan(dirs, tmp_path):
     s, lora_rep = est(*lora, "dist.policy=replicate", "dist.critic=replicate")
     assert s.replicated == ("policy", "critic") and "FSDP" not in lora_rep.description
     assert lora_rep.roles["policy"].weights_bytes == lora_one["policy"].weights_bytes
+
+
+def test_the_default_engine_weights_are_counted_as_they_resolve(dirs, tmp_path):
+    """generation.weights: auto is estimated as what it runs: gathered (the policy's other shards
+    while sampling) for an FSDP policy over several devices, live otherwise."""
+    def settings(*overrides, nproc=4):
+        cfg = load_config(PPOConfig, write_config(tmp_path / "ppo.yaml", dirs, PPO), list(overrides))
+        return estimate_settings("ppo", cfg, nproc=nproc)
+
+    assert settings().engine_weights == "gathered"
+    assert settings(nproc=1).engine_weights == "live"
+    assert settings("dist.policy=replicate").engine_weights == "live"
+    assert settings("generation.weights=live").engine_weights == "live"
+    auto, gathered = (estimate_from_settings(settings(*o)) for o in ((), ("generation.weights=gathered",)))
+    assert auto.generate == gathered.generate and any("gathered" in k for k in auto.generate)

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from fourfold.config.ppo import resolve_weights
 from fourfold.models.estimate.memory import Estimate, EstimateSettings, estimate_from_settings
-from fourfold.models.plan import plan_roles
+from fourfold.models.plan import FULL, plan_roles
 
 
 def estimate_settings(stage: str, cfg, nproc: int = 1) -> EstimateSettings:
@@ -25,9 +26,11 @@ def estimate_settings(stage: str, cfg, nproc: int = 1) -> EstimateSettings:
     else:  # reinforce: one gradient step on the whole batch
         n = cfg.reinforce.rollout_batch_size
         batch = dict(rollout_batch_size=n, minibatch_size=n)
-    return EstimateSettings.from_plan(plan_roles(stage, cfg), nproc=nproc, max_prompt_len=cfg.data.max_prompt_len,
-                                      max_new_tokens=cfg.generation.max_new_tokens,
-                                      engine_weights=cfg.generation.weights, **batch)
+    plan = plan_roles(stage, cfg)
+    policy = plan.role("policy")  # auto: gathered for a policy FSDP shards itself (a LoRA policy's base is not its own)
+    weights = resolve_weights(cfg.generation.weights, nproc > 1 and policy.form == FULL and policy.placement == "fsdp")
+    return EstimateSettings.from_plan(plan, nproc=nproc, max_prompt_len=cfg.data.max_prompt_len,
+                                      max_new_tokens=cfg.generation.max_new_tokens, engine_weights=weights, **batch)
 
 
 def estimate_config(stage: str, cfg, nproc: int = 1) -> Estimate:
