@@ -184,3 +184,8 @@ def test_the_default_engine_weights_are_counted_as_they_resolve(dirs, tmp_path):
     assert settings("generation.weights=live").engine_weights == "live"
     auto, gathered = (estimate_from_settings(settings(*o)) for o in ((), ("generation.weights=gathered",)))
     assert auto.generate == gathered.generate and any("gathered" in k for k in auto.generate)
+    path = write_config(tmp_path / "ppo.yaml", dirs, PPO)
+    cfg = load_config(PPOConfig, path, [])
+    assert estimate_line("ppo", cfg, 4).endswith("; generation.weights: auto = gathered")  # the run's first line
+    assert estimate_line("ppo", cfg, 1).endswith("; generation.weights: auto = live")
+    assert "generation.weights" not in estimate_line("ppo", load_config(PPOConfig, path, ["generation.weights=copy"]))

@@ -40,9 +40,12 @@ def estimate_config(stage: str, cfg, nproc: int = 1) -> Estimate:
 
 def estimate_line(stage: str, cfg: Any, nproc: int = 1) -> str:
     """The estimate's one-line summary for the start of a run on ``nproc`` devices; never raises:
-    when the estimate cannot be made, a one-line note saying why."""
+    when the estimate cannot be made, a one-line note saying why. With ``generation.weights: auto``
+    it ends with what auto is for this run (``gathered`` or ``live``)."""
     try:
-        return estimate_config(stage, cfg, nproc).summary()
+        settings = estimate_settings(stage, cfg, nproc)
+        auto = f"; generation.weights: auto = {settings.engine_weights}" if cfg.generation.weights == "auto" else ""
+        return estimate_from_settings(settings).summary() + auto
     except Exception as e:  # the estimate is advice: a run never fails because of it
         reason = str(e).splitlines()[0] if str(e) else ""
         return f"memory estimate unavailable ({type(e).__name__}: {reason[:200]})"
