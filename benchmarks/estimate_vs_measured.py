@@ -115,6 +115,7 @@ def run_iterations(args, device, phase) -> object:
     generation (collect + advantages) and the training (ppo_update) of each. Returns the config."""
     import torch
 
+    from fourfold.rollout.eager import EagerEngine
     from fourfold.rollout.noise import RowNoise
     from fourfold.run.optim import NonFiniteGuard
     from fourfold.trainers.ppo import compute_advantages, ppo_update
@@ -132,8 +133,8 @@ def run_iterations(args, device, phase) -> object:
     prompts = torch.randint(2, args.vocab, (args.batch, args.prompt_len), device=device)
     for it in range(args.iterations):
         with phase("generate_peak_mib"), autocast(cache=True):
-            col = collect(roles, [""] * args.batch, prompts, torch.ones_like(prompts), gen, kl_coef=algo.kl_coef,
-                          noise=RowNoise(0, it + 1))  # the trainer's sampling
+            col = collect(roles, [""] * args.batch, prompts, torch.ones_like(prompts), gen, engine=EagerEngine(),
+                          kl_coef=algo.kl_coef, noise=RowNoise(0, it + 1))  # the trainer's sampling
             rollout = compute_advantages(col.rollout, algo)
         with phase("train_peak_mib"), autocast(cache=False):
             ppo_update(roles, rollout, algo, opt, gen.temperature, guard, it)

@@ -270,7 +270,7 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--stop-check-every", type=int, default=8, help="generation.stop_check_every")
 
 
-def iterate(args, roles, algo, gen, engine, device, world, profiler=None) -> list[dict]:
+def iterate(args, roles, algo, gen, engine, device, profiler=None) -> list[dict]:
     """``--iterations`` PPO iterations of the trainer's functions: the engine synced with the policy,
     collect (under the bf16-mixed autocast region), advantages, the PPO epochs; per iteration its
     phase times. ``profiler`` (not entered) records the iterations from ``--warmup`` on."""
@@ -299,13 +299,13 @@ def iterate(args, roles, algo, gen, engine, device, world, profiler=None) -> lis
         # bf16-mixed: one autocast region with its cast cache for the whole collection (weights fixed)
         with autocast_region(args.precision, device.type):
             col = collect(roles, [""] * args.batch, prompts, prompt_mask, gen, kl_coef=algo.kl_coef,
-                          concurrent=args.concurrent, noise=RowNoise(0, it + 1), world=world, engine=engine)
+                          concurrent=args.concurrent, noise=RowNoise(0, it + 1), engine=engine)
         rollout = compute_advantages(col.rollout, algo)
         sync()
         t1 = time.perf_counter()
         # training: every forward opens its own region (a cast cache must never span an optimizer step)
         with autocast_region(args.precision, device.type, cache=False):
-            ppo_update(roles, rollout, algo, opt, gen.temperature, guard, it, concurrent=args.concurrent, world=world)
+            ppo_update(roles, rollout, algo, opt, gen.temperature, guard, it, concurrent=args.concurrent)
         sync()
         t2 = time.perf_counter()
         rows.append({"s_iter": t2 - t0, "cpu_s_iter": time.process_time() - cpu0, "s_sync": t_sync,
@@ -349,7 +349,7 @@ def main(argv=None) -> dict:
         torch.cuda.reset_peak_memory_stats(device)
     profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True) \
         if args.profile else None
-    rows = iterate(args, roles, algo, gen, engine, device, world, profiler)
+    rows = iterate(args, roles, algo, gen, engine, device, profiler)
     result = summarize(args, rows, cfg, roles, algo, world)
     if profiler is not None:
         profiler.__exit__(None, None, None)

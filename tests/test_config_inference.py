@@ -43,6 +43,11 @@ def test_sections_reuse_ppo_generation_and_the_shared_run_section():
     assert ScoreConfig().run.output_dir == "runs/score"
     cfg = load_config(GenerateConfig, None, GEN_OK + ["generation.temperature=0.7", "generation.greedy=true"])
     assert cfg.generation.temperature == 0.7 and cfg.generation.greedy and cfg.generation.max_new_tokens == 32
+    assert cfg.generation.engine == "eager"  # the default engine, as PPO's
+    cfg = load_config(GenerateConfig, None, GEN_OK + ["generation.engine=static", "generation.compile=true",
+                                                      "generation.stop_check_every=4", "generation.weights=copy"])
+    assert (cfg.generation.engine, cfg.generation.compile, cfg.generation.stop_check_every,
+            cfg.generation.weights) == ("static", True, 4, "copy")
 
 
 @pytest.mark.parametrize("cls,overrides,fragment", [
@@ -53,6 +58,10 @@ def test_sections_reuse_ppo_generation_and_the_shared_run_section():
     (GenerateConfig, GEN_OK + ["generation.temperature=0"], "generation.temperature: must be > 0"),
     (GenerateConfig, GEN_OK + ["generation.missing_eos_score=-1"], "generation.missing_eos_score: is a PPO scoring setting"),
     (GenerateConfig, GEN_OK + ["generation.greedy=sometimes"], "generation.greedy: expected bool"),
+    (GenerateConfig, GEN_OK + ["generation.engine=vllm"], "generation.engine: expected one of"),
+    (GenerateConfig, GEN_OK + ["generation.compile=true"], "generation.compile: compiles the static engine's step"),
+    (GenerateConfig, GEN_OK + ["generation.engine=static", "generation.stop_check_every=0"],
+     "generation.stop_check_every: must be >= 1"),
     (GenerateConfig, GEN_OK + ["run.resume=true"], "run.resume: generate has nothing to resume"),
     (GenerateConfig, GEN_OK + ["model.policy=m"], "model.policy: unknown key"),
     (ScoreConfig, ["data.rows=r.jsonl"], "model.reward: set exactly one of model.reward"),

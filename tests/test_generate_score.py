@@ -115,6 +115,24 @@ def test_generate_is_seeded_and_greedy_ignores_the_seed(tiny_lm, tmp_path, capsy
     assert all(r["response_tokens"] == 3 and not r["finished"] for r in fixed)
 
 
+def test_the_static_engine_generates_the_eager_completions(tiny_lm, tmp_path, capsys, monkeypatch):
+    """generation.engine=static (its step compiled too, by dynamo's eager backend here) writes the
+    eager engine's completions: sampled, one prompt per batch so that batches stop early at
+    different steps and the one generator runs on across them, and greedy."""
+    real = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda fn, **kw: real(fn, backend="eager", dynamic=False))
+    torch._dynamo.reset()
+    sampled = ["data.batch_size=1", "generation.max_new_tokens=40", "run.seed=4"]
+    eager = _generate(tiny_lm, tmp_path / "e", capsys, *sampled)
+    stopped = [r for r in eager if r["finished"]]
+    assert 4 <= len(stopped) <= len(eager) - 4 and len({r["response_tokens"] for r in stopped}) >= 3
+    for engine in (["generation.stop_check_every=8"], ["generation.compile=true", "generation.weights=copy"]):
+        assert _generate(tiny_lm, tmp_path / "s", capsys, *sampled, "generation.engine=static", *engine) == eager
+    greedy = ["data.batch_size=16", "generation.max_new_tokens=12", "generation.greedy=true"]
+    assert _generate(tiny_lm, tmp_path / "gs", capsys, *greedy, "generation.engine=static") == \
+        _generate(tiny_lm, tmp_path / "ge", capsys, *greedy)
+
+
 # --------------------------------------------------------------------------------------- score
 
 
@@ -236,8 +254,11 @@ def test_skipped_rows_are_counted(tiny_lm, tmp_path, capsys):
 
 
 @pytest.mark.parametrize("stage,overrides,needle", [
-    ("score", ["model.reward={sft}", "data.rows={rows}"], "model.reward: {sft} is a LlamaForCausalLM"),
-    ("generate", ["model.path={rm}", "data.prompts={prompts}"], "model.path: {rm} is a LlamaForSequenceClassification"),
+    ("score", ["model.reward={sft}", "data.rows={rows}"], "model.reward: {sft} has no trained score head"),
+    ("generate", ["model.path={rm}", "data.prompts={prompts}"],
+     "model.path: {rm} is not a causal language model (architectures ['LlamaForSequenceClassification']"),
+    ("generate", ["model.path={sft}", "model.tokenizer={small_tok}", "data.prompts={prompts}"],
+     "model.path: {sft}: its tokenizer differs from model.tokenizer ({small_tok})"),
     ("generate", ["model.path={sft}", "data.prompts={prompts}", "generation.max_new_tokens=200"],
      "{prompts}:1: prompt has 6 tokens; with generation.max_new_tokens=200 that is more than the model's "
      "max_position_embeddings=128"),
@@ -250,7 +271,11 @@ def test_skipped_rows_are_counted(tiny_lm, tmp_path, capsys):
 ])
 def test_errors_are_one_line(tiny_lm, tmp_path, capsys, stage, overrides, needle):
     rows = _write(tmp_path / "rows.jsonl", [{"prompt": "w1", "response": "w2"}])
-    names = dict(sft=tiny_lm / "sft", rm=tiny_lm / "rm", prompts=tiny_lm / "prompts.jsonl", rows=rows, root=tmp_path)
+    from fourfold.tasks.tokenizer import build_word_tokenizer
+
+    build_word_tokenizer([f"w{i}" for i in range(30)]).save_pretrained(tmp_path / "small_tok")  # another vocabulary
+    names = dict(sft=tiny_lm / "sft", rm=tiny_lm / "rm", prompts=tiny_lm / "prompts.jsonl", rows=rows, root=tmp_path,
+                 small_tok=tmp_path / "small_tok")
     rc, err = _cli(stage, [o.format(**names) for o in overrides], tmp_path / "out", capsys)
     assert rc == 2 and err.count("\n") == 1 and needle.format(**names) in err, err
 
@@ -261,6 +286,19 @@ def test_an_output_directory_that_is_a_file_is_one_line(tiny_lm, tmp_path, capsy
                              f"data.rows={_write(tmp_path / 'rows.jsonl', [{'prompt': 'w1', 'response': 'w2'}])}"],
                    tmp_path / "file", capsys)
     assert rc == 2 and err.count("\n") == 1 and f"run.output_dir: {tmp_path / 'file'}: cannot write there" in err
+
+
+@pytest.mark.parametrize("stage,overrides", [("generate", ["model.path={sft}", "data.prompts={prompts}"]),
+                                              ("score", ["model.reward={rm}", "data.rows={prompts}"])])
+def test_torchrun_is_refused_as_for_every_one_process_stage(tiny_lm, tmp_path, capsys, monkeypatch, stage, overrides):
+    """The run scaffold's start (fourfold.run.scaffold.one_process_start): under torchrun's
+    environment one line, before any model loads or anything is written."""
+    for key, value in (("RANK", "0"), ("WORLD_SIZE", "2"), ("LOCAL_RANK", "0")):
+        monkeypatch.setenv(key, value)
+    names = dict(sft=tiny_lm / "sft", rm=tiny_lm / "rm", prompts=tiny_lm / "prompts.jsonl")
+    rc, err = _cli(stage, [o.format(**names) for o in overrides], tmp_path / "out", capsys)
+    assert rc == 2 and err.count("\n") == 1 and "torchrun: this stage runs in one process only" in err, err
+    assert not (tmp_path / "out").exists()
 
 
 def test_reward_stage_reads_implicit_prompts_from_a_datasets_directory(tiny_lm, tmp_path, capsys):

@@ -391,3 +391,53 @@ def test_no_module_over_600_lines_and_no_function_over_80(tmp_path):
     body = "".join(f"    x{i} = {i}\n" for i in range(80))
     (tmp_path / "fake" / "big.py").write_text("def long():\n" + body + "\n" * 600)
     assert oversized(tmp_path, "fake") == ["fake/big.py: 681 lines", "fake/big.py:1: long 81 lines"]
+
+
+# ---- the loops read as one-process code ----------------------------------------------------------------
+
+LOOPS = "fourfold.trainers"
+"""The loops and their parts: every collective they need goes through the data-parallel seam
+(``fourfold.run.parallel``), so none of them imports ``fourfold.dist`` or passes a process group
+around."""
+
+
+def seam_violations(root: Path, prefix: str, dist_module: str = "fourfold.dist") -> list[str]:
+    """``file:line: ...`` for every import of ``dist_module`` (top level or inside a function) and
+    every function (or lambda) parameter named ``world`` in the modules of ``prefix``."""
+    found = []
+    for module, path in _module_files(root, prefix).items():
+        rel = path.relative_to(root)
+        found += [f"{rel}:{line}: imports {name}" for line, name in _imported(module, path)
+                  if _is_under(name, (dist_module,))]
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+                a = node.args
+                params = [*a.posonlyargs, *a.args, *a.kwonlyargs, *(p for p in (a.vararg, a.kwarg) if p)]
+                name = getattr(node, "name", "lambda")
+                found += [f"{rel}:{node.lineno}: {name} takes world" for p in params if p.arg == "world"]
+    return sorted(set(found))
+
+
+def test_no_loop_imports_dist_or_takes_a_world(tmp_path):
+    assert seam_violations(PACKAGE.parent, LOOPS) == []
+    files = {
+        "fake/__init__.py": "",
+        "fake/dist.py": "x = 1\n",
+        "fake/trainers/__init__.py": "",
+        "fake/trainers/clean.py": "from fake.run.parallel import rank_slice\n\ndef f(rows, worlds=1):\n    return rows\n",
+        "fake/trainers/top.py": "from fake import dist\n",
+        "fake/trainers/lazy.py": "def f():\n    import fake.dist as d\n    return d\n",
+        "fake/trainers/param.py": "def collect(rows, *, world=None):\n    return rows\n",
+        "fake/trainers/method.py": "class A:\n    async def step(self, world):\n        pass\n",
+        "fake/trainers/lam.py": "g = lambda world: world\n",
+    }
+    for name, source in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(source)
+    assert seam_violations(tmp_path, "fake.trainers", "fake.dist") == [
+        "fake/trainers/lam.py:1: lambda takes world",
+        "fake/trainers/lazy.py:2: imports fake.dist",
+        "fake/trainers/method.py:2: step takes world",
+        "fake/trainers/param.py:1: collect takes world",
+        "fake/trainers/top.py:1: imports fake.dist",
+    ]

@@ -157,3 +157,22 @@ def test_provenance():
     c = git_commit()
     assert c == "unknown" or re.fullmatch(r"[0-9a-f]{12}(\+dirty)?", c)
     assert "cores" in machine()
+
+
+def test_the_machine_names_torchs_cpu_kernels():
+    """Where torch is imported the machine line names the kernels its CPU ops run with (figures
+    differ between them: docs/demo.md); ATEN_CPU_CAPABILITY's choice is what it reports."""
+    import os
+    import subprocess
+    import sys
+
+    import torch
+
+    from fourfold.apps.provenance import cpu_kernels
+
+    assert cpu_kernels() == torch.backends.cpu.get_cpu_capability()
+    assert f"cores, {cpu_kernels()} kernels)" in machine()
+    code = "import torch; from fourfold.apps.provenance import machine; print(machine())"
+    out = subprocess.run([sys.executable, "-c", code], env={**os.environ, "ATEN_CPU_CAPABILITY": "default"},
+                         capture_output=True, text=True, check=True).stdout
+    assert "DEFAULT kernels" in out, out

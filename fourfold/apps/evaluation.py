@@ -26,32 +26,45 @@ def load_eval_roles(reference: str, reward: str) -> tuple:
 
 
 def sample_texts(model, tokenizer, prompts: list[str], *, max_new_tokens: int, temperature: float,
-                 max_prompt_len: int = 16, batch_size: int = 128):
-    """Responses (text) and the Samples of each batch for a list of prompts."""
+                 max_prompt_len: int = 16, batch_size: int = 128, engine=None):
+    """Responses (text) and the Samples of each batch for a list of prompts, drawn by ``engine``
+    (:func:`fourfold.rollout.engine.make_engine`; None: the eager engine) with ``torch.multinomial``
+    on the global generator, batch after batch."""
     from fourfold.data import left_pad, tokenize_prompts
-    from fourfold.rollout.eager import sample
+    from fourfold.rollout.eager import EagerEngine
     from fourfold.rollout.sampling import decode_responses
 
+    engine = engine or EagerEngine()
     ids = tokenize_prompts(prompts, tokenizer, max_prompt_len)
     texts, batches = [], []
     model.eval()
+    engine.sync(model)
     for i in range(0, len(prompts), batch_size):
         pid, pmask = left_pad(ids[i : i + batch_size], tokenizer.pad_token_id)
-        s = sample(model, pid, pmask, max_new_tokens=max_new_tokens, temperature=temperature,
+        s = engine(model, pid, pmask, max_new_tokens=max_new_tokens, temperature=temperature,
                    eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
         texts += decode_responses(tokenizer, s)
         batches.append(s)
     return texts, batches
 
 
+def sample_engine(gen: GenerationConfig, max_prompt_len: int = 16):
+    """The engine of ``gen`` (``generation.engine``, ``.weights``, ``.compile``,
+    ``.stop_check_every``) for :func:`sample_texts` over prompts of at most ``max_prompt_len`` tokens."""
+    from fourfold.rollout.engine import make_engine
+
+    return make_engine(gen, max_prompt_len=max_prompt_len)
+
+
 @torch.no_grad()
 def evaluate_policy(policy, reference, rm, tokenizer, task, prompts: list[str], gen: GenerationConfig) -> tuple[dict, list[dict]]:
     """Proxy, gold, KL to the reference, length, well-formed share, repetition on ``prompts`` (and the
-    mean number of sentences when the task reports it: the review task's horizon mode)."""
+    mean number of sentences when the task reports it: the review task's horizon mode), the
+    responses sampled by ``gen``'s engine (``generation.engine``)."""
     from fourfold.core import kl_estimate
 
     texts, batches = sample_texts(policy, tokenizer, prompts, max_new_tokens=gen.max_new_tokens,
-                                  temperature=gen.temperature)
+                                  temperature=gen.temperature, engine=sample_engine(gen))
     proxy, kl = [], []
     for s in batches:
         proxy += rm.score(s.sequences, s.attention_mask).tolist()

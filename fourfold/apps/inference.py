@@ -7,9 +7,10 @@ of training.
   tokens skipped, nothing after EOS), ``finished`` (the response ended with EOS) and
   ``response_tokens`` (generated tokens, EOS included). Prompts are read and tokenised as PPO reads
   ``data.prompts`` (:func:`fourfold.data.load_prompts`, :func:`fourfold.data.encode_prompts`), left-
-  padded in batches of ``data.batch_size`` and sampled with :func:`fourfold.rollout.eager.sample` under
-  PPO's generation settings (or greedily), from a generator seeded with ``run.seed``: the same
-  config gives the same completions.
+  padded in batches of ``data.batch_size`` and sampled by the engine of ``generation.engine``
+  (:func:`fourfold.rollout.engine.make_engine`: eager by default, or static) under PPO's generation
+  settings (or greedily), with ``torch.multinomial`` on one generator seeded with ``run.seed``: the
+  same config gives the same completions, with either engine.
 * :func:`score` - a reward model (or a reward function) and prompt/response rows in,
   ``run.output_dir/scores.jsonl`` out: each row as read plus ``score``. A reward model scores a row
   exactly as PPO's :func:`fourfold.rollout.score.score_rollout` scores a rollout: prompt ids as PPO tokenises
@@ -19,7 +20,11 @@ of training.
   (``fourfold_score_shift`` in ``config.json``) added as in training. A reward function gets the
   prompt texts and responses, as in PPO.
 
-Both write their file atomically (a reader never sees half of it) with the resolved config beside it,
+The model is built as the trainers build theirs (:func:`fourfold.models.build.build_roles` over
+:func:`fourfold.models.plan.plan_inference`) and checked by the same
+:class:`~fourfold.models.checks.RoleChecker` (the role's head, no random weights, the tokenizer's
+vocabulary). Both commands start as one-process runs (:func:`fourfold.run.scaffold.one_process_start`),
+write their file atomically (a reader never sees half of it) with the resolved config beside it,
 and print one summary line.
 """
 
@@ -44,19 +49,16 @@ from fourfold.data import (
     load_responses,
     location,
 )
-from fourfold.errors import ConfigError, DataError, ModelLoadError
+from fourfold.errors import ConfigError, DataError
 from fourfold.models import load_reward_fn
-from fourfold.models.loading import (
-    ensure_pad_embedding,
-    load_causal_lm,
-    load_sequence_scorer,
-    load_tokenizer,
-    resolve_device,
-)
-from fourfold.models.roles import FunctionReward, ModelReward, ScalarModel
-from fourfold.rollout.eager import sample
+from fourfold.models.build import build_roles
+from fourfold.models.loading import load_tokenizer
+from fourfold.models.plan import plan_inference
+from fourfold.models.roles import FunctionReward, ModelReward
+from fourfold.rollout.engine import make_engine
 from fourfold.rollout.sampling import decode_responses
-from fourfold.run.common import quiet_transformers
+from fourfold.run.common import skipped_lines
+from fourfold.run.scaffold import one_process_start
 
 __all__ = ["generate", "score"]
 
@@ -67,17 +69,16 @@ __all__ = ["generate", "score"]
 
 
 def _prepare(cfg, run: RunConfig) -> tuple[Path, torch.device]:
-    """Output directory (created) with the resolved config, torch threads, the device."""
-    quiet_transformers()
+    """The one-process start (torchrun refused, threads, the device), then the output directory
+    (created; a rerun writes its files again) with the resolved config."""
+    device = one_process_start(cfg)
     out = Path(run.output_dir)
     try:
         out.mkdir(parents=True, exist_ok=True)
         save_config(cfg, out / "config.yaml")
     except OSError as e:
         raise ConfigError(f"run.output_dir: {out}: cannot write there ({e.strerror or e})") from None
-    if run.threads is not None:
-        torch.set_num_threads(run.threads)
-    return out, resolve_device(run.device)
+    return out, device
 
 
 def _write_jsonl(path: Path, rows: list[dict]) -> None:
@@ -91,15 +92,8 @@ def _write_jsonl(path: Path, rows: list[dict]) -> None:
 
 def _warn_skipped(command: str, loaded: LoadResult) -> None:
     """One warning line on stderr for the rows skipped, then one per note on the data as a whole."""
-    if loaded.skipped:
-        print(f"fourfold {command}: warning: {loaded.num_skipped} bad rows skipped (data.on_error=skip); "
-              f"first: {loaded.skipped[0]}", file=sys.stderr)
-    for note in loaded.notes:
-        print(f"fourfold {command}: warning: {note}", file=sys.stderr)
-
-
-def _architectures(model) -> list[str]:
-    return list(getattr(model.config, "architectures", None) or [])
+    for line in skipped_lines(loaded.skipped, loaded.notes):
+        print(f"fourfold {command}: warning: {line}", file=sys.stderr)
 
 
 def _max_positions(model) -> int | None:
@@ -112,18 +106,11 @@ def _max_positions(model) -> int | None:
 # ---------------------------------------------------------------------------------------------
 
 
-def _load_generator(cfg: GenerateConfig, device: torch.device):
-    """(tokenizer, causal LM in eval mode); a sequence classifier is refused."""
-    m = cfg.model
-    tok = load_tokenizer(m.tokenizer or m.path, trust_remote_code=m.trust_remote_code)
-    model = load_causal_lm(m.path, dtype=m.dtype, device=device, trust_remote_code=m.trust_remote_code)
-    archs = _architectures(model)
-    if archs and all(a.endswith("ForSequenceClassification") for a in archs):
-        raise ModelLoadError(f"model.path: {m.path} is a {archs[0]} (a reward model or critic), not a causal "
-                             f"language model; generate needs a model written by `fourfold sft` or `fourfold ppo`")
-    ensure_pad_embedding(model, tok)
-    model.eval()
-    return tok, model
+def load_generator(cfg: GenerateConfig, device: torch.device):
+    """(tokenizer, causal LM in eval mode) as the trainers build and check a policy: a sequence
+    classifier, a model with random weights or another vocabulary is refused."""
+    roles = build_roles(plan_inference("generate", cfg.model), device)
+    return roles.tokenizer, roles.policy.eval()
 
 
 def _check_room(examples, loaded: LoadResult, max_new_tokens: int, n_positions: int | None) -> None:
@@ -141,7 +128,7 @@ def generate(cfg: GenerateConfig) -> dict:
     """Write ``completions.jsonl`` (see the module docstring); returns ``{"output", "completions",
     "skipped", "finished"}`` (finished: the share of responses that ended with EOS)."""
     out, device = _prepare(cfg, cfg.run)
-    tok, model = _load_generator(cfg, device)
+    tok, model = load_generator(cfg, device)
     data, gen = cfg.data, cfg.generation
     # the prompts, rendered and tokenised as PPO does (chat messages through the chat template)
     loaded = load_prompts(data.prompts, on_error=data.on_error, chat_template=chat_template_renderer(tok))
@@ -152,11 +139,13 @@ def generate(cfg: GenerateConfig) -> dict:
     _check_room(examples, loaded, gen.max_new_tokens, _max_positions(model))
     generator = torch.Generator(device=device)
     generator.manual_seed(cfg.run.seed)
+    engine = make_engine(gen, max_prompt_len=data.max_prompt_len)
+    engine.sync(model)
     rows = []
     for start in range(0, len(examples), data.batch_size):
         batch = examples[start : start + data.batch_size]
         ids, mask = left_pad([e.input_ids for e in batch], tok.pad_token_id)  # (B, P)
-        samples = sample(
+        samples = engine(
             model, ids.to(device), mask.to(device),
             max_new_tokens=gen.max_new_tokens, temperature=gen.temperature,
             eos_token_id=tok.eos_token_id if gen.stop_at_eos else None, pad_token_id=tok.pad_token_id,
@@ -181,17 +170,11 @@ def generate(cfg: GenerateConfig) -> dict:
 
 
 def load_reward_scorer(cfg: ScoreConfig, device: torch.device):
-    """(tokenizer, :class:`ModelReward`) as PPO loads ``model.reward``; only a sequence classifier
-    (a reward model) is accepted: a causal LM would score with an untrained head."""
-    m = cfg.model
-    tok = load_tokenizer(m.tokenizer or m.reward, trust_remote_code=m.trust_remote_code)
-    hf = load_sequence_scorer(m.reward, dtype=m.dtype, device=device, trust_remote_code=m.trust_remote_code)
-    archs = _architectures(hf)
-    if not any(a.endswith("ForSequenceClassification") for a in archs):
-        raise ModelLoadError(f"model.reward: {m.reward} is a {archs[0] if archs else 'model without architectures'}, "
-                             f"not a reward model; expected a 1-label sequence classifier as `fourfold reward` writes")
-    ensure_pad_embedding(hf, tok)
-    return tok, ModelReward(ScalarModel(hf))
+    """(tokenizer, :class:`ModelReward`) as PPO builds and checks ``model.reward``: a model without
+    a trained score head (a causal LM would score with a random one), with other random weights
+    or another vocabulary is refused."""
+    roles = build_roles(plan_inference("score", cfg.model), device)
+    return roles.tokenizer, roles.reward
 
 
 def _max_len(cfg: ScoreConfig, model) -> int:

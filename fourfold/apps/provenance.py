@@ -40,9 +40,20 @@ def git_commit() -> str:
     return sha + ("+dirty" if _git("status", "--porcelain", "--untracked-files=no") else "")
 
 
+def cpu_kernels() -> str | None:
+    """The instruction set torch's CPU kernels run with on this machine ('AVX2', 'AVX512', ...;
+    ``ATEN_CPU_CAPABILITY`` can lower it), None when torch is not imported yet. Float results of
+    the same run differ in their last bits between kernels (docs/demo.md, "On another machine")."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return None
+    return torch.backends.cpu.get_cpu_capability()
+
+
 def machine() -> str:
-    """The CPU model and cores, memory, OS and architecture (and the CUDA device, when torch is
-    already imported and sees one): 'AMD EPYC 7B13 (2 cores), 8 GiB, Linux x86_64'."""
+    """The CPU model, cores and the kernels torch runs on it, memory, OS and architecture (and the
+    CUDA device, when torch is already imported and sees one): 'AMD EPYC 7B13 (2 cores, AVX2
+    kernels), 8 GiB, Linux x86_64'."""
     cpu = platform.processor() or platform.machine()
     try:
         for line in Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace").splitlines():
@@ -57,7 +68,9 @@ def machine() -> str:
         mem = f", {kib / 2 ** 20:.0f} GiB"
     except (OSError, StopIteration, ValueError, IndexError):
         pass
-    text = f"{cpu} ({os.cpu_count()} cores){mem}, {platform.system()} {platform.machine()}"
+    kernels = cpu_kernels()
+    cores = f"{os.cpu_count()} cores" + (f", {kernels} kernels" if kernels else "")
+    text = f"{cpu} ({cores}){mem}, {platform.system()} {platform.machine()}"
     torch = sys.modules.get("torch")
     if torch is not None and torch.cuda.is_available():
         text += f", {torch.cuda.get_device_name(0)}"

@@ -156,6 +156,9 @@ class DemoConfig:
     ppo: PPOAlgoConfig = dataclasses.field(default_factory=lambda: PPOAlgoConfig(
         iterations=150, rollout_batch_size=64, minibatch_size=16, lr=3e-4, critic_lr=1e-3, kl_coef=0.05))
     generation: GenerationConfig = dataclasses.field(default_factory=lambda: GenerationConfig(max_new_tokens=40))
+    """PPO's sampling settings; the response length and the engine (`engine`, `weights`, `compile`,
+    `stop_check_every`) also of the preference pairs' sampling and the eval stage's (the same
+    tokens with either engine, so no stage's cache key holds the engine)."""
     eval: DemoEvalConfig = dataclasses.field(default_factory=DemoEvalConfig)
     run: RunConfig = dataclasses.field(default_factory=lambda: RunConfig(
         output_dir="runs/demo", threads=1, save_every=10, concurrent_roles=True))

@@ -57,7 +57,10 @@ class GenerateDataConfig:
 
 @dataclasses.dataclass
 class GenerateSamplingConfig(GenerationConfig):
-    """PPO's generation settings (max_new_tokens, temperature, stop_at_eos), plus greedy decoding."""
+    """PPO's generation settings (max_new_tokens, temperature, stop_at_eos, and the engine: engine,
+    weights, compile, stop_check_every), plus greedy decoding. Either engine gives the same
+    completions from the same seed (the static engine's cache holds data.max_prompt_len +
+    max_new_tokens positions)."""
 
     greedy: bool = False
     """Take the most likely token at every step instead of sampling (temperature is then unused)."""
@@ -66,9 +69,6 @@ class GenerateSamplingConfig(GenerationConfig):
         super().validate(prefix)
         require(self.missing_eos_score is None, f"{prefix}.missing_eos_score",
                 "is a PPO scoring setting, not used by generate; remove it")
-        for key in self.engine_settings():
-            require(False, f"{prefix}.{key}", "chooses how a training rollout samples; generate samples with the "
-                    "eager engine: remove it")
 
 
 @dataclasses.dataclass

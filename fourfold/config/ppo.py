@@ -170,8 +170,8 @@ class GenerationConfig:
     then and the extra steps are cut off, so the result does not change."""
 
     ENGINE_KEYS = ("engine", "weights", "compile", "stop_check_every")
-    """The keys that choose how sampling runs, not what it samples (``fourfold generate`` refuses
-    them; a stage key leaves them out at their defaults: fourfold.apps.cache.LATER_KEYS)."""
+    """The keys that choose how sampling runs, not what it samples (a stage key leaves them out at
+    their defaults: fourfold.apps.cache.LATER_KEYS)."""
 
     def validate(self, prefix: str = "generation") -> None:
         require(self.max_new_tokens >= 1, f"{prefix}.max_new_tokens", "must be >= 1")
@@ -179,11 +179,6 @@ class GenerationConfig:
         require(not self.compile or self.engine == "static", f"{prefix}.compile",
                 f"compiles the static engine's step; set {prefix}.engine=static (or compile=false)")
         require(self.stop_check_every >= 1, f"{prefix}.stop_check_every", f"must be >= 1, got {self.stop_check_every}")
-
-    def engine_settings(self) -> dict:
-        """The :data:`ENGINE_KEYS` that differ from their defaults, by name."""
-        default = type(self)()
-        return {k: getattr(self, k) for k in self.ENGINE_KEYS if getattr(self, k) != getattr(default, k)}
 
 
 @dataclasses.dataclass

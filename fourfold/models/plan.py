@@ -17,6 +17,8 @@ The stages' roles::
     dpo        policy (trained), reference (dpo.reference, model.path, or the policy's base)
     ppo        policy, reference, reward (model, LoRA adapter or function), critic (when loaded)
     reinforce  policy, reference, reward
+    generate   policy (a causal LM, not trained)              :func:`plan_inference`
+    score      reward (a reward model, not trained)           :func:`plan_inference`
 
 Config objects are read by attribute (this module imports no config), so the plan is the same
 for a config loaded from YAML and one built in Python.
@@ -135,7 +137,7 @@ class RolePlan:
     """Every role of a stage, in load order, and what they share."""
 
     stage: str
-    """The stage the plan is for (``sft``, ``reward``, ``dpo``, ``ppo``, ``reinforce``)."""
+    """The stage the plan is for (``sft``, ``reward``, ``dpo``, ``ppo``, ``reinforce``; ``generate``, ``score``)."""
     roles: tuple[RoleSpec, ...]
     """The :class:`RoleSpec` of each role, in the order they are built."""
     tokenizer: str
@@ -200,6 +202,21 @@ def plan_roles(stage: str, cfg) -> RolePlan:
     if stage in ("sft", "reward", "dpo"):
         return _supervised_plan(stage, cfg)
     raise ValueError(f"plan_roles: no roles for stage {stage!r}")
+
+
+def plan_inference(stage: str, m) -> RolePlan:
+    """The :class:`RolePlan` of ``fourfold generate`` (``policy``: the causal LM ``model.path``) or
+    ``fourfold score`` (``reward``: the reward model ``model.reward``) from the command's ``model``
+    section ``m``: one frozen model in ``model.dtype``, built and checked as a training stage's."""
+    dtype, _ = role_dtypes(m.dtype)
+    if stage == "generate":
+        role, key = RoleSpec("policy", FULL, m.path, "model.path", False, dtype), "model.path"
+    elif stage == "score":
+        role, key = RoleSpec("reward", FULL, m.reward, "model.reward", False, dtype), "model.reward"
+    else:
+        raise ValueError(f"plan_inference: no roles for stage {stage!r}")
+    return RolePlan(stage, (role,), m.tokenizer or role.source, "model.tokenizer" if m.tokenizer else key,
+                    trust_remote_code=m.trust_remote_code)
 
 
 def _levers(model) -> dict:

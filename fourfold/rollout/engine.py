@@ -3,11 +3,14 @@
 An engine has two calls: ``engine.sync(policy)`` once per iteration (it takes the policy's current
 weights in the form it samples from fastest: :mod:`fourfold.rollout.weights`), and
 ``engine(model, prompt_ids, prompt_mask, *, max_new_tokens, temperature, eos_token_id,
-pad_token_id, noise, sync_stop) -> Samples`` (:class:`Engine`). :class:`EagerEngine` (``eager``, the
-default) and :class:`StaticEngine` (``static``, a preallocated KV cache and one fixed-shape,
-compilable step per token) give the same tokens; :func:`make_engine` builds the engine of a
-generation config. The interface in full (what a server engine would implement), the engines,
-their keys and guarantees: docs/engines.md.
+pad_token_id, noise, sync_stop, greedy, generator) -> Samples`` (:class:`Engine`: per-row
+``noise`` for the training rollouts, else greedy or ``torch.multinomial`` on ``generator``).
+:class:`EagerEngine` (``eager``, the default) and :class:`StaticEngine` (``static``, a preallocated
+KV cache and one fixed-shape, compilable step per token) give the same tokens. :func:`make_engine`
+builds the engine of a generation config; every sampler goes through it: the PPO and REINFORCE
+rollouts, the held-out evaluation, the demo's preference pairs and ``fourfold generate``. The
+interface in full (what a server engine would implement), the engines, their keys and
+guarantees: docs/engines.md.
 """
 
 from __future__ import annotations
@@ -33,7 +36,8 @@ class Engine(Protocol):
 
     def __call__(self, model: nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, *,
                  max_new_tokens: int, temperature: float, eos_token_id: Optional[int], pad_token_id: int,
-                 noise: Optional[torch.Tensor], sync_stop: bool) -> Samples: ...
+                 noise: Optional[torch.Tensor], sync_stop: bool, greedy: bool = False,
+                 generator: Optional[torch.Generator] = None) -> Samples: ...
 
 
 def make_engine(gen, *, precision: str = "fp32", max_prompt_len: Optional[int] = None):

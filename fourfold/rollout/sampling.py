@@ -83,6 +83,16 @@ class Choice:
     finished: torch.Tensor
 
 
+def default_generator(device: torch.device) -> Optional[torch.Generator]:
+    """The generator ``torch.multinomial(..., generator=None)`` draws from on ``device`` (the CPU's
+    or that CUDA device's default one); None for another device type."""
+    if device.type == "cpu":
+        return torch.default_generator
+    if device.type == "cuda":
+        return torch.cuda.default_generators[device.index if device.index is not None else torch.cuda.current_device()]
+    return None
+
+
 def choose(logits: torch.Tensor, finished: torch.Tensor, temperature: float, greedy: bool,
            generator: Optional[torch.Generator], u: Optional[torch.Tensor], eos_token_id: Optional[int],
            pad_token_id: int) -> Choice:

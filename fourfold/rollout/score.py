@@ -10,7 +10,6 @@ from typing import Optional, Sequence
 
 import torch
 
-from fourfold import dist
 from fourfold.rollout.sampling import Samples
 
 
@@ -24,22 +23,6 @@ class Scores:
 def select_rows(batch, rows: slice):
     """Rows ``rows`` of every tensor of a :class:`Samples` or :class:`Scores` (a new one)."""
     return replace(batch, **{f.name: getattr(batch, f.name)[rows] for f in fields(batch)
-                             if getattr(batch, f.name) is not None})
-
-
-def _gather(t: torch.Tensor) -> torch.Tensor:
-    if t.dtype == torch.bool:  # gloo gathers no bool: as bytes
-        return dist.all_gather_rows(t.to(torch.uint8)).bool()
-    return dist.all_gather_rows(t)
-
-
-def gather_rows(batch):
-    """Every rank's rows of a :class:`Samples` or :class:`Scores`, concatenated in rank order
-    (``batch`` itself in one process). Each rank's tensors must have the same shapes: the same
-    number of rows, prompts padded to the same width, responses of the same (synced) length."""
-    if not dist.world().distributed:
-        return batch
-    return replace(batch, **{f.name: _gather(getattr(batch, f.name)) for f in fields(batch)
                              if getattr(batch, f.name) is not None})
 
 

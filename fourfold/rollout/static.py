@@ -16,7 +16,17 @@ from torch import nn
 from fourfold import dist
 from fourfold.errors import ConfigError
 from fourfold.models.decoding import attention_for_decoding, decode_mask, fill_static_cache, static_cache
-from fourfold.rollout.sampling import Choice, Samples, all_finished, cache_kwarg, choose, output_cache, prefill, stack_samples
+from fourfold.rollout.sampling import (
+    Choice,
+    Samples,
+    all_finished,
+    cache_kwarg,
+    choose,
+    default_generator,
+    output_cache,
+    prefill,
+    stack_samples,
+)
 from fourfold.rollout.weights import LiveWeights, fsdp_units
 
 CACHE_BUCKET = 64
@@ -42,7 +52,7 @@ class StaticEngine:
         self.weights = weights or LiveWeights()
         self.compile, self.check_every, self.cache_len = compile, check_every, cache_len
         self._cache = None  # (key, StaticCache): the last rollout's, reused when the shape repeats
-        self._compiled = None
+        self._compiled: dict = {}  # step name -> its compiled version
         self._compiled_shapes: set = set()
 
     def sync(self, policy: nn.Module) -> None:
@@ -63,16 +73,19 @@ class StaticEngine:
                  temperature: float = 1.0, eos_token_id: Optional[int] = None, pad_token_id: int = 0,
                  noise: Optional[torch.Tensor] = None, sync_stop: bool = False, greedy: bool = False,
                  generator: Optional[torch.Generator] = None) -> Samples:
-        """Sample as :func:`~fourfold.rollout.eager.sample` does (same arguments). Without ``noise``
-        (and not ``greedy``) the uniforms are drawn from ``generator`` up front (float64, ``[B,
-        max_new_tokens]``), not through ``torch.multinomial``."""
-        B, T = prompt_ids.shape[0], max_new_tokens
-        if noise is None and not greedy:
-            noise = torch.rand(B, T, generator=generator, dtype=torch.float64)
+        """Sample as :func:`~fourfold.rollout.eager.sample` does (same arguments, same tokens).
+        Without ``noise`` (and not ``greedy``) each token is drawn by ``torch.multinomial`` on
+        ``generator`` (the device's default generator when None) outside the compiled step, as the
+        eager engine draws it, and the generator is left where the eager engine would leave it:
+        the draws of the steps past the last row's EOS are taken back."""
+        if noise is not None or greedy:
+            generator = None
+        elif generator is None:
+            generator = default_generator(prompt_ids.device)
         with self.weights.model(model) as m:
-            return self._decode(m, prompt_ids, prompt_mask, T, noise, sync_stop,
+            return self._decode(m, prompt_ids, prompt_mask, max_new_tokens, noise, sync_stop,
                                 dict(temperature=temperature, greedy=greedy, eos_token_id=eos_token_id,
-                                     pad_token_id=pad_token_id))
+                                     pad_token_id=pad_token_id), generator)
 
     def _length(self, P: int, T: int) -> int:
         if self.cache_len is not None and self.cache_len >= P + T:
@@ -90,37 +103,46 @@ class StaticEngine:
         fill_static_cache(self._cache[1], prefill_cache)
         return self._cache[1]
 
-    def _step_fn(self, model: nn.Module, B: int, L: int, device: torch.device):
-        """The one-token step for this shape: compiled (up to :data:`MAX_COMPILED_SHAPES` shapes) or plain."""
+    def _step_fn(self, model: nn.Module, B: int, L: int, device: torch.device, pick_outside: bool):
+        """The one-token step for this shape: compiled (up to :data:`MAX_COMPILED_SHAPES` shapes) or
+        plain; the forward alone (:meth:`_logits`) when the pick runs outside it (``pick_outside``)."""
+        plain = self._logits if pick_outside else self._step
         if not self.compile:
-            return self._step
+            return plain
         if fsdp_units(model):
             raise ConfigError("generation.compile: the step of an FSDP-sharded policy is not compiled; set "
                               "generation.weights=copy (a plain copy of the policy) or generation.compile=false")
         if (B, L) not in self._compiled_shapes and len(self._compiled_shapes) >= MAX_COMPILED_SHAPES:
             warnings.warn(f"generation.compile: more than {MAX_COMPILED_SHAPES} rollout shapes; ({B} rows, {L} "
                           "positions) runs the plain step", stacklevel=3)
-            return self._step
+            return plain
         self._compiled_shapes.add((B, L))
-        if self._compiled is None:
+        if plain.__name__ not in self._compiled:
             mode = "reduce-overhead" if device.type == "cuda" else None
-            self._compiled = torch.compile(self._step, dynamic=False, mode=mode)
-        return self._compiled
+            self._compiled[plain.__name__] = torch.compile(plain, dynamic=False, mode=mode)
+        return self._compiled[plain.__name__]
 
-    def _step(self, r: "StepState", tokens: torch.Tensor, positions: torch.Tensor, slot: torch.Tensor,
-              u: Optional[torch.Tensor], finished: torch.Tensor) -> Choice:
-        """One token for every row: the forward of ``tokens [B]`` at ``positions [B, 1]`` writing
-        cache slot ``slot`` (0-d), attending to the prompt's valid slots and the generated ones up
-        to ``slot``; then the pick at the uniforms ``u [B]``. Every tensor keeps its shape."""
+    def _logits(self, r: "StepState", tokens: torch.Tensor, positions: torch.Tensor, slot: torch.Tensor) -> torch.Tensor:
+        """The forward of ``tokens [B]`` at ``positions [B, 1]`` writing cache slot ``slot`` (0-d),
+        attending to the prompt's valid slots and the generated ones up to ``slot``: the next
+        token's float32 logits ``[B, V]``. Every tensor keeps its shape."""
         valid = r.prompt_valid | (r.generated_slots <= slot)  # (B, L)
         mask = decode_mask(valid, r.model, r.cache.layers[0].keys.dtype)
         out = r.model(input_ids=tokens[:, None], attention_mask=mask, position_ids=positions, use_cache=True,
                       logits_to_keep=1, **{cache_kwarg(r.model): r.cache})
-        return r.choose(out.logits[:, -1, :].float(), finished, u)
+        return out.logits[:, -1, :].float()
+
+    def _step(self, r: "StepState", tokens: torch.Tensor, positions: torch.Tensor, slot: torch.Tensor,
+              u: Optional[torch.Tensor], finished: torch.Tensor) -> Choice:
+        """One token for every row: :meth:`_logits`, then the pick at the uniforms ``u [B]`` (or greedy)."""
+        return r.choose(self._logits(r, tokens, positions, slot), finished, u)
 
     def _decode(self, model: nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, T: int,
-                noise: Optional[torch.Tensor], sync_stop: bool, pick: dict) -> Samples:
-        """The eager engine's prefill into the static cache, then the fixed-shape steps."""
+                noise: Optional[torch.Tensor], sync_stop: bool, pick: dict,
+                generator: Optional[torch.Generator]) -> Samples:
+        """The eager engine's prefill into the static cache, then the fixed-shape steps; with a
+        ``generator`` the picks run outside the step (``torch.multinomial``) and the generator's
+        state after each is kept, to be put back at the step the eager engine stops at."""
         (B, P), device = prompt_ids.shape, prompt_ids.device
         out, pos = prefill(model, prompt_ids, prompt_mask)
         L = self._length(P, T)
@@ -129,10 +151,12 @@ class StaticEngine:
         prompt_valid = torch.zeros(B, L, dtype=torch.bool, device=device)
         prompt_valid[:, :P] = prompt_mask.bool()
         generated_slots = torch.where(slots >= P, slots, torch.full_like(slots, L))  # prompt slots: never
-        r = StepState(model, cache, prompt_valid, generated_slots, None if noise is None else noise.to(device), pick)
+        r = StepState(model, cache, prompt_valid, generated_slots, None if noise is None else noise.to(device), pick,
+                      generator)
         steps = [r.choose(out.logits[:, -1, :].float(), torch.zeros(B, dtype=torch.bool, device=device), r.u(0))]
+        states = [] if generator is None else [generator.get_state()]  # the generator after each pick
         del out
-        step, graphs = self._step_fn(model, B, L, device), self.compile and device.type == "cuda"
+        step, graphs = self._step_fn(model, B, L, device, generator is not None), self.compile and device.type == "cuda"
         positions, slot = pos[:, -1:] + 1, torch.full((), P, device=device)
         with attention_for_decoding(model):
             for t in range(1, T):
@@ -143,11 +167,21 @@ class StaticEngine:
                     torch.compiler.cudagraph_mark_step_begin()
                 # the first step reads every guard (and compiles a new shape); the later ones run the
                 # same step on the same objects and shapes
-                with _guards_checked(step is self._step or t == 1):
-                    c = step(r, steps[-1].tokens, positions, slot, r.u(t), steps[-1].finished)
-                steps.append(Choice(*(x.clone() for x in vars(c).values())) if graphs else c)  # graphs reuse outputs
+                with _guards_checked(step in (self._step, self._logits) or t == 1):
+                    if generator is None:
+                        c = step(r, steps[-1].tokens, positions, slot, r.u(t), steps[-1].finished)
+                    else:
+                        logits = step(r, steps[-1].tokens, positions, slot)
+                if generator is not None:  # the pick on the generator, as the eager engine makes it
+                    c = r.choose(logits, steps[-1].finished, None)
+                    states.append(generator.get_state())
+                elif graphs:
+                    c = Choice(*(x.clone() for x in vars(c).values()))  # CUDA graphs reuse their outputs
+                steps.append(c)
                 positions, slot = positions + 1, slot + 1
         n = _finished_length(steps, sync_stop)
+        if generator is not None:
+            generator.set_state(states[n - 1])  # the draws past the eager engine's last step taken back
         return stack_samples(prompt_ids, prompt_mask, steps[:n], steps[n - 1].finished)
 
 
@@ -156,8 +190,9 @@ class StepState:
     """What every step of one static-engine rollout reads: the model and its cache, the prompt's
     valid slots ``prompt_valid [B, L]``, each slot's index when a generated token goes there
     (``generated_slots [L]``, ``L`` for the prompt's slots), the uniforms ``noise [B, T]`` (on the
-    model's device: one copy per rollout, not one per token) and the pick's settings
-    (``temperature``, ``greedy``, ``eos_token_id``, ``pad_token_id``)."""
+    model's device: one copy per rollout, not one per token), the pick's settings
+    (``temperature``, ``greedy``, ``eos_token_id``, ``pad_token_id``) and the generator of
+    ``torch.multinomial`` when the tokens are drawn with it (None: noise or greedy)."""
 
     model: nn.Module
     cache: object
@@ -165,6 +200,7 @@ class StepState:
     generated_slots: torch.Tensor
     noise: Optional[torch.Tensor]
     pick: dict
+    generator: Optional[torch.Generator] = None
 
     def u(self, t: int) -> Optional[torch.Tensor]:
         """The uniforms of token ``t`` (None: greedy)."""
@@ -172,7 +208,8 @@ class StepState:
 
     def choose(self, logits: torch.Tensor, finished: torch.Tensor, u: Optional[torch.Tensor]) -> Choice:
         p = self.pick
-        return choose(logits, finished, p["temperature"], p["greedy"], None, u, p["eos_token_id"], p["pad_token_id"])
+        return choose(logits, finished, p["temperature"], p["greedy"], self.generator, u, p["eos_token_id"],
+                      p["pad_token_id"])
 
 
 def _guards_checked(full: bool):

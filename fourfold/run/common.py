@@ -1,4 +1,5 @@
-"""Set-up pieces every trainer shares: seeding and quiet transformers. A trainer never imports
+"""Set-up pieces every trainer (and ``fourfold generate``/``score``) shares: seeding, quiet
+transformers, the warning lines on skipped data rows. A trainer never imports
 another trainer; what two of them need lives in :mod:`fourfold.trainers` beside them (the run
 scaffold, the optimisation, the data-parallel seam, the supervised loop, the export)."""
 
@@ -6,6 +7,7 @@ from __future__ import annotations
 
 import random
 import sys
+from typing import Sequence
 
 import torch
 
@@ -32,3 +34,10 @@ def quiet_transformers() -> None:
         hf_logging.disable_progress_bar()
     except ImportError:  # pragma: no cover
         pass
+
+
+def skipped_lines(skipped: Sequence, notes: Sequence[str] = ()) -> list[str]:
+    """The warnings on a data source read with ``data.on_error: skip``: how many bad rows were
+    skipped and the first (none when none was), then each note on the data as a whole."""
+    lines = [f"{len(skipped)} bad rows skipped (data.on_error=skip); first: {skipped[0]}"] if skipped else []
+    return lines + list(notes)

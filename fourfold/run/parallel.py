@@ -4,11 +4,18 @@ Under ``torchrun`` every rank runs the same loop over its own share of each glob
 trained models are FSDP2-sharded (:mod:`fourfold.run.fsdp`) or replicated, both of which
 *average* the ranks' gradients. So that a run is the same at any world size (up to float rounding), a loop needs only:
 
-* :func:`shard_rows`: this rank's rows of a global batch (:class:`Part`);
+* :func:`shard_rows`: this rank's rows of a global batch of example indices (:class:`Part`), and
+  :func:`rank_slice`: this rank's contiguous slice of a global batch of ``n`` rows (a rollout's, a
+  minibatch's);
+* :func:`gather_rows`: every rank's rows of a rollout's samples or scores, the whole batch on every
+  rank; :func:`several_ranks`: whether the ranks must stop their token loops together (an engine's
+  ``sync_stop``);
 * :meth:`Figures.global_`: a step's figures summed over the ranks (the one ``if distributed``);
 * :func:`loss_scale`: what this rank backpropagates, given its share of the global mean (the rule
   that undoes FSDP's averaging, written once);
-* :func:`sum_over_ranks`: per-rank shares of statistics summed into the global ones;
+* :func:`sum_over_ranks`: per-rank shares of statistics summed into the global ones, and
+  :func:`global_sum`: a tensor summed over the ranks (a loss's global mean from each rank's share,
+  what the non-finite guard reads, so every rank skips the same steps);
 * :func:`map_batches`: a pass over a list in batches (a held-out evaluation, the reward
   normalisation, DPO's reference log-probs), each rank computing its share of the batches and every
   rank getting all the results in order; :func:`mean_over_ranks`: means over each rank's share of a
@@ -22,7 +29,7 @@ In one process every one of these is an identity (no collective runs).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 from typing import Callable, Optional, Sequence, TypeVar
 
 import torch
@@ -54,6 +61,35 @@ def shard_rows(indices: Sequence[int], world: Optional[dist.World] = None) -> Pa
     return Part(part, True) if part else Part(list(indices)[:1], False)
 
 
+def rank_slice(n: int) -> slice:
+    """This rank's contiguous slice of ``n`` global rows (:func:`fourfold.dist.shard`: ``n / W``
+    each when it divides, else as even as can be; ``slice(0, n)`` in one process)."""
+    return dist.shard(n, dist.world())
+
+
+def several_ranks() -> bool:
+    """True when more than one process runs the loop: an engine's token loop must then stop only
+    when every rank's rows have finished (its ``sync_stop``), and a rollout needs per-row noise."""
+    return dist.world().distributed
+
+
+def _gather(t: torch.Tensor) -> torch.Tensor:
+    if t.dtype == torch.bool:  # gloo gathers no bool: as bytes
+        return dist.all_gather_rows(t.to(torch.uint8)).bool()
+    return dist.all_gather_rows(t)
+
+
+def gather_rows(batch):
+    """Every rank's rows of a :class:`~fourfold.rollout.sampling.Samples` or
+    :class:`~fourfold.rollout.score.Scores` (any dataclass of tensors), concatenated in rank order
+    (``batch`` itself in one process). Each rank's tensors must have the same shapes: the same
+    number of rows, prompts padded to the same width, responses of the same (synced) length."""
+    if not several_ranks():
+        return batch
+    return replace(batch, **{f.name: _gather(getattr(batch, f.name)) for f in fields(batch)
+                             if getattr(batch, f.name) is not None})
+
+
 def loss_scale(share: float, world: Optional[dist.World] = None) -> float:
     """The factor on this rank's loss when it holds ``share`` of the global mean: FSDP averages the
     ranks' gradients, so a rank backpropagates ``share * world_size`` of its own mean (``share`` in
@@ -66,6 +102,12 @@ def global_sums(values: list) -> list:
     if not dist.world().distributed:
         return values
     return dist.all_reduce_sum(torch.tensor(values, dtype=torch.float64)).tolist()
+
+
+def global_sum(t: torch.Tensor) -> torch.Tensor:
+    """The element-wise sum of ``t`` over every rank (a new tensor; ``t`` itself in one process):
+    a loss's global mean from each rank's share of it."""
+    return dist.all_reduce_sum(t)
 
 
 def sum_over_ranks(stats: dict, keys: Sequence[str]) -> dict:

@@ -59,7 +59,7 @@ from fourfold.config import config_to_dict, save_config, validate_tree
 from fourfold.config.stages import stage_of, torchrun_stages
 from fourfold.errors import ConfigError, FourfoldError, NonFiniteError, OutputError
 from fourfold.run.allocator import set_mmap_threshold
-from fourfold.run.common import quiet_transformers, seed_everything
+from fourfold.run.common import quiet_transformers, seed_everything, skipped_lines
 from fourfold.run.optim import NonFiniteGuard
 from fourfold.run.run_dir import prepare_run_dir
 from fourfold.sinks import done_line, open_sinks, require_sinks
@@ -305,10 +305,8 @@ class RunScaffold:
         (``notes``: tied preference pairs left out, most tokens unknown), once: not again on resume."""
         if self.resumed_step is not None:
             return
-        if skipped:
-            logger.warn(f"{len(skipped)} bad rows skipped (data.on_error=skip); first: {skipped[0]}", step=0)
-        for note in notes:
-            logger.warn(note, step=0)
+        for line in skipped_lines(skipped, notes):
+            logger.warn(line, step=0)
 
     def require_not_past(self, resumed: int, total: int, key: str, unit: str) -> None:
         """A resumed checkpoint at ``resumed`` (a ``unit``: step, iteration) past the run's last one,
@@ -393,6 +391,18 @@ def _device(spec: str) -> torch.device:
         raise ConfigError(f"run.device: {spec} names one GPU, and under torchrun every rank takes "
                           "cuda:LOCAL_RANK; use cuda or auto")
     return torch.device("cuda", int(os.environ["LOCAL_RANK"]))
+
+
+def one_process_start(cfg) -> torch.device:
+    """The start of a command that runs in one process over a stage config with a ``run`` section
+    (``fourfold generate``, ``fourfold score``: no run directory to resume, no seeding of its own):
+    refused under torchrun as every stage outside :func:`~fourfold.config.stages.torchrun_stages`
+    is, transformers kept quiet, ``run.threads`` applied; returns the device of ``run.device``."""
+    _start_group(cfg)
+    quiet_transformers()
+    if cfg.run.threads is not None:
+        torch.set_num_threads(cfg.run.threads)
+    return _device(cfg.run.device)
 
 
 def _start_group(cfg) -> dist.World:

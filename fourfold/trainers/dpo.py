@@ -18,14 +18,13 @@ from torch import Tensor
 from fourfold.config import DPOAlgoConfig, DPOConfig
 from fourfold.core import dpo_loss, sequence_logprobs
 from fourfold.data import PreferenceExample, collate_pair_responses, to_device
-from fourfold.models.build import build_roles
 from fourfold.models.levers import autocast_region
-from fourfold.models.plan import plan_roles
 from fourfold.models.roles import response_logprobs
 from fourfold.run.export import save_trained
-from fourfold.run.parallel import Figures, check_world, map_batches, place_roles
+from fourfold.run.parallel import Figures, map_batches
 from fourfold.run.scaffold import RunScaffold
 from fourfold.trainers.pairs import load_examples
+from fourfold.trainers.prelude import stage_roles
 from fourfold.trainers.supervised import SupervisedSteps, Window
 
 LogprobsFn = Callable[[Tensor, Tensor, int], Tensor]
@@ -140,18 +139,23 @@ def window_row(window: Window) -> dict:
 # ---------------------------------------------------------------------------------------------
 
 
-def _set_up(cfg: DPOConfig, device: torch.device, reference):
+def _set_up(cfg: DPOConfig, run: RunScaffold, device: torch.device, reference):
     """(tokenizer, policy (sharded under torchrun), (training pairs, held-out pairs or None, skipped
-    rows, warning lines on the data), the reference's (chosen, rejected) log-probs of both splits). The reference (``reference``,
-    else the plan's, loaded with the policy) is used here and released."""
-    plan = plan_roles("dpo", cfg)
-    roles = build_roles(plan if reference is None else plan.without("reference"), device)
-    pairs = load_examples(cfg, roles.tokenizer)
-    role, roles.reference = reference or roles.reference, None
-    with autocast_region(cfg.model.precision, device.type):  # no optimizer step inside: keep the cast cache
-        ref_logps = reference_logps(role, pairs[:2], cfg.train.batch_size, roles.tokenizer.pad_token_id, device)
-    place_roles(roles, plan, device)  # torchrun: FSDP2 (before the optimizer sees the parameters)
-    return roles.tokenizer, roles.policy, pairs, ref_logps
+    rows, warning lines on the data), the reference's (chosen, rejected) log-probs of both splits).
+    The reference (``reference``, else the plan's, loaded with the policy) is used before the
+    policy is placed on the ranks, and released."""
+    data: dict = {}
+
+    def reference_pass(roles) -> None:  # on the roles as built, before they are placed
+        data["pairs"] = load_examples(cfg, roles.tokenizer)
+        role, roles.reference = reference or roles.reference, None
+        with autocast_region(cfg.model.precision, device.type):  # no optimizer step inside: keep the cast cache
+            data["ref_logps"] = reference_logps(role, data["pairs"][:2], cfg.train.batch_size,
+                                                roles.tokenizer.pad_token_id, device)
+
+    roles = stage_roles(run, "dpo", cfg, device, {"train.batch_size": cfg.train.batch_size},
+                        without=() if reference is None else ("reference",), before_placing=reference_pass)
+    return roles.tokenizer, roles.policy, data["pairs"], data["ref_logps"]
 
 
 def train(cfg: DPOConfig, *, reference=None) -> dict:
@@ -166,8 +170,7 @@ def train(cfg: DPOConfig, *, reference=None) -> dict:
     #    log-probs of every pair (then the reference is released), optimiser, resume
     run = RunScaffold(cfg)
     device = run.hf_device()
-    check_world(run.world, False, {"train.batch_size": tc.batch_size})
-    tok, policy, (train_ex, eval_ex, skipped, notes), (ref_train, ref_eval) = _set_up(cfg, device, reference)
+    tok, policy, (train_ex, eval_ex, skipped, notes), (ref_train, ref_eval) = _set_up(cfg, run, device, reference)
     steps = SupervisedSteps(run, policy, tc, len(train_ex), "policy", FIGURES)
     pad_id = tok.pad_token_id
 

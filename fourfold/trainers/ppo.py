@@ -38,7 +38,6 @@ from typing import Callable, Optional, Sequence
 
 import torch
 
-from fourfold import dist
 from fourfold.config import PPOAlgoConfig, PPOConfig
 from fourfold.core import (
     AdaptiveKLController,
@@ -56,19 +55,15 @@ from fourfold.core import (
     ppo_policy_loss,
     value_loss,
 )
-from fourfold.dist import World
 from fourfold.errors import ConfigError
-from fourfold.models.build import Roles, apply_levers, build_roles
-from fourfold.models.levers import autocast_region
-from fourfold.models.plan import plan_roles
+from fourfold.models.build import Roles
 from fourfold.models.roles import ScalarModel, response_logits, response_logprobs
-from fourfold.rollout.engine import make_engine
-from fourfold.rollout.noise import RowNoise
-from fourfold.run.export import save_trained
 from fourfold.run.optim import NonFiniteGuard, guarded_step, make_optimizer, make_schedule
-from fourfold.run.parallel import check_world, loss_scale, place_roles, sum_over_ranks
+from fourfold.run.parallel import global_sum, loss_scale, rank_slice, sum_over_ranks
 from fourfold.run.scaffold import RunScaffold
-from fourfold.trainers.rollouts import KEY_METRICS, Probe, PromptStream, collect, repeat_prompts, sample_rows
+from fourfold.trainers.prelude import stage_roles
+from fourfold.trainers.rl import RLSteps
+from fourfold.trainers.rollouts import Probe
 
 
 def compute_advantages(rollout: Rollout, algo: PPOAlgoConfig) -> Rollout:
@@ -113,18 +108,17 @@ class Minibatch:
     tokens: float  # valid tokens of the whole minibatch
 
 
-def minibatches(rollout: Rollout, algo: PPOAlgoConfig, perms: list[torch.Tensor], iteration: int,
-                world: World = dist.SINGLE) -> list[Minibatch]:
+def minibatches(rollout: Rollout, algo: PPOAlgoConfig, perms: list[torch.Tensor], iteration: int) -> list[Minibatch]:
     """The minibatches of ``ppo_epochs`` passes: epoch ``e`` takes rows ``perms[e]`` in slices of
-    ``minibatch_size``, and this rank the contiguous 1/W of each slice (:func:`fourfold.dist.shard`;
-    ``perms`` and ``rollout`` are the same on every rank)."""
+    ``minibatch_size``, and this rank the contiguous 1/W of each slice
+    (:func:`~fourfold.run.parallel.rank_slice`; ``perms`` and ``rollout`` are the same on every rank)."""
     out = []
     for e, perm in enumerate(perms):
         for i in range(0, len(perm), algo.minibatch_size):
             idx = perm[i : i + algo.minibatch_size]
             mask = rollout.mask[idx]
             out.append(Minibatch(f"iteration {iteration} epoch {e} minibatch {i // algo.minibatch_size}",
-                                 rollout.select(idx[dist.shard(len(idx), world)]),
+                                 rollout.select(idx[rank_slice(len(idx))]),
                                  float(aggregation_units(mask, algo.loss_agg)), float(mask.sum())))
     return out
 
@@ -202,6 +196,13 @@ class Optim:
     policy_loss: Callable = policy_loss
     critic_loss: Callable = critic_loss
 
+    def trained(self, roles: Roles) -> dict:
+        """What the checkpoints hold of the trained roles: name -> (module, optimizer, schedule)."""
+        out = {"policy": (roles.policy, self.policy_opt, self.policy_sched)}
+        if roles.critic is not None:
+            out["critic"] = (roles.critic, self.critic_opt, self.critic_sched)
+        return out
+
     def lrs(self) -> dict:
         """The learning rates the next update starts with: policy/lr (and value/lr with a critic)."""
         lrs = {"policy/lr": self.policy_sched.get_last_lr()[0]}
@@ -241,7 +242,7 @@ def policy_step(policy, mb: Minibatch, algo: PPOAlgoConfig, opt: Optim, temperat
     def micro_losses():
         for part, weight in _micro(mb.rows, algo, algo.loss_agg, mb.units):
             loss, stats = opt.policy_loss(policy, part, algo, temperature)
-            yield loss * loss_scale(weight), {"policy_loss": dist.all_reduce_sum(loss.detach())}
+            yield loss * loss_scale(weight), {"policy_loss": global_sum(loss.detach())}
             stats_sum["loss"] = stats_sum.get("loss", 0.0) + float(loss.detach()) * weight
             share = float(part.mask.sum()) / total_tokens  # = weight under token-mean
             for k, v in stats.items():
@@ -267,7 +268,7 @@ def critic_step(critic: ScalarModel, mb: Minibatch, algo: PPOAlgoConfig, opt: Op
     def micro_losses():
         for part, weight in _micro(mb.rows, algo, "token-mean", mb.tokens):
             loss, stats = opt.critic_loss(critic, part, algo)
-            yield loss * loss_scale(weight), {"value_loss": dist.all_reduce_sum(loss.detach())}
+            yield loss * loss_scale(weight), {"value_loss": global_sum(loss.detach())}
             for k, v in {"loss": loss.detach(), "clipfrac": stats["clipfrac"]}.items():
                 stats_sum[k] = stats_sum.get(k, 0.0) + float(v) * weight
 
@@ -284,17 +285,17 @@ the others are each rank's share, summed over ranks."""
 
 
 def ppo_update(roles: Roles, rollout: Rollout, algo: PPOAlgoConfig, opt: Optim, temperature: float,
-               guard: NonFiniteGuard, iteration: int, concurrent: bool = False, world: World = dist.SINGLE) -> dict:
+               guard: NonFiniteGuard, iteration: int, concurrent: bool = False) -> dict:
     """Step 6: ``ppo_epochs`` passes over shuffled minibatches; returns mean statistics.
 
     The minibatch order of every epoch is drawn up front (the same on every rank: the same seed
     and draws), so the policy and the critic see the same minibatches. They share nothing else, so
     with ``concurrent`` the critic's epochs run in a second thread while the policy's run in this
     one (two cores busy with one torch thread each); the results are identical to the sequential
-    order. Each rank of ``world`` trains on its share of every minibatch (:func:`minibatches`).
+    order. Under torchrun each rank trains on its share of every minibatch (:func:`minibatches`).
     """
     perms = [torch.randperm(rollout.batch_size) for _ in range(algo.ppo_epochs)]
-    mbs = minibatches(rollout, algo, perms, iteration, world)
+    mbs = minibatches(rollout, algo, perms, iteration)
 
     def mean_over(step_fn) -> dict:
         sums: dict[str, float] = {}
@@ -321,72 +322,22 @@ def ppo_update(roles: Roles, rollout: Rollout, algo: PPOAlgoConfig, opt: Optim, 
     return sum_over_ranks(stats, [k for k in stats if k not in RANK_INDEPENDENT])
 
 
-def _set_up(cfg: PPOConfig, run: RunScaffold, roles: Roles, prompts: Optional[Sequence[str]]):
-    """Step 0 after the roles: optimisers, prompt stream and KL controller, named for the run's
-    checkpoints and resumed from the latest one when asked. Returns (opt, stream, kl_ctl, start)."""
-    algo = cfg.ppo
-    opt = make_optim(roles, algo, compiled=cfg.model.compile)
-    n_prompts = algo.rollout_batch_size // algo.samples_per_prompt
-    stream = PromptStream(cfg.data, roles.tokenizer, n_prompts, cfg.run.seed, prompts=prompts,
-                          batch_key="ppo.rollout_batch_size")
-    kl_ctl = (AdaptiveKLController(algo.kl_coef, algo.kl_target, algo.kl_horizon) if algo.adaptive_kl
-              else FixedKLController(algo.kl_coef))
-    modules, optimizers, schedulers = {"policy": roles.policy}, {"policy": opt.policy_opt}, {"policy": opt.policy_sched}
-    if roles.critic is not None:
-        modules["critic"], optimizers["critic"], schedulers["critic"] = roles.critic, opt.critic_opt, opt.critic_sched
-    run.track(modules=modules, optimizers=optimizers, schedulers=schedulers,
-              state=lambda it: {"iteration": it, "kl_ctl": kl_ctl.state_dict(), "prompts": stream.state_dict(),
-                                "nonfinite_total": run.guard.total})
-    state = run.resume()
-    if state is None:
-        return opt, stream, kl_ctl, 0
-    run.require_not_past(state["iteration"], algo.iterations, "ppo.iterations", "iteration")
-    kl_ctl.load_state_dict(state["kl_ctl"])
-    stream.load_state_dict(state["prompts"])
-    return opt, stream, kl_ctl, state["iteration"]
-
-
-def _placed_roles(cfg: PPOConfig, run: RunScaffold, device: torch.device, roles: Optional[Roles]) -> Roles:
-    """Step 0 for the roles: the world checks (:func:`~fourfold.run.parallel.check_world`), the
-    roles passed in (refused with a critic a critic-free estimator would not train; the plan's
-    levers applied) or built from the role plan, then placed on the ranks
-    (:func:`~fourfold.run.parallel.place_roles`; nothing in one process)."""
-    algo = cfg.ppo
-    check_world(run.world, cfg.run.concurrent_roles, {"ppo.rollout_batch_size": algo.rollout_batch_size,
-                                                      "ppo.minibatch_size": algo.minibatch_size})
+def checked_roles(roles: Optional[Roles], algo: PPOAlgoConfig) -> Optional[Roles]:
+    """``roles`` passed to :func:`train`, refused when they have a critic that the critic-free
+    estimator of ``ppo.advantage`` would not train."""
     if roles is not None and roles.critic is not None and not get_advantage_estimator(algo.advantage).needs_critic:
         raise ConfigError(f"ppo.advantage: {algo.advantage} uses no critic, but the roles passed in have one")
-    plan = plan_roles("ppo", cfg)
-    roles = apply_levers(roles, plan, device) if roles is not None else build_roles(plan, device)
-    place_roles(roles, plan, device)
     return roles
 
 
-def _advantages_and_update(cfg: PPOConfig, run: RunScaffold, roles: Roles, rollout: Rollout, opt: Optim, it: int
-                           ) -> Optional[tuple[Rollout, dict, dict, float]]:
-    """Steps 5-6 of iteration ``it``: advantages and returns (GAE with the critic, or a critic-free
-    estimator), then the PPO epochs (clipped surrogate for the policy, clipped value loss for the
-    critic). Returns (the rollout with its advantages, the update's statistics, the learning rates
-    it started with, its seconds), or None when the scores or the advantages were not finite (the
-    iteration is skipped, logged, and the run stopped when stuck)."""
-    algo, guard = cfg.ppo, run.guard
-    if guard.ok("reward_score", rollout.scores, f"iteration {it}"):
-        rollout = compute_advantages(rollout, algo)
-        if guard.ok("advantages", rollout.advantages, f"iteration {it}"):
-            t0 = time.perf_counter()
-            skips_before = guard.total
-            lrs = opt.lrs()  # the rates this update starts with
-            stats = ppo_update(roles, rollout, algo, opt, cfg.generation.temperature, guard, it,
-                               concurrent=cfg.run.concurrent_roles, world=run.world)
-            t_train = time.perf_counter() - t0
-            if guard.total == skips_before:  # one good update: the whole iteration went through
-                guard.good_step()
-            run.log_skips(it)
-            run.stop_if_stuck(it)
-            return rollout, stats, lrs, t_train
-    run.log_skips(it)
-    run.stop_if_stuck(it - 1)
-    return None
+def finite_advantages(rollout: Rollout, algo: PPOAlgoConfig, guard: NonFiniteGuard, it: int) -> Optional[Rollout]:
+    """Step 5 of iteration ``it``: the rollout with its advantages and returns
+    (:func:`compute_advantages`), or None when its scores or its advantages are not finite (the
+    guard records which: the iteration is then skipped)."""
+    if not guard.ok("reward_score", rollout.scores, f"iteration {it}"):
+        return None
+    rollout = compute_advantages(rollout, algo)
+    return rollout if guard.ok("advantages", rollout.advantages, f"iteration {it}") else None
 
 
 def value_metrics(rollout: Rollout) -> dict:
@@ -402,35 +353,44 @@ def train(cfg: PPOConfig, *, prompts: Optional[Sequence[str]] = None, probe: Opt
     ``prompts``: the prompts to train on (else the ``data.prompts`` file); ``probe(prompts,
     responses) -> {name: value}``: extra measurements logged every iteration; ``roles``: models
     already loaded (else loaded from ``cfg.model``)."""
-    algo, gen = cfg.ppo, cfg.generation
-    # 0. set-up: seed, run directory, roles, optimisers, prompt stream, KL controller, resume
+    algo, concurrent = cfg.ppo, cfg.run.concurrent_roles
+    # 0. set-up: seed, run directory, roles (placed on the ranks), optimisers, KL controller, engine,
+    #    prompt stream, resume
     run = RunScaffold(cfg)
-    device = run.hf_device()
-    world = run.world
-    roles = _placed_roles(cfg, run, device, roles)
-    engine = make_engine(gen, precision=cfg.model.precision, max_prompt_len=cfg.data.max_prompt_len)
-    opt, stream, kl_ctl, start = _set_up(cfg, run, roles, prompts)
-    guard = run.guard
+    device, guard = run.hf_device(), run.guard
+    roles = stage_roles(run, "ppo", cfg, device, {"ppo.rollout_batch_size": algo.rollout_batch_size,
+                                                  "ppo.minibatch_size": algo.minibatch_size},
+                        roles=checked_roles(roles, algo), concurrent=concurrent)
+    opt = make_optim(roles, algo, compiled=cfg.model.compile)
+    kl_ctl = (AdaptiveKLController(algo.kl_coef, algo.kl_target, algo.kl_horizon) if algo.adaptive_kl
+              else FixedKLController(algo.kl_coef))
+    rl = RLSteps(run, cfg, roles, device, section="ppo", n_prompts=algo.rollout_batch_size // algo.samples_per_prompt,
+                 trained=opt.trained(roles), prompts=prompts, state={"kl_ctl": kl_ctl}, probe=probe)
     last: dict = {}
-    with run.loop(total=algo.iterations, desc="ppo", key_metrics=KEY_METRICS) as logger:
-        run.warn_skipped(logger, stream.skipped, stream.notes)
-        for it in range(start + 1, algo.iterations + 1):
+    with rl.loop("ppo") as logger:
+        for it in rl.iterations():
             t_iter = time.perf_counter()
-            # 1. sample prompts, each on samples_per_prompt consecutive rows
-            texts, prompt_ids, prompt_mask = repeat_prompts(*stream.next(device), algo.samples_per_prompt)
-            # 2-4. generate (pi_old) with the engine given the policy's weights after the last update,
-            # score (reference, critic, reward), per-token rewards
-            engine.sync(roles.policy)
-            with autocast_region(cfg.model.precision, device.type):  # weights fixed: keep the cast cache
-                col = collect(roles, texts, prompt_ids, prompt_mask, gen,
-                              kl_coef=kl_ctl.value if algo.kl_in == "reward" else 0.0,
-                              kl_estimator=algo.kl_estimator, probe=probe, concurrent=cfg.run.concurrent_roles,
-                              noise=RowNoise(cfg.run.seed, it), world=world, engine=engine)
-            # 5-6. advantages and returns, then the PPO epochs (None: a non-finite score or advantage)
-            updated = _advantages_and_update(cfg, run, roles, col.rollout, opt, it)
-            if updated is None:
+            # 1-4. sample prompts (each on samples_per_prompt consecutive rows), generate (pi_old) with
+            # the engine given the policy's weights after the last update, score (reference, critic,
+            # reward), per-token rewards
+            col = rl.rollout(it, kl_coef=kl_ctl.value if algo.kl_in == "reward" else 0.0,
+                             kl_estimator=algo.kl_estimator, samples_per_prompt=algo.samples_per_prompt,
+                             concurrent=concurrent)
+            # 5. advantages and returns; when the scores or the advantages are not finite the iteration
+            # is skipped: nothing touched the weights, so a stuck run keeps iteration it - 1's
+            rollout = finite_advantages(col.rollout, algo, guard, it)
+            if rollout is None:
+                run.log_skips(it)
+                run.stop_if_stuck(it - 1)
                 continue
-            rollout, stats, lrs, t_train = updated
+            # 6. the PPO epochs (a minibatch whose loss or gradient is not finite is skipped)
+            t0, skips_before, lrs = time.perf_counter(), guard.total, opt.lrs()  # the rates this update starts with
+            stats = ppo_update(roles, rollout, algo, opt, cfg.generation.temperature, guard, it, concurrent=concurrent)
+            t_train = time.perf_counter() - t0
+            if guard.total == skips_before:  # one good update: the whole iteration went through
+                guard.good_step()
+            run.log_skips(it)
+            run.stop_if_stuck(it)
             # 7. KL controller, metrics, checkpoint
             kl_used = kl_ctl.value  # the coefficient this iteration's rewards used
             kl_ctl.update(col.metrics["kl/k1"], algo.rollout_batch_size)
@@ -449,17 +409,8 @@ def train(cfg: PPOConfig, *, prompts: Optional[Sequence[str]] = None, probe: Opt
             }
             if roles.critic is not None:
                 metrics.update(value_metrics(rollout))
-            logger.log(it, metrics)
-            if run.samples_due(it, algo.iterations):  # a few completions, decoded only now
-                logger.samples(it, sample_rows(col, roles.tokenizer, probe))
+            rl.log(logger, it, metrics, col)
             last = metrics
             run.checkpoint_if_due(it)
-        run.require_an_update(algo.iterations - start)
-        # the final models, loadable with plain transformers (LoRA: merged, and the adapters beside)
-        written = save_trained(run, roles.policy, roles.tokenizer, run.out / "policy")
-        if roles.critic is not None:
-            save_trained(run, roles.critic, roles.tokenizer, run.out / "critic")
-    return run.finish({"output_dir": str(run.out), "policy": written["model"], "final": last,
-                       **({"policy_adapter": written["adapter"]} if "adapter" in written else {})},
-                      model=run.out / "policy", **({"critic": run.out / "critic"} if roles.critic is not None else {}))
-
+        rl.export(critic=roles.critic)
+    return rl.finish(last)

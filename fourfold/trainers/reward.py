@@ -41,13 +41,12 @@ import torch
 from fourfold.config import RewardConfig
 from fourfold.core import bradley_terry_loss
 from fourfold.data import PreferenceExample, collate_preferences, to_device
-from fourfold.models.build import build_roles
-from fourfold.models.plan import plan_roles
 from fourfold.run.export import save_trained
 from fourfold.run.fsdp import reshard
-from fourfold.run.parallel import Figures, check_world, map_batches, place_roles
+from fourfold.run.parallel import Figures, map_batches
 from fourfold.run.scaffold import RunScaffold
 from fourfold.trainers.pairs import load_examples
+from fourfold.trainers.prelude import stage_roles
 from fourfold.trainers.supervised import SupervisedSteps, Window, require_batch
 
 FIGURES = ("loss", "margin", "correct", "pairs", "score_sum", "score_sq", "scores")
@@ -144,10 +143,7 @@ def _set_up(cfg: RewardConfig, run: RunScaffold, device: torch.device):
     """(tokenizer, reward model (sharded under torchrun), (training pairs, held-out pairs or None,
     skipped rows, warning lines on the data)), after the batch-size checks (it divides by the world, it fits the data)."""
     tc = cfg.train
-    check_world(run.world, False, {"train.batch_size": tc.batch_size})
-    plan = plan_roles("reward", cfg)
-    roles = build_roles(plan, device)
-    place_roles(roles, plan, device)  # torchrun: FSDP2 (before the optimizer sees the parameters)
+    roles = stage_roles(run, "reward", cfg, device, {"train.batch_size": tc.batch_size})
     train_ex, eval_ex, skipped, notes = load_examples(cfg, roles.tokenizer)
     require_batch(tc.batch_size, len(train_ex), f"training pairs from {cfg.data.train}"
                   + (" (after holding out data.eval_fraction)" if cfg.data.eval is None and eval_ex else ""))

@@ -15,19 +15,16 @@ from typing import Callable, Optional, Sequence
 
 import torch
 
-from fourfold import dist
 from fourfold.config import GenerationConfig, PromptDataConfig
 from fourfold.core import Rollout, kl_estimate, masked_mean, token_rewards
 from fourfold.data import EpochSampler, chat_template_renderer, encode_prompts, left_pad, line_of, load_prompts
-from fourfold.dist import World
 from fourfold.errors import ConfigError
 from fourfold.models.build import Roles
-from fourfold.rollout.eager import sample
 from fourfold.rollout.engine import Engine
 from fourfold.rollout.noise import RowNoise
 from fourfold.rollout.sampling import Samples, decode_responses
-from fourfold.rollout.score import Scores, gather_rows, score_rollout, select_rows
-from fourfold.run.parallel import mean_over_ranks
+from fourfold.rollout.score import Scores, score_rollout, select_rows
+from fourfold.run.parallel import gather_rows, mean_over_ranks, rank_slice, several_ranks
 
 Probe = Callable[[list[str], list[str]], dict[str, float]]
 """``probe(prompts, responses) -> {metric name: value}``: extra measurements of each batch of
@@ -125,34 +122,34 @@ def collect(
     prompt_mask: torch.Tensor,
     gen: GenerationConfig,
     *,
+    engine: Engine,
     kl_coef: float,
     kl_estimator: str = "k1",
     probe: Optional[Probe] = None,
     concurrent: bool = False,
     noise: Optional[RowNoise] = None,
-    world: World = dist.SINGLE,
-    engine: Optional[Engine] = None,
 ) -> Collected:
     """Steps 2-4 of an iteration: generate (pi_old), score (reference, critic, reward), token rewards.
 
     ``prompts``, ``prompt_ids``, ``prompt_mask``: the iteration's global batch (the same on every
-    rank). Each rank of ``world`` samples and scores its contiguous slice of the rows
-    (:func:`fourfold.dist.shard`), then every rank gathers the whole batch, so what follows
-    (rewards, metrics, advantages) is computed on the global batch alike on all ranks. ``noise``:
-    the iteration's per-row noise (required with more than one rank; without it tokens come from
-    the global torch generator). ``engine``: what generates the responses
-    (:class:`~fourfold.rollout.engine.Engine`; None: :func:`~fourfold.rollout.eager.sample`).
+    rank). ``engine``: what generates the responses (:class:`~fourfold.rollout.engine.Engine`, e.g.
+    :func:`~fourfold.rollout.engine.make_engine`'s), given the policy's weights by its ``sync``
+    first. Under torchrun each rank samples and scores its contiguous slice of the rows
+    (:func:`~fourfold.run.parallel.rank_slice`), then every rank gathers the whole batch
+    (:func:`~fourfold.run.parallel.gather_rows`), so what follows (rewards, metrics, advantages) is
+    computed on the global batch alike on all ranks. ``noise``: the iteration's per-row noise
+    (required with more than one rank; without it tokens come from the global torch generator).
 
     rewards_t = -kl_coef * KL_t on every valid token, plus the sequence score on the last one.
     Responses are decoded to text only when the reward reads text or a ``probe`` is given; the
     probe's measurements join the metrics under their own names.
     """
-    if world.distributed and noise is None:
+    if several_ranks() and noise is None:
         raise ValueError("collect: a rollout over several ranks needs per-row noise")
-    rows = dist.shard(prompt_ids.shape[0], world)
+    rows = rank_slice(prompt_ids.shape[0])
     # 2. generate with the policy (this rank's rows); its log-probs are pi_old
     t0 = time.perf_counter()
-    samples = _generate(roles, prompt_ids[rows], prompt_mask[rows], gen, noise, rows, world, engine or sample)
+    samples = _generate(roles, prompt_ids[rows], prompt_mask[rows], gen, noise, rows, engine)
     t_gen = time.perf_counter() - t0
     # 3. score with the frozen reference and reward model, and the critic (this rank's rows)
     t0 = time.perf_counter()
@@ -183,7 +180,7 @@ def collect(
 
 
 def _generate(roles: Roles, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, gen: GenerationConfig,
-              noise: Optional[RowNoise], rows: slice, world: World, engine: Engine) -> Samples:
+              noise: Optional[RowNoise], rows: slice, engine: Engine) -> Samples:
     """Sample this rank's ``rows`` of the batch with the policy (in eval mode), then gather every
     rank's rows: the whole batch's :class:`Samples` on every rank."""
     tok = roles.tokenizer
@@ -193,7 +190,7 @@ def _generate(roles: Roles, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
         roles.policy, prompt_ids, prompt_mask,
         max_new_tokens=gen.max_new_tokens, temperature=gen.temperature,
         eos_token_id=tok.eos_token_id if gen.stop_at_eos else None, pad_token_id=tok.pad_token_id,
-        noise=uniforms, sync_stop=world.distributed,
+        noise=uniforms, sync_stop=several_ranks(),
     )
     roles.policy.train()
     return gather_rows(samples)

@@ -35,11 +35,10 @@ from fourfold.config import SFTConfig
 from fourfold.core import sft_loss
 from fourfold.data import SFTExample, chat_template_renderer, collate_sft, encode_sft, line_of, load_sft, to_device
 from fourfold.errors import DataError
-from fourfold.models.build import build_roles
-from fourfold.models.plan import plan_roles
 from fourfold.run.export import save_trained
-from fourfold.run.parallel import Figures, check_world, map_batches, place_roles
+from fourfold.run.parallel import Figures, map_batches
 from fourfold.run.scaffold import RunScaffold
+from fourfold.trainers.prelude import stage_roles
 from fourfold.trainers.supervised import SupervisedSteps, Window, require_batch
 
 FIGURES = ("loss", "token_accuracy", "tokens")
@@ -140,11 +139,8 @@ def train(cfg: SFTConfig) -> dict:
     # 0. set-up: seed, run directory, model, data (tokenised once), optimiser, schedule, resume
     run = RunScaffold(cfg)
     device = run.hf_device()
-    check_world(run.world, False, {"train.batch_size": tc.batch_size})
-    plan = plan_roles("sft", cfg)
-    roles = build_roles(plan, device)
+    roles = stage_roles(run, "sft", cfg, device, {"train.batch_size": tc.batch_size})
     tok, model = roles.tokenizer, roles.policy
-    place_roles(roles, plan, device)  # torchrun: FSDP2 (before the optimizer sees the parameters)
     train_ex, eval_ex, skipped, notes = load_examples(cfg, tok)
     require_batch(tc.batch_size, len(train_ex), f"training examples in {cfg.data.train}")
     steps = SupervisedSteps(run, model, tc, len(train_ex), "model", FIGURES)

@@ -11,6 +11,7 @@ import torch
 from fourfold import dist
 from fourfold.config import PPOConfig, load_config
 from fourfold.models.build import load_roles
+from fourfold.rollout.eager import EagerEngine
 from fourfold.rollout.engine import make_engine
 from fourfold.rollout.noise import RowNoise
 from fourfold.run.fsdp import shard_model
@@ -25,7 +26,7 @@ def run(tiny_lm: str, world, engine: str = "", weights: str = "") -> dict:
         over.update({"generation.engine": engine, "generation.weights": weights, "generation.stop_check_every": 3})
     cfg = load_config(PPOConfig, None, [f"{k}={v}" for k, v in over.items()])
     roles = load_roles("ppo", cfg, torch.device("cpu"))
-    rollout_engine = None
+    rollout_engine = EagerEngine()  # one process: the eager engine over the policy itself
     if engine:
         if world.distributed:
             shard_model(roles.policy, torch.device("cpu"))
@@ -34,7 +35,7 @@ def run(tiny_lm: str, world, engine: str = "", weights: str = "") -> dict:
     stream = PromptStream(cfg.data, roles.tokenizer, 4, seed=0)
     texts, ids, mask = repeat_prompts(*stream.next("cpu"), 2)
     probe = lambda prompts, responses: {"probe/words": sum(len(r.split()) for r in responses) / len(responses)}
-    col = collect(roles, texts, ids, mask, cfg.generation, kl_coef=0.1, probe=probe, noise=RowNoise(0, 3), world=world,
+    col = collect(roles, texts, ids, mask, cfg.generation, kl_coef=0.1, probe=probe, noise=RowNoise(0, 3),
                   engine=rollout_engine)
     r = col.rollout
     resolved = getattr(rollout_engine.weights, "resolved", weights) if rollout_engine is not None else None

@@ -99,6 +99,33 @@ def test_rows_that_all_stop_early_cut_the_response_where_the_eager_engine_stops(
     assert_same_samples(StaticEngine()(model, ids, mask, **kw), sample(model, ids, mask, **kw))
 
 
+@pytest.mark.parametrize("check_every", [1, 3, 8])
+def test_multinomial_on_a_generator_gives_the_eager_tokens_and_leaves_the_generator_where_eager_does(check_every):
+    """Without noise both engines draw with torch.multinomial (generate's and the evaluation's way):
+    the same tokens, and after a rollout whose rows all stop early (the static engine stepped past
+    the last EOS) the generator is where the eager engine left it, so the next rollout agrees too;
+    the same on the global generator."""
+    model = _model("llama")
+    ids, mask = _prompts(rows=4)
+    eos = _frequent_token(model, ids, mask, 24)
+    kw = dict(max_new_tokens=100, temperature=2.0, eos_token_id=eos, pad_token_id=PAD)
+    g_eager, g_static = torch.Generator().manual_seed(5), torch.Generator().manual_seed(5)
+    engine = StaticEngine(check_every=check_every)
+    stopped_early = 0
+    for _ in range(4):
+        want = sample(model, ids, mask, generator=g_eager, **kw)
+        assert_same_samples(engine(model, ids, mask, generator=g_static, **kw), want)
+        assert torch.equal(g_static.get_state(), g_eager.get_state())
+        stopped_early += int(bool(want.finished.all()) and want.n_response < 100)
+    assert stopped_early >= 1
+    torch.manual_seed(5)  # the global generator: its first rollout is the one above that stopped at step 52
+    want, after_eager = sample(model, ids, mask, **kw), torch.rand(4)
+    torch.manual_seed(5)
+    got, after_static = engine(model, ids, mask, **kw), torch.rand(4)
+    assert_same_samples(got, want)
+    assert want.finished.all() and want.n_response < 100 and torch.equal(after_static, after_eager)
+
+
 def test_the_cache_is_reused_across_rollouts_of_one_shape_and_any_prompt_width():
     model = _model("llama")
     engine = StaticEngine(cache_len=7 + 10)
@@ -229,9 +256,9 @@ def test_the_config_refuses_what_the_engines_cannot_do():
         GenerationConfig(compile=True).validate()
     with pytest.raises(ConfigError, match="generation.stop_check_every"):
         GenerationConfig(engine="static", stop_check_every=0).validate()
-    with pytest.raises(ConfigError, match="generation.engine"):  # generate samples with the eager engine
-        GenerateSamplingConfig(engine="static").validate()
-    assert GenerationConfig(engine="static", compile=True).engine_settings() == {"engine": "static", "compile": True}
+    with pytest.raises(ConfigError, match="generation.compile"):  # generate reads PPO's rules
+        GenerateSamplingConfig(compile=True).validate()
+    GenerateSamplingConfig(engine="static", compile=True, stop_check_every=2, weights="copy").validate()
 
 
 def test_a_sliding_window_shorter_than_the_rollout_is_refused():
@@ -257,6 +284,10 @@ def test_compiled_step_traced_by_dynamo(monkeypatch):
     for _ in range(2):  # the second rollout reuses the compiled step
         assert_same_samples(engine(model, ids, mask, **kw), sample(model, ids, mask, **kw))
     assert engine.compiled_shapes == {(12, 64)}
+    kw["noise"] = None  # the forward alone compiled, the multinomial pick outside it
+    for seed in (1, 2):
+        want = sample(model, ids, mask, generator=torch.Generator().manual_seed(seed), **kw)
+        assert_same_samples(engine(model, ids, mask, generator=torch.Generator().manual_seed(seed), **kw), want)
 
 
 @pytest.mark.slow  # inductor compiles the step: ~10-40 s on 2 cores
@@ -268,3 +299,8 @@ def test_inductor_compiled_step_gives_the_eager_tokens():
     engine = StaticEngine(compile=True, check_every=4, cache_len=ids.shape[1] + 16)
     for _ in range(2):
         assert_same_samples(engine(model, ids, mask, **kw), sample(model, ids, mask, **kw))
+    kw["noise"] = None  # the compiled forward alone, the multinomial pick outside it
+    g_eager, g_static = torch.Generator().manual_seed(1), torch.Generator().manual_seed(1)
+    for _ in range(2):
+        assert_same_samples(engine(model, ids, mask, generator=g_static, **kw), sample(model, ids, mask, generator=g_eager, **kw))
+        assert torch.equal(g_static.get_state(), g_eager.get_state())

@@ -17,6 +17,7 @@ def mixed_rollout(tiny_lm):
     def build(ids: torch.Tensor, **ppo):
         from fourfold.config import GenerationConfig
         from fourfold.models.build import load_roles
+        from fourfold.rollout.eager import EagerEngine
         from fourfold.rollout.noise import RowNoise
         from fourfold.trainers.ppo import compute_advantages
         from fourfold.trainers.rollouts import collect
@@ -31,7 +32,8 @@ def mixed_rollout(tiny_lm):
             for p in [*roles.policy.parameters(), *roles.critic.parameters()]:
                 p.add_(0.05 * torch.randn_like(p))
         col = collect(roles, ["p"] * 8, ids, (ids != 0).long(),
-                      GenerationConfig(max_new_tokens=8, stop_at_eos=False), kl_coef=0.1, noise=RowNoise(0, 1))
+                      GenerationConfig(max_new_tokens=8, stop_at_eos=False), engine=EagerEngine(), kl_coef=0.1,
+                      noise=RowNoise(0, 1))
         lengths = torch.tensor([8, 3, 5, 1, 8, 2, 6, 4])
         short = (torch.arange(8)[None, :] < lengths[:, None]).to(col.rollout.mask.dtype)
         rollout = dataclasses.replace(col.rollout, mask=short)

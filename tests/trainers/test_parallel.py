@@ -65,3 +65,62 @@ def test_global_mean_and_scaled_gradients_match_the_whole_batch(shares):
         (m * w * loss_scale(n / total, World(r, W))).backward()
         grads.append(float(w.grad))
     assert math.isclose(sum(grads) / W, want, rel_tol=1e-9, abs_tol=1e-12)  # FSDP's average
+
+
+# ---- the rows of a rollout: this rank's slice, and every rank's gathered ---------------------------------
+
+
+@pytest.mark.parametrize("n,world_size,slices", [
+    (8, 2, [(0, 4), (4, 8)]),
+    (5, 2, [(0, 2), (2, 5)]),  # as even as can be: the lower rank one fewer
+    (6, 4, [(0, 1), (1, 3), (3, 4), (4, 6)]),
+    (1, 2, [(0, 0), (0, 1)]),  # a rank may get none
+])
+def test_rank_slice_splits_the_rows_contiguously(monkeypatch, n, world_size, slices):
+    for rank, (start, stop) in enumerate(slices):
+        monkeypatch.setattr(dist, "world", lambda: World(rank, world_size))
+        assert parallel.rank_slice(n) == slice(start, stop)
+        assert parallel.several_ranks()
+
+
+def test_one_process_takes_every_row_and_gathers_nothing(monkeypatch):
+    import dataclasses
+
+    @dataclasses.dataclass
+    class Batch:
+        x: torch.Tensor
+
+    batch = Batch(torch.arange(3))
+    monkeypatch.setattr(dist, "all_gather_rows", lambda t: pytest.fail("no collective in one process"))
+    assert parallel.rank_slice(5) == slice(0, 5) and not parallel.several_ranks()
+    assert parallel.gather_rows(batch) is batch
+
+
+def test_gather_rows_concatenates_every_ranks_rows_in_rank_order(monkeypatch):
+    """Rank 0 of 2: each tensor gathered in rank order (here rank 1 holds ``1 - x``), a bool one as
+    bytes (gloo gathers no bool) and back, a None field left None."""
+    import dataclasses
+    from typing import Optional
+
+    @dataclasses.dataclass
+    class Batch:
+        x: torch.Tensor
+        done: torch.Tensor
+        extra: Optional[torch.Tensor] = None
+
+    sent = []
+    monkeypatch.setattr(dist, "world", lambda: World(0, 2))
+    monkeypatch.setattr(dist, "all_gather_rows", lambda t: sent.append(t.dtype) or torch.cat([t, 1 - t]))
+    out = parallel.gather_rows(Batch(torch.tensor([[1, 2]]), torch.tensor([True])))
+    assert torch.equal(out.x, torch.tensor([[1, 2], [0, -1]]))
+    assert out.done.dtype == torch.bool and out.done.tolist() == [True, False]
+    assert out.extra is None
+    assert sent == [torch.int64, torch.uint8]
+
+
+def test_global_sum_is_the_all_reduced_sum(monkeypatch):
+    t = torch.tensor([1.5, -2.0])
+    assert torch.equal(parallel.global_sum(t), t)  # one process: the tensor itself
+    monkeypatch.setattr(dist, "world", lambda: World(1, 3))
+    monkeypatch.setattr(dist, "all_reduce_sum", lambda x: x * 3)  # three ranks holding the same values
+    assert torch.equal(parallel.global_sum(t), torch.tensor([4.5, -6.0]))

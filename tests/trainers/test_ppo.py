@@ -168,6 +168,7 @@ def test_missing_eos_score_replaces_the_score(tiny_lm, tmp_path):
     from fourfold.config import GenerationConfig
     from fourfold.models.build import build_roles
     from fourfold.models.plan import plan_roles
+    from fourfold.rollout.eager import EagerEngine
     from fourfold.trainers.rollouts import collect
 
     cfg = load_config(PPOConfig, None, _ppo_overrides(tiny_lm, tmp_path / "x"))
@@ -175,7 +176,7 @@ def test_missing_eos_score_replaces_the_score(tiny_lm, tmp_path):
     torch.manual_seed(0)
     ids = torch.tensor([[1, 5, 6]] * 16)
     gen = GenerationConfig(max_new_tokens=2, temperature=1.0, missing_eos_score=-7.0)
-    col = collect(roles, ["w4 w5"] * 16, ids, torch.ones_like(ids), gen, kl_coef=0.0)
+    col = collect(roles, ["w4 w5"] * 16, ids, torch.ones_like(ids), gen, engine=EagerEngine(), kl_coef=0.0)
     no_eos = ~col.samples.finished
     assert bool(no_eos.any())
     assert torch.all(col.rollout.scores[no_eos] == -7.0)

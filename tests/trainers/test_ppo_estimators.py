@@ -46,11 +46,11 @@ def test_critic_free_estimators_train_the_policy_without_a_critic(tiny_lm, tmp_p
     read is the reward model), no value loss runs, and the policy moves."""
     from fourfold.cli import main
     from fourfold.models import build
-    from fourfold.trainers import ppo
+    from fourfold.trainers import prelude
 
     loaded, scorers = [], []
-    real_build_roles, real_scorer = ppo.build_roles, build.load_sequence_scorer
-    monkeypatch.setattr(ppo, "build_roles", lambda *a, **k: loaded.append(real_build_roles(*a, **k)) or loaded[-1])
+    real_build_roles, real_scorer = prelude.build_roles, build.load_sequence_scorer
+    monkeypatch.setattr(prelude, "build_roles", lambda *a, **k: loaded.append(real_build_roles(*a, **k)) or loaded[-1])
     monkeypatch.setattr(build, "load_sequence_scorer", lambda path, **k: scorers.append(str(path)) or real_scorer(path, **k))
     out = tmp_path / "run"
     over = [o for o in _over(tiny_lm, out) if not o.startswith("run.output_dir=")] + extra
@@ -68,12 +68,12 @@ def test_critic_free_estimators_train_the_policy_without_a_critic(tiny_lm, tmp_p
 def test_k_samples_of_a_prompt_are_consecutive_rows_and_form_the_groups(tiny_lm, tmp_path, monkeypatch):
     """K = 4 and 8 responses per iteration: 2 prompts (the PromptStream's next two), each on 4
     consecutive rows; GRPO's groups are those rows."""
-    from fourfold.trainers import ppo
+    from fourfold.trainers import ppo, rl
     from fourfold.trainers.rollouts import PromptStream
 
     seen, rollouts = [], []
-    real_collect, real_advantages = ppo.collect, ppo.compute_advantages
-    monkeypatch.setattr(ppo, "collect", lambda roles, texts, ids, mask, *a, **k: seen.append((texts, ids, mask))
+    real_collect, real_advantages = rl.collect, ppo.compute_advantages
+    monkeypatch.setattr(rl, "collect", lambda roles, texts, ids, mask, *a, **k: seen.append((texts, ids, mask))
                         or real_collect(roles, texts, ids, mask, *a, **k))
     monkeypatch.setattr(ppo, "compute_advantages", lambda r, algo: rollouts.append(real_advantages(r, algo)) or rollouts[-1])
     cfg = load_config(PPOConfig, None, _over(tiny_lm, tmp_path / "g", **{"ppo.advantage": "grpo", "ppo.samples_per_prompt": 4}))
@@ -179,6 +179,7 @@ def step_setup(tiny_lm):
     from fourfold.config import GenerationConfig
     from fourfold.models.build import build_roles
     from fourfold.models.plan import plan_roles
+    from fourfold.rollout.eager import EagerEngine
     from fourfold.trainers.ppo import compute_advantages
     from fourfold.trainers.rollouts import collect, repeat_prompts
 
@@ -190,7 +191,8 @@ def step_setup(tiny_lm):
             p.add_(0.05 * torch.randn_like(p))
     ids = torch.tensor([[1, 5, 9], [1, 7, 11]])
     texts, ids, mask = repeat_prompts(["a", "b"], ids, torch.ones_like(ids), 4)
-    col = collect(roles, texts, ids, mask, GenerationConfig(max_new_tokens=8, stop_at_eos=False), kl_coef=0.0)
+    col = collect(roles, texts, ids, mask, GenerationConfig(max_new_tokens=8, stop_at_eos=False), engine=EagerEngine(),
+                  kl_coef=0.0)
     # responses of 8, 3, 5, 1 | 8, 2, 6, 4 tokens (a shorter mask: the rest is padding), so that
     # the three aggregations differ; R = the score on the full rows, 0 on the others
     lengths = torch.tensor([8, 3, 5, 1, 8, 2, 6, 4])

@@ -4,6 +4,7 @@ ranks (what FSDP's reduce-scatter computes) is the whole minibatch's gradient, a
 sum over the ranks is the whole minibatch's, for every loss aggregation, with micro-batches."""
 import copy
 import dataclasses
+from contextlib import contextmanager
 
 import pytest
 import torch
@@ -19,11 +20,23 @@ def setup(mixed_rollout):
     return mixed_rollout(ids, kl_coef=0.5)
 
 
+@contextmanager
+def as_rank(rank: int, world_size: int):
+    """A context in which this process is rank ``rank`` of ``world_size`` for the data-parallel seam
+    (:mod:`fourfold.run.parallel` reads ``dist.world()``), its collectives this rank's own values
+    (the shares are summed by the test)."""
+    from fourfold import dist
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(dist, "world", lambda: World(rank, world_size))
+        patch.setattr(dist, "all_reduce_sum", lambda t: t)
+        yield
+
+
 def _ranks(setup, step, model_of, world_size, **algo_changes):
     """Each rank's (statistics, gradients) of one step on the minibatch of all 8 rows (permuted), as
     rank ``rank`` of ``world_size`` sees it (the collectives are this rank's own values: the
     shares are summed here)."""
-    from fourfold import dist
     from fourfold.models.build import Roles
     from fourfold.run.optim import NonFiniteGuard
     from fourfold.trainers.ppo import make_optim, minibatches
@@ -38,11 +51,10 @@ def _ranks(setup, step, model_of, world_size, **algo_changes):
         model, optimizer = model_of(policy, critic, opt)
         grads = []  # the accumulated gradients the optimizer steps with (no clipping: max_grad_norm 1e9)
         optimizer.register_step_pre_hook(lambda *_: grads.extend(p.grad.clone() for p in model.parameters()))
-        [mb] = minibatches(rollout, algo, [perm], 1, World(rank, world_size))
-        assert mb.rows.batch_size == 8 // world_size
-        with pytest.MonkeyPatch.context() as patch:
-            patch.setattr(dist, "world", lambda: World(rank, world_size))
-            patch.setattr(dist, "all_reduce_sum", lambda t: t)
+        with as_rank(rank, world_size):
+            [mb] = minibatches(rollout, algo, [perm], 1)
+            assert mb.rows.batch_size == 8 // world_size
+            assert torch.equal(mb.rows.actions, rollout.actions[perm[rank * 8 // world_size:][:8 // world_size]])
             stats = step(model, mb, algo, opt, NonFiniteGuard())
         out.append((stats, grads))
     return out
@@ -110,7 +122,8 @@ def test_reinforce_gradient_of_rank_shares_is_the_batch_gradient(setup):
         out = []
         for rank in range(world_size):
             policy = copy.deepcopy(roles.policy)
-            to_backward, loss = rank_loss(policy, rollout, returns, baseline, 1.0, World(rank, world_size))
+            with as_rank(rank, world_size):
+                to_backward, loss = rank_loss(policy, rollout, returns, baseline, 1.0)
             to_backward.backward()
             out.append((float(loss), [p.grad.clone() for p in policy.parameters()]))
         return out

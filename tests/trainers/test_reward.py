@@ -158,14 +158,15 @@ def test_resume_after_sigkill_is_exact(toy, tmp_path):
     script = (
         "import os, signal, sys\n"
         "from fourfold.config import RewardConfig, load_config\n"
-        "from fourfold.trainers import optim, reward\n"
+        "from fourfold.run import optim\n"
+        "from fourfold.trainers import reward\n"
         "real, calls = optim.clip_and_step, [0]\n"
         "def step(*a, **k):\n"
         "    calls[0] += 1\n"
         "    if calls[0] == 11:\n"
         "        os.kill(os.getpid(), signal.SIGKILL)\n"
         "    return real(*a, **k)\n"
-        "optim.clip_and_step = step  # the guarded step calls it through trainers.optim\n"
+        "optim.clip_and_step = step  # the guarded step calls it through run.optim\n"
         "reward.train(load_config(RewardConfig, None, sys.argv[1:]))\n"
     )
     argv = _overrides(toy, part, *args, "run.save_every=4")

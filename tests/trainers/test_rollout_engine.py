@@ -1,13 +1,15 @@
 """The rollout-engine seam: ``collect(..., engine=...)`` generates with the engine it is given (the
-place a vLLM backend would go), and the built-in engine is :func:`fourfold.rollout.eager.sample`."""
+place a vLLM backend would go); the eager engine is :func:`fourfold.rollout.eager.sample`."""
 import torch
 
 from fourfold.config import GenerationConfig, PPOConfig, load_config
 
 
-def _collect(tiny_lm, engine):
+def _collect(tiny_lm, engine=None):
+    """A 4-row collect with ``engine`` (None: the default eager engine over the policy itself)."""
     from fourfold.models.build import build_roles
     from fourfold.models.plan import plan_roles
+    from fourfold.rollout.eager import EagerEngine
     from fourfold.rollout.noise import RowNoise
     from fourfold.trainers.rollouts import collect
 
@@ -16,7 +18,7 @@ def _collect(tiny_lm, engine):
     roles = build_roles(plan_roles("ppo", cfg).without("critic"), torch.device("cpu"))
     ids = torch.tensor([[1, 5, 9], [0, 1, 4], [1, 8, 8], [0, 0, 1]])
     return collect(roles, ["p"] * 4, ids, (ids != 0).long(), GenerationConfig(max_new_tokens=6),
-                   kl_coef=0.1, noise=RowNoise(0, 1), engine=engine)
+                   kl_coef=0.1, noise=RowNoise(0, 1), engine=engine or EagerEngine())
 
 
 def test_collect_generates_with_the_engine_it_is_given(tiny_lm):
@@ -28,7 +30,7 @@ def test_collect_generates_with_the_engine_it_is_given(tiny_lm):
         calls.append((tuple(prompt_ids.shape), sorted(kw)))
         return sample(model, prompt_ids, prompt_mask, **kw)
 
-    default = _collect(tiny_lm, None)
+    default = _collect(tiny_lm)
     given = _collect(tiny_lm, engine)
     assert calls == [((4, 3), ["eos_token_id", "max_new_tokens", "noise", "pad_token_id", "sync_stop", "temperature"])]
     assert torch.equal(given.rollout.actions, default.rollout.actions)
@@ -43,14 +45,14 @@ def test_a_different_engine_changes_the_rollout(tiny_lm):
 
     a, b = _collect(tiny_lm, greedy), _collect(tiny_lm, greedy)
     assert torch.equal(a.rollout.actions, b.rollout.actions)  # deterministic whatever the noise
-    assert not torch.equal(a.rollout.actions, _collect(tiny_lm, None).rollout.actions)
+    assert not torch.equal(a.rollout.actions, _collect(tiny_lm).rollout.actions)
 
 
 def test_collect_with_the_static_engine_gives_the_eager_rollout(tiny_lm):
     """The static engine through the seam: the same responses, rewards within float tolerance."""
     from fourfold.rollout.static import StaticEngine
 
-    default = _collect(tiny_lm, None)
+    default = _collect(tiny_lm)
     static = _collect(tiny_lm, StaticEngine(check_every=2))
     assert torch.equal(static.rollout.actions, default.rollout.actions)
     assert torch.equal(static.rollout.mask, default.rollout.mask)

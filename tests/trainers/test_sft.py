@@ -167,7 +167,7 @@ def test_resume_after_sigterm_is_exact(toy, tmp_path, monkeypatch):
     # interrupted run: SIGTERM arrives during step 5 -> checkpoint at 5, KeyboardInterrupt
     from fourfold.run import optim
 
-    real_step = optim.clip_and_step  # called by the guarded step in trainers.optim
+    real_step = optim.clip_and_step  # called by the guarded step in run.optim
     calls = {"n": 0}
 
     def step_then_term(*args, **kwargs):

@@ -73,6 +73,7 @@ def rollout_credit(cfg: PPOConfig, prompts: list[str], task=None,
     from fourfold.data import left_pad, tokenize_prompts
     from fourfold.models.build import build_roles
     from fourfold.models.plan import plan_roles
+    from fourfold.rollout.eager import EagerEngine
     from fourfold.rollout.sampling import decode_responses
     from fourfold.trainers.ppo import compute_advantages
     from fourfold.trainers.rollouts import collect
@@ -85,7 +86,8 @@ def rollout_credit(cfg: PPOConfig, prompts: list[str], task=None,
         pid, pmask = left_pad(tokenize_prompts(prompts, tok, cfg.data.max_prompt_len, truncate=True), tok.pad_token_id)
         with torch.random.fork_rng(devices=[]):
             torch.default_generator.manual_seed(CREDIT_SEED)
-            col = collect(roles, list(prompts), pid, pmask, gen, kl_coef=algo.kl_coef, kl_estimator=algo.kl_estimator)
+            col = collect(roles, list(prompts), pid, pmask, gen, engine=EagerEngine(), kl_coef=algo.kl_coef,
+                          kl_estimator=algo.kl_estimator)
         rollout = compute_advantages(col.rollout, algo)
         advantages = rollout.advantages  # compute_advantages replaces the tensors: this one stays
         other = {name: compute_advantages(rollout, dataclasses.replace(a, whiten_advantages=False)).advantages

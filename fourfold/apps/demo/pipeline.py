@@ -46,7 +46,7 @@ from typing import Any, Callable, Mapping
 import torch
 
 from fourfold.apps.cache import Stages, copy_into_place, keyed, stage_key
-from fourfold.apps.evaluation import evaluate_policy, load_eval_roles, pair_accuracy, sample_texts
+from fourfold.apps.evaluation import evaluate_policy, load_eval_roles, pair_accuracy, sample_engine, sample_texts
 from fourfold.apps.provenance import provenance, write_provenance
 from fourfold.apps.seeds import stream_seed
 from fourfold.atomic import write_text_atomic
@@ -278,8 +278,11 @@ def stage_pairs(demo: DemoRun, d: Path) -> dict:
     torch.manual_seed(stream_seed(demo.seed, "pairs"))
     rng = random.Random(stream_seed(demo.seed, "pairs"))
     prompts = task.sample_prompts(cfg.pairs.pairs + cfg.pairs.eval_pairs, rng)
-    a, _ = sample_texts(model, tok, prompts, max_new_tokens=cfg.generation.max_new_tokens, temperature=temperature)
-    b, _ = sample_texts(model, tok, prompts, max_new_tokens=cfg.generation.max_new_tokens, temperature=temperature)
+    engine = sample_engine(cfg.generation)  # generation.engine: the pairs are sampled as PPO samples
+    a, _ = sample_texts(model, tok, prompts, max_new_tokens=cfg.generation.max_new_tokens, temperature=temperature,
+                        engine=engine)
+    b, _ = sample_texts(model, tok, prompts, max_new_tokens=cfg.generation.max_new_tokens, temperature=temperature,
+                        engine=engine)
     rows = _labelled_rows(task, prompts, a, b, rng)
     n_eval = min(cfg.pairs.eval_pairs, len(rows) // 5)
     slips, slips_eval = _slip_pairs(task, model, tok, cfg, demo.seed)
@@ -462,7 +465,7 @@ def _slip_rows(task, model, tokenizer, cfg: DemoConfig, n: int, seed: int) -> li
     torch.manual_seed(seed)
     prompts = task.sample_prompts(n, rng)
     intact, _ = sample_texts(model, tokenizer, prompts, max_new_tokens=cfg.generation.max_new_tokens,
-                             temperature=cfg.pairs.temperature)
+                             temperature=cfg.pairs.temperature, engine=sample_engine(cfg.generation))
     slipped = [task.slip(r, rng) for r in intact]
     return _labelled_rows(task, prompts, intact, [e for e, _ in slipped], rng,
                           extra=[{"intact": x, "slip": kind} for x, (_, kind) in zip(intact, slipped)])

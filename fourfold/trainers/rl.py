@@ -1,0 +1,122 @@
+"""The steps around the language-model RL loops (PPO and REINFORCE), written once: the counterpart
+of the supervised loop's :class:`~fourfold.trainers.supervised.SupervisedSteps`. Each loop keeps
+its algorithm (steps 5-6: advantages or returns, the update) and its metrics::
+
+    roles = stage_roles(run, "ppo", cfg, device, {...})     # 0. the roles, placed on the ranks
+    opt = ...                                                #    the loop's optimisers and schedules
+    rl = RLSteps(run, cfg, roles, device, section="ppo", ...)  #    engine, prompt stream, resume
+    with rl.loop("ppo") as logger:
+        for it in rl.iterations():
+            col = rl.rollout(it, kl_coef=...)                # 1-4. prompts, generate, score, rewards
+            ...                                              # 5-6. the loop's own
+            rl.log(logger, it, metrics, col)                 # 7. metrics row, sample completions
+            run.checkpoint_if_due(it)
+        rl.export()                                          # the final models
+    return rl.finish(last)                                   # the summary line and dict
+
+The rollout itself (one call from a batch of prompts to a scored
+:class:`~fourfold.core.Rollout`) is :func:`fourfold.trainers.rollouts.collect`.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Iterator, Mapping, Optional, Sequence
+
+import torch
+
+from fourfold.models.build import Roles
+from fourfold.models.levers import autocast_region
+from fourfold.rollout.engine import make_engine
+from fourfold.rollout.noise import RowNoise
+from fourfold.run.export import save_trained
+from fourfold.trainers.rollouts import KEY_METRICS, Collected, Probe, PromptStream, collect, repeat_prompts, sample_rows
+
+
+class RLSteps:
+    """Step 0 of a language-model RL stage after its roles, on the run scaffold ``run``: the rollout
+    engine of ``generation.engine`` (:func:`~fourfold.rollout.engine.make_engine`), the prompt stream
+    (``n_prompts`` different prompts a batch, from ``prompts`` or the ``data.prompts`` file), and the
+    checkpoints' contents: ``trained`` (name -> (module, optimizer, schedule)), ``state`` (name ->
+    an object with ``state_dict()``/``load_state_dict()``, e.g. the KL controller), the iteration,
+    the prompt stream's position and the guard's count; resumed from the newest checkpoint when
+    asked (a checkpoint past ``<section>.iterations`` refused). ``section``: the stage's config
+    section (``ppo``, ``reinforce``); ``probe``: the extra measurements of every batch."""
+
+    def __init__(self, run, cfg, roles: Roles, device: torch.device, *, section: str, n_prompts: int,
+                 trained: Mapping[str, tuple], prompts: Optional[Sequence[str]] = None,
+                 state: Optional[Mapping[str, object]] = None, probe: Optional[Probe] = None):
+        self.run_ctx, self.cfg, self.roles, self.device, self.probe = run, cfg, roles, device, probe
+        self.total = getattr(cfg, section).iterations
+        self.engine = make_engine(cfg.generation, precision=cfg.model.precision, max_prompt_len=cfg.data.max_prompt_len)
+        self.stream = PromptStream(cfg.data, roles.tokenizer, n_prompts, cfg.run.seed, prompts=prompts,
+                                   batch_key=f"{section}.rollout_batch_size")
+        extra = dict(state or {})
+        run.track(modules={k: v[0] for k, v in trained.items()}, optimizers={k: v[1] for k, v in trained.items()},
+                  schedulers={k: v[2] for k, v in trained.items()},
+                  state=lambda it: {"iteration": it, **{k: v.state_dict() for k, v in extra.items()},
+                                    "prompts": self.stream.state_dict(), "nonfinite_total": run.guard.total})
+        resumed = run.resume()
+        self.start = 0
+        if resumed is not None:
+            run.require_not_past(resumed["iteration"], self.total, f"{section}.iterations", "iteration")
+            for k, v in extra.items():
+                v.load_state_dict(resumed[k])
+            self.stream.load_state_dict(resumed["prompts"])
+            self.start = resumed["iteration"]
+        self._written: dict = {}
+        self._outputs: dict = {}
+
+    @contextmanager
+    def loop(self, desc: str) -> Iterator:
+        """The run's loop context (:meth:`RunScaffold.loop`: the metrics logger, the stop signal),
+        after saying how many bad prompt rows were skipped and the prompts' other notes."""
+        with self.run_ctx.loop(total=self.total, desc=desc, key_metrics=KEY_METRICS) as logger:
+            self.run_ctx.warn_skipped(logger, self.stream.skipped, self.stream.notes)
+            yield logger
+
+    def iterations(self) -> range:
+        """The iterations left: from the one after the resumed checkpoint's to the last."""
+        return range(self.start + 1, self.total + 1)
+
+    def rollout(self, it: int, *, kl_coef: float, kl_estimator: str, samples_per_prompt: int = 1,
+                concurrent: bool = False) -> Collected:
+        """Steps 1-4 of iteration ``it``: the next batch of prompts, each on ``samples_per_prompt``
+        consecutive rows; the engine given the policy's weights after the last update, then
+        :func:`~fourfold.trainers.rollouts.collect` (generate pi_old, score, per-token rewards with
+        ``kl_coef`` x the ``kl_estimator`` KL) with the iteration's per-row noise, under the run's
+        autocast (the weights fixed: the cast cache kept)."""
+        cfg, roles = self.cfg, self.roles
+        texts, prompt_ids, prompt_mask = repeat_prompts(*self.stream.next(self.device), samples_per_prompt)
+        self.engine.sync(roles.policy)
+        with autocast_region(cfg.model.precision, self.device.type):
+            return collect(roles, texts, prompt_ids, prompt_mask, cfg.generation, engine=self.engine,
+                           kl_coef=kl_coef, kl_estimator=kl_estimator, probe=self.probe, concurrent=concurrent,
+                           noise=RowNoise(cfg.run.seed, it))
+
+    def log(self, logger, it: int, metrics: dict, col: Collected) -> None:
+        """Step 7's log: the metrics row of iteration ``it``, and a few completions of its batch
+        (decoded only now) when ``run.samples_every`` says so."""
+        logger.log(it, metrics)
+        if self.run_ctx.samples_due(it, self.total):
+            logger.samples(it, sample_rows(col, self.roles.tokenizer, self.probe))
+
+    def export(self, critic: Optional[torch.nn.Module] = None) -> None:
+        """After the loop, inside its context: refuse a run in which no update went through, then
+        write the final policy (and ``critic``) as ``policy/`` (``critic/``), loadable with plain
+        transformers (LoRA: merged, and the adapters beside)."""
+        run, tok = self.run_ctx, self.roles.tokenizer
+        run.require_an_update(self.total - self.start)
+        self._written = save_trained(run, self.roles.policy, tok, run.out / "policy")
+        self._outputs = {"model": run.out / "policy"}
+        if critic is not None:
+            save_trained(run, critic, tok, run.out / "critic")
+            self._outputs["critic"] = run.out / "critic"
+
+    def finish(self, last: dict) -> dict:
+        """End the run after :meth:`export`: the summary line, and the summary dict (the output
+        directory, the policy's path (and its adapter's), ``last``: the final metrics row)."""
+        run, written = self.run_ctx, self._written
+        return run.finish({"output_dir": str(run.out), "policy": written["model"], "final": last,
+                           **({"policy_adapter": written["adapter"]} if "adapter" in written else {})},
+                          **self._outputs)
