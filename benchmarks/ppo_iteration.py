@@ -161,11 +161,13 @@ def collectives(prof, iterations: int) -> dict:
 
 def estimate_of(args, cfg, nproc: int = 1):
     """What :mod:`fourfold.models.estimate.memory` predicts for the workload's plan on ``nproc`` devices."""
+    from fourfold.config.ppo import resolve_weights
     from fourfold.models.estimate.memory import Workload, estimate
 
+    weights = resolve_weights(getattr(args, "weights", "auto"), nproc > 1 and getattr(args, "fsdp", False) and not args.lora)
     workload = Workload(rollout_batch_size=args.batch, minibatch_size=args.minibatch,
                         micro_batch_size=getattr(args, "micro_batch", None), max_prompt_len=args.prompt_len,
-                        max_new_tokens=args.response_len, nproc=nproc, engine_weights=getattr(args, "weights", "live"))
+                        max_new_tokens=args.response_len, nproc=nproc, engine_weights=weights)
     return estimate(workload_plan(args), workload, {SYNTHETIC: cfg})
 
 
@@ -272,7 +274,8 @@ def parse_args(argv=None) -> argparse.Namespace:
 def add_engine_args(p: argparse.ArgumentParser) -> None:
     """The rollout engine: --engine, --weights, --compile, --stop-check-every (the generation keys)."""
     p.add_argument("--engine", default="eager", choices=["eager", "static"], help="generation.engine")
-    p.add_argument("--weights", default="live", choices=["live", "gathered", "copy"], help="generation.weights")
+    p.add_argument("--weights", default="auto", choices=["auto", "live", "gathered", "copy"],
+                   help="generation.weights (auto, its default: gathered for an FSDP-sharded policy, else live)")
     p.add_argument("--compile", action="store_true", help="generation.compile (with --engine static)")
     p.add_argument("--stop-check-every", type=int, default=8, help="generation.stop_check_every")
 

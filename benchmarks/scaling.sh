@@ -5,8 +5,9 @@
 #   one  : 1 process x 2 threads
 #   fsdp : 2 processes x 1 thread under torchrun, policy and critic sharded (dist.*: fsdp)
 #   rep  : 2 processes x 1 thread under torchrun, policy and critic replicated (dist.*: replicate)
-# and the rollout engine's weights under fsdp (generation.weights: gathered, once per rollout; copy,
-# a plain copy with the static engine) and under replicate (the static engine on a copy),
+# and the rollout engine's weights under fsdp (generation.weights: auto, the default, which is
+# gathered there: once per rollout; live, every layer at every token; copy, a plain copy with the
+# static engine) and under replicate (the static engine on a copy),
 # run ROUNDS times each, alternating (one, fsdp, rep, one, fsdp, rep, ...), one JSON line per run
 # (also appended to $OUT/scaling.jsonl when OUT is set); then, with PROFILE=1, one profiled
 # 2-process run of each placement (torch.profiler: the collectives per iteration in the JSON line,
@@ -31,14 +32,14 @@ emit() {  # label, then the command's output on stdin: its last line, labelled
 }
 for round in $(seq "$ROUNDS"); do
   one | emit "1 process x 2 threads (round $round)"
-  two --fsdp | emit "2 processes x 1 thread, fsdp (round $round)"
+  two --fsdp --weights live | emit "2 processes x 1 thread, fsdp, weights live (round $round)"
   two --replicate | emit "2 processes x 1 thread, replicate (round $round)"
-  two --fsdp --weights gathered | emit "2 processes x 1 thread, fsdp, weights gathered (round $round)"
+  two --fsdp | emit "2 processes x 1 thread, fsdp, default weights (auto: gathered) (round $round)"
   two --fsdp --engine static --weights copy | emit "2 processes x 1 thread, fsdp, static engine on a copy (round $round)"
   two --replicate --engine static --weights copy | emit "2 processes x 1 thread, replicate, static engine on a copy (round $round)"
 done
 if [ "${PROFILE:-0}" = 1 ]; then
   W="--iterations 4 --warmup 1"
-  two --fsdp --profile | emit "2 processes x 1 thread, fsdp, profiled"
+  two --fsdp --weights live --profile | emit "2 processes x 1 thread, fsdp, weights live, profiled"
   two --replicate --profile | emit "2 processes x 1 thread, replicate, profiled"
 fi

@@ -105,8 +105,6 @@ METRICS: dict[str, str] = {
     "time/env_steps_per_s": "Environment steps per second of wall-clock time (gym).",
     # training health
     "train/nonfinite_skips": "Updates skipped so far because the loss or gradients were not finite.",
-    "train/lr": "Learning rate of the last optimizer step of the row (DPO).",
-    "train/grad_norm": "Gradient norm before clipping, mean over the row's updates (DPO).",
     # sft
     "sft/loss": "Supervised fine-tuning cross-entropy over response tokens.",
     "sft/token_accuracy": "Share of response tokens whose argmax prediction is the target token.",
@@ -133,6 +131,8 @@ METRICS: dict[str, str] = {
     "dpo/rejected_reward": "Mean implicit reward beta * (log pi - log pi_ref) of the rejected responses.",
     "dpo/eval_loss": "DPO loss on the held-out pairs.",
     "dpo/eval_accuracy": "Share of held-out pairs with r_chosen > r_rejected (strictly).",
+    "dpo/lr": "DPO learning rate of the last optimizer step of the row.",
+    "dpo/grad_norm": "DPO gradient norm before clipping, mean over the row's updates.",
     "dpo/eval_reward_margin": "Mean implicit reward margin r_chosen - r_rejected on the held-out pairs.",
     # gym
     "gym/episodic_return": "Mean undiscounted return of the episodes that finished in this rollout.",

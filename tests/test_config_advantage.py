@@ -49,6 +49,8 @@ def test_zero_at_one_sample_names_the_estimators_that_cannot_learn_from_one_samp
     (["ppo.loss_agg=seq-mean"], "ppo.loss_agg: expected one of 'token-mean', 'seq-mean-token-mean'"),
     (["ppo.clip_eps_high=0"], "ppo.clip_eps_high: must be > 0 or null"),
     (["ppo.clip_eps_low=-0.1"], "ppo.clip_eps_low: must be > 0 or null"),
+    (["ppo.use_critic=false", "ppo.whiten_advantages=false"],
+     "ppo.use_critic: false runs advantage=reinforce_pp, whose returns are whitened"),
 ])
 def test_impossible_estimator_settings_are_one_line_errors(overrides, fragment):
     assert fragment in err(OK + overrides)
@@ -63,6 +65,17 @@ def test_critic_free_estimators_load_no_critic_and_need_no_critic_init():
     assert load_config(PPOConfig, None, OK).ppo.loads_critic
     # use_critic does not bring a critic to an estimator that reads none
     assert not PPOAlgoConfig(advantage="reinforce_pp", use_critic=True).loads_critic
+
+
+def test_use_critic_false_is_the_reinforce_pp_estimator_in_the_config():
+    """The config says which registered estimator a run computes; the trainer does not branch on
+    use_critic. whiten_rewards (before the estimator) stays allowed there, as before."""
+    table = {(adv, uc): PPOAlgoConfig(advantage=adv, use_critic=uc).estimator
+             for adv in ADVANTAGE_NAMES for uc in (True, False)}
+    assert table == {**{(a, uc): a for a in ADVANTAGE_NAMES for uc in (True, False)}, ("gae", False): "reinforce_pp"}
+    cfg = load_config(PPOConfig, None, FN + ["ppo.use_critic=false", "ppo.whiten_rewards=true"]).ppo
+    assert (cfg.advantage, cfg.estimator, cfg.loads_critic) == ("gae", "reinforce_pp", False)
+    assert not ADVANTAGE_ESTIMATORS[cfg.estimator].needs_critic
 
 
 def test_rollout_batch_size_stays_the_responses():

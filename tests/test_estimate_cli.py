@@ -228,3 +228,24 @@ def test_frozen_roles_are_bf16_under_bf16_mixed_unless_frozen_dtype_says(dirs, t
     assert est.roles["policy"].weights_bytes == 2 * base + 4 * adapters  # bf16 base, float32 adapters
     plan, est = of("model.precision=bf16-mixed", "model.frozen_dtype=float32", *lora)
     assert plan.base_dtype == torch.float32 and est.roles["policy"].weights_bytes == 4 * (base + adapters)
+
+
+def test_the_default_engine_weights_are_counted_as_they_resolve(dirs, tmp_path):
+    """generation.weights: auto is estimated as what it runs: gathered (the policy's other shards
+    while sampling) for an FSDP policy over several devices, live otherwise."""
+    def settings(*overrides, nproc=4):
+        cfg = load_config(PPOConfig, write_config(tmp_path / "ppo.yaml", dirs, PPO), list(overrides))
+        return workload_of("ppo", cfg, nproc=nproc)
+
+    assert settings().engine_weights == "gathered"
+    assert settings(nproc=1).engine_weights == "live"
+    assert settings("dist.policy=replicate").engine_weights == "live"
+    assert settings("generation.weights=live").engine_weights == "live"
+    path = write_config(tmp_path / "ppo.yaml", dirs, PPO)
+    auto, gathered = (estimate_config("ppo", load_config(PPOConfig, path, list(o)), nproc=4)
+                      for o in ((), ("generation.weights=gathered",)))
+    assert auto.generate == gathered.generate and any("gathered" in k for k in auto.generate)
+    cfg = load_config(PPOConfig, path, [])
+    assert estimate_line("ppo", cfg, 4).endswith("; generation.weights: auto = gathered")  # the run's first line
+    assert estimate_line("ppo", cfg, 1).endswith("; generation.weights: auto = live")
+    assert "generation.weights" not in estimate_line("ppo", load_config(PPOConfig, path, ["generation.weights=copy"]))

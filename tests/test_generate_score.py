@@ -21,7 +21,7 @@ from fourfold.models.loading import ensure_pad_embedding, load_causal_lm, load_s
 from fourfold.models.roles import FrozenReference, ModelReward, ScalarModel
 from fourfold.rollout.eager import sample
 from fourfold.rollout.sampling import decode_responses
-from fourfold.rollout.score import score
+from fourfold.rollout.score import score_rollout
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -145,7 +145,7 @@ def _round_trips(tok, samples, responses, i) -> bool:
 
 
 def test_score_reproduces_ppo_scores(tiny_lm, policy, shifted_rm, tmp_path, capsys):
-    """PPO's score() on sampled sequences vs `fourfold score` on their decoded text: the same ids in
+    """PPO's score_rollout() on sampled sequences vs `fourfold score` on their decoded text: the same ids in
     the same layout, and the same scores (normalisation shift included)."""
     tok, model = policy
     texts, ids = _ppo_prompts(tiny_lm, tok)
@@ -155,7 +155,7 @@ def test_score_reproduces_ppo_scores(tiny_lm, policy, shifted_rm, tmp_path, caps
                      generator=torch.Generator().manual_seed(1))
     rm = ScalarModel(load_sequence_scorer(str(shifted_rm)))
     ensure_pad_embedding(rm.hf, tok)
-    ppo = score(samples, reference=FrozenReference(model), reward=ModelReward(rm)).scores
+    ppo = score_rollout(samples, reference=FrozenReference(model), reward=ModelReward(rm)).scores
     responses = decode_responses(tok, samples)
     clean = [i for i in range(len(texts)) if _round_trips(tok, samples, responses, i)]
     finished = [bool(samples.finished[i]) for i in clean]

@@ -130,14 +130,14 @@ def test_collect_keeps_what_it_has_no_outputs_for(tmp_path):
     shutil.copytree(ROOT / "results", root / "results")
     (root / "docs" / "img").mkdir(parents=True)
     _sweep(root / "runs" / "horizon", {"h1": {"ppo": 0.3}}, [], horizon=True)
-    done = publish.collect(root, [root / "runs/demo-s0"], [], root / "runs/experiments", root / "runs/horizon")
+    done = publish.write_results(root, [root / "runs/demo-s0"], [], root / "runs/experiments", root / "runs/horizon")
     assert [d.split(" ")[0] for d in done] == ["kept", "kept", "kept", "wrote"]
     for name in ("demo.json", "experiments.json", "benchmarks.json"):
         assert (root / "results" / name).read_text() == (ROOT / "results" / name).read_text()
     assert json.loads((root / "results" / "horizon.json").read_text())["summaries"]["h1"]["ppo"]["gold_delta_sd"] == 0.3
     # the quick demo's runs alone: its part of demo.json is rewritten, the full demo's kept
     quick = [_demo_run(root / "runs" / f"demo-quick-s{s}", s, 0.5 + s / 10, quick=True) for s in (0, 1)]
-    publish.collect(root, [root / "runs/demo-s0"], quick, root / "runs/experiments", root / "runs/horizon")
+    publish.write_results(root, [root / "runs/demo-s0"], quick, root / "runs/experiments", root / "runs/horizon")
     demo = json.loads((root / "results" / "demo.json").read_text())
     assert demo["full"] == json.loads((ROOT / "results" / "demo.json").read_text())["full"]
     assert sorted(demo["quick"]) == ["0", "1"] and demo["quick"]["1"]["gold_gain_sd"] == 0.6

@@ -29,7 +29,7 @@ value/grad_norm rollout/response_length rollout/no_eos_share rollout/tokens time
 time/train_s time/iteration_s time/gen_tokens_per_s time/train_tokens_per_s train/nonfinite_skips sft/loss
 sft/token_accuracy rm/loss rm/accuracy rm/eval_accuracy rm/eval_loss dpo/loss dpo/reward_margin dpo/accuracy
 dpo/chosen_logps dpo/rejected_logps dpo/chosen_reward dpo/rejected_reward dpo/eval_loss dpo/eval_accuracy
-train/lr train/grad_norm gym/episodic_return
+dpo/lr dpo/grad_norm gym/episodic_return
 gym/episodic_length gym/eval_return iteration samples""".split()
 
 

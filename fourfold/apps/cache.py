@@ -18,7 +18,7 @@ from typing import Any, Callable
 
 from fourfold.atomic import write_text_atomic
 from fourfold.checkpoint import save_pretrained_atomic
-from fourfold.config import GenerationConfig
+from fourfold.config import GenerationConfig, config_to_dict
 
 
 def digest(obj: Any) -> str:
@@ -35,8 +35,6 @@ out while they keep their defaults (:func:`keyed`), so the caches of earlier run
 def keyed(section) -> dict:
     """A config section (a dataclass) as a stage key holds it: its fields, but :data:`LATER_KEYS`
     left out while they equal the section class's defaults."""
-    from fourfold.config import config_to_dict
-
     default = type(section)()
     return {k: v for k, v in config_to_dict(section).items()
             if not (k in LATER_KEYS and v == getattr(default, k))}
@@ -108,6 +106,6 @@ class Stages:
         return result
 
 
-def publish(src: Path, dst: Path) -> None:
+def copy_into_place(src: Path, dst: Path) -> None:
     """Copy a finished HF directory to its public name, atomically (temp copy, fsync, swap)."""
     save_pretrained_atomic(lambda tmp: shutil.copytree(src, tmp, dirs_exist_ok=True), dst)

@@ -13,7 +13,7 @@ of training.
   same config gives the same completions, with either engine.
 * :func:`score` - a reward model (or a reward function) and prompt/response rows in,
   ``run.output_dir/scores.jsonl`` out: each row as read plus ``score``. A reward model scores a row
-  exactly as PPO's :func:`fourfold.rollout.score.score` scores a rollout: prompt ids as PPO tokenises
+  exactly as PPO's :func:`fourfold.rollout.score.score_rollout` scores a rollout: prompt ids as PPO tokenises
   them (BOS first), response ids followed by EOS when the row is ``finished`` (default true),
   prompt left-padded and response right-padded (:mod:`fourfold.data.responses`), the score read at
   the last valid token by :class:`~fourfold.models.roles.ModelReward`, with the normalisation shift

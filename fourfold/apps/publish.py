@@ -336,7 +336,7 @@ def render(root: Path, res: Optional[Mapping] = None) -> dict[str, str]:
     return {f: render_text((root / f).read_text(encoding="utf-8"), blocks, res, f) for f, blocks in BLOCKS.items()}
 
 
-def collect(root: Path, demo: Sequence[Path], demo_quick: Sequence[Path], experiments: Path, horizon: Path) -> list[str]:
+def write_results(root: Path, demo: Sequence[Path], demo_quick: Sequence[Path], experiments: Path, horizon: Path) -> list[str]:
     """Write each of results/demo.json, experiments.json and horizon.json (and the horizon figure)
     whose run outputs exist; keep the others. Returns (and prints) what it did."""
     d = root / RESULTS
@@ -378,8 +378,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = p.parse_args(argv)
     root = Path(args.root)
     if args.command == "collect":
-        collect(root, [root / r for r in args.demo], [root / r for r in args.demo_quick], root / args.experiments,
-                root / args.horizon)
+        write_results(root, [root / r for r in args.demo], [root / r for r in args.demo_quick], root / args.experiments,
+                      root / args.horizon)
         return 0
     files = render(root)
     changed = [f for f, text in files.items() if (root / f).read_text(encoding="utf-8") != text]

@@ -30,7 +30,7 @@ __all__ = [
     "find_corruption",
     "latest_checkpoint",
     "list_checkpoints",
-    "publish",
+    "commit_checkpoint",
     "read_manifest",
     "require_named",
     "step_dir",
@@ -158,7 +158,7 @@ def checkpoint_step(path: str | os.PathLike) -> int:
     return int(manifest["step"])
 
 
-def publish(tmp: Path, final: Path, keep: int | None) -> None:
+def commit_checkpoint(tmp: Path, final: Path, keep: int | None) -> None:
     """Rename the finished checkpoint directory ``tmp`` to ``final`` (:func:`step_dir`), replacing
     one of the same step, then prune the run's ``checkpoints/``: all but the newest ``keep`` complete
     checkpoints (``keep`` None or <= 0: keep all) are renamed to ``.tmp-del-*`` and deleted, and

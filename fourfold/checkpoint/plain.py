@@ -29,7 +29,7 @@ from fourfold.atomic import fsync_dir
 from fourfold.checkpoint.durable import remove, reraise_naming, temp_name
 from fourfold.checkpoint.encoding import read_component, write_component
 from fourfold.checkpoint.errors import CheckpointError, CorruptCheckpointError
-from fourfold.checkpoint.format import find_corruption, publish, read_manifest, require_named, step_dir, write_manifest
+from fourfold.checkpoint.format import commit_checkpoint, find_corruption, read_manifest, require_named, step_dir, write_manifest
 from fourfold.checkpoint.rng import capture_rng_state, restore_rng_state
 
 __all__ = ["load_checkpoint", "save_checkpoint"]
@@ -90,7 +90,7 @@ def save_checkpoint(
     except BaseException as e:
         remove(tmp)
         reraise_naming(e, final)
-    publish(tmp, final, keep)
+    commit_checkpoint(tmp, final, keep)
     return final
 
 

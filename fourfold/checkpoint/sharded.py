@@ -40,7 +40,7 @@ from fourfold import dist
 from fourfold.checkpoint.durable import remove, reraise_naming, temp_name
 from fourfold.checkpoint.encoding import read_component, write_component
 from fourfold.checkpoint.errors import CheckpointError, CorruptCheckpointError
-from fourfold.checkpoint.format import find_corruption, publish, read_manifest, require_named, step_dir, write_manifest
+from fourfold.checkpoint.format import commit_checkpoint, find_corruption, read_manifest, require_named, step_dir, write_manifest
 from fourfold.checkpoint.rng import capture_rng_state, restore_rng_state
 
 __all__ = ["DCP_DIR", "LAYOUT", "is_sharded_checkpoint", "load_plain_sharded", "load_sharded", "save_sharded"]
@@ -135,7 +135,7 @@ def save_sharded(run_dir: str | Path, step: int, *, modules: Mapping[str, torch.
             remove(tmp)
         reraise_naming(_first_failure(e), final)
     if w.is_main:
-        publish(tmp, final, keep)
+        commit_checkpoint(tmp, final, keep)
     dist.barrier()
     return final
 

@@ -17,6 +17,7 @@ from fourfold.core.advantages import (
 from fourfold.core.estimators import (
     ADVANTAGE_ESTIMATORS,
     AdvantageInputs,
+    Estimator,
     get_advantage_estimator,
     register_advantage_estimator,
 )
@@ -79,6 +80,7 @@ __all__ = [
     "reinforce_pp_advantages",
     "AdvantageInputs",
     "ADVANTAGE_ESTIMATORS",
+    "Estimator",
     "register_advantage_estimator",
     "get_advantage_estimator",
     "LOSS_AGG_MODES",

@@ -1,13 +1,14 @@
 """The advantage-estimator registry: one common signature, so a trainer picks an estimator by name
 (``ppo.advantage``) and calls it without branching on which one it is.
 
-    estimator = get_advantage_estimator(name)
+    estimator = get_advantage_estimator(name)          # an Estimator record
     if estimator.needs_critic: ...load a critic...
     advantages, returns = estimator(AdvantageInputs(rewards, mask, values, group_size, gamma, lam))
 
 Registered here: ``gae`` (needs a critic), ``grpo``, ``dr_grpo``, ``rloo``, ``reinforce_pp`` (no
 critic). A new estimator is a pure function of :class:`AdvantageInputs` decorated with
-:func:`register_advantage_estimator`.
+:func:`register_advantage_estimator`; the registry holds an :class:`Estimator` record per name
+(the function and whether it reads critic values), as verl's registry keys its functions by name.
 
 Where the KL penalty goes is decided once, by the rewards the caller passes: ``rewards`` are the
 token rewards of ``token_rewards`` (the score on the last valid token), with the KL penalty in
@@ -66,29 +67,42 @@ class AdvantageInputs:
             raise ValueError(f"AdvantageInputs.group_size must be an integer >= 1, got {self.group_size!r}")
 
 
-ADVANTAGE_ESTIMATORS: dict[str, AdvantageEstimator] = {}
+@dataclass(frozen=True)
+class Estimator:
+    """A registered advantage estimator: ``name``, the pure function ``fn(inputs: AdvantageInputs)
+    -> (advantages [B, T], returns [B, T])`` and ``needs_critic`` (True: it reads
+    ``inputs.values``, so the trainer must load and train a critic on ``returns``; False: the
+    trainer loads none). Calling the record calls ``fn``."""
+
+    name: str
+    fn: AdvantageEstimator
+    needs_critic: bool = False
+
+    def __call__(self, inputs: AdvantageInputs) -> tuple[Tensor, Tensor]:
+        return self.fn(inputs)
+
+
+ADVANTAGE_ESTIMATORS: dict[str, Estimator] = {}
 
 
 def register_advantage_estimator(
     name: str, *, needs_critic: bool = False
 ) -> Callable[[AdvantageEstimator], AdvantageEstimator]:
     """Decorator: register ``fn(inputs: AdvantageInputs) -> (advantages [B, T], returns [B, T])``
-    under ``name`` and set ``fn.needs_critic`` (True: it reads ``inputs.values``, so the trainer
-    must load and train a critic on ``returns``; False: the trainer loads none). Registering a
-    name twice raises ValueError. Returns ``fn`` unchanged otherwise."""
+    under ``name`` as an :class:`Estimator` record with ``needs_critic``. Registering a name twice
+    raises ValueError. Returns ``fn`` unchanged."""
 
     def register(fn: AdvantageEstimator) -> AdvantageEstimator:
         if name in ADVANTAGE_ESTIMATORS:
             raise ValueError(f"advantage estimator {name!r} is already registered")
-        fn.needs_critic = needs_critic  # type: ignore[attr-defined]
-        ADVANTAGE_ESTIMATORS[name] = fn
+        ADVANTAGE_ESTIMATORS[name] = Estimator(name, fn, needs_critic)
         return fn
 
     return register
 
 
-def get_advantage_estimator(name: str) -> AdvantageEstimator:
-    """The estimator registered under ``name``; ValueError listing the known names otherwise."""
+def get_advantage_estimator(name: str) -> Estimator:
+    """The :class:`Estimator` registered under ``name``; ValueError listing the known names otherwise."""
     try:
         return ADVANTAGE_ESTIMATORS[name]
     except KeyError:

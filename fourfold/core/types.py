@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
-from typing import Optional, Union
+from typing import Callable, Optional, Union
 
 import torch
 from torch import Tensor
+
+TensorFn = Callable[[Tensor], Tensor]
 
 # Fields with one entry per step, shaped like ``mask``.
 _PER_STEP = ("mask", "logprobs", "values", "rewards", "ref_logprobs", "advantages", "returns")
@@ -64,23 +66,29 @@ class Rollout:
         """B, the number of rows."""
         return int(self.actions.shape[0])
 
-    def _map(self, fn) -> "Rollout":
+    def map(self, fn: TensorFn, *, steps: Optional[TensorFn] = None, context: Optional[TensorFn] = None) -> "Rollout":
+        """A new Rollout (checked as any): ``fn`` applied to every tensor field and every context
+        entry, None staying None; ``steps``, when given, instead of ``fn`` on ``actions`` and the
+        per-step fields (those shaped like ``mask``), ``context`` instead of ``fn`` on the context
+        entries. The original is unchanged. E.g. the first ``t`` steps and context columns
+        ``cols``: ``r.map(lambda x: x, steps=lambda x: x[:, :t], context=lambda x: x[:, cols])``."""
+        step_fn, context_fn = steps or fn, context or fn
         kwargs = {}
         for f in fields(self):
             value = getattr(self, f.name)
             if f.name == "context":
-                kwargs[f.name] = {k: fn(v) for k, v in value.items()}
-            else:
-                kwargs[f.name] = None if value is None else fn(value)
+                kwargs[f.name] = {k: context_fn(v) for k, v in value.items()}
+            elif value is not None:
+                kwargs[f.name] = (step_fn if f.name == "actions" or f.name in _PER_STEP else fn)(value)
         return Rollout(**kwargs)
 
     def select(self, idx: Union[Tensor, slice]) -> "Rollout":
         """Rows ``idx`` (long indices, bool row mask ``[B]``, or a slice) of every tensor field and
         every context entry; None stays None. A new Rollout; the original is unchanged."""
         if isinstance(idx, Tensor):
-            return self._map(lambda x: x[idx.to(x.device)])
-        return self._map(lambda x: x[idx])
+            return self.map(lambda x: x[idx.to(x.device)])
+        return self.map(lambda x: x[idx])
 
     def to(self, device: Union[str, torch.device]) -> "Rollout":
         """Every tensor moved to ``device`` (a new Rollout)."""
-        return self._map(lambda x: x.to(device))
+        return self.map(lambda x: x.to(device))

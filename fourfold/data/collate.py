@@ -1,49 +1,10 @@
 """Tokenisation and collation: records -> token ids -> padded ``torch.long`` tensors.
 
-Choices, documented once:
-
-* **Prompt and reply are tokenised separately and their ids concatenated** (``add_special_tokens=False``
-  for both). The prompt/completion boundary is then exact, so ``loss_mask`` covers the completion's
-  tokens and nothing else, and an SFT prompt tokenises exactly as the same prompt does for PPO,
-  where the policy generates its reply token by token after the prompt's ids. The price: ids may
-  differ from tokenising the joined string at the seam (e.g. a BPE merge across it); that is the
-  form the model also sees at generation time.
-* **BOS**: with ``add_bos=True`` and a tokenizer that has ``bos_token_id``, BOS is put at the start of
-  the *prompt* (never in the middle), unless the prompt's ids already start with it (a chat template
-  that writes its own BOS text). BOS counts as a prompt token (``loss_mask`` 0).
-* **EOS** is appended to every completion/response (``eos=True``) and is trained on (``loss_mask`` 1),
-  so the policy learns to stop and a reward model scores at the EOS, the last non-pad token.
-* **Padding**: prompts for generation are left-padded (:func:`left_pad`); SFT and preference
-  sequences are right-padded. Masks are built from lengths, never by comparing ids with ``pad_id``
-  (pad and EOS are often the same id). Mask polarity as everywhere in fourfold: 1 = valid. All
-  tensors are ``torch.long``.
-* **Special tokens stay out of user text**: a special-token string typed in a prompt, completion or
-  response (``<pad>``, ``<|endoftext|>``) is encoded as text (``split_special_tokens``; where the
-  vocabulary itself holds it as a word, as a word-level one does, it becomes UNK, or the row is an
-  error when UNK is itself special). Only a chat template's own tokens are special
-  (:class:`~fourfold.data.formats.TemplateText`). Text without such strings keeps exactly the ids
-  the tokenizer gives it: only a text whose ids hold a special id is encoded again
-  (:mod:`fourfold.data.literal`).
-* **Too long**: a prompt over ``max_prompt_len`` tokens is a :class:`~fourfold.errors.DataError`
-  naming file and line, or, with ``truncate=True``, loses tokens from the left (BOS is kept). An SFT
-  or preference sequence over ``max_len`` loses reply tokens from the right when ``truncate=True``
-  (the default; the example's ``truncated`` flag is set, and EOS may be cut) and is an error
-  otherwise; a prompt that leaves no room for a reply is always an error.
-
-``encode_*`` tokenise once (slow part) and return small per-example objects, which keep the record's
-``index`` and ``line``; ``collate_*`` pad a batch of them (fast part) - use them to tokenise a
-dataset once and collate per batch. ``tokenize_*`` do both for a list of records. The ``encode_*``
-functions take ``on_error="skip"``: bad rows are then left out and their one-line messages appended
-to ``skipped`` (by default the ``.skipped`` of the ``LoadResult`` passed as records).
-
-* **No tokens**: a prompt, completion or response with text in it that the tokenizer reads as no
-  tokens at all (a tokenizer that does not fit the data, e.g. tokenizer files that load as another
-  class) is a bad row naming file and line, like any other.
-* **Unknown tokens**: when more than half of the tokens of the first rows are the tokenizer's UNK,
-  one warning line goes to ``notes`` (by default the LoadResult's ``.notes``): the caller shows it.
-* **Ties**: a preference pair whose chosen and rejected come out as the same ids carries no
-  preference; it is left out (never an error, whatever ``on_error`` says) and its message goes to
-  ``ties`` (by default the LoadResult's ``.ties``).
+``encode_*`` tokenise once (the slow part) into small per-example objects that keep the record's
+``index`` and ``line``; ``collate_*`` pad a batch of them (the fast part); ``tokenize_*`` do both.
+The choices (prompt and reply tokenised apart, BOS, EOS trained on, padding sides, special tokens
+kept out of user text, truncation, bad rows, ties) are documented once, in docs/data.md
+("Tokenisation and collation").
 """
 
 from __future__ import annotations
@@ -84,6 +45,7 @@ __all__ = [
     "collate_preferences",
     "tokenize_preferences",
     "EpochSampler",
+    "to_device",
 ]
 
 
@@ -279,6 +241,12 @@ def encode_sft(
             continue
         out.append(SFTExample(input_ids=p + c, num_prompt_tokens=len(p), index=i, line=rec.line, truncated=truncated))
     return out
+
+
+def to_device(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
+    """A collated batch (any of the ``collate_*`` dicts) with every tensor moved to ``device``
+    (non-blocking)."""
+    return {k: v.to(device, non_blocking=True) for k, v in batch.items()}
 
 
 def collate_sft(examples: Sequence[SFTExample], pad_id: int) -> dict[str, torch.Tensor]:

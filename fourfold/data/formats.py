@@ -1,66 +1,9 @@
-"""The three data formats fourfold reads, as typed records, and their validating loaders.
+"""The data formats fourfold reads, as typed records, and their validating loaders
+(``load_prompts``, ``load_sft``, ``load_responses``, ``load_preferences``).
 
-Field names (one JSON object per line, or one Parquet row; other keys are ignored):
-
-* ``load_prompts`` -> :class:`PromptRecord`: ``{"prompt": str}``, or ``{"messages": [...]}`` (a chat
-  that does not end with an assistant message).
-* ``load_sft`` -> :class:`SFTRecord`: ``{"prompt": str, "completion": str}`` (``"response"`` is an
-  alias of ``"completion"``); ``{"text": str}`` (the whole text is trained on, prompt ""); or
-  ``{"messages": [...]}``: the last message must be the assistant's and is the completion, the
-  messages before it make the prompt.
-* ``load_responses`` -> :class:`ResponseRecord` (rows to score): ``{"prompt": str, "response": str}``
-  (the response may be empty) or ``{"messages": [...]}`` ending with the assistant's reply, each
-  with an optional ``"finished": bool`` (default true: the response ended, so EOS follows it; false:
-  it was cut at the length limit) - the completions ``fourfold generate`` writes.
-* ``load_preferences`` -> :class:`PreferenceRecord`: ``{"prompt": str, "chosen": str, "rejected":
-  str}``; chat form: ``chosen`` and ``rejected`` are message lists ending with an assistant message,
-  and the prompt is ``prompt`` (a message list) and/or the messages before that last one (which
-  must be the same in chosen and rejected; a ``prompt`` repeated at their start is taken once).
-  Implicit prompt (no ``prompt`` field, as in many public preference sets): the prompt is what
-  ``chosen`` and ``rejected`` share at their start. Message lists: all messages but the last (which
-  must be the same in both); the last ones are the replies. Strings: their longest common prefix,
-  cut back to a word boundary: when it ends inside a word (or where one text ends), that word goes
-  back to the replies, and the whitespace before the first differing word starts each reply (as
-  BPE tokenizers expect: ``"...Assistant: Sure"`` / ``"...Assistant: No"`` give the prompt
-  ``"...Assistant:"`` and the replies ``" Sure"`` / ``" No"``; see :func:`split_common_prefix`).
-  Texts that share no whole word at their start are an error naming the line.
-
-A chat message is ``{"role": str, "content": str}``. ``prompt`` may also be given as a message
-list wherever a string is accepted (``load_sft`` prompt/completion form included).
-
-Chat rendering: message lists become text through ``chat_template``, a callable
-``render(messages) -> str`` that returns the text *up to where the assistant's reply begins*. The
-trainers pass :func:`chat_template_renderer` (``tokenizer.apply_chat_template(messages,
-tokenize=False, add_generation_prompt=True)``) when the tokenizer has a chat template; without one
-(``chat_template=None``) the plain fallback :func:`plain_chat_render` is used::
-
-    system: You are terse.
-    user: Hi
-    assistant: <- the completion/response follows here
-
-The completion/response of a chat record is the *content* of the last assistant message; the
-end-of-turn is the tokenizer's EOS, appended at tokenisation (see ``fourfold.data.collate``).
-A template's rendering is :class:`TemplateText`: at tokenisation its special tokens are special,
-while special-token strings typed in a message (``literal_spans``), and every other text field,
-stay text.
-
-Validation (each failure is one line, ``"<file>:<line>: <problem>"``): a missing field (with a
-"did you mean" hint when a key is a near miss of an accepted name, e.g. ``promt``), a wrong type,
-both of two alternative forms at once, an empty (or all-whitespace) prompt, completion, chosen or
-rejected, ``chosen`` and ``rejected`` in different forms (one a string, the other a message list), a
-malformed message list, text that is not valid Unicode (a lone surrogate from a ``\\ud800``
-escape). Prompts that are too long in tokens are found at tokenisation (``fourfold.data.collate``).
-A pair whose ``chosen`` and ``rejected`` are identical (but for spaces at their ends) is a tie: it
-carries no preference, so it is left out whatever ``on_error`` says (``LoadResult.ties``); a file
-of nothing but ties is an error.
-
-Sources: a JSONL or Parquet file, a local ``datasets`` directory (``DIR`` or ``DIR:SPLIT``) or a hub
-dataset name (see :func:`fourfold.data.io.read_source`); rows of a ``datasets`` source are named
-``DIR[SPLIT]:row N`` in messages.
-
-``on_error="raise"`` (default) raises :class:`~fourfold.errors.DataError` at the first bad row;
-``on_error="skip"`` leaves bad rows out and keeps their messages in ``LoadResult.skipped``. A file
-without a single usable row is an error in both modes. Nothing is written to disk.
+The field names of each format, the chat forms, the validation and the sources are documented in
+docs/data.md; each bad row is one line ``"<file>:<line>: <problem>"`` (``on_error="skip"`` leaves
+it out and keeps the line in ``LoadResult.skipped``). Chat rendering is in :mod:`fourfold.data.chat`.
 """
 
 from __future__ import annotations
@@ -68,10 +11,10 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import os
-import re
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Generic, TypeVar
 
+from fourfold.data.chat import ChatRender, TemplateText, plain_chat_render
 from fourfold.data.io import check_on_error, json_type_name, location, no_usable_rows, one_line, read_source
 from fourfold.errors import DataError
 
@@ -81,23 +24,16 @@ __all__ = [
     "PreferenceRecord",
     "ResponseRecord",
     "LoadResult",
-    "ChatRender",
-    "TemplateText",
     "load_prompts",
     "load_sft",
     "load_preferences",
     "load_responses",
-    "plain_chat_render",
-    "chat_template_renderer",
     "split_common_prefix",
     "PROMPT_FIELDS",
     "SFT_FIELDS",
     "PREFERENCE_FIELDS",
     "RESPONSE_FIELDS",
 ]
-
-ChatRender = Callable[[list[dict[str, Any]]], str]
-"""``render(messages) -> str``: the prompt text for a conversation, ending where the reply begins."""
 
 PROMPT_FIELDS = ("prompt", "messages")
 SFT_FIELDS = ("prompt", "completion", "response", "text", "messages")
@@ -184,79 +120,6 @@ class LoadResult(Generic[R]):
     def summary(self) -> str:
         """One line for the log, e.g. ``"data.jsonl: 998 records, 2 skipped"``."""
         return f"{self.source}: {len(self.records)} records, {len(self.skipped)} skipped"
-
-
-# --------------------------------------------------------------------------------------- chat
-
-
-def plain_chat_render(messages: list[dict[str, Any]]) -> str:
-    """The fallback when the tokenizer has no chat template: one ``"role: content"`` line per
-    message, then ``"assistant: "`` where the reply begins."""
-    return "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant: "
-
-
-class TemplateText(str):
-    """Text a chat template wrote. Its special tokens (``<|im_start|>``, a BOS, ...) are read as
-    special tokens at tokenisation, while everything else fourfold tokenises is user text whose
-    special-token strings stay text; ``literal_spans`` are the ``(start, end)`` character ranges
-    of special-token strings a user typed inside a message, which stay text here too."""
-
-    literal_spans: tuple[tuple[int, int], ...]
-
-    def __new__(cls, text: str, literal_spans: Sequence[tuple[int, int]] = ()):
-        obj = super().__new__(cls, text)
-        obj.literal_spans = tuple(literal_spans)
-        return obj
-
-
-_MARK_START, _MARK_END = "\U000f0000", "\U000f0001"  # private-use characters around a marked string
-_MARKED = re.compile(f"{_MARK_START}(\\d+){_MARK_END}")
-
-
-def _mark_specials(messages: list[dict[str, Any]], pattern: re.Pattern) -> tuple[list[dict[str, Any]], list[str]]:
-    """The messages with each special-token string in a content replaced by a numbered marker,
-    and the strings replaced (marker i stands for strings[i])."""
-    found: list[str] = []
-
-    def mark(m: re.Match) -> str:
-        found.append(m.group(0))
-        return f"{_MARK_START}{len(found) - 1}{_MARK_END}"
-
-    marked = [dict(msg, content=pattern.sub(mark, msg["content"])) if isinstance(msg.get("content"), str) else msg
-              for msg in messages]
-    return marked, found
-
-
-def _unmark(text: str, found: list[str]) -> TemplateText:
-    """The rendered text with the markers replaced by the strings they stand for, as TemplateText
-    whose ``literal_spans`` are where those strings now are."""
-    parts, spans, length, pos = [], [], 0, 0
-    for m in _MARKED.finditer(text):
-        before = text[pos : m.start()].replace(_MARK_START, "").replace(_MARK_END, "")
-        literal = found[int(m.group(1))]
-        parts += [before, literal]
-        spans.append((length + len(before), length + len(before) + len(literal)))
-        length += len(before) + len(literal)
-        pos = m.end()
-    parts.append(text[pos:].replace(_MARK_START, "").replace(_MARK_END, ""))
-    return TemplateText("".join(parts), spans)
-
-
-def chat_template_renderer(tokenizer: Any) -> ChatRender | None:
-    """``render`` built on the tokenizer's own chat template, or None when it has none (the loaders
-    then use :func:`plain_chat_render`). It returns :class:`TemplateText`: the template's special
-    tokens stay special, while a special-token string typed in a message is marked as literal text."""
-    if not getattr(tokenizer, "chat_template", None):
-        return None
-    specials = sorted({s for s in getattr(tokenizer, "all_special_tokens", []) if s}, key=len, reverse=True)
-    pattern = re.compile("|".join(re.escape(s) for s in specials)) if specials else None
-
-    def render(messages: list[dict[str, Any]]) -> str:
-        marked, found = _mark_specials(messages, pattern) if pattern is not None else (messages, [])
-        text = tokenizer.apply_chat_template(marked, tokenize=False, add_generation_prompt=True)
-        return _unmark(text, found) if found else TemplateText(text)
-
-    return render
 
 
 # ---------------------------------------------------------------------------- validation core

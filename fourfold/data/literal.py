@@ -3,7 +3,7 @@ chat template's ``<|im_end|>`` inside a message) is never encoded as that specia
 
 The usual text contains no such string and keeps exactly the ids the tokenizer gives it: only a
 text whose plain encoding holds a special id is encoded again, as text. A chat template's own
-rendering (:class:`~fourfold.data.formats.TemplateText`) keeps its special tokens; only the
+rendering (:class:`~fourfold.data.chat.TemplateText`) keeps its special tokens; only the
 strings a user typed inside its messages (its ``literal_spans``) are encoded as text.
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fourfold.data.formats import TemplateText
+from fourfold.data.chat import TemplateText
 
 
 def _id(tokenizer: Any, name: str) -> int | None:

@@ -49,7 +49,7 @@ __all__ = [
     "EpisodeStats",
     "VecEnvRunner",
     "make_vec_env",
-    "collect",
+    "collect_steps",
     "collect_episodes",
     "greedy_returns",
 ]
@@ -214,7 +214,7 @@ def _to_rollout(
 
 
 @torch.no_grad()
-def collect(
+def collect_steps(
     runner: VecEnvRunner, actor: Actor, critic: Optional[Critic], num_steps: int, gamma: float
 ) -> tuple[Rollout, EpisodeStats]:
     """Step every sub-env ``num_steps`` times with actions sampled from ``actor``.

@@ -27,7 +27,7 @@ def select_rows(batch, rows: slice):
 
 
 @torch.no_grad()
-def score(
+def score_rollout(
     samples: Samples,
     *,
     reference,

@@ -4,10 +4,13 @@ An engine is given the policy at two moments: ``sync(policy)`` once per iteratio
 previous update and before the rollout (the step a server engine holding its own copy of the
 weights needs too), and the policy module at every call. Where its forwards take the weights from:
 
-* :class:`LiveWeights` (``live``, the default): the training module as it is: a LoRA policy's
+* :class:`AutoWeights` (``auto``, the default): ``gathered`` for an FSDP-sharded policy, ``live``
+  otherwise (:func:`~fourfold.config.ppo.resolve_weights`): the faster of the two, the same numbers.
+  ``resolved`` says which, once the engine has seen the policy.
+* :class:`LiveWeights` (``live``): the training module as it is: a LoRA policy's
   adapter applied on the fly over the shared base, the bf16 casts of ``bf16-mixed`` made by
   autocast, an FSDP-sharded policy gathered layer by layer at every forward (every token).
-  Nothing to sync; today's behaviour.
+  Nothing to sync; the least memory under torchrun, and the slowest there.
 * :class:`GatheredWeights` (``gathered``): the training module, but an FSDP-sharded policy is
   gathered once per rollout: every FSDP unit keeps its gathered weights from its first forward
   until the rollout ends (``set_reshard_after_forward(False)``), then is resharded. Memory: the
@@ -32,9 +35,10 @@ from typing import Iterator, Optional
 import torch
 from torch import nn
 
+from fourfold.config.ppo import resolve_weights
 from fourfold.models.decoding import inference_copy, load_current_weights
 
-WEIGHTS = ("live", "gathered", "copy")
+WEIGHTS = ("auto", "live", "gathered", "copy")
 
 
 class LiveWeights:
@@ -77,6 +81,25 @@ class GatheredWeights(LiveWeights):
                 unit.reshard()
 
 
+class AutoWeights(GatheredWeights):
+    """``generation.weights: auto``: gathered weights, which for a policy without FSDP units are its
+    live weights (nothing to gather: the very same forwards), so one class serves both resolutions."""
+
+    def __init__(self) -> None:
+        self.resolved: Optional[str] = None
+        """``gathered`` or ``live``: what ``auto`` is for the policy last synced or sampled (None before)."""
+
+    def sync(self, policy: nn.Module) -> None:
+        self.resolved = resolve_weights("auto", bool(fsdp_units(policy)))
+
+    @contextlib.contextmanager
+    def model(self, policy: nn.Module) -> Iterator[nn.Module]:
+        if self.resolved is None:
+            self.sync(policy)
+        with super().model(policy) as m:
+            yield m
+
+
 class CopiedWeights:
     """``generation.weights: copy``: a plain inference copy in ``dtype`` (None: the policy's
     weights dtype), built at the first :meth:`sync` and refreshed in place by every later one."""
@@ -109,6 +132,8 @@ class CopiedWeights:
 def make_weights(kind: str, precision: str = "fp32"):
     """The weights of ``generation.weights`` = ``kind`` for a run in ``precision`` (``model.precision``):
     a ``copy`` is bf16 under ``bf16-mixed`` and ``bf16``, else in the policy's weights dtype."""
+    if kind == "auto":
+        return AutoWeights()
     if kind == "live":
         return LiveWeights()
     if kind == "gathered":

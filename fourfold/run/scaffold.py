@@ -45,7 +45,16 @@ from typing import Callable, Iterator, Mapping, Optional, Sequence
 import torch
 
 from fourfold import dist
-from fourfold.checkpoint import checkpointer
+from fourfold.checkpoint import (
+    CHECKPOINTS_DIR,
+    CheckpointError,
+    CorruptCheckpointError,
+    checkpoint_dirs,
+    checkpoint_step,
+    checkpointer,
+    latest_checkpoint,
+    list_checkpoints,
+)
 from fourfold.config import config_to_dict, save_config, validate_tree
 from fourfold.config.stages import stage_of, torchrun_stages
 from fourfold.errors import ConfigError, FourfoldError, NonFiniteError, OutputError
@@ -184,8 +193,6 @@ class RunScaffold:
         without checkpoints: None (a fresh run). A sharded checkpoint (a torchrun run's) loads at any
         world size, in one process too, and a one-process checkpoint loads under torchrun; resharded,
         that is said the same way as a warning."""
-        from fourfold.checkpoint import CheckpointError, CorruptCheckpointError, checkpoint_dirs, checkpoint_step
-
         found = checkpoint_dirs(self.out) if self.run_cfg.resume else []
         problems = []
         for ckpt in found:  # newest first
@@ -278,8 +285,6 @@ class RunScaffold:
 
     def _peer_lost(self, error: BaseException) -> dist.PeerLostError:
         """The one line of a rank whose peer died: which rank this is, and the checkpoint to resume."""
-        from fourfold.checkpoint import latest_checkpoint
-
         last = latest_checkpoint(self.out)
         resume = f"the last complete checkpoint is {last} (resume with --resume)" if last else "no checkpoint was written yet"
         first = re.sub(r"^\[[^\]]*\]\s*", "", str(error).strip()).split(". ")[0][:160] or type(error).__name__
@@ -336,8 +341,6 @@ class RunScaffold:
         stage, the time it took, ``outputs`` (name -> path, e.g. ``model=...``), then the metrics,
         the samples and TensorBoard files when written, and the checkpoints when there are any.
         Returns ``result``, the trainer's summary dict."""
-        from fourfold.checkpoint import CHECKPOINTS_DIR, list_checkpoints
-
         if self.is_main:
             where = dict(outputs, metrics=self.logger.metrics_path)
             if self.logger.samples_path.is_file() and self.logger.samples_path.stat().st_size:

@@ -1,65 +1,10 @@
 """``review``: a synthetic product-review world whose true quality is known exactly.
 
-The world
-=========
-Texts are short product reviews written as space-separated words, punctuation included as words::
-
-    the blender is very sturdy , but the lid feels flimsy . i would recommend it .
-
-A *prompt* is the review's opening noun phrase (2-3 words: ``"the blender"``, ``"my new kettle"``);
-the *response* is the rest. Reviews come from a small grammar (below) over a vocabulary of about
-280 words. The SFT corpus mixes positive, negative, mixed and neutral reviews, so that imitating it
-is far from optimal.
-
-The grammar, its sentiment rules and the recogniser live in :mod:`fourfold.tasks.review_grammar`.
-
-Gold reward (the hidden "true" quality)
-=======================================
-With ``n`` the number of words of the response (punctuation counts as words), ``s`` =
-``config.sentiment_saturation`` (2) and ``[lo, hi]`` = ``config.length_range`` ((6, 35))::
-
-    length_penalty = min(config.max_length_penalty,                              # 0.5
-                         config.length_penalty_per_word * max(0, lo - n, n - hi))  # 0.05 / word
-    if prompt + response parses and the response has no immediate repetition:
-        gold = (min(P, s) - min(N, s)) / s - length_penalty                       # in [-1.5, 1]
-    else:
-        gold = config.ill_formed_gold - length_penalty                            # -1 - penalty
-
-So gold is what a careful reader wants: a positive review (two positive statements are as good as
-five), that is well formed, of any length in the normal range. Piling up praise words, repeating
-phrases or breaking the grammar is worth nothing (the reward-hacking failure that a reward model
-trained only on well-formed SFT samples cannot see).
-
-The horizon knob: reviews of ``k`` sentences
-============================================
-With ``config.sentences = k >= 1`` (0, the default, is the world above, unchanged) gold wants a
-review of exactly ``k`` sentences, each positive, so the response a reward judges is as long as
-``k`` makes it (the *horizon* of ``fourfold experiments --config examples/horizon.yaml``). With
-``m`` the response's sentences (its ``.`` and ``!``), ``pol_i`` the polarity of sentence ``i``
-(the sign of the sum of its clauses' polarities) and ``d`` = ``config.sentence_penalty`` (0.25)::
-
-    sentence_penalty = min(config.max_length_penalty, d * |m - k|)
-    if prompt + response parses and the response has no immediate repetition:
-        gold = (pol_1 + ... + pol_min(m, k)) / k - sentence_penalty                # in [-1.5, 1]
-    else:
-        gold = config.ill_formed_gold - sentence_penalty
-
-Each of the first ``k`` sentences carries 1/k of the reward, and sentences past the k-th earn
-nothing: the credit for one reward at the end belongs to sentences spread over the response. The
-word-length terms (``length_range``, ``length_penalty_per_word``) and ``sentiment_saturation`` do
-not apply in this mode; the SFT corpus then has reviews of ``k`` sentences (``k - 1`` and ``k + 1``
-one time in five each, never fewer than one), with no word bounds (``min_review_words``,
-``max_review_words`` do not apply either): about 7 words a sentence.
-
-Simulated labelers
-==================
-For a pair ``(a, b)`` to the same prompt, a labeler's utility is ``U = gold + length_bias * n`` (the
-classic flaw: labelers favour longer answers) and they choose ``a`` with probability
-``sigmoid((U_a - U_b) / temperature)``; with probability ``labeler_noise`` they instead answer by a
-fair coin. With the defaults (``labeler_length_bias=0.12`` per word, ``labeler_temperature=0.5``,
-``labeler_noise=0``), on SFT samples, labels agree with the gold ordering on about 77% of
-the pairs whose gold differs, and the label correlates with the length difference about as
-strongly as with the gold difference.
+A prompt is a review's opening noun phrase (``"the blender"``), the response the rest; the hidden
+gold reward wants a positive, well-formed review of a normal length (or, with ``sentences = k``, of
+exactly k positive sentences), and simulated labelers compare two responses by gold plus a bias
+toward longer ones. The world, the gold formulas, the horizon knob and the labelers are documented
+in docs/review.md; the grammar and its recogniser are in :mod:`fourfold.tasks.review_grammar`.
 """
 from __future__ import annotations
 

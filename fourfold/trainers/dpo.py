@@ -1,56 +1,11 @@
 """Direct preference optimisation (DPO): a causal LM learns from preference pairs directly, with
 no reward model, no sampling and no critic (Rafailov et al. 2023).
 
-The pairs are those of ``fourfold reward`` (:mod:`fourfold.trainers.pairs`: the same files, split
-and tokenisation: prompt ids with BOS first, then the response's ids and EOS). One step, as
-numbered in :func:`train` (steps 1, 3, 4 and 5 are the supervised loop's,
-:mod:`fourfold.trainers.supervised`; this module holds the set-up, the loss and the metrics):
-
-1. the next batch of pair indices from a seeded, resumable :class:`~fourfold.data.EpochSampler`,
-   laid out as PPO scores responses (:func:`~fourfold.data.collate_pair_responses`): ``2N`` rows,
-   the chosen responses then the rejected ones, prompts left-padded, responses right-padded;
-2. the policy's log-probs of each response's tokens, summed per response
-   (:func:`~fourfold.core.sequence_logprobs`): chosen ``[N]`` and rejected ``[N]`` from one
-   ``[2N, P+T]`` forward; the reference's sums of the same pairs, and each response's number of
-   tokens (:func:`response_tokens`: 'ipo' takes per-token means), were computed before step 1;
-3. :func:`fourfold.core.dpo_loss` (``dpo.loss``: sigmoid, ipo or ipo_sum; ``dpo.beta``,
-   ``dpo.label_smoothing``), backward, global-norm clip, AdamW step (skipped when the loss or the
-   gradient norm is not finite), LR schedule;
-4. a metrics row every ``train.log_every`` steps (means over the pairs since the previous row) and
-   held-out loss, accuracy and margin every ``train.eval_every`` steps and at the end;
-5. a checkpoint every ``run.save_every`` steps, at the end, and on SIGTERM/SIGINT (then exit).
-
-The reference is a role with ``logprobs(input_ids, attention_mask, n_response)`` (the interface of
-:class:`~fourfold.models.roles.FrozenReference` and
-:class:`~fourfold.models.roles.AdapterDisabledReference`): by default the frozen model of
-``dpo.reference``, else of ``model.path`` (the SFT model DPO starts from); ``train(cfg,
-reference=...)`` takes any such role. Its log-probs are constants, so they are computed once, up
-front, for every training and held-out pair (in file order, ``train.batch_size`` pairs per forward,
-kept on the CPU: two numbers a pair), and a reference this trainer loaded is then released:
-training holds one model, the policy, and its optimizer state (the standard optimisation; TRL's
-``precompute_ref_log_probs``). A resumed run computes them again, the same way, from the same
-model, before it loads its checkpoint.
-
-The memory levers of the model section (:func:`fourfold.models.build.apply_levers`) apply as in ``fourfold
-sft``: ``model.gradient_checkpointing`` and ``model.precision`` on the policy; the reference is
-loaded in the policy's weights dtype, and under ``bf16-mixed`` its log-probs are computed under
-bf16 autocast like every forward of the policy.
-
-The run writes ``output_dir/model/``, a Hugging Face directory (safetensors + tokenizer) that
-``AutoModelForCausalLM.from_pretrained`` loads.
-
-With ``model.lora`` only a LoRA adapter over the frozen ``model.path`` trains, and the reference
-is that same model with the adapter disabled (:class:`~fourfold.models.roles.AdapterDisabledReference`;
-``dpo.reference`` still names another one): one model in memory from the start. The run writes the
-merged model to ``output_dir/model/`` and the adapter to ``output_dir/model-adapter/``, as ``fourfold
-sft`` does (:mod:`fourfold.run.export`).
-
-Under ``torchrun`` each rank computes the reference's log-probs of its share of the batches of pairs
-with a full copy of the reference (released before training) and every rank gathers all of them
-(:func:`~fourfold.run.parallel.map_batches`; the held-out evaluation likewise), the policy is
-placed as ``dist.model`` says (FSDP2 by default), each rank takes its part of every global batch
-and its share of the global mean loss, and the metrics are those of the global batch (as
-:mod:`fourfold.trainers.sft`).
+The pairs are those of ``fourfold reward`` (:mod:`fourfold.trainers.pairs`). One step, as numbered
+in :func:`train`: steps 1, 3, 4 and 5 are the supervised loop's (:mod:`fourfold.trainers.supervised`);
+this module holds the set-up (the reference's log-probs of every pair computed once, up front, and
+the reference released), the loss (:func:`fourfold.core.dpo_loss`) and the metrics (``dpo/*``).
+The step in full, the reference, the memory levers, LoRA and torchrun: docs/dpo.md.
 """
 
 from __future__ import annotations
@@ -62,7 +17,7 @@ from torch import Tensor
 
 from fourfold.config import DPOAlgoConfig, DPOConfig
 from fourfold.core import dpo_loss, sequence_logprobs
-from fourfold.data import PreferenceExample, collate_pair_responses
+from fourfold.data import PreferenceExample, collate_pair_responses, to_device
 from fourfold.models.levers import autocast_region
 from fourfold.models.roles import response_logprobs
 from fourfold.run.export import save_trained
@@ -92,7 +47,7 @@ def policy_logprobs(policy) -> LogprobsFn:
 
 def pair_batch(examples: Sequence[PreferenceExample], pad_id: int, device: torch.device) -> dict[str, Tensor]:
     """Step 1's layout of ``examples`` (:func:`~fourfold.data.collate_pair_responses`) on ``device``."""
-    return {k: v.to(device, non_blocking=True) for k, v in collate_pair_responses(examples, pad_id).items()}
+    return to_device(collate_pair_responses(examples, pad_id), device)
 
 
 def pair_logps(logprobs: LogprobsFn, batch: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
@@ -174,7 +129,7 @@ def window_row(window: Window) -> dict:
         "dpo/rejected_logps": window["rejected_logps"] / pairs,
         "dpo/chosen_reward": window["chosen_reward"] / pairs,
         "dpo/rejected_reward": window["rejected_reward"] / pairs,
-        "train/grad_norm": window.mean_grad_norm(),
+        "dpo/grad_norm": window.mean_grad_norm(),
         "time/step_s": window.per_step("seconds"),
     }
 
@@ -230,7 +185,7 @@ def train(cfg: DPOConfig, *, reference=None) -> dict:
 
     with steps.loop("dpo", ("dpo/loss", "dpo/eval_accuracy"), skipped, notes) as logger:
         last = steps.run(logger, step=step, row=window_row, evaluate=held_out if eval_ex is not None else None,
-                         check="dpo_loss", lr_key="train/lr")
+                         check="dpo_loss", lr_key="dpo/lr")
         # the final model, loadable with plain transformers (sharded: gathered by every rank first;
         # LoRA: merged, and the adapter beside it)
         written = save_trained(run, policy, tok, run.out / "model")

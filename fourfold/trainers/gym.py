@@ -66,7 +66,7 @@ from fourfold.core import (
     value_loss,
 )
 from fourfold.errors import ConfigError, NonFiniteError
-from fourfold.rollout.gym import EpisodeStats, VecEnvRunner, collect, collect_episodes, greedy_returns, make_vec_env
+from fourfold.rollout.gym import EpisodeStats, VecEnvRunner, collect_episodes, collect_steps, greedy_returns, make_vec_env
 from fourfold.run.optim import NonFiniteGuard, guarded_step, make_optimizer
 from fourfold.run.scaffold import RunScaffold
 from fourfold.trainers.gym_plots import plot_run
@@ -285,7 +285,7 @@ def _ppo_iteration(runner: VecEnvRunner, agent: nn.ModuleDict, optimizer, cfg: G
             group["lr"] = (1.0 - (progress.iteration - 1) / num_iterations) * ppo.lr
     t0 = time.perf_counter()
     # 1. collect: num_envs x num_steps transitions with the current (sampling) policy
-    rollout, episodes = collect(runner, agent["actor"], agent["critic"], ppo.num_steps, ppo.gamma)
+    rollout, episodes = collect_steps(runner, agent["actor"], agent["critic"], ppo.num_steps, ppo.gamma)
     progress.env_steps += rollout.mask.numel()
     t1 = time.perf_counter()
     # 2. advantages: GAE along each env's row, then the valid steps flattened to [N]

@@ -47,7 +47,6 @@ from fourfold.core import (
     aggregate_loss,
     aggregation_units,
     dense_logprobs,
-    discounted_returns,
     explained_variance,
     get_advantage_estimator,
     kl_loss,
@@ -68,8 +67,8 @@ from fourfold.trainers.rollouts import Probe
 
 
 def compute_advantages(rollout: Rollout, algo: PPOAlgoConfig) -> Rollout:
-    """Step 5: advantages and returns by the estimator registered under ``algo.advantage`` (GAE
-    with the critic by default; or the whitened returns without a critic, ``use_critic: false``).
+    """Step 5: advantages and returns by the estimator registered under ``algo.estimator`` (GAE
+    with the critic by default; ``use_critic: false`` is reinforce_pp, the whitened returns).
 
     ``whiten_rewards`` and ``whiten_advantages`` apply around an estimator that needs a critic
     (gae); the critic-free ones normalise their own advantages, and the K samples of a prompt are
@@ -77,14 +76,9 @@ def compute_advantages(rollout: Rollout, algo: PPOAlgoConfig) -> Rollout:
     mask, rewards = rollout.mask, rollout.rewards
     if algo.whiten_rewards:
         rewards = masked_whiten(rewards, mask, shift_mean=False)
-    estimator = get_advantage_estimator(algo.advantage)
-    if estimator.needs_critic and not algo.use_critic:
-        # ablation: no value baseline, the return itself is the advantage signal
-        returns = discounted_returns(rewards, mask, algo.gamma)
-        advantages = returns
-    else:
-        advantages, returns = estimator(AdvantageInputs(rewards, mask, rollout.values, algo.samples_per_prompt,
-                                                        algo.gamma, algo.lam))
+    estimator = get_advantage_estimator(algo.estimator)
+    advantages, returns = estimator(AdvantageInputs(rewards, mask, rollout.values, algo.samples_per_prompt,
+                                                    algo.gamma, algo.lam))
     if algo.whiten_advantages and estimator.needs_critic:
         advantages = masked_whiten(advantages, mask)
     rollout.advantages, rollout.returns = advantages, returns
@@ -100,14 +94,7 @@ def trim(mb: Rollout) -> Rollout:
     t_keep = int(mb.mask.sum(0).nonzero().max()) + 1 if bool(mb.mask.any()) else 1
     p_first = int(attn[:, :P].sum(0).nonzero().min()) if bool(attn[:, :P].any()) else 0
     cols = slice(p_first, P + t_keep)
-    out = Rollout(
-        actions=mb.actions[:, :t_keep], mask=mb.mask[:, :t_keep], logprobs=mb.logprobs[:, :t_keep],
-        values=mb.values[:, :t_keep], rewards=mb.rewards[:, :t_keep],
-        ref_logprobs=None if mb.ref_logprobs is None else mb.ref_logprobs[:, :t_keep], scores=mb.scores,
-        advantages=mb.advantages[:, :t_keep], returns=mb.returns[:, :t_keep],
-        context={"input_ids": ids[:, cols], "attention_mask": attn[:, cols]},
-    )
-    return out
+    return mb.map(lambda x: x, steps=lambda x: x[:, :t_keep], context=lambda x: x[:, cols])
 
 
 @dataclass

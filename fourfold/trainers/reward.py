@@ -40,7 +40,7 @@ import torch
 
 from fourfold.config import RewardConfig
 from fourfold.core import bradley_terry_loss
-from fourfold.data import PreferenceExample, collate_preferences
+from fourfold.data import PreferenceExample, collate_preferences, to_device
 from fourfold.run.export import save_trained
 from fourfold.run.fsdp import reshard
 from fourfold.run.parallel import Figures, map_batches
@@ -64,10 +64,6 @@ def pair_scores(rm, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch
     scores = rm.score(ids, mask)  # (2N,) at each row's last valid token (the EOS)
     n = batch["chosen_input_ids"].shape[0]
     return scores[:n], scores[n:]
-
-
-def to_device(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
-    return {k: v.to(device, non_blocking=True) for k, v in batch.items()}
 
 
 @torch.no_grad()

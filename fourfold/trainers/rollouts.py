@@ -23,7 +23,7 @@ from fourfold.models.build import Roles
 from fourfold.rollout.engine import Engine
 from fourfold.rollout.noise import RowNoise
 from fourfold.rollout.sampling import Samples, decode_responses
-from fourfold.rollout.score import Scores, score, select_rows
+from fourfold.rollout.score import Scores, score_rollout, select_rows
 from fourfold.run.parallel import gather_rows, mean_over_ranks, rank_slice, several_ranks
 
 Probe = Callable[[list[str], list[str]], dict[str, float]]
@@ -201,8 +201,8 @@ def _score(roles: Roles, samples: Samples, prompts: list[str], responses: list[s
     """Score this rank's ``samples`` (the critic in eval mode), then gather every rank's scores."""
     if roles.critic is not None:
         roles.critic.eval()
-    sc = score(samples, reference=roles.reference, reward=roles.reward, critic=roles.critic,
-               temperature=temperature, prompts=prompts, responses=responses, concurrent=concurrent)
+    sc = score_rollout(samples, reference=roles.reference, reward=roles.reward, critic=roles.critic,
+                       temperature=temperature, prompts=prompts, responses=responses, concurrent=concurrent)
     if roles.critic is not None:
         roles.critic.train()
     return gather_rows(sc)

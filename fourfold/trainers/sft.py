@@ -33,7 +33,7 @@ import torch
 
 from fourfold.config import SFTConfig
 from fourfold.core import sft_loss
-from fourfold.data import SFTExample, chat_template_renderer, collate_sft, encode_sft, line_of, load_sft
+from fourfold.data import SFTExample, chat_template_renderer, collate_sft, encode_sft, line_of, load_sft, to_device
 from fourfold.errors import DataError
 from fourfold.run.export import save_trained
 from fourfold.run.parallel import Figures, map_batches
@@ -76,10 +76,6 @@ def load_examples(cfg: SFTConfig, tokenizer
         skipped += eval_skipped
         notes += eval_notes
     return train_ex, eval_ex, skipped, notes
-
-
-def to_device(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
-    return {k: v.to(device, non_blocking=True) for k, v in batch.items()}
 
 
 def batch_loss(model, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict]:

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from fourfold.core import (
     ADVANTAGE_ESTIMATORS,
     AdvantageInputs,
+    Estimator,
     gae,
     get_advantage_estimator,
     grpo_advantages,
@@ -159,10 +160,14 @@ def test_register_a_new_estimator_and_duplicates():
         return torch.zeros_like(inputs.rewards), torch.zeros_like(inputs.rewards)
 
     try:
-        assert get_advantage_estimator("test_zero") is zero and zero.needs_critic is False
+        record = get_advantage_estimator("test_zero")
+        assert isinstance(record, Estimator) and (record.name, record.fn, record.needs_critic) == ("test_zero", zero, False)
+        assert not hasattr(zero, "needs_critic")  # the fact lives in the record, not on the function
+        out = record(AdvantageInputs(rewards=torch.ones(2, 3), mask=torch.ones(2, 3)))
+        assert all(torch.equal(x, torch.zeros(2, 3)) for x in out)  # calling the record calls fn
         with pytest.raises(ValueError, match="already registered"):
             register_advantage_estimator("test_zero", needs_critic=True)(lambda inputs: None)
-        assert ADVANTAGE_ESTIMATORS["test_zero"] is zero and zero.needs_critic is False  # unchanged
+        assert ADVANTAGE_ESTIMATORS["test_zero"] is record and not record.needs_critic  # unchanged
     finally:
         ADVANTAGE_ESTIMATORS.pop("test_zero")
     with pytest.raises(ValueError, match="already registered"):

@@ -49,6 +49,23 @@ def test_to_keeps_everything():
     assert torch.equal(s.values, r.values) and set(s.context) == set(r.context)
 
 
+def test_map_steps_rows_and_context_separately():
+    """map(fn, steps=, context=): per-step fields and actions take ``steps``, per-row ones (scores)
+    ``fn``, context entries ``context``: PPO's trim of padding columns is one map."""
+    r = make(scores=torch.tensor([10.0, 11.0, 12.0, 13.0]), returns=torch.full((4, 3), 5.0))
+    s = r.map(lambda x: x * 0 + 7, steps=lambda x: x[:, :2], context=lambda x: x[:, 1:4])
+    for name in ("actions", "mask", "logprobs", "values", "rewards", "returns"):
+        assert torch.equal(getattr(s, name), getattr(r, name)[:, :2]), name
+    assert torch.equal(s.scores, torch.full((4,), 7.0))
+    assert s.ref_logprobs is None and s.advantages is None
+    assert torch.equal(s.context["input_ids"], r.context["input_ids"][:, 1:4])
+    assert torch.equal(s.context["attention_mask"], torch.ones(4, 3, dtype=torch.long))
+    assert r.mask.shape == (4, 3)  # original untouched
+    assert torch.equal(r.map(lambda x: x + 1).values, r.values + 1)  # without steps/context: fn everywhere
+    with pytest.raises(ValueError, match="Rollout.scores has shape"):  # the result is checked as any Rollout
+        r.map(lambda x: x[:2] if x.dim() == 1 else x)
+
+
 def test_continuous_actions_allowed():
     r = make(actions=torch.zeros(4, 3, 2))
     assert r.select(torch.tensor([1])).actions.shape == (1, 3, 2)

@@ -38,7 +38,8 @@ def run(tiny_lm: str, world, engine: str = "", weights: str = "") -> dict:
     col = collect(roles, texts, ids, mask, cfg.generation, kl_coef=0.1, probe=probe, noise=RowNoise(0, 3),
                   engine=rollout_engine)
     r = col.rollout
-    return {"responses": col.responses, "metrics": {k: v for k, v in col.metrics.items() if not k.startswith("time/")},
+    resolved = getattr(rollout_engine.weights, "resolved", weights) if rollout_engine is not None else None
+    return {"responses": col.responses, "weights": resolved, "metrics": {k: v for k, v in col.metrics.items() if not k.startswith("time/")},
             "tensors": {"actions": r.actions, "mask": r.mask, "logprobs": r.logprobs, "values": r.values,
                         "rewards": r.rewards, "ref_logprobs": r.ref_logprobs, "scores": r.scores,
                         "input_ids": r.context["input_ids"], "attention_mask": r.context["attention_mask"],

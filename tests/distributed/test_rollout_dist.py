@@ -44,3 +44,20 @@ def test_two_ranks_collect_the_one_process_rollout(tiny_lm, tmp_path, engine):
         assert two["metrics"].keys() == one["metrics"].keys()
         for key, value in one["metrics"].items():
             assert abs(two["metrics"][key] - value) <= 1e-5 * max(1.0, abs(value)), key
+
+
+@pytest.mark.slow
+def test_the_default_weights_gather_a_sharded_policy_once_and_give_live_numbers_exactly(tiny_lm, tmp_path):
+    """generation.weights: auto (the default) over an FSDP-sharded policy resolves to gathered, and
+    its rollout is live's (the slow path it replaces) bit for bit in float32."""
+    runs = {}
+    for weights in ("auto", "live"):
+        proc = torchrun_script(HERE / "collect_worker.py", tiny_lm, tmp_path / weights, "eager", weights, timeout=180,
+                               check=False)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        runs[weights] = [torch.load(tmp_path / f"{weights}.{rank}.pt") for rank in (0, 1)]
+    for auto, live in zip(runs["auto"], runs["live"]):
+        assert (auto["weights"], live["weights"]) == ("gathered", "live")
+        assert auto["responses"] == live["responses"] and auto["metrics"] == live["metrics"]
+        for key, expected in live["tensors"].items():
+            assert torch.equal(auto["tensors"][key], expected), key

@@ -35,7 +35,7 @@ from fourfold.models.roles import (
     response_logprobs,
 )
 from fourfold.rollout.eager import sample
-from fourfold.rollout.score import score
+from fourfold.rollout.score import score_rollout
 
 SETTINGS = LoraSettings(r=4, alpha=8.0)
 
@@ -315,7 +315,7 @@ def test_rollout_runs_on_the_shared_roles_one_at_a_time(roles, tiny_lm):
     assert accepts_kwarg(roles.policy, "logits_to_keep")
     samples = sample(roles.policy, ids[:, :5], attn[:, :5], max_new_tokens=3, pad_token_id=0,
                      generator=torch.Generator().manual_seed(0))
-    scores = score(samples, reference=roles.reference, reward=roles.reward, critic=roles.critic)
+    scores = score_rollout(samples, reference=roles.reference, reward=roles.reward, critic=roles.critic)
     assert scores.values.shape == scores.ref_logprobs.shape == samples.logprobs.shape and scores.scores.shape == (3,)
     with pytest.raises(ConfigError, match="concurrent"):
         _shared_roles(tiny_lm, tiny_lm / "rm", "policy", "run.concurrent_roles=true")

@@ -9,7 +9,7 @@ from fourfold.rollout.eager import EagerEngine, sample
 from fourfold.rollout.engine import make_engine
 from fourfold.rollout.noise import RowNoise
 from fourfold.rollout.static import StaticEngine
-from fourfold.rollout.weights import CopiedWeights, GatheredWeights, LiveWeights
+from fourfold.rollout.weights import AutoWeights, CopiedWeights, GatheredWeights, LiveWeights
 
 V, PAD = 60, 0
 TOL = dict(rtol=0, atol=1e-5)
@@ -214,11 +214,37 @@ def test_a_bf16_copy_under_bf16_mixed_runs_without_autocast():
 
 
 def test_make_engine_reads_the_generation_config():
-    assert isinstance(make_engine(_gen()), EagerEngine) and isinstance(make_engine(_gen()).weights, LiveWeights)
+    assert isinstance(make_engine(_gen()), EagerEngine) and isinstance(make_engine(_gen()).weights, AutoWeights)
+    assert isinstance(make_engine(_gen(weights="live")).weights, LiveWeights)
     static = make_engine(_gen(engine="static", weights="gathered", stop_check_every=3, max_new_tokens=5),
                          max_prompt_len=11)
     assert isinstance(static, StaticEngine) and isinstance(static.weights, GatheredWeights)
     assert (static.check_every, static.cache_len, static.compile) == (3, 16, False)
+
+
+def test_auto_weights_are_gathered_for_a_sharded_policy_and_live_otherwise():
+    """The default, auto: resolve_weights gives gathered exactly when the policy is FSDP-sharded;
+    on a policy without FSDP units the engine samples what live gives, bit for bit (the torchrun
+    half, gathered = live on a sharded policy: tests/distributed/test_rollout_dist.py)."""
+    from fourfold.config import GenerationConfig
+    from fourfold.config.ppo import resolve_weights
+
+    assert GenerationConfig().weights == "auto"
+    assert [resolve_weights("auto", sharded) for sharded in (True, False)] == ["gathered", "live"]
+    assert [resolve_weights(w, True) for w in ("live", "gathered", "copy")] == ["live", "gathered", "copy"]
+    policy = _model("llama")
+    ids, mask = _prompts()
+    kw = _kw(ids, 12, None, greedy=False)
+    for engine_name in ("eager", "static"):
+        auto = make_engine(_gen(engine=engine_name), max_prompt_len=ids.shape[1])
+        assert auto.weights.resolved is None
+        auto.sync(policy)
+        assert auto.weights.resolved == "live"
+        live = make_engine(_gen(engine=engine_name, weights="live"), max_prompt_len=ids.shape[1])
+        live.sync(policy)
+        got, want = auto(policy, ids, mask, **kw), live(policy, ids, mask, **kw)
+        for name in ("sequences", "response_mask", "finished", "logprobs", "entropy"):
+            assert torch.equal(getattr(got, name), getattr(want, name)), (engine_name, name)
 
 
 def test_the_config_refuses_what_the_engines_cannot_do():

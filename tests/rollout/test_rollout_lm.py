@@ -6,7 +6,7 @@ import torch
 from fourfold.models.loading import load_causal_lm, load_sequence_scorer
 from fourfold.models.roles import FrozenReference, ModelReward, ScalarModel, response_logprobs
 from fourfold.rollout.eager import sample
-from fourfold.rollout.score import score
+from fourfold.rollout.score import score_rollout
 
 EOS, PAD, V = 2, 0, 8
 
@@ -76,7 +76,7 @@ def test_score_shapes_and_masking(tiny_lm):
     rm = ScalarModel(load_sequence_scorer(str(tiny_lm / "rm")))
     prompt = torch.tensor([[1, 10, 11], [1, 12, 13]])
     s = sample(policy, prompt, torch.ones_like(prompt), max_new_tokens=8, temperature=1.0, eos_token_id=2, pad_token_id=0)
-    sc = score(s, reference=FrozenReference(load_causal_lm(str(tiny_lm / "sft"))), reward=ModelReward(rm), critic=rm)
+    sc = score_rollout(s, reference=FrozenReference(load_causal_lm(str(tiny_lm / "sft"))), reward=ModelReward(rm), critic=rm)
     B, T = s.response_mask.shape
     assert sc.ref_logprobs.shape == (B, T) and sc.values.shape == (B, T) and sc.scores.shape == (B,)
     # the reference is the same weights as the policy here: per-token KL is ~0

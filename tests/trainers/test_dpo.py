@@ -129,7 +129,7 @@ def test_loss_falls_and_accuracy_rises_and_the_export_loads_with_plain_transform
     assert final["dpo/loss"] < 0.25 and final["dpo/eval_loss"] < 0.3
     assert final["dpo/chosen_reward"] > 0 > final["dpo/rejected_reward"] and final["dpo/eval_reward_margin"] > 1
     assert final["dpo/chosen_logps"] > final["dpo/rejected_logps"]
-    assert {"train/lr", "train/grad_norm", "train/nonfinite_skips", "time/step_s"} <= set(final)
+    assert {"dpo/lr", "dpo/grad_norm", "train/nonfinite_skips", "time/step_s"} <= set(final)
 
     # plain transformers loads the export; its sequence log-probs (one unpadded row at a time) are
     # the trainer's (padded, stacked) and rank the held-out pairs as the trainer's accuracy says

@@ -18,7 +18,7 @@ from gymnasium.vector import AutoresetMode, SyncVectorEnv
 from fourfold.cli import main
 from fourfold.config import GymConfig, load_config
 from fourfold.errors import ConfigError
-from fourfold.rollout.gym import VecEnvRunner, collect, collect_episodes
+from fourfold.rollout.gym import VecEnvRunner, collect_episodes, collect_steps
 from fourfold.trainers.gym import compute_advantages, flatten_valid, train
 from fourfold.trainers.gym_plots import plot_seeds
 
@@ -93,7 +93,7 @@ def test_truncation_bootstraps_termination_does_not(mode, end):
     autoreset = AutoresetMode.SAME_STEP if mode == "same_step" else AutoresetMode.NEXT_STEP
     envs = SyncVectorEnv([lambda: Countdown(k, terminate=end == "terminated")] * 2, autoreset_mode=autoreset)
     runner = VecEnvRunner(envs, seed=0)
-    rollout, episodes = collect(runner, uniform_actor, position_critic, num_steps=8, gamma=gamma)
+    rollout, episodes = collect_steps(runner, uniform_actor, position_critic, num_steps=8, gamma=gamma)
     rollout = compute_advantages(rollout, gamma, lam)
 
     want = torch.tensor(expected_advantages(LAYOUTS[mode](end), gamma, lam))

@@ -113,9 +113,10 @@ def _old_compute_advantages(rollout, algo):
     return advantages, returns
 
 
-@pytest.mark.parametrize("use_critic", [True, False])
-@pytest.mark.parametrize("whiten_rewards,whiten_advantages", [(False, True), (True, True), (False, False)])
+@pytest.mark.parametrize("use_critic,whiten_rewards,whiten_advantages", [
+    (True, False, True), (True, True, True), (True, False, False), (False, False, True), (False, True, True)])
 def test_default_estimator_is_todays_computation_bit_for_bit(use_critic, whiten_rewards, whiten_advantages):
+    """(use_critic=false with whiten_advantages=false, the raw returns, is refused by the config.)"""
     from fourfold.config import PPOAlgoConfig
     from fourfold.trainers.ppo import compute_advantages
 

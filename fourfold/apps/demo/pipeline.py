@@ -45,7 +45,7 @@ from typing import Any, Callable, Mapping
 
 import torch
 
-from fourfold.apps.cache import Stages, keyed, publish, stage_key
+from fourfold.apps.cache import Stages, copy_into_place, keyed, stage_key
 from fourfold.apps.evaluation import evaluate_policy, load_eval_roles, pair_accuracy, sample_engine, sample_texts
 from fourfold.apps.provenance import provenance, write_provenance
 from fourfold.apps.seeds import stream_seed
@@ -264,7 +264,7 @@ def stage_sft(demo: DemoRun, d: Path) -> dict:
         run=demo.sub_run(d, save_every=max(50, cfg.sft.steps // 6)),
     )
     res = sft_trainer.train(sft_cfg)
-    publish(Path(res["model"]), out / "sft")
+    copy_into_place(Path(res["model"]), out / "sft")
     return {"eval_loss": res["final"].get("sft/eval_loss")}
 
 
@@ -322,9 +322,9 @@ def stage_reward(demo: DemoRun, d: Path) -> dict:
         run=demo.sub_run(d, save_every=max(50, cfg.reward.steps // 4)),
     )
     res = reward_trainer.train(rm_cfg)
-    publish(Path(res["model"]), out / "reward")
+    copy_into_place(Path(res["model"]), out / "reward")
     if "adapter" in res:  # LoRA: PPO loads the adapter onto its one base
-        publish(Path(res["adapter"]), out / "reward-adapter")
+        copy_into_place(Path(res["adapter"]), out / "reward-adapter")
     saved = load_saved(str(out / "reward"), reward=str(out / "reward"))  # checked by the one loader
     rm, tok = saved.reward_model, saved.tokenizer
     result = {**pair_accuracy(rm, tok, data / "preferences_eval.jsonl", demo.max_len),
@@ -346,8 +346,8 @@ def stage_ppo(demo: DemoRun, d: Path) -> dict:
     write_jsonl(demo.data / "ppo_prompts.jsonl", [{"prompt": p} for p in demo.task.sample_prompts(n_prompts, prompt_rng)])
     ppo_cfg = ppo_stage_config(demo.cfg, demo.out, demo.data / "ppo_prompts.jsonl", demo.sub_run(d))
     res = ppo_trainer.train(ppo_cfg, probe=task_probe(demo.task))
-    publish(Path(res["policy"]), demo.out / "policy")
-    publish(d / "critic", demo.out / "critic")
+    copy_into_place(Path(res["policy"]), demo.out / "policy")
+    copy_into_place(d / "critic", demo.out / "critic")
     return {"final": {k: v for k, v in res["final"].items() if k.startswith(("reward/", "kl/", "rollout/"))}}
 
 

@@ -83,7 +83,7 @@ def horizon_demo(cfg: ExperimentsConfig, k: int, variant: str = "", extra: Optio
 
 
 @dataclasses.dataclass
-class World:
+class HorizonWorld:
     """One horizon (or variant at the longest horizon): its demo stages and the sweep of its arms."""
 
     label: str
@@ -110,7 +110,7 @@ class Family:
     py: str = sys.executable
 
     def world(self, label: str, k: int, dcfg: DemoConfig, arms: list[str], group_size: int, what: str,
-              demo_job: str) -> World:
+              demo_job: str) -> HorizonWorld:
         """A world: the claims family's sweep of ``arms`` over ``dcfg``'s demo, in <out>/<label>."""
         cfg = self.cfg
         main = label == world_label(k) and not cfg.quick
@@ -122,9 +122,9 @@ class Family:
             claims=dataclasses.replace(cfg.claims, groups=groups, quick=False))
         sw = Sweep(wcfg, self.out / label, self.log, build_arms(wcfg), Path(dcfg.run.output_dir).resolve(),
                    unbiased_demo_config(wcfg), self.prompts, self.sample_seed)
-        return World(label, k, demo_job, sw, what)
+        return HorizonWorld(label, k, demo_job, sw, what)
 
-    def worlds(self) -> list[World]:
+    def worlds(self) -> list[HorizonWorld]:
         """Every horizon; then at the longest, the noisier reward and the other group sizes."""
         cfg, h = self.cfg, self.cfg.horizon
         ks = sorted(h.horizons)
@@ -140,7 +140,7 @@ class Family:
                                   f"{k} sentences, {h.group_arm} with K = {size}", f"demo/{world_label(k)}"))
         return out
 
-    def demo_job(self, w: World, src: Optional[DemoConfig], deps: tuple[str, ...]) -> Job:
+    def demo_job(self, w: HorizonWorld, src: Optional[DemoConfig], deps: tuple[str, ...]) -> Job:
         """Prepare ``w``'s demo stages up to its reward model (nothing when they are cached); a
         variant of labels first gets ``src``'s SFT stage (the same SFT model)."""
         dcfg = w.sweep.cfg.demo
@@ -156,7 +156,7 @@ class Family:
 
         return Job(w.demo_job, prepare, deps=deps)
 
-    def credit_job(self, w: World) -> Optional[Job]:
+    def credit_job(self, w: HorizonWorld) -> Optional[Job]:
         """The token-credit view: ``w``'s ppo and group-arm runs of the first seed, same prompts."""
         h, seed = self.cfg.horizon, self.cfg.seeds[0]
         arms = {a.name: a for a in w.sweep.arms}
@@ -184,9 +184,9 @@ class Family:
 
         return Job("credit", prepare, deps=(f"{w.label}/ppo/seed{seed}", f"{w.label}/{group}/seed{seed}"))
 
-    def jobs(self, worlds: list[World]) -> list[Job]:
+    def jobs(self, worlds: list[HorizonWorld]) -> list[Job]:
         """The demo stages of every world, then each world's jobs (after its demo), then the credit view."""
-        by_dir: dict[Path, World] = {}
+        by_dir: dict[Path, HorizonWorld] = {}
         jobs = []
         horizon_demos = {w.horizon: w.sweep.cfg.demo for w in worlds if w.label == world_label(w.horizon)}
         for w in worlds:
@@ -214,7 +214,7 @@ def _start(cfg: ExperimentsConfig) -> tuple[ExperimentsConfig, Path, Callable[..
     return cfg, out, log
 
 
-def _world_results(worlds: list[World], state: dict[str, str], total_s: float, jobs_s: float,
+def _world_results(worlds: list[HorizonWorld], state: dict[str, str], total_s: float, jobs_s: float,
                    made: dict) -> tuple[dict[str, Results], list[str]]:
     """Each world's results (its own summary.md and report.html written), and notes on those missing."""
     results, notes = {}, []

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from fourfold.config.ppo import resolve_weights
 from fourfold.models.estimate.memory import Estimate, estimate
 from fourfold.models.estimate.settings import Workload
-from fourfold.models.plan import plan_roles
+from fourfold.models.plan import FULL, plan_roles
 
 
 def workload_of(stage: str, cfg, nproc: int = 1) -> Workload:
@@ -26,8 +27,11 @@ def workload_of(stage: str, cfg, nproc: int = 1) -> Workload:
     else:  # reinforce: one gradient step on the whole batch
         n = cfg.reinforce.rollout_batch_size
         batch = dict(rollout_batch_size=n, minibatch_size=n)
+    plan = plan_roles(stage, cfg)
+    policy = plan.role("policy")  # auto: gathered for a policy FSDP shards itself (a LoRA policy's base is not its own)
+    weights = resolve_weights(cfg.generation.weights, nproc > 1 and policy.form == FULL and policy.placement == "fsdp")
     return Workload(nproc=nproc, max_prompt_len=cfg.data.max_prompt_len, max_new_tokens=cfg.generation.max_new_tokens,
-                    engine_weights=cfg.generation.weights, **batch)
+                    engine_weights=weights, **batch)
 
 
 def estimate_config(stage: str, cfg, nproc: int = 1) -> Estimate:
@@ -37,9 +41,12 @@ def estimate_config(stage: str, cfg, nproc: int = 1) -> Estimate:
 
 def estimate_line(stage: str, cfg: Any, nproc: int = 1) -> str:
     """The estimate's one-line summary for the start of a run on ``nproc`` devices; never raises:
-    when the estimate cannot be made, a one-line note saying why."""
+    when the estimate cannot be made, a one-line note saying why. With ``generation.weights: auto``
+    it ends with what auto is for this run (``gathered`` or ``live``)."""
     try:
-        return estimate_config(stage, cfg, nproc).summary()
+        workload = workload_of(stage, cfg, nproc)
+        auto = f"; generation.weights: auto = {workload.engine_weights}" if cfg.generation.weights == "auto" else ""
+        return estimate(plan_roles(stage, cfg), workload).summary() + auto
     except Exception as e:  # the estimate is advice: a run never fails because of it
         reason = str(e).splitlines()[0] if str(e) else ""
         return f"memory estimate unavailable ({type(e).__name__}: {reason[:200]})"
