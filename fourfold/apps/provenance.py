@@ -20,8 +20,12 @@ from fourfold.atomic import write_text_atomic
 PROVENANCE_FILE = "provenance.json"
 
 
+CHECKOUT = Path(__file__).resolve().parents[2]
+"""The directory holding the package (fourfold/apps/provenance.py -> the checkout's root)."""
+
+
 def _git(*args: str) -> str | None:
-    repo = Path(__file__).resolve().parents[1]
+    repo = CHECKOUT
     if not (repo / ".git").exists():
         return None
     try:
