@@ -69,7 +69,8 @@ METRICS: dict[str, str] = {
     "reward/token_reward_sum_mean": "Mean over sequences of the summed per-token rewards (KL-penalised unless ppo.kl_in is loss).",
     "reward/no_eos_penalised": "Share of responses given the missing-EOS penalty instead of their score.",
     # kl
-    "kl/k1": "Mean over sequences of the summed k1 estimate (logp_policy - logp_ref) of KL to the reference.",
+    "kl/k1": "Mean over sequences of the summed k1 estimate (logp_policy - logp_ref) of KL to the reference; "
+             "unbiased, so a batch's mean can be negative (by chance, most near the start); kl/k3 never is.",
     "kl/k3": "Mean over sequences of the summed k3 estimate ((r - 1) - log r) of KL to the reference.",
     "kl/coef": "KL penalty coefficient used for this iteration (adaptive controller value or fixed).",
     # policy

@@ -22,7 +22,7 @@ from typing import Any
 
 from fourfold.errors import ConfigError
 
-__all__ = ["SINKS", "WandbSink", "done_line", "fmt_duration", "fmt_number", "open_sinks", "plain_line",
+__all__ = ["SINKS", "WandbSink", "done_line", "fmt_duration", "fmt_fixed", "fmt_number", "open_sinks", "plain_line",
            "require_sinks", "samples_markdown"]
 
 SINKS = ("tensorboard", "wandb")
@@ -41,6 +41,12 @@ def fmt_number(value: Any) -> str:
     if isinstance(value, int):
         return str(value)
     return f"{value:.4g}" if math.isfinite(value) else str(value)
+
+
+def fmt_fixed(value: float, digits: int = 3) -> str:
+    """``value`` with ``digits`` decimals, a value that rounds to zero written ``0.000``, never
+    ``-0.000`` (an estimate of 0, such as the SFT model's KL to itself, is not negative)."""
+    return f"{round(float(value), digits) + 0.0:.{digits}f}"
 
 
 def fmt_duration(seconds: float) -> str:
