@@ -161,8 +161,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if stage.rollout_batch and dist.rank_from_env() == 0:  # rank 0 alone under torchrun
             from fourfold.models.estimate.from_config import estimate_line
 
-            print(f"fourfold {args.stage}: {estimate_line(args.stage, cfg, dist.world_size_from_env())}",
-                  file=sys.stderr)
+            print(f"fourfold {args.stage}: {estimate_line(args.stage, cfg, dist.world_size_from_env())}", flush=True)
         _resolve(stage.run)(cfg, **task_inputs(args.stage, cfg))
         finished = True
     except FourfoldError as e:

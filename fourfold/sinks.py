@@ -6,6 +6,11 @@ off a terminal (nohup, Slurm, ``| tee``, CI) one :func:`plain_line` per logged r
 final :func:`done_line` naming where the model, metrics and checkpoints went. Numbers on the
 console have 4 significant digits (:func:`fmt_number`).
 
+One stream: everything a run says (the bar or the plain lines, warnings as ``fourfold <stage>:
+warning: ...``, the demo's stage headers and results, the summary line, how an interrupted run
+stopped) goes to stdout, so ``> log`` keeps it all in order; stderr holds only errors (the CLI's
+``fourfold <stage>: error: ...`` line).
+
 ``run.report_to`` names extra sinks (:data:`SINKS`). ``"tensorboard"`` is written by the metrics
 logger itself; ``"wandb"`` is :class:`WandbSink`, which imports ``wandb`` only when asked for
 (``pip install 'fourfold[wandb]'``). A sink has ``log(step, row)``, ``samples(step, rows)`` and

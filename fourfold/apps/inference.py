@@ -26,7 +26,6 @@ and print one summary line.
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import torch
@@ -90,12 +89,13 @@ def _write_jsonl(path: Path, rows: list[dict]) -> None:
 
 
 def _warn_skipped(command: str, loaded: LoadResult) -> None:
-    """One warning line on stderr for the rows skipped, then one per note on the data as a whole."""
+    """One warning line on stdout (where every line of a run goes) for the rows skipped, then one per note
+    on the data as a whole."""
     if loaded.skipped:
         print(f"fourfold {command}: warning: {loaded.num_skipped} bad rows skipped (data.on_error=skip); "
-              f"first: {loaded.skipped[0]}", file=sys.stderr)
+              f"first: {loaded.skipped[0]}", flush=True)
     for note in loaded.notes:
-        print(f"fourfold {command}: warning: {note}", file=sys.stderr)
+        print(f"fourfold {command}: warning: {note}", flush=True)
 
 
 def _architectures(model) -> list[str]:

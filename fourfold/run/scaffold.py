@@ -36,7 +36,6 @@ from __future__ import annotations
 import os
 import re
 import signal
-import sys
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -82,7 +81,7 @@ class RunScaffold:
         self.write(save_config, cfg, self.out / "config.yaml")
         if self.run_cfg.threads is not None:
             torch.set_num_threads(self.run_cfg.threads)
-        self._warnings: list[str] = []  # said on stderr before the logger existed; events once it does
+        self._warnings: list[str] = []  # said on the console before the logger existed; events once it does
         if self.run_cfg.malloc_mmap_threshold_kib is not None:  # before any model is loaded
             self._warn(set_mmap_threshold(self.run_cfg.malloc_mmap_threshold_kib))
         self.guard = NonFiniteGuard(limit=self.run_cfg.max_consecutive_skips)
@@ -95,11 +94,12 @@ class RunScaffold:
         self._stop = {"stop": False}
 
     def _warn(self, message: Optional[str]) -> None:
-        """One warning line on stderr (rank 0), and an event in the run's log once it is open."""
+        """One warning line on stdout (rank 0; where every line of a run goes, :mod:`fourfold.sinks`),
+        and an event in the run's log once it is open."""
         if message is None:
             return
         if self.is_main:
-            print(f"fourfold: warning: {message}", file=sys.stderr)
+            print(f"fourfold {self.stage}: warning: {message}", flush=True)
         self._warnings.append(message)
 
     @property
@@ -179,7 +179,7 @@ class RunScaffold:
         """With ``run.resume`` and checkpoints in the run directory: load the newest one that is
         whole into the tracked objects (and the global RNG states), restore the guard's skip count
         from its ``nonfinite_total`` and return its state. A corrupt newer checkpoint is passed over
-        with a one-line warning on stderr (and a ``warning`` event in ``events.jsonl``); when every
+        with a one-line warning on the console (and a ``warning`` event in ``events.jsonl``); when every
         checkpoint is corrupt, a CheckpointError (never a silent restart). Without ``run.resume`` or
         without checkpoints: None (a fresh run). A sharded checkpoint (a torchrun run's) loads at any
         world size, in one process too, and a one-process checkpoint loads under torchrun; resharded,
@@ -260,7 +260,8 @@ class RunScaffold:
             sinks = self.write(open_sinks, rc.report_to, self.out, config=config_to_dict(self._cfg))
             self.logger = self.write(MetricsLogger, self.out, progress=rc.progress,
                                      tensorboard=rc.tensorboard or "tensorboard" in rc.report_to, total=total,
-                                     desc=desc, key_metrics=key_metrics, resume_step=self.resumed_step, sinks=sinks)
+                                     desc=desc, key_metrics=key_metrics, resume_step=self.resumed_step, sinks=sinks,
+                                     stage=self.stage)
         for message in self._warnings:
             self.logger.event("warning", step=self.resumed_step, message=message)
         previous = _install_stop_handler(self._stop)

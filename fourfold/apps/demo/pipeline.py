@@ -195,7 +195,7 @@ class DemoRun:
     stages: Stages
     """The stage cache of ``out``."""
     log: Callable[..., None]
-    """The console (rich markup, on stderr)."""
+    """The console (rich markup, on stdout, where every line of a run goes: :mod:`fourfold.sinks`)."""
     t_start: float
     """``time.perf_counter()`` when the run started."""
 
@@ -210,7 +210,7 @@ class DemoRun:
 
         if cfg.quick:
             cfg = apply_quick(cfg)
-        console = Console(stderr=True, soft_wrap=True)
+        console = Console(soft_wrap=True)
         quiet_transformers()
         if cfg.run.threads is not None:
             torch.set_num_threads(cfg.run.threads)
