@@ -18,7 +18,7 @@ import sys
 import traceback
 from typing import Callable, Sequence
 
-from fourfold import dist
+from fourfold import __version__, dist
 from fourfold.config.stages import STAGES, rollout_stages
 from fourfold.errors import FourfoldError, UserCodeError
 
@@ -43,7 +43,7 @@ def task_inputs(stage: str, cfg) -> dict:
         return {}
     from fourfold.tasks import get_task, task_probe, task_prompts
 
-    task = get_task(cfg.data.task, **cfg.data.task_options)
+    task = get_task(cfg.data.task, options_key="data.task_options", **cfg.data.task_options)
     inputs = {"probe": task_probe(task)}
     if cfg.data.prompts is None:
         section, _, key = batch_key.partition(".")
@@ -110,6 +110,7 @@ def estimate(args) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="fourfold", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"fourfold {__version__}")
     sub = parser.add_subparsers(dest="stage", metavar="STAGE")
     _add_estimate_parser(sub)
     for name, stage in STAGES.items():
@@ -128,9 +129,23 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def parse_args(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:
+    """``parser``'s arguments, ``key=value`` overrides anywhere among the options: ``fourfold sft
+    --config c.yaml train.lr=1e-4 --output-dir d train.max_steps=2`` takes both overrides, in the
+    order given (argparse alone keeps the first run of positionals and refuses the rest). An
+    unknown option is still refused (``unrecognized arguments``)."""
+    args, rest = parser.parse_known_args(argv)
+    unknown = [a for a in rest if a.startswith("-")]
+    if unknown:
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    if rest:
+        args.overrides = [*getattr(args, "overrides", []), *rest]
+    return args
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parse_args(parser, argv)
     if not args.stage:
         parser.print_help()
         return 2

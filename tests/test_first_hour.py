@@ -76,3 +76,118 @@ def test_everything_a_run_says_goes_to_stdout_and_only_errors_to_stderr(tmp_path
     assert quiet.returncode == 0 and quiet.stderr == "", quiet.stderr
     lines = quiet.stdout.splitlines()
     assert len(lines) == 2 and lines[0].startswith(tie) and lines[1].startswith("fourfold reward: done in ")
+
+
+# ---- the CLI and the examples (issue 29.7) --------------------------------------------------------
+
+
+def test_an_override_after_an_option_counts_as_one_before_it(tmp_path, monkeypatch):
+    """`fourfold sft --config c.yaml train.lr=1e-4 --output-dir d train.max_steps=2`: both overrides
+    reach the config, in order (a later one wins), and an unknown option is still refused."""
+    import pytest
+
+    from fourfold.cli import main
+    from fourfold.tasks.tokenizer import build_word_tokenizer
+
+    build_word_tokenizer([f"w{i}" for i in range(12)], tmp_path / "tok")
+    (tmp_path / "train.jsonl").write_text(json.dumps({"prompt": "w1", "completion": "w2"}) + "\n")
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"model: {{from_scratch: true, tokenizer: {tmp_path / 'tok'}, hidden_size: 8, num_layers: 1, "
+                   f"num_heads: 2, max_positions: 16}}\ndata: {{train: {tmp_path / 'train.jsonl'}}}\n"
+                   "train: {max_len: 16}\n")
+    seen = []
+    monkeypatch.setattr("fourfold.trainers.sft.train", lambda c, **kw: seen.append(c))
+    argv = ["sft", "--config", str(cfg), "train.lr=1e-4", "--output-dir", str(tmp_path / "d"), "train.max_steps=2",
+            "--seed", "3", "train.max_steps=5"]
+    assert main(argv) == 0
+    (c,) = seen
+    assert (c.train.lr, c.train.max_steps, c.run.output_dir, c.run.seed) == (1e-4, 5, str(tmp_path / "d"), 3)
+    with pytest.raises(SystemExit) as e:
+        main(["sft", "--config", str(cfg), "train.lr=1e-4", "--output-dri", "x"])
+    assert e.value.code == 2 and len(seen) == 1
+
+
+def test_version(capsys):
+    import pytest
+
+    import fourfold
+    from fourfold.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["--version"])
+    assert e.value.code == 0 and capsys.readouterr().out == f"fourfold {fourfold.__version__}\n"
+
+
+def test_a_reward_fn_over_the_examples_placeholder_reward_names_both_sources(tmp_path):
+    """examples/grpo.yaml names a placeholder reward model: `model.reward_fn=...` on the command line
+    is refused with a line that says which source set which key and how to keep one; with
+    `model.reward=null` too it loads."""
+    import pytest
+
+    from fourfold.config import PPOConfig, load_config
+    from fourfold.errors import ConfigError
+
+    fn = tmp_path / "my_rewards.py"
+    fn.write_text("def score(prompts, responses):\n    return [0.0] * len(prompts)\n")
+    example = ROOT / "examples" / "grpo.yaml"
+    with pytest.raises(ConfigError) as e:
+        load_config(PPOConfig, example, [f"model.reward_fn={fn}:score"])
+    assert str(e.value) == (f"{example} (model.reward) and the command line (model.reward_fn): model.reward: "
+                            "model.reward (a reward-model directory) and model.reward_fn are both set; keep one "
+                            "(model.reward=null to score with the reward_fn)")
+    cfg = load_config(PPOConfig, example, ["model.reward=null", f"model.reward_fn={fn}:score"])
+    assert cfg.model.reward is None and cfg.model.reward_fn == f"{fn}:score"
+    assert "model.reward=null model.reward_fn=" in example.read_text()  # the example says how
+
+
+def test_a_config_error_blames_the_source_that_set_the_key(tmp_path):
+    """A key set on the command line is the command line's error, one from the file the file's."""
+    import pytest
+
+    from fourfold.config import PPOConfig, load_config
+    from fourfold.errors import ConfigError
+
+    example = ROOT / "examples" / "ppo.yaml"
+    with pytest.raises(ConfigError, match=r"^command line: ppo\.kl_coeff: unknown key \(did you mean 'ppo\.kl_coef'\?\)"):
+        load_config(PPOConfig, example, ["ppo.kl_coeff=1"])
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("ppo: {kl_coeff: 1}\n")
+    with pytest.raises(ConfigError, match=rf"^{bad}: ppo\.kl_coeff: unknown key"):
+        load_config(PPOConfig, bad, ["ppo.kl_coef=0.1"])
+
+
+# ---- bad input (issue 29.8) ----------------------------------------------------------------------
+
+
+def test_a_typo_in_the_task_options_gets_a_did_you_mean():
+    import pytest
+
+    from fourfold.errors import ConfigError
+    from fourfold.tasks import ReviewTask, get_task
+
+    with pytest.raises(ConfigError) as e:
+        get_task("review", options_key="data.task_options", labeler_lenght_bias=0)
+    assert str(e.value).startswith("data.task_options.labeler_lenght_bias: unknown key (did you mean "
+                                   "'data.task_options.labeler_length_bias'?); known keys here: ")
+    with pytest.raises(ConfigError, match=r"^task_options\.labeler_noise: expected float, got 'abc'$"):
+        get_task("review", labeler_noise="abc")
+    task = get_task("review", labeler_length_bias=0, length_range=[5, 30])  # as the YAML gives them
+    assert task.config == ReviewTask(labeler_length_bias=0.0, length_range=(5, 30)).config
+
+
+def test_static_engine_settings_are_refused_alike_with_the_eager_engine():
+    """The eager engine reads neither generation.compile nor generation.stop_check_every: off their
+    defaults, both are refused with it; with engine: static both are taken."""
+    import pytest
+
+    from fourfold.config import GenerationConfig
+    from fourfold.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"^generation\.compile: .*set generation\.engine=static"):
+        GenerationConfig(compile=True).validate()
+    with pytest.raises(ConfigError, match=r"^generation\.stop_check_every: the static engine's setting .*set "
+                                          r"generation\.engine=static \(or leave stop_check_every at 8\)"):
+        GenerationConfig(stop_check_every=3).validate()
+    GenerationConfig().validate()
+    GenerationConfig(engine="static", compile=True, stop_check_every=3).validate()
+

@@ -247,7 +247,7 @@ def test_skipped_rows_are_counted(tiny_lm, tmp_path, capsys):
     ("score", ["model.reward={rm}", "data.rows={rows}", "data.max_len=3"], "{rows}:1: prompt + response have 4 tokens, more than max_len=3"),
     ("score", ["model.reward_fn={root}/nothing.py:f", "data.rows={rows}"], "model.reward_fn: {root}/nothing.py: no such file"),
     ("generate", ["model.path={sft}", "data.prompts={prompts}", "--resume"], "run.resume: generate has nothing to resume"),
-    ("score", ["model.reward={rm}", "model.reward_fn=x:y", "data.rows={rows}"], "set exactly one of model.reward"),
+    ("score", ["model.reward={rm}", "model.reward_fn=x:y", "data.rows={rows}"], "model.reward_fn are both set; keep one"),
 ])
 def test_errors_are_one_line(tiny_lm, tmp_path, capsys, stage, overrides, needle):
     rows = _write(tmp_path / "rows.jsonl", [{"prompt": "w1", "response": "w2"}])
