@@ -191,3 +191,51 @@ def test_static_engine_settings_are_refused_alike_with_the_eager_engine():
     GenerationConfig().validate()
     GenerationConfig(engine="static", compile=True, stop_check_every=3).validate()
 
+
+# ---- exports that load where users load them (issue 29.6) -----------------------------------------
+
+
+def test_lora_adapters_load_through_the_peft_auto_classes_from_another_directory(tiny_lm, tmp_path, monkeypatch):
+    """A LoRA SFT and a LoRA reward run given relative paths (as typed on a command line): their
+    adapter directories record the base absolute, so AutoPeftModelForCausalLM and (with num_labels=1,
+    docs/lora.md) AutoPeftModelForSequenceClassification load them from anywhere, equal to the
+    merged exports."""
+    import random
+    import shutil
+
+    import torch
+    from peft import AutoPeftModelForCausalLM, AutoPeftModelForSequenceClassification
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
+
+    from fourfold.config import RewardConfig, SFTConfig, load_config
+    from fourfold.trainers import reward, sft
+
+    work, elsewhere = tmp_path / "work", tmp_path / "elsewhere"
+    work.mkdir()
+    elsewhere.mkdir()
+    shutil.copytree(tiny_lm / "sft", work / "base")
+    rng = random.Random(0)
+    words = lambda n: " ".join(f"w{rng.randrange(60)}" for _ in range(n))  # noqa: E731
+    (work / "sft.jsonl").write_text("".join(json.dumps({"prompt": words(3), "completion": words(4)}) + "\n"
+                                            for _ in range(16)))
+    (work / "prefs.jsonl").write_text("".join(json.dumps({"prompt": words(3), "chosen": words(4), "rejected": words(4)})
+                                              + "\n" for _ in range(16)))
+    common = ["model.lora.r=4", "model.lora.alpha=8", "train.max_steps=2", "train.batch_size=4", "train.lr=1e-2",
+              "train.max_len=16", "run.progress=false", "run.tensorboard=false", "run.device=cpu"]
+    monkeypatch.chdir(work)
+    sft.train(load_config(SFTConfig, None, ["model.path=base", "data.train=sft.jsonl", "run.output_dir=sft", *common]))
+    reward.train(load_config(RewardConfig, None, ["model.path=sft/model", "data.train=prefs.jsonl",
+                                                  "data.eval_fraction=0", "run.output_dir=rm", *common]))
+    for adapter, base in (("sft/model-adapter", "base"), ("rm/model-adapter", "sft/model")):
+        recorded = json.loads((work / adapter / "adapter_config.json").read_text())["base_model_name_or_path"]
+        assert recorded == str((work / base).resolve())
+
+    monkeypatch.chdir(elsewhere)
+    ids = torch.tensor([[5, 9, 11, 7, 20]])
+    with torch.no_grad():
+        policy = AutoPeftModelForCausalLM.from_pretrained(str(work / "sft" / "model-adapter"))
+        merged = AutoModelForCausalLM.from_pretrained(str(work / "sft" / "model"))
+        torch.testing.assert_close(policy(input_ids=ids).logits, merged(input_ids=ids).logits, atol=1e-5, rtol=1e-5)
+        rm = AutoPeftModelForSequenceClassification.from_pretrained(str(work / "rm" / "model-adapter"), num_labels=1)
+        merged_rm = AutoModelForSequenceClassification.from_pretrained(str(work / "rm" / "model"))
+        torch.testing.assert_close(rm(input_ids=ids).logits, merged_rm(input_ids=ids).logits, atol=1e-5, rtol=1e-5)
