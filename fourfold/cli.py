@@ -143,6 +143,35 @@ def parse_args(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> a
     return args
 
 
+def interrupted_line(stage: str, error: BaseException, cfg, argv: Sequence[str] | None) -> str:
+    """What an interrupted (Ctrl-C, SIGTERM) run says: the checkpoint it kept and the command that
+    continues it (``fourfold <the same arguments> --resume``), or that there is none yet; the demo
+    continues by rerunning the same command (its finished stages are cached, the running one resumes)."""
+    import shlex
+    from pathlib import Path
+
+    args = list(sys.argv[1:] if argv is None else argv)
+    spec = STAGES[stage]
+    if spec.cache:
+        return f"interrupted; rerun the same command to continue (what finished is cached, the run that was going " \
+               f"resumes from its last checkpoint): {shlex.join(['fourfold', *args])}"
+    if not spec.run_dir or cfg is None:
+        return "interrupted"
+    ckpt = getattr(error, "checkpoint", None)
+    if ckpt is None:
+        from fourfold.checkpoint import latest_checkpoint
+
+        ckpt = latest_checkpoint(Path(cfg.run.output_dir))
+    if ckpt is None:
+        again = args if "--overwrite" in args else [*args, "--overwrite"]
+        return f"interrupted before its first checkpoint (nothing to resume); start it again with: " \
+               f"{shlex.join(['fourfold', *again])}"
+    step = getattr(error, "step", None)
+    at = f" after step {step}" if step is not None else ""
+    resume = args if "--resume" in args or "run.resume=true" in args else [*args, "--resume"]
+    return f"interrupted{at}; kept checkpoint {ckpt}; continue with: {shlex.join(['fourfold', *resume])}"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parse_args(parser, argv)
@@ -168,7 +197,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         overrides.insert(0, "quick=true")
     if getattr(args, "fresh", False):
         overrides.append("fresh=true")
-    finished = False
+    finished, cfg = False, None
     try:
         from fourfold.config import load_config
 
@@ -185,9 +214,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             if isinstance(e, UserCodeError) and e.__cause__ is not None:
                 _print_user_traceback(e.__cause__)
         return 2
-    except KeyboardInterrupt:
-        if dist.world().is_main:
-            print(f"fourfold {args.stage}: interrupted", file=sys.stderr)
+    except KeyboardInterrupt as e:
+        if dist.world().is_main:  # how the run stopped, on stdout with the rest of what it said
+            print(f"fourfold {args.stage}: {interrupted_line(args.stage, e, cfg, argv)}", flush=True)
         return 130
     except Exception as e:
         if not dist.is_peer_failure(e):

@@ -239,3 +239,137 @@ def test_lora_adapters_load_through_the_peft_auto_classes_from_another_directory
         rm = AutoPeftModelForSequenceClassification.from_pretrained(str(work / "rm" / "model-adapter"), num_labels=1)
         merged_rm = AutoModelForSequenceClassification.from_pretrained(str(work / "rm" / "model"))
         torch.testing.assert_close(rm(input_ids=ids).logits, merged_rm(input_ids=ids).logits, atol=1e-5, rtol=1e-5)
+
+
+# ---- interrupt and resume say the run's state (issue 29.5) ----------------------------------------
+
+
+def _scaffold(out, **run):
+    import dataclasses
+
+    import torch
+
+    from fourfold.config import RunConfig
+    from fourfold.run.scaffold import RunScaffold
+
+    @dataclasses.dataclass
+    class Cfg:
+        run: RunConfig
+
+    scaffold = RunScaffold(Cfg(RunConfig(output_dir=str(out), progress=False, tensorboard=False, **run)))
+    torch.manual_seed(0)
+    model = torch.nn.Linear(2, 1)
+    scaffold.track(modules={"m": model}, optimizers={"m": torch.optim.SGD(model.parameters(), lr=0.1)},
+                   state=lambda step: {"step": step})
+    return scaffold
+
+
+def test_the_last_step_is_always_checkpointed_and_a_resume_says_where_it_starts(tmp_path, capsys):
+    """A loop's last step is saved though save_every does not divide it (ppo.iterations=7
+    run.save_every=5 kept only step 5), the summary names it, and a resume says its step."""
+    run = _scaffold(tmp_path, save_every=5)
+    with run.loop(total=7, desc="t", key_metrics=()) as logger:
+        for step in range(1, 8):
+            logger.log(step, {"x": step})
+            run.checkpoint_if_due(step)  # as PPO and REINFORCE call it: no final=
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step-00000005", "step-00000007"]
+    run.stage = "ppo"
+    run.finish({})
+    done = capsys.readouterr().out
+    assert "last checkpoint step-00000007 (--resume with more steps extends the run from it)" in done, done
+
+    again = _scaffold(tmp_path, resume=True)
+    again.stage = "ppo"
+    assert again.resume() == {"step": 7}
+    assert capsys.readouterr().out == f"fourfold ppo: resumed from step 7 ({tmp_path / 'checkpoints' / 'step-00000007'})\n"
+
+
+def test_a_stop_signal_during_a_checkpoint_is_acted_on_at_that_step(tmp_path):
+    """SIGTERM arriving while the periodic checkpoint is written stops the run at that step (the
+    flag is read after the save), with that checkpoint named, instead of one iteration later."""
+    import os
+    import signal
+
+    import pytest
+
+    from fourfold.run.scaffold import RunInterrupted
+
+    run = _scaffold(tmp_path, save_every=2)
+    save = run.save
+
+    def slow_save(step):
+        save(step)
+        os.kill(os.getpid(), signal.SIGTERM)  # arrives while the checkpoint is being written
+
+    run.save = slow_save
+    with pytest.raises(RunInterrupted) as e:
+        with run.loop(total=10, desc="t", key_metrics=()):
+            for step in range(1, 11):
+                run.checkpoint_if_due(step)
+    assert e.value.step == 2 and e.value.checkpoint == tmp_path / "checkpoints" / "step-00000002"
+    assert [p.name for p in (tmp_path / "checkpoints").iterdir()] == ["step-00000002"]
+
+
+def _ppo_args(tiny_lm, out, iterations, *extra):
+    return [f"model.policy={tiny_lm / 'sft'}", f"model.reward_fn={tiny_lm / 'reward_fn.py'}:reward",
+            "model.critic_init=policy", f"data.prompts={tiny_lm / 'prompts.jsonl'}", f"ppo.iterations={iterations}",
+            "ppo.rollout_batch_size=8", "ppo.minibatch_size=4", "ppo.ppo_epochs=1", "generation.max_new_tokens=6",
+            f"run.output_dir={out}", "run.progress=false", "run.tensorboard=false", "run.device=cpu",
+            "run.save_every=2", "ppo.lr_schedule=constant", *extra]  # a linear decay depends on the planned length
+
+
+def test_a_finished_ppo_run_extends_with_resume_as_if_it_had_run_longer(tiny_lm, tmp_path):
+    """ppo.iterations=3 run.save_every=2 leaves step 3; `--resume ppo.iterations=5` continues from
+    it (nothing redone) and ends with the metrics and weights of an uninterrupted 5-iteration run
+    (at a constant learning rate: a linear decay is planned for the run's length)."""
+    from safetensors.torch import load_file
+
+    from fourfold.config import PPOConfig, load_config
+    from fourfold.reporting import is_timing_key, read_metrics
+    from fourfold.trainers import ppo
+
+    ppo.train(load_config(PPOConfig, None, _ppo_args(tiny_lm, tmp_path / "long", 5)))
+    ppo.train(load_config(PPOConfig, None, _ppo_args(tiny_lm, tmp_path / "short", 3)))
+    assert sorted(p.name for p in (tmp_path / "short" / "checkpoints").iterdir()) == ["step-00000002", "step-00000003"]
+    ppo.train(load_config(PPOConfig, None, _ppo_args(tiny_lm, tmp_path / "short", 5, "run.resume=true")))
+
+    def rows(d):
+        return [{k: v for k, v in r.items() if not is_timing_key(k)} for r in read_metrics(d / "metrics.jsonl")]
+
+    assert [r["iteration"] for r in rows(tmp_path / "short")] == [1, 2, 3, 4, 5]
+    assert rows(tmp_path / "short") == rows(tmp_path / "long")
+    events = [json.loads(line) for line in (tmp_path / "short" / "events.jsonl").read_text().splitlines()]
+    assert [e["step"] for e in events if e["kind"] == "resume"] == [3]
+    a, b = (load_file(str(tmp_path / d / "policy" / "model.safetensors")) for d in ("long", "short"))
+    assert a.keys() == b.keys() and all(a[k].equal(b[k]) for k in a)
+
+
+def test_an_interrupted_run_names_its_checkpoint_and_the_resume_command(tmp_path, monkeypatch, capsys):
+    from pathlib import Path
+
+    from fourfold.checkpoint import CHECKPOINTS_DIR
+    from fourfold.cli import main
+    from fourfold.run.scaffold import RunInterrupted
+
+    out = tmp_path / "run"
+    kept = out / CHECKPOINTS_DIR / "step-00000004"
+
+    def stopped(cfg, **kw):
+        raise RunInterrupted(4, kept)
+
+    monkeypatch.setattr("fourfold.trainers.sft.train", stopped)
+    argv = ["sft", "model.path=m", "data.train=t.jsonl", "--output-dir", str(out)]
+    assert main(argv) == 130
+    said, err = capsys.readouterr()
+    assert err == "" and said == (f"fourfold sft: interrupted after step 4; kept checkpoint {kept}; continue with: "
+                                  f"fourfold sft model.path=m data.train=t.jsonl --output-dir {out} --resume\n")
+
+    def early(cfg, **kw):  # Ctrl-C before the first checkpoint (while the model loads)
+        Path(cfg.run.output_dir).mkdir(parents=True, exist_ok=True)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("fourfold.trainers.sft.train", early)
+    assert main(argv) == 130
+    assert capsys.readouterr().out == ("fourfold sft: interrupted before its first checkpoint (nothing to resume); "
+                                       f"start it again with: fourfold sft model.path=m data.train=t.jsonl "
+                                       f"--output-dir {out} --overwrite\n")

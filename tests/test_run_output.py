@@ -74,7 +74,8 @@ def test_the_summary_line_names_what_the_run_wrote(tmp_path, capsys):
     line = capsys.readouterr().out.strip()
     head, _, where = line.partition(" s: ")
     assert re.fullmatch(r"fourfold sft: done in [\d.]+", head), line
-    assert where == f"model {tmp_path}/model, metrics {tmp_path}/metrics.jsonl, checkpoints {tmp_path}/checkpoints"
+    assert where == (f"model {tmp_path}/model, metrics {tmp_path}/metrics.jsonl, checkpoints {tmp_path}/checkpoints, "
+                     "last checkpoint step-00000001 (--resume with more steps extends the run from it)")
     assert run.samples_due(10, 25) and run.samples_due(25, 25) and not run.samples_due(11, 25)
     run.run_cfg.samples_every = 0
     assert not run.samples_due(25, 25)

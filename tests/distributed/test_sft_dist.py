@@ -121,7 +121,8 @@ def test_two_processes_match_one_process(dist_data, clean, tmp_path):
 def test_a_stop_signal_to_one_rank_stops_every_rank_at_one_checkpoint(stopped):
     """The ranks agree on the stop at the end of a step: one checkpoint of that step (the last
     metrics row's), "interrupted" once (rank 0), exit status 130 from both ranks."""
-    assert stopped["stderr"].count("fourfold sft: interrupted") == 1, stopped["stderr"][-3000:]
+    said = stopped["stdout"].count(f"fourfold sft: interrupted after step {stopped['step']}; kept checkpoint ")
+    assert said == 1, stopped["stdout"][-3000:] + stopped["stderr"][-3000:]  # on stdout, with the run's lines
     assert "exitcode  : 130" in stopped["stderr"] and "fourfold sft: error" not in stopped["stderr"]
     assert metric_rows(stopped["out"])[-1]["step"] == stopped["step"] > 4
 
