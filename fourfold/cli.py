@@ -18,7 +18,7 @@ import sys
 import traceback
 from typing import Callable, Sequence
 
-from fourfold import dist
+from fourfold import __version__, dist
 from fourfold.config.stages import STAGES, rollout_stages
 from fourfold.errors import FourfoldError, UserCodeError
 
@@ -43,7 +43,7 @@ def task_inputs(stage: str, cfg) -> dict:
         return {}
     from fourfold.tasks import get_task, task_probe, task_prompts
 
-    task = get_task(cfg.data.task, **cfg.data.task_options)
+    task = get_task(cfg.data.task, options_key="data.task_options", **cfg.data.task_options)
     inputs = {"probe": task_probe(task)}
     if cfg.data.prompts is None:
         section, _, key = batch_key.partition(".")
@@ -110,6 +110,7 @@ def estimate(args) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="fourfold", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"fourfold {__version__}")
     sub = parser.add_subparsers(dest="stage", metavar="STAGE")
     _add_estimate_parser(sub)
     for name, stage in STAGES.items():
@@ -128,9 +129,52 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def parse_args(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:
+    """``parser``'s arguments, ``key=value`` overrides anywhere among the options: ``fourfold sft
+    --config c.yaml train.lr=1e-4 --output-dir d train.max_steps=2`` takes both overrides, in the
+    order given (argparse alone keeps the first run of positionals and refuses the rest). An
+    unknown option is still refused (``unrecognized arguments``)."""
+    args, rest = parser.parse_known_args(argv)
+    unknown = [a for a in rest if a.startswith("-")]
+    if unknown:
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    if rest:
+        args.overrides = [*getattr(args, "overrides", []), *rest]
+    return args
+
+
+def interrupted_line(stage: str, error: BaseException, cfg, argv: Sequence[str] | None) -> str:
+    """What an interrupted (Ctrl-C, SIGTERM) run says: the checkpoint it kept and the command that
+    continues it (``fourfold <the same arguments> --resume``), or that there is none yet; the demo
+    continues by rerunning the same command (its finished stages are cached, the running one resumes)."""
+    import shlex
+    from pathlib import Path
+
+    args = list(sys.argv[1:] if argv is None else argv)
+    spec = STAGES[stage]
+    if spec.cache:
+        return f"interrupted; rerun the same command to continue (what finished is cached, the run that was going " \
+               f"resumes from its last checkpoint): {shlex.join(['fourfold', *args])}"
+    if not spec.run_dir or cfg is None:
+        return "interrupted"
+    ckpt = getattr(error, "checkpoint", None)
+    if ckpt is None:
+        from fourfold.checkpoint import latest_checkpoint
+
+        ckpt = latest_checkpoint(Path(cfg.run.output_dir))
+    if ckpt is None:
+        again = args if "--overwrite" in args else [*args, "--overwrite"]
+        return f"interrupted before its first checkpoint (nothing to resume); start it again with: " \
+               f"{shlex.join(['fourfold', *again])}"
+    step = getattr(error, "step", None)
+    at = f" after step {step}" if step is not None else ""
+    resume = args if "--resume" in args or "run.resume=true" in args else [*args, "--resume"]
+    return f"interrupted{at}; kept checkpoint {ckpt}; continue with: {shlex.join(['fourfold', *resume])}"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parse_args(parser, argv)
     if not args.stage:
         parser.print_help()
         return 2
@@ -153,7 +197,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         overrides.insert(0, "quick=true")
     if getattr(args, "fresh", False):
         overrides.append("fresh=true")
-    finished = False
+    finished, cfg = False, None
     try:
         from fourfold.config import load_config
 
@@ -161,8 +205,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if stage.rollout_batch and dist.rank_from_env() == 0:  # rank 0 alone under torchrun
             from fourfold.models.estimate.from_config import estimate_line
 
-            print(f"fourfold {args.stage}: {estimate_line(args.stage, cfg, dist.world_size_from_env())}",
-                  file=sys.stderr)
+            print(f"fourfold {args.stage}: {estimate_line(args.stage, cfg, dist.world_size_from_env())}", flush=True)
         _resolve(stage.run)(cfg, **task_inputs(args.stage, cfg))
         finished = True
     except FourfoldError as e:
@@ -171,9 +214,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             if isinstance(e, UserCodeError) and e.__cause__ is not None:
                 _print_user_traceback(e.__cause__)
         return 2
-    except KeyboardInterrupt:
-        if dist.world().is_main:
-            print(f"fourfold {args.stage}: interrupted", file=sys.stderr)
+    except KeyboardInterrupt as e:
+        if dist.world().is_main:  # how the run stopped, on stdout with the rest of what it said
+            print(f"fourfold {args.stage}: {interrupted_line(args.stage, e, cfg, argv)}", flush=True)
         return 130
     except Exception as e:
         if not dist.is_peer_failure(e):

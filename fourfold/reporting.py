@@ -25,7 +25,6 @@ import base64
 import html
 import io
 import json
-import logging
 import math
 import numbers
 import os
@@ -52,8 +51,6 @@ __all__ = [
     "token_heatmap_html",
 ]
 
-log = logging.getLogger(__name__)
-
 # ---- the metric table ----------------------------------------------------------------------------
 
 METRICS: dict[str, str] = {
@@ -69,7 +66,8 @@ METRICS: dict[str, str] = {
     "reward/token_reward_sum_mean": "Mean over sequences of the summed per-token rewards (KL-penalised unless ppo.kl_in is loss).",
     "reward/no_eos_penalised": "Share of responses given the missing-EOS penalty instead of their score.",
     # kl
-    "kl/k1": "Mean over sequences of the summed k1 estimate (logp_policy - logp_ref) of KL to the reference.",
+    "kl/k1": "Mean over sequences of the summed k1 estimate (logp_policy - logp_ref) of KL to the reference; "
+             "unbiased, so a batch's mean can be negative (by chance, most near the start); kl/k3 never is.",
     "kl/k3": "Mean over sequences of the summed k3 estimate ((r - 1) - log r) of KL to the reference.",
     "kl/coef": "KL penalty coefficient used for this iteration (adaptive controller value or fixed).",
     # policy
@@ -259,7 +257,11 @@ class MetricsLogger:
     ``log``, ``samples`` and ``close``, see :mod:`fourfold.sinks`). ``total``: steps of the run,
     for the bar. ``key_metrics``: shown next to the bar and in the plain lines. ``resume_step=N``:
     keep the complete rows of the existing ``metrics.jsonl`` (and the events and samples) with
-    ``step <= N``, rewritten atomically, then append; ``None``: start the files empty.
+    ``step <= N``, rewritten atomically, then append; ``None``: start the files empty. ``stage``:
+    the name warnings carry (``fourfold ppo: warning: ...``; default ``desc``).
+
+    Everything it shows goes to stdout, warnings too (whatever ``progress`` is): the bar, the plain
+    lines and the warnings read in the order they happened, and ``> log`` keeps them all.
     """
 
     def __init__(
@@ -273,8 +275,10 @@ class MetricsLogger:
         key_metrics: Sequence[str] = ("reward/score_mean",),
         resume_step: int | None = None,
         sinks: Sequence[Any] = (),
+        stage: str | None = None,
     ):
         self.run_dir = Path(run_dir)
+        self._warn_prefix = f"fourfold {stage or desc or 'train'}: warning:"
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.metrics_path = self.run_dir / "metrics.jsonl"
         self.events_path = self.run_dir / "events.jsonl"
@@ -301,12 +305,12 @@ class MetricsLogger:
         self._metrics_f = open(self.metrics_path, "a", encoding="utf-8")
         self._events_f = open(self.events_path, "a", encoding="utf-8")
 
-        self._writer = _tensorboard_writer(self.run_dir / "tensorboard", resume_step) if tensorboard else None
+        self._progress = None  # the rich bar, started below (warnings before it are plain lines)
+        self._task = None
+        self._writer = _tensorboard_writer(self.run_dir / "tensorboard", resume_step, self._say) if tensorboard else None
         # set when TensorBoard event files are written
         self.tensorboard_dir: Path | None = None if self._writer is None else self.run_dir / "tensorboard"
 
-        self._progress = None
-        self._task = None
         show = progress == "force" or (progress is True and _stdout_is_tty())
         self._plain = progress is True and not show  # off a terminal: one plain line per row
         self._desc, self._total, self._t0 = desc, total, time.perf_counter()
@@ -332,8 +336,8 @@ class MetricsLogger:
                 self._task = self._progress.add_task(desc or "train", total=total, completed=resume_step or 0, metrics="")
                 self._progress.start()
             except Exception as e:  # a progress bar must never take a run down
-                log.warning("progress bar disabled: %s", e)
                 self._progress = None
+                self._say(f"progress bar disabled: {e}")
         if resume_step is not None:
             self.event("resume", step=resume_step)
 
@@ -401,14 +405,19 @@ class MetricsLogger:
         self._write_line(self._events_f, row)
 
     def warn(self, msg: str, *, step: int | None = None, **fields: Any) -> None:
-        """An event of kind ``"warning"`` with ``message=msg``, also shown on the terminal."""
+        """An event of kind ``"warning"`` with ``message=msg``, also shown on the console (stdout):
+        ``fourfold ppo: warning: msg``."""
         self.event("warning", step=step, message=str(msg), **fields)
+        self._say(msg)
+
+    def _say(self, msg: Any) -> None:
+        """One warning line on stdout, above the bar when there is one."""
         if self._progress is not None:
             from rich.markup import escape
 
-            self._progress.console.print(f"[yellow]warning:[/yellow] {escape(str(msg))}")
+            self._progress.console.print(f"[yellow]{escape(self._warn_prefix)}[/yellow] {escape(str(msg))}")
         else:
-            log.warning("%s", msg)
+            print(f"{self._warn_prefix} {msg}", flush=True)
 
     @staticmethod
     def _write_line(f: Any, row: Mapping[str, Any]) -> None:
@@ -436,14 +445,13 @@ class MetricsLogger:
             self._samples_f.close()
 
 
-def _tensorboard_writer(log_dir: Path, resume_step: int | None):
+def _tensorboard_writer(log_dir: Path, resume_step: int | None, warn=print):
     """A TensorBoard ``SummaryWriter`` into ``log_dir`` (its events after ``resume_step`` purged), or
-    None with a one-line warning when ``torch.utils.tensorboard`` does not import."""
+    None with a one-line warning (``warn``) when ``torch.utils.tensorboard`` does not import."""
     try:
         from torch.utils.tensorboard import SummaryWriter
     except Exception as e:  # tensorboard not installed (or broken): JSONL is the record
-        log.warning("TensorBoard disabled (%s: %s); metrics.jsonl has every metric (pip install tensorboard)",
-                    type(e).__name__, e)
+        warn(f"TensorBoard disabled ({type(e).__name__}: {e}); metrics.jsonl has every metric (pip install tensorboard)")
         return None
     purge = resume_step + 1 if resume_step is not None else None
     return SummaryWriter(log_dir=str(log_dir), purge_step=purge)

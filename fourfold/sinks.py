@@ -6,6 +6,11 @@ off a terminal (nohup, Slurm, ``| tee``, CI) one :func:`plain_line` per logged r
 final :func:`done_line` naming where the model, metrics and checkpoints went. Numbers on the
 console have 4 significant digits (:func:`fmt_number`).
 
+One stream: everything a run says (the bar or the plain lines, warnings as ``fourfold <stage>:
+warning: ...``, the demo's stage headers and results, the summary line, how an interrupted run
+stopped) goes to stdout, so ``> log`` keeps it all in order; stderr holds only errors (the CLI's
+``fourfold <stage>: error: ...`` line).
+
 ``run.report_to`` names extra sinks (:data:`SINKS`). ``"tensorboard"`` is written by the metrics
 logger itself; ``"wandb"`` is :class:`WandbSink`, which imports ``wandb`` only when asked for
 (``pip install 'fourfold[wandb]'``). A sink has ``log(step, row)``, ``samples(step, rows)`` and
@@ -22,7 +27,7 @@ from typing import Any
 
 from fourfold.errors import ConfigError
 
-__all__ = ["SINKS", "WandbSink", "done_line", "fmt_duration", "fmt_number", "open_sinks", "plain_line",
+__all__ = ["SINKS", "WandbSink", "done_line", "fmt_duration", "fmt_fixed", "fmt_number", "open_sinks", "plain_line",
            "require_sinks", "samples_markdown"]
 
 SINKS = ("tensorboard", "wandb")
@@ -41,6 +46,12 @@ def fmt_number(value: Any) -> str:
     if isinstance(value, int):
         return str(value)
     return f"{value:.4g}" if math.isfinite(value) else str(value)
+
+
+def fmt_fixed(value: float, digits: int = 3) -> str:
+    """``value`` with ``digits`` decimals, a value that rounds to zero written ``0.000``, never
+    ``-0.000`` (an estimate of 0, such as the SFT model's KL to itself, is not negative)."""
+    return f"{round(float(value), digits) + 0.0:.{digits}f}"
 
 
 def fmt_duration(seconds: float) -> str:

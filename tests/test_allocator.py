@@ -93,5 +93,5 @@ def test_the_scaffold_warns_when_it_cannot_apply_it(monkeypatch, tmp_path, capsy
     monkeypatch.setattr(allocator, "_libc", lambda: None)
     RunScaffold(Cfg(RunConfig(output_dir=str(tmp_path / "run"), progress=False, tensorboard=False,
                               malloc_mmap_threshold_kib=256)))
-    err = capsys.readouterr().err
-    assert err.count("fourfold: warning: run.malloc_mmap_threshold_kib is a glibc (Linux) setting") == 1
+    out = capsys.readouterr().out  # warnings go to stdout with the results (fourfold.sinks)
+    assert out.count("fourfold run: warning: run.malloc_mmap_threshold_kib is a glibc (Linux) setting") == 1

@@ -65,7 +65,7 @@ def test_sections_reuse_ppo_generation_and_the_shared_run_section():
     (GenerateConfig, GEN_OK + ["run.resume=true"], "run.resume: generate has nothing to resume"),
     (GenerateConfig, GEN_OK + ["model.policy=m"], "model.policy: unknown key"),
     (ScoreConfig, ["data.rows=r.jsonl"], "model.reward: set exactly one of model.reward"),
-    (ScoreConfig, SCORE_OK + ["model.reward_fn=f.py:g"], "model.reward: set exactly one of model.reward"),
+    (ScoreConfig, SCORE_OK + ["model.reward_fn=f.py:g"], "model.reward: model.reward (a reward-model directory) and model.reward_fn are both set"),
     (ScoreConfig, ["model.reward=rm"], "data.rows: missing"),
     (ScoreConfig, SCORE_OK + ["data.max_len=1"], "data.max_len: must be >= 2 or null"),
     (ScoreConfig, SCORE_OK + ["data.batch_size=0"], "data.batch_size: must be >= 1"),

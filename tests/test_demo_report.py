@@ -216,3 +216,26 @@ def test_credit_view_runs_under_the_ppo_stage_config(fake_run, tmp_path):
     stage_cfg.unlink()
     page = _render(run, summary)
     assert "could not be computed" in page and "config file not found" in page
+
+
+def test_a_kl_estimate_of_zero_is_never_minus_zero_and_the_length_line_is_in_tokens(fake_run, tmp_path):
+    """The SFT model's KL to itself, a k1 estimate a hair below 0, reads 0.00 in the headline table
+    (the column says why k1 can be negative), and the response-length panel's SFT line is in the
+    panel's unit, tokens: the eval's words plus the EOS (one token a word with the review tokenizer)."""
+    from fourfold.apps.demo.report import fmt, sft_line
+
+    root, summary, _ = fake_run
+    run = tmp_path / "run"
+    shutil.copytree(root, run)
+    shutil.rmtree(run / "policy")  # the credit view is not what this test reads
+    ev = json.loads((run / "eval.json").read_text())
+    ev["sft"]["kl"] = -0.0004
+    (run / "eval.json").write_text(json.dumps(ev))
+    page = _render(run, summary)
+    row = page[page.index("KL to SFT reference"):].split("</tr>")[0]
+    assert "-0.00" not in row and "<td>0.00</td>" in row.replace(' class="num"', ""), row
+    assert "can fall a little below 0" in row
+    assert fmt(-0.004, 2) == "0.00" and fmt(-0.006, 2) == "-0.01" and fmt(None) == "n/a"
+    assert sft_line("rollout/response_length", None, ev["sft"]) == (17.0, "SFT (held-out eval: words + EOS, in tokens)")
+    assert sft_line("kl/k1", "kl", ev["sft"]) == (-0.0004, "SFT (held-out eval)")
+    assert sft_line("policy/entropy", None, ev["sft"]) is None

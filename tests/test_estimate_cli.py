@@ -154,12 +154,12 @@ def test_ppo_prints_the_estimate_line_first_and_never_fails_on_it(dirs, tmp_path
     calls = []
     monkeypatch.setattr("fourfold.trainers.ppo.train", lambda cfg, **kw: calls.append(cfg))
     cfg = write_config(tmp_path / "ppo.yaml", dirs, PPO)
-    rc, _, err = run(["ppo", "--config", cfg], capsys)
-    assert rc == 0 and len(calls) == 1
-    assert err.count("\n") == 1 and err.startswith("fourfold ppo: memory estimate (full fine-tuning, fp32, 1 device): peak")
-    rc, _, err = run(["ppo", "--config", cfg, f"model.policy={tmp_path / 'missing'}"], capsys)
-    assert rc == 0 and len(calls) == 2  # the run goes on
-    assert err.count("\n") == 1 and err.startswith("fourfold ppo: memory estimate unavailable (ModelLoadError:")
+    rc, out, err = run(["ppo", "--config", cfg], capsys)  # on stdout, with the run's other lines
+    assert rc == 0 and len(calls) == 1 and err == ""
+    assert out.count("\n") == 1 and out.startswith("fourfold ppo: memory estimate (full fine-tuning, fp32, 1 device): peak")
+    rc, out, err = run(["ppo", "--config", cfg, f"model.policy={tmp_path / 'missing'}"], capsys)
+    assert rc == 0 and len(calls) == 2 and err == ""  # the run goes on
+    assert out.count("\n") == 1 and out.startswith("fourfold ppo: memory estimate unavailable (ModelLoadError:")
     assert estimate_line("ppo", load_config(PPOConfig, cfg, [])).startswith("memory estimate (")
 
 

@@ -282,21 +282,21 @@ def test_bad_data_rows_name_file_and_line(capsys, tmp_path, word_tok, stage, row
     assert path in line or "train.batch_size" in line
 
 
-def test_data_mostly_unknown_to_the_tokenizer_runs_with_one_warning(capsys, caplog, tmp_path, word_tok):
+def test_data_mostly_unknown_to_the_tokenizer_runs_with_one_warning(capsys, tmp_path, word_tok):
     """Legal input: most tokens UNK (the tokenizer does not know this text) trains, with one
     warning line on the terminal and in events.jsonl."""
     argv, path = _supervised("sft", word_tok, tmp_path, [{"prompt": "x1 x2 w1", "completion": "x3"}] * 2)
     assert main(argv) == 0
-    shown = capsys.readouterr().err + caplog.text
+    shown = capsys.readouterr().out  # warnings go to stdout with the results (fourfold.sinks)
     line = (f"{path}: 6 of the 8 tokens of the first 2 rows are the tokenizer's unknown token '<unk>': it does not "
             "know most of this text (is it the model's own tokenizer?)")
-    assert "Traceback" not in shown and line in shown, shown
+    assert "Traceback" not in shown and f"fourfold sft: warning: {line}" in shown, shown  # run.progress=false
     events = [json.loads(x) for x in (tmp_path / "run" / "events.jsonl").read_text().splitlines()]
     assert [e["message"] for e in events if e["kind"] == "warning"] == [line]
 
 
 @pytest.mark.parametrize("stage", ["reward", "dpo"])
-def test_tied_pairs_run_with_a_warning_that_counts_them(capsys, caplog, tmp_path, word_tok, stage):
+def test_tied_pairs_run_with_a_warning_that_counts_them(capsys, tmp_path, word_tok, stage):
     """Legal input: a pair whose chosen and rejected are the same carries no preference; it is left
     out and counted on the terminal and in events.jsonl, without data.on_error=skip."""
     tie = {"prompt": "w1", "chosen": "w2", "rejected": "w2"}
@@ -306,10 +306,10 @@ def test_tied_pairs_run_with_a_warning_that_counts_them(capsys, caplog, tmp_path
                                                      "model.num_layers", "model.num_heads", "model.max_positions"))]
         argv.insert(1, f"model.path={_tiny_causal_lm(tmp_path, word_tok)}")
     assert main(argv) == 0
-    shown = capsys.readouterr().err + caplog.text
+    shown = capsys.readouterr().out  # warnings go to stdout with the results (fourfold.sinks)
     line = (f"2 tied preference pairs left out ('chosen' and 'rejected' the same: no preference to learn); first: "
             f"{path}:2: 'chosen' and 'rejected' are identical")
-    assert "Traceback" not in shown and line in shown, shown
+    assert "Traceback" not in shown and f"fourfold {stage}: warning: {line}" in shown, shown
     events = [json.loads(x) for x in (tmp_path / "run" / "events.jsonl").read_text().splitlines()]
     assert [e["message"] for e in events if e["kind"] == "warning"] == [line]
 
@@ -344,14 +344,14 @@ def test_fewer_prompts_than_one_batch(capsys, tmp_path, tiny_lm, stage):
     _one_line_error(capsys, argv, f"{stage}.rollout_batch_size: 4 is more than the 3 prompts")
 
 
-def test_skipped_prompt_rows_run_with_a_warning_that_counts_them(capsys, caplog, tmp_path, tiny_lm):
+def test_skipped_prompt_rows_run_with_a_warning_that_counts_them(capsys, tmp_path, tiny_lm):
     """Legal input (data.on_error=skip): the run goes on, and says how many rows it left out (on
-    the terminal: through logging when there is no progress bar, which pytest captures)."""
+    the console, stdout, as `fourfold ppo: warning: ...` even with run.progress=false)."""
     rows = [{"prompt": "w1 w2"}] * 4 + [{"promt": "w3"}, "{oops", {"prompt": " ".join(["w4"] * 80)}]
     argv = _rl("ppo", tiny_lm, tmp_path, rows, "data.on_error=skip")
     assert main(argv) == 0
-    shown = capsys.readouterr().err + caplog.text
-    assert "Traceback" not in shown and "3 bad rows skipped (data.on_error=skip); first: " in shown, shown
+    shown = capsys.readouterr().out  # warnings go to stdout with the results (fourfold.sinks)
+    assert "Traceback" not in shown and "fourfold ppo: warning: 3 bad rows skipped (data.on_error=skip); first: " in shown, shown
     events = [json.loads(x) for x in (tmp_path / "run" / "events.jsonl").read_text().splitlines()]
     warnings = [e["message"] for e in events if e["kind"] == "warning"]
     assert len(warnings) == 1 and "prompts.jsonl:5:" in warnings[0]

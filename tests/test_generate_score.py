@@ -26,12 +26,13 @@ from fourfold.rollout.score import score_rollout
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _cli(stage, overrides, out, capsys) -> tuple[int, str]:
-    """Run ``fourfold <stage>`` (flags after the overrides, as argparse wants); (exit code, stderr)."""
+def _cli(stage, overrides, out, capsys, stream: str = "err") -> tuple[int, str]:
+    """Run ``fourfold <stage>`` (flags after the overrides, as argparse wants); (exit code, stderr,
+    or with ``stream="out"`` stdout: the results and warnings)."""
     keys = [o for o in overrides if not o.startswith("--")]
     flags = [o for o in overrides if o.startswith("--")]
     rc = main([stage, *keys, "run.threads=1", "--output-dir", str(out), *flags])
-    return rc, capsys.readouterr().err
+    return rc, getattr(capsys.readouterr(), stream)
 
 
 def _rows(path) -> list[dict]:
@@ -247,10 +248,10 @@ def test_generate_then_score_from_datasets_directories(tiny_lm, tmp_path, capsys
 def test_skipped_rows_are_counted(tiny_lm, tmp_path, capsys):
     rows_path = _write(tmp_path / "rows.jsonl", [{"prompt": "w1", "response": "w2"}, {"prompt": "w1"},
                                                  {"prompt": "w1 " * 200, "response": "w2"}])
-    rc, err = _cli("score", [f"data.rows={rows_path}", f"model.reward={tiny_lm / 'rm'}", "data.on_error=skip"],
-                   tmp_path / "s", capsys)
+    rc, out = _cli("score", [f"data.rows={rows_path}", f"model.reward={tiny_lm / 'rm'}", "data.on_error=skip"],
+                   tmp_path / "s", capsys, stream="out")
     assert rc == 0 and len(_rows(tmp_path / "s" / "scores.jsonl")) == 1
-    assert "2 bad rows skipped" in err and f"first: {rows_path}:2: missing field 'response'" in err
+    assert "fourfold score: warning: 2 bad rows skipped" in out and f"first: {rows_path}:2: missing field 'response'" in out
 
 
 @pytest.mark.parametrize("stage,overrides,needle", [
@@ -267,7 +268,7 @@ def test_skipped_rows_are_counted(tiny_lm, tmp_path, capsys):
     ("score", ["model.reward={rm}", "data.rows={rows}", "data.max_len=3"], "{rows}:1: prompt + response have 4 tokens, more than max_len=3"),
     ("score", ["model.reward_fn={root}/nothing.py:f", "data.rows={rows}"], "model.reward_fn: {root}/nothing.py: no such file"),
     ("generate", ["model.path={sft}", "data.prompts={prompts}", "--resume"], "run.resume: generate has nothing to resume"),
-    ("score", ["model.reward={rm}", "model.reward_fn=x:y", "data.rows={rows}"], "set exactly one of model.reward"),
+    ("score", ["model.reward={rm}", "model.reward_fn=x:y", "data.rows={rows}"], "model.reward_fn are both set; keep one"),
 ])
 def test_errors_are_one_line(tiny_lm, tmp_path, capsys, stage, overrides, needle):
     rows = _write(tmp_path / "rows.jsonl", [{"prompt": "w1", "response": "w2"}])

@@ -182,3 +182,57 @@ def test_the_machine_names_torchs_cpu_kernels():
     out = subprocess.run([sys.executable, "-c", code], env={**os.environ, "ATEN_CPU_CAPABILITY": "default"},
                          capture_output=True, text=True, check=True).stdout
     assert "DEFAULT kernels" in out, out
+
+
+def _checkout_copy(tmp_path) -> Path:
+    """README.md, the two docs and results/ of this checkout, in ``tmp_path/repo``."""
+    root = tmp_path / "repo"
+    for f in ("README.md", "docs/demo.md", "docs/experiments.md"):
+        (root / f).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(ROOT / f, root / f)
+    shutil.copytree(ROOT / "results", root / "results")
+    return root
+
+
+def _one_line(capsys, argv) -> str:
+    capsys.readouterr()
+    assert publish.main(argv) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1 and "Traceback" not in err, err
+    return err.strip()
+
+
+def test_bad_inputs_are_one_line_errors_naming_the_file(tmp_path, capsys):
+    """Each bad input a user met: a cut results/*.json, a README block whose end marker was deleted,
+    a --root that does not exist, and a results file without its claims key."""
+    root = _checkout_copy(tmp_path)
+    assert publish.main(["check", "--root", str(root)]) == 0
+    exp = root / "results" / "experiments.json"
+    good = exp.read_text()
+
+    exp.write_text(good[: len(good) // 2])  # cut
+    err = _one_line(capsys, ["check", "--root", str(root)])
+    assert err.startswith(f"python -m fourfold.apps.publish check: error: {exp}: not valid JSON"), err
+
+    record = json.loads(good)
+    del record["claims"]
+    exp.write_text(json.dumps(record))
+    err = _one_line(capsys, ["render", "--root", str(root)])
+    assert f"{exp}: no 'claims' key(s)" in err, err
+    exp.write_text(good)
+
+    readme = root / "README.md"
+    text = readme.read_text()
+    readme.write_text(text.replace("<!-- /publish:headline -->", ""))
+    start = text[: text.index("<!-- publish:headline -->")].count("\n") + 1
+    err = _one_line(capsys, ["render", "--root", str(root)])
+    assert f"{readme}:{start}: <!-- publish:headline --> has no end marker <!-- /publish:headline -->" in err, err
+    assert readme.read_text() == text.replace("<!-- /publish:headline -->", "")  # nothing rewritten
+
+    err = _one_line(capsys, ["check", "--root", str(tmp_path / "missing")])
+    assert f"--root {tmp_path / 'missing'}: no such directory" in err, err
+
+
+def test_the_default_root_is_this_checkout():
+    """`make publish` runs without --root: the default is the checkout, not the package folder."""
+    assert publish.REPO == ROOT and publish.main(["check"]) == 0

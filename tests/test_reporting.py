@@ -225,3 +225,10 @@ def test_fig_to_data_uri_closes_pyplot_figure():
     plt.plot([0, 1], [1, 0])
     uri = fig_to_data_uri(fig)
     assert uri.startswith("data:image/png;base64,") and fig.number not in plt.get_fignums()
+
+
+def test_fmt_fixed_never_writes_minus_zero():
+    from fourfold.sinks import fmt_fixed
+
+    assert fmt_fixed(-0.0004) == "0.000" and fmt_fixed(-0.0) == "0.000"
+    assert fmt_fixed(-0.0006) == "-0.001" and fmt_fixed(4.2184) == "4.218" and fmt_fixed(2.5, 1) == "2.5"

@@ -3,7 +3,6 @@ summary line, samples.jsonl, TensorBoard text and the W&B sink (a fake wandb mod
 one in offline mode is in tests/trainers/test_trainer_output.py)."""
 import dataclasses
 import json
-import logging
 import re
 import sys
 import types
@@ -75,7 +74,8 @@ def test_the_summary_line_names_what_the_run_wrote(tmp_path, capsys):
     line = capsys.readouterr().out.strip()
     head, _, where = line.partition(" s: ")
     assert re.fullmatch(r"fourfold sft: done in [\d.]+", head), line
-    assert where == f"model {tmp_path}/model, metrics {tmp_path}/metrics.jsonl, checkpoints {tmp_path}/checkpoints"
+    assert where == (f"model {tmp_path}/model, metrics {tmp_path}/metrics.jsonl, checkpoints {tmp_path}/checkpoints, "
+                     "last checkpoint step-00000001 (--resume with more steps extends the run from it)")
     assert run.samples_due(10, 25) and run.samples_due(25, 25) and not run.samples_due(11, 25)
     run.run_cfg.samples_every = 0
     assert not run.samples_due(25, 25)
@@ -115,13 +115,12 @@ def test_tensorboard_gets_scalars_and_the_samples_text(tmp_path):
     assert b"| p | r | 0.5 |" in text.tensor_proto.string_val[0]
 
 
-def test_missing_tensorboard_is_a_one_line_warning(tmp_path, monkeypatch, caplog):
+def test_missing_tensorboard_is_a_one_line_warning(tmp_path, monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)  # import fails as if not installed
-    with caplog.at_level(logging.WARNING, logger="fourfold.reporting"):
-        with MetricsLogger(tmp_path, progress=False) as lg:
-            lg.log(1, {"x": 1.0})
-    (record,) = caplog.records
-    assert "TensorBoard disabled" in record.getMessage() and "\n" not in record.getMessage()
+    with MetricsLogger(tmp_path, progress=False, stage="sft") as lg:
+        lg.log(1, {"x": 1.0})
+    out, err = capsys.readouterr()
+    assert err == "" and out.count("\n") == 1 and out.startswith("fourfold sft: warning: TensorBoard disabled"), out
     assert lg.tensorboard_dir is None and not (tmp_path / "tensorboard").exists()
     assert len(read_metrics(tmp_path / "metrics.jsonl")) == 1
 

@@ -31,7 +31,6 @@ and print one summary line.
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import torch
@@ -91,9 +90,10 @@ def _write_jsonl(path: Path, rows: list[dict]) -> None:
 
 
 def _warn_skipped(command: str, loaded: LoadResult) -> None:
-    """One warning line on stderr for the rows skipped, then one per note on the data as a whole."""
+    """One warning line on stdout (where every line of a run goes) for the rows skipped, then one per
+    note on the data as a whole."""
     for line in skipped_lines(loaded.skipped, loaded.notes):
-        print(f"fourfold {command}: warning: {line}", file=sys.stderr)
+        print(f"fourfold {command}: warning: {line}", flush=True)
 
 
 def _max_positions(model) -> int | None:

@@ -30,18 +30,29 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 
 from fourfold.apps.report_kit import fmt, mean, pct, signed
 from fourfold.atomic import write_text_atomic
+from fourfold.errors import DataError, FourfoldError
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]  # fourfold/apps/publish.py -> the checkout
 RESULTS = "results"
 HORIZON_FIGURE = "docs/img/horizon.png"
 MARK = re.compile(r"<!-- publish:(?P<name>[a-z-]+) -->(?P<body>.*?)<!-- /publish:(?P=name) -->", re.S)
 
 
 def read(path: Path) -> Any:
+    """The JSON of ``path``, None when there is no such file; a file that is there but does not
+    parse (cut short, edited by hand) is a DataError naming it, never taken for a missing one."""
+    path = Path(path)
     try:
-        return json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
         return None
+    except (OSError, UnicodeDecodeError) as e:
+        raise DataError(f"{path}: cannot read it ({getattr(e, 'strerror', None) or e})") from None
+    try:
+        return json.loads(text)
+    except ValueError as e:
+        raise DataError(f"{path}: not valid JSON ({e}); a cut or hand-edited file? restore it "
+                        f"(git checkout -- {path}) or rerun `python -m fourfold.apps.publish collect`") from None
 
 
 def _provenance(run: Path) -> dict:
@@ -303,37 +314,100 @@ BLOCKS: dict[str, dict[str, Callable[[Mapping], str]]] = {
 """Which generator writes each marked block of each file."""
 
 
+REQUIRED_KEYS = {
+    "demo": ("full", "quick"),
+    "experiments": ("claims", "summaries", "seeds", "sft", "rm", "labels", "iterations", "rollout_batch_size",
+                    "dpo_steps", "dpo_batch", "eval_prompts", "wall_s", "provenance"),
+    "horizon": ("claims", "summaries", "seeds", "sft", "sentences", "horizons", "iterations", "eval_prompts", "wall_s",
+                "provenance"),
+    "benchmarks": ("rows", "source"),
+}
+"""The top-level keys each results/<name>.json must hold for the blocks to render."""
+
+
 def load_results(root: Path) -> dict:
-    """results/*.json of the checkout ``root`` (horizon: None until the family has run)."""
-    d = root / RESULTS
-    return {"demo": read(d / "demo.json"), "experiments": read(d / "experiments.json"),
-            "horizon": read(d / "horizon.json"), "benchmarks": read(d / "benchmarks.json")}
+    """results/*.json of the checkout ``root`` (horizon: None until the family has run). A missing
+    one (but horizon's), one that does not parse, or one without a key of :data:`REQUIRED_KEYS` is a
+    DataError naming the file."""
+    root = Path(root)
+    if not root.is_dir():
+        raise DataError(f"--root {root}: no such directory (the checkout whose results/ and docs are read)")
+    d, res = root / RESULTS, {}
+    for name, keys in REQUIRED_KEYS.items():
+        path = d / f"{name}.json"
+        res[name] = rec = read(path)
+        if rec is None and name != "horizon":
+            raise DataError(f"{path}: missing (is --root {root} a fourfold checkout? `python -m "
+                            "fourfold.apps.publish collect` writes it from run outputs)")
+        if rec is not None and not isinstance(rec, dict):
+            raise DataError(f"{path}: expected a JSON object, got {type(rec).__name__}")
+        missing = [k for k in keys if rec is not None and k not in rec]
+        if missing:
+            raise DataError(f"{path}: no {', '.join(repr(k) for k in missing)} key(s) (cut or from another version? "
+                            "rerun `python -m fourfold.apps.publish collect`, or restore it from git)")
+    return res
+
+
+OPEN = re.compile(r"<!-- (?P<end>/?)publish:(?P<name>[a-z-]+) -->")
 
 
 def render_text(text: str, blocks: Mapping[str, Callable[[Mapping], str]], res: Mapping, where: str = "") -> str:
-    """``text`` with each marked block rewritten; an unknown or missing block is an error."""
+    """``text`` with each marked block rewritten; an unknown or missing block, a marker without its
+    partner and results without a key a block reads are DataErrors naming the file (and line)."""
+    _check_markers(text, where)
     seen = set()
 
     def repl(m: re.Match) -> str:
         name = m.group("name")
         if name not in blocks:
-            raise ValueError(f"{where}: unknown publish block {name!r}")
+            raise DataError(f"{where}: unknown publish block {name!r}")
         seen.add(name)
-        body = blocks[name](res)
+        try:
+            body = blocks[name](res)
+        except (KeyError, TypeError, IndexError) as e:  # a results file whose inner records lack a field
+            raise DataError(f"{where}: publish block {name!r}: results/*.json lack what it reads ({type(e).__name__}: "
+                            f"{e}); rerun `python -m fourfold.apps.publish collect`, or restore results/ from git") from None
         inline = "\n" not in m.group("body")
         return f"<!-- publish:{name} -->" + (body if inline else f"\n{body}\n") + f"<!-- /publish:{name} -->"
 
     out = MARK.sub(repl, text)
     missing = set(blocks) - seen
     if missing:
-        raise ValueError(f"{where}: no publish block {', '.join(sorted(missing))}")
+        raise DataError(f"{where}: no publish block {', '.join(sorted(missing))}")
     return out
+
+
+def _check_markers(text: str, where: str) -> None:
+    """Every ``<!-- publish:NAME -->`` has its ``<!-- /publish:NAME -->`` after it, and the other way
+    round: else a DataError naming the file, the line and the marker to restore."""
+    open_at: dict[str, int] = {}
+    for m in OPEN.finditer(text):
+        name, line = m.group("name"), text.count("\n", 0, m.start()) + 1
+        if not m.group("end"):
+            if name in open_at:
+                raise DataError(f"{where}:{open_at[name]}: <!-- publish:{name} --> has no end marker "
+                                f"<!-- /publish:{name} --> before the next one at line {line}; put it back where the block ends")
+            open_at[name] = line
+        elif open_at.pop(name, None) is None:
+            raise DataError(f"{where}:{line}: <!-- /publish:{name} --> ends a block that was never opened "
+                            f"(<!-- publish:{name} --> is missing); put it back where the block starts")
+    for name, line in open_at.items():
+        raise DataError(f"{where}:{line}: <!-- publish:{name} --> has no end marker <!-- /publish:{name} -->; "
+                        "put it back where the block ends")
 
 
 def render(root: Path, res: Optional[Mapping] = None) -> dict[str, str]:
     """{file: its text with every block rewritten} for the files of :data:`BLOCKS` under ``root``."""
     res = res or load_results(root)
-    return {f: render_text((root / f).read_text(encoding="utf-8"), blocks, res, f) for f, blocks in BLOCKS.items()}
+    return {f: render_text(_read_doc(root / f), blocks, res, str(root / f)) for f, blocks in BLOCKS.items()}
+
+
+def _read_doc(path: Path) -> str:
+    """The text of a published document, or a DataError naming it."""
+    try:
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise DataError(f"{path}: cannot read it ({getattr(e, 'strerror', None) or e})") from None
 
 
 def write_results(root: Path, demo: Sequence[Path], demo_quick: Sequence[Path], experiments: Path, horizon: Path) -> list[str]:
@@ -376,7 +450,18 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--experiments", default="runs/experiments")
     p.add_argument("--horizon", default="runs/horizon")
     args = p.parse_args(argv)
+    try:
+        return _run(args)
+    except (FourfoldError, FileNotFoundError) as e:  # a run output or results file missing, cut or incomplete
+        print(f"{p.prog} {args.command}: error: {e}", file=sys.stderr)
+        return 2
+
+
+def _run(args: argparse.Namespace) -> int:
+    """One command of :func:`main` (its errors: a FourfoldError or a missing file)."""
     root = Path(args.root)
+    if not root.is_dir():
+        raise DataError(f"--root {root}: no such directory (the checkout whose results/ and docs are read)")
     if args.command == "collect":
         write_results(root, [root / r for r in args.demo], [root / r for r in args.demo_quick], root / args.experiments,
                       root / args.horizon)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
+import re
 import types
 import typing
 from pathlib import Path
@@ -295,14 +296,58 @@ def _merge(base: dict, extra: dict) -> dict:
     return out
 
 
-def config_from_dict(cls: type[T], data: dict, where: str = "") -> T:
-    """Build and validate ``cls`` from a nested mapping."""
-    cfg = _build(cls, data or {}, where=where)
+def config_from_dict(cls: type[T], data: dict, where: str = "", *, origin=None) -> T:
+    """Build and validate ``cls`` from a nested mapping. Errors start with ``where`` (the file), or
+    with ``origin(message)`` when given (:func:`load_config`: which source set the keys named)."""
+    origin = origin or (lambda message: where)
     try:
+        cfg = _build(cls, data or {})
         validate_tree(cfg)
     except ConfigError as e:
-        raise ConfigError(f"{where}{e}") from None
+        raise ConfigError(f"{origin(str(e))}{e}") from None
     return cfg
+
+
+def build_options(cls: type[T], options: Mapping[str, Any], key: str) -> T:
+    """``cls`` (a dataclass) built from the free-form mapping at config key ``key`` (a task's
+    ``data.task_options``) by the loader's own rules: a misspelt option is ``key.name: unknown key
+    (did you mean 'key.other'?)`` and a wrong type names its key, as for every other key."""
+    return _build(cls, dict(options or {}), prefix=f"{key}.")
+
+
+_DOTTED = re.compile(r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)+")
+_HINTS = re.compile(r" \(did you mean '[^']*'\?\)|; known keys here: .*$|: renamed to .*$")
+
+
+def _leaf_keys(tree: Mapping, prefix: str = "") -> set[str]:
+    """Every dotted key of a nested mapping, sections included."""
+    keys = set()
+    for k, v in tree.items():
+        keys.add(f"{prefix}{k}")
+        if isinstance(v, Mapping):
+            keys |= _leaf_keys(v, f"{prefix}{k}.")
+    return keys
+
+
+def _origin(path: Path | None, file_keys: set[str], cmd_keys: list[str]):
+    """``message -> prefix`` for a config error: the file, the command line, or both, by which of
+    them set the dotted keys the message names (a key set in both: the command line's value won).
+    ``examples/grpo.yaml (model.reward) and the command line (model.reward_fn): ...`` for a
+    conflict between the two; the file alone when the message names no key of the command line."""
+    def origin(message: str) -> str:
+        said = _HINTS.sub("", message)  # a did-you-mean's keys and the known keys are no source's
+        named = list(dict.fromkeys(_DOTTED.findall(said)))
+        cmd = [k for k in named if any(k == c or k.startswith(c + ".") for c in cmd_keys)]
+        from_file = [k for k in named if k not in cmd and k in file_keys]
+        if path is None:
+            return "command line: " if cmd_keys else ""
+        if not cmd:
+            return f"{path}: "
+        if not from_file:
+            return "command line: "
+        return f"{path} ({', '.join(from_file)}) and the command line ({', '.join(cmd)}): "
+
+    return origin
 
 
 def _unchanged(value: Any, coerced: Any) -> bool:
@@ -362,15 +407,15 @@ def load_config(
     validate.
 
     Errors name the file and the dotted key: ``examples/ppo.yaml: ppo.kl_coeff: unknown key (did
-    you mean 'ppo.kl_coef'?)``.
+    you mean 'ppo.kl_coef'?)``; a key set on the command line is blamed there (``command line:
+    ...``), and a conflict between the two names both (:func:`_origin`).
     """
     import yaml
 
     tree: dict = dict(base or {})
-    where = ""
+    file_keys: set[str] = set()
     if path is not None:
         path = Path(path)
-        where = f"{path}: "
         if not path.is_file():
             raise ConfigError(f"{path}: config file not found")
         try:
@@ -387,14 +432,14 @@ def load_config(
             loaded = {}
         if not isinstance(loaded, dict):
             raise ConfigError(f"{path}: expected a mapping at the top level, got {type(loaded).__name__}")
+        file_keys = _leaf_keys(loaded)
         tree = _merge(tree, loaded)
+    cmd_keys = [parse_override(item)[0] for item in overrides] + list(settings or {})
     if overrides:
         tree = apply_overrides(tree, overrides)
     for key, value in (settings or {}).items():
         _set_dotted(tree, key, value)
-    if overrides or settings:
-        where = where or "command line: "
-    return config_from_dict(cls, tree, where=where)
+    return config_from_dict(cls, tree, origin=_origin(path, file_keys, cmd_keys))
 
 
 def save_config(cfg: Any, path: str | Path) -> None:

@@ -169,7 +169,8 @@ class GenerationConfig:
     stop_check_every: int = 8
     """The static engine reads "has every row finished?" (a host-device sync, and an all-reduce
     under torchrun) every this many tokens instead of every token; finished rows emit pad until
-    then and the extra steps are cut off, so the result does not change."""
+    then and the extra steps are cut off, so the result does not change (engine: static only: with
+    the eager engine, which checks every token, a value other than 8 is refused, as compile is)."""
 
     ENGINE_KEYS = ("engine", "weights", "compile", "stop_check_every")
     """The keys that choose how sampling runs, not what it samples (a stage key leaves them out at
@@ -178,9 +179,18 @@ class GenerationConfig:
     def validate(self, prefix: str = "generation") -> None:
         require(self.max_new_tokens >= 1, f"{prefix}.max_new_tokens", "must be >= 1")
         require(self.temperature > 0, f"{prefix}.temperature", f"must be > 0, got {self.temperature}")
+        # the static engine's own keys, off their defaults, are refused with the eager engine (which
+        # reads neither): one rule for both, so no setting is silently ignored
         require(not self.compile or self.engine == "static", f"{prefix}.compile",
                 f"compiles the static engine's step; set {prefix}.engine=static (or compile=false)")
+        require(self.stop_check_every == STOP_CHECK_EVERY or self.engine == "static", f"{prefix}.stop_check_every",
+                f"the static engine's setting (the eager engine checks every token); set {prefix}.engine=static "
+                f"(or leave stop_check_every at {STOP_CHECK_EVERY})")
         require(self.stop_check_every >= 1, f"{prefix}.stop_check_every", f"must be >= 1, got {self.stop_check_every}")
+
+
+STOP_CHECK_EVERY = 8
+"""The default of ``generation.stop_check_every`` (the only value the eager engine accepts)."""
 
 
 @dataclasses.dataclass
@@ -380,7 +390,10 @@ class PPOConfig(RolloutStageConfig):
 def require_one_reward(model, prefix: str = "model") -> None:
     """Exactly one of ``reward`` (a reward-model directory) and ``reward_fn`` scores the responses
     (the model section of PPO, REINFORCE and `fourfold score`)."""
-    require((model.reward is None) != (model.reward_fn is None), f"{prefix}.reward",
+    require(model.reward is None or model.reward_fn is None, f"{prefix}.reward",
+            f"{prefix}.reward (a reward-model directory) and {prefix}.reward_fn are both set; keep one "
+            f"({prefix}.reward=null to score with the reward_fn)")
+    require(model.reward is not None or model.reward_fn is not None, f"{prefix}.reward",
             f"set exactly one of {prefix}.reward (a reward-model directory) and {prefix}.reward_fn")
 
 

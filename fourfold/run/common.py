@@ -1,12 +1,13 @@
 """Set-up pieces every trainer (and ``fourfold generate``/``score``) shares: seeding, quiet
-transformers, the warning lines on skipped data rows. A trainer never imports
-another trainer; what two of them need lives in :mod:`fourfold.trainers` beside them (the run
-scaffold, the optimisation, the data-parallel seam, the supervised loop, the export)."""
+transformers, the warning lines on skipped data rows. A trainer never imports another trainer; what
+two of them need lives below them, here in :mod:`fourfold.run` (the run scaffold, the optimisation,
+the data-parallel seam, the export)."""
 
 from __future__ import annotations
 
 import random
 import sys
+import warnings
 from typing import Sequence
 
 import torch
@@ -26,7 +27,11 @@ def seed_everything(seed: int) -> torch.Generator:
 
 
 def quiet_transformers() -> None:
-    """Keep transformers' load reports and progress bars off the terminal (our own bar is there)."""
+    """Keep transformers' load reports and progress bars off the terminal (our own bar is there),
+    and the one FutureWarning every LoRA run would print: peft's ``PeftModel.__init__`` reads
+    ``model.is_gradient_checkpointing``, which transformers 5 deprecates (nothing of ours calls it;
+    the filter matches that message alone)."""
+    warnings.filterwarnings("ignore", message=r"`is_gradient_checkpointing` is deprecated", category=FutureWarning)
     try:
         from transformers.utils import logging as hf_logging
 

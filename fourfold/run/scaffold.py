@@ -36,7 +36,6 @@ from __future__ import annotations
 import os
 import re
 import signal
-import sys
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -53,7 +52,6 @@ from fourfold.checkpoint import (
     checkpoint_step,
     checkpointer,
     latest_checkpoint,
-    list_checkpoints,
 )
 from fourfold.config import config_to_dict, save_config, validate_tree
 from fourfold.config.stages import stage_of, torchrun_stages
@@ -91,7 +89,7 @@ class RunScaffold:
         self.write(save_config, cfg, self.out / "config.yaml")
         if self.run_cfg.threads is not None:
             torch.set_num_threads(self.run_cfg.threads)
-        self._warnings: list[str] = []  # said on stderr before the logger existed; events once it does
+        self._warnings: list[str] = []  # said on the console before the logger existed; events once it does
         if self.run_cfg.malloc_mmap_threshold_kib is not None:  # before any model is loaded
             self._warn(set_mmap_threshold(self.run_cfg.malloc_mmap_threshold_kib))
         self.guard = NonFiniteGuard(limit=self.run_cfg.max_consecutive_skips)
@@ -102,13 +100,15 @@ class RunScaffold:
         self._state: Callable[[int], dict] = lambda step: {}
         self._checkpointer = checkpointer(self.sharded)  # the process group is known: plain or sharded
         self._stop = {"stop": False}
+        self._total: Optional[int] = None  # the loop's last step (loop(total=...))
 
     def _warn(self, message: Optional[str]) -> None:
-        """One warning line on stderr (rank 0), and an event in the run's log once it is open."""
+        """One warning line on stdout (rank 0; where every line of a run goes, :mod:`fourfold.sinks`),
+        and an event in the run's log once it is open."""
         if message is None:
             return
         if self.is_main:
-            print(f"fourfold: warning: {message}", file=sys.stderr)
+            print(f"fourfold {self.stage}: warning: {message}", flush=True)
         self._warnings.append(message)
 
     @property
@@ -188,7 +188,7 @@ class RunScaffold:
         """With ``run.resume`` and checkpoints in the run directory: load the newest one that is
         whole into the tracked objects (and the global RNG states), restore the guard's skip count
         from its ``nonfinite_total`` and return its state. A corrupt newer checkpoint is passed over
-        with a one-line warning on stderr (and a ``warning`` event in ``events.jsonl``); when every
+        with a one-line warning on the console (and a ``warning`` event in ``events.jsonl``); when every
         checkpoint is corrupt, a CheckpointError (never a silent restart). Without ``run.resume`` or
         without checkpoints: None (a fresh run). A sharded checkpoint (a torchrun run's) loads at any
         world size, in one process too, and a one-process checkpoint loads under torchrun; resharded,
@@ -206,6 +206,8 @@ class RunScaffold:
                 self._warn(message)
             self.guard.total = state.get("nonfinite_total", 0)
             self.resumed_step = checkpoint_step(ckpt)
+            if self.is_main:
+                print(f"fourfold {self.stage}: resumed from step {self.resumed_step} ({ckpt})", flush=True)
             return state
         if problems:
             raise CheckpointError(f"run.resume: every checkpoint in {self.out / 'checkpoints'} is corrupt "
@@ -224,18 +226,35 @@ class RunScaffold:
 
     def checkpoint_if_due(self, step: int, *, count: Optional[int] = None, final: bool = False) -> None:
         """End of a step: checkpoint ``step`` when ``count`` (default ``step``) is a multiple of
-        ``run.save_every``, when ``final``, or when SIGTERM/SIGINT arrived; after a stop signal,
-        raise KeyboardInterrupt (the CLI exits with 130; ``--resume`` continues exactly). Under
-        torchrun the ranks first agree on the stop (any rank's signal stops all)."""
+        ``run.save_every``, when ``final`` or ``step`` is the loop's ``total`` (the run's last step:
+        a run that ends leaves a checkpoint that ``--resume`` with more steps extends), or when
+        SIGTERM/SIGINT arrived; after a stop signal, raise :class:`RunInterrupted` (a
+        KeyboardInterrupt naming the checkpoint kept: the CLI says it and exits with 130;
+        ``--resume`` continues exactly). The stop flag is read again after a due checkpoint is written,
+        so a signal that arrives while it is written stops the run at this step, not one later. Under
+        torchrun the ranks agree on the stop (any rank's signal stops all) before any checkpoint."""
         count = step if count is None else count
         every = self.run_cfg.save_every
+        final = final or (count == step and step == self._total)
+        stop = self._agreed_stop()  # first: a collective checkpoint starts only with every peer alive
+        if (every and count % every == 0) or final or stop:
+            self.save(step)
+            stop = stop or self._agreed_stop()  # a signal that arrived while it was written: acted on now
+        if stop:
+            raise RunInterrupted(step, self._last_checkpoint())
+
+    def _agreed_stop(self) -> bool:
+        """Whether a stop signal arrived (under torchrun: on any rank; an all-reduce every rank makes)."""
         stop = self._stop["stop"]
         if self.world.distributed:
             stop = bool(dist.all_reduce_max(torch.tensor(int(stop))))
-        if (every and count % every == 0) or final or stop:
-            self.save(step)
-        if stop:
-            raise KeyboardInterrupt
+        return stop
+
+    def _last_checkpoint(self) -> Optional[Path]:
+        """The newest complete checkpoint of the run directory (None when there is none)."""
+        from fourfold.checkpoint import latest_checkpoint
+
+        return latest_checkpoint(self.out)
 
     # ---- the non-finite guard ------------------------------------------------------------------
 
@@ -262,12 +281,14 @@ class RunScaffold:
         from fourfold.reporting import MetricsLogger
 
         rc = self.run_cfg
+        self._total = total
         self.logger = NullLogger()
         if self.is_main:
             sinks = self.write(open_sinks, rc.report_to, self.out, config=config_to_dict(self._cfg))
             self.logger = self.write(MetricsLogger, self.out, progress=rc.progress,
                                      tensorboard=rc.tensorboard or "tensorboard" in rc.report_to, total=total,
-                                     desc=desc, key_metrics=key_metrics, resume_step=self.resumed_step, sinks=sinks)
+                                     desc=desc, key_metrics=key_metrics, resume_step=self.resumed_step, sinks=sinks,
+                                     stage=self.stage)
         for message in self._warnings:
             self.logger.event("warning", step=self.resumed_step, message=message)
         previous = _install_stop_handler(self._stop)
@@ -339,7 +360,8 @@ class RunScaffold:
     def finish(self, result: dict, **outputs) -> dict:
         """End the run: print its final summary line (rank 0; on every run, terminal or not): the
         stage, the time it took, ``outputs`` (name -> path, e.g. ``model=...``), then the metrics,
-        the samples and TensorBoard files when written, and the checkpoints when there are any.
+        the samples and TensorBoard files when written, and the checkpoints when there are any (with
+        the newest, which ``--resume`` extends).
         Returns ``result``, the trainer's summary dict."""
         if self.is_main:
             where = dict(outputs, metrics=self.logger.metrics_path)
@@ -347,10 +369,22 @@ class RunScaffold:
                 where["samples"] = self.logger.samples_path
             if self.logger.tensorboard_dir is not None:
                 where["tensorboard"] = self.logger.tensorboard_dir
-            if list_checkpoints(self.out):
+            last = self._last_checkpoint()
+            if last is not None:
                 where["checkpoints"] = self.out / CHECKPOINTS_DIR
+                where["last checkpoint"] = f"{last.name} (--resume with more steps extends the run from it)"
             print(done_line(self.stage, time.perf_counter() - self._t0, where), flush=True)
         return result
+
+
+class RunInterrupted(KeyboardInterrupt):
+    """A stop signal (SIGTERM, Ctrl-C) acted on at the end of step ``step``: the run saved
+    ``checkpoint`` (the newest complete one; ``--resume`` continues from it exactly)."""
+
+    def __init__(self, step: int, checkpoint: Optional[Path]):
+        super().__init__(f"stopped after step {step}")
+        self.step = step
+        self.checkpoint = checkpoint
 
 
 class NullLogger:

@@ -11,6 +11,8 @@ Nothing here imports torch; the tokenizer builder imports ``transformers`` only 
 """
 from __future__ import annotations
 
+import dataclasses
+import typing
 from typing import Callable
 
 from fourfold.errors import ConfigError
@@ -30,19 +32,39 @@ def available_tasks() -> list[str]:
     return sorted(_REGISTRY)
 
 
-def get_task(name: str, **kwargs) -> Task:
+def get_task(name: str, *, options_key: str = "task_options", **kwargs) -> Task:
     """Build the task registered as ``name``; ``kwargs`` go to its factory.
 
     For ``"review"`` they are :class:`ReviewTaskConfig` fields (or ``config=ReviewTaskConfig(...)``).
+    A factory whose ``config`` parameter is typed with a dataclass gets that dataclass built from
+    ``kwargs`` by the config loader's rules, so a misspelt option is ``task_options.x: unknown key
+    (did you mean ...?)`` (``options_key``: the config key the options came from).
     """
     try:
         factory = _REGISTRY[name]
     except KeyError:
         raise ConfigError(f"unknown task {name!r}; available: {', '.join(available_tasks())}") from None
+    options = _options_class(factory)
+    if options is not None and "config" not in kwargs:
+        from fourfold.config.loader import build_options
+
+        kwargs = {"config": build_options(options, kwargs, options_key)}
     try:
         return factory(**kwargs)
     except TypeError as e:
         raise ConfigError(f"task {name!r}: {e}") from None
+
+
+def _options_class(factory: Callable) -> type | None:
+    """The dataclass a task factory's ``config`` parameter is typed with (None when there is none)."""
+    try:
+        tp = typing.get_type_hints(factory.__init__ if isinstance(factory, type) else factory).get("config")
+    except Exception:  # unresolvable annotations: the factory takes its kwargs as they are
+        return None
+    for arg in (tp, *typing.get_args(tp)):
+        if dataclasses.is_dataclass(arg) and isinstance(arg, type):
+            return arg
+    return None
 
 
 __all__ = [

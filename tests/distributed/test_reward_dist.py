@@ -42,7 +42,7 @@ def test_a_one_process_checkpoint_resumes_under_torchrun(dist_data, one, tmp_pat
     out = tmp_path / "resumed"
     shutil.copytree(one, out, ignore=shutil.ignore_patterns("step-00000006", "model"))
     proc = torchrun("reward", _overrides(dist_data, out, "run.resume=true"))
-    assert "step-00000003 was written by one process (no torchrun) and resumes on 2 ranks" in proc.stderr
+    assert "step-00000003 was written by one process (no torchrun) and resumes on 2 ranks" in proc.stdout
     assert max_relative_diff(metric_rows(one), metric_rows(out)) < 1e-4
     assert max_weight_diff(one / "model", out / "model") < 1e-4
     assert (out / "checkpoints" / "step-00000006" / "rng-rank00001.json").is_file()  # sharded from there on

@@ -16,19 +16,21 @@ import torch
 from fourfold.reporting import is_timing_key, read_metrics
 
 
-def _demo(out: Path, *extra: str) -> subprocess.Popen:
+def _demo(out: Path, *extra: str, stderr=subprocess.STDOUT) -> subprocess.Popen:
     env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1")
     return subprocess.Popen([sys.executable, "-m", "fourfold.cli", "demo", "--quick", "--output-dir", str(out),
-                             "run.progress=false", *extra], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+                             "run.progress=false", *extra], env=env, stdout=subprocess.PIPE, stderr=stderr)
 
 
 @pytest.fixture(scope="session")
 def quick_demo(tmp_path_factory):
+    """(run directory, wall seconds, stdout) of one quick demo, run as `make demo > log 2> err`."""
     out = tmp_path_factory.mktemp("demo") / "run"
     t0 = time.time()
-    p = _demo(out)
-    log, _ = p.communicate(timeout=900)
-    assert p.returncode == 0, log.decode()[-3000:]
+    p = _demo(out, stderr=subprocess.PIPE)
+    log, err = p.communicate(timeout=900)
+    assert p.returncode == 0, (log + err).decode()[-3000:]
+    assert err.decode() == "", err.decode()[-3000:]  # nothing but errors goes to stderr (README, Run output)
     return out, time.time() - t0, log.decode()
 
 
@@ -57,7 +59,10 @@ def test_quick_demo_artefacts(quick_demo):
     parser = Images()
     parser.feed((out / "report.html").read_text())
     assert sum(s.startswith("data:image/png;base64,") for s in parser.srcs) >= 3
-    assert "report:" in log
+    # the stage headers, result table, gold gain, report path and `done in` lines, all in stdout (the
+    # fixture's stderr is empty; the step lines of run.progress=true: tests/test_first_hour.py)
+    for text in ("1/6 SFT", "fourfold sft: done in ", "SFT -> PPO on", "gold gain:", "report:", "fourfold ppo: done in "):
+        assert text in log, text
 
 
 def test_quick_demo_measures_the_rm_on_one_slip_pairs(quick_demo):

@@ -43,14 +43,18 @@ def reward_args(zoo, out, *extra) -> list[str]:
             f"run.output_dir={out}", *RUN, *extra]
 
 
-def cli(capsys, argv) -> tuple[int, str]:
-    """(exit code, stderr) of ``fourfold argv`` run in this process; the memory estimate's line that
-    ppo and reinforce print before they start (tests/test_estimate_cli.py) is left out."""
+def cli_output(capsys, argv) -> tuple[int, str, str]:
+    """(exit code, stdout, stderr) of ``fourfold argv`` run in this process: stdout what the run says
+    (its lines, warnings, the summary), stderr its error alone."""
     capsys.readouterr()  # what the test printed before (a progress bar of save_pretrained) is not the run's
     code = main(list(argv))
-    err = capsys.readouterr().err
-    if err.startswith(f"fourfold {argv[0]}: memory estimate"):
-        err = err.split("\n", 1)[1]
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def cli(capsys, argv) -> tuple[int, str]:
+    """(exit code, stderr) of ``fourfold argv`` run in this process."""
+    code, _, err = cli_output(capsys, argv)
     return code, err
 
 

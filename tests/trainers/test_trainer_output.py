@@ -25,7 +25,8 @@ def test_ppo_off_a_terminal(tiny_lm, tmp_path, capfd):
                  "ppo.minibatch_size=2", "run.samples_every=2", "run.save_every=3", f"run.output_dir={out}", *TINY]) == 0
     stdout, stderr = capfd.readouterr()
     assert not re.search(r"[\x1b\r]", stdout + stderr)  # no progress-bar control characters
-    *lines, last = stdout.splitlines()
+    estimate, *lines, last = stdout.splitlines()  # one stream: the estimate, the rows, the summary (stderr: errors)
+    assert estimate.startswith("fourfold ppo: memory estimate") and stderr == "", stderr
     assert len(lines) == 3
     for i, line in enumerate(lines, start=1):
         m = re.fullmatch(rf"ppo {i}/3: reward/score_mean=(\S+) kl/k1=(\S+) \([\d.]+ s\)", line)
@@ -35,7 +36,8 @@ def test_ppo_off_a_terminal(tiny_lm, tmp_path, capfd):
     head, _, where = last.partition(" s: ")
     assert re.fullmatch(r"fourfold ppo: done in [\d.]+", head), last
     assert where == (f"model {out}/policy, critic {out}/critic, metrics {out}/metrics.jsonl, samples {out}/samples.jsonl, "
-                     f"tensorboard {out}/tensorboard, checkpoints {out}/checkpoints")
+                     f"tensorboard {out}/tensorboard, checkpoints {out}/checkpoints, "
+                     "last checkpoint step-00000003 (--resume with more steps extends the run from it)")
 
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 

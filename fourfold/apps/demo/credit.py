@@ -9,7 +9,6 @@ Freshly sampled PPO responses, scored exactly as in a PPO iteration by the train
 from __future__ import annotations
 
 import dataclasses
-import logging
 import math
 import random
 from pathlib import Path
@@ -19,8 +18,6 @@ from fourfold.apps.report_kit import esc, html_table, mean, signed
 from fourfold.apps.seeds import stream_seed
 from fourfold.config import DemoConfig, PPOAlgoConfig, PPOConfig, load_config
 from fourfold.reporting import token_heatmap_html
-
-log = logging.getLogger(__name__)
 
 CREDIT_SEED = 1234  # the per-token view samples after torch's CPU generator is seeded with CREDIT_SEED
 CREDIT_BATCH = 32  # responses sampled for the per-token statistics (the first N are drawn)
@@ -137,7 +134,7 @@ def credit_section(out: Path, cfg: DemoConfig, eval_prompts: list[str], n_show: 
     try:
         credit = compute_token_credit(out, prompts, task)
     except Exception as e:  # the report must not take a finished run down; say what failed
-        log.warning("demo report: per-token credit view skipped: %s", e)
+        print(f"fourfold demo: warning: report: per-token credit view skipped: {e}", flush=True)
         return head + f'<p class="warn">The per-token view could not be computed: {esc(type(e).__name__)}: {esc(e)}</p>'
     items = credit["items"]
     shown = items[:n_show]

@@ -67,6 +67,7 @@ from fourfold.config import (
     config_to_dict,
     save_config,
 )
+from fourfold.sinks import fmt_fixed, fmt_number
 
 QUICK = {  # --quick: the same pipeline on about 2.5 minutes of 2 cores (measured 97-104 s of stages, seeds 0-2, on a busy machine)
     "sft.examples": 12000, "sft.steps": 700, "pairs.pairs": 3000, "pairs.eval_pairs": 200, "pairs.slip_eval_pairs": 100,
@@ -194,7 +195,7 @@ class DemoRun:
     stages: Stages
     """The stage cache of ``out``."""
     log: Callable[..., None]
-    """The console (rich markup, on stderr)."""
+    """The console (rich markup, on stdout, where every line of a run goes: :mod:`fourfold.sinks`)."""
     t_start: float
     """``time.perf_counter()`` when the run started."""
 
@@ -209,7 +210,7 @@ class DemoRun:
 
         if cfg.quick:
             cfg = apply_quick(cfg)
-        console = Console(stderr=True, soft_wrap=True)
+        console = Console(soft_wrap=True)
         quiet_transformers()
         if cfg.run.threads is not None:
             torch.set_num_threads(cfg.run.threads)
@@ -385,7 +386,8 @@ def _log_outcome(demo: DemoRun, r_eval: dict) -> None:
     b, a = r_eval["sft"], r_eval["ppo"]
     demo.log(f"\n[bold]SFT -> PPO on {demo.cfg.eval.prompts} held-out prompts[/bold]")
     for k in ("proxy", "gold", "kl", "length", "well_formed", "repetition"):
-        demo.log(f"    {k:12s} {b[k]:8.3f} -> {a[k]:8.3f}")
+        demo.log(f"    {k:12s} {fmt_fixed(b[k]):>8s} -> {fmt_fixed(a[k]):>8s}")
+    demo.log("    (kl: nats per response, the k1 estimate, unbiased: its mean over a sample can fall below 0)")
     demo.log(f"    gold gain: {r_eval['gold_gain_sd']:+.2f} SFT standard deviations")
     demo.log(f"\nreport: {demo.out / 'report.html'}   ({time.perf_counter() - demo.t_start:.0f}s)")
 
@@ -398,7 +400,7 @@ def run(cfg: DemoConfig, *, stop_after: str | None = None) -> dict:
     cfg, out, log, lora = demo.cfg, demo.out, demo.log, demo.cfg.lora
     log("[bold]1/6 SFT[/bold] corpus -> tokenizer -> SFT from scratch")
     r_sft = demo.stages.run("sft", sft_stage_settings(cfg), partial(stage_sft, demo), log)
-    log(f"    SFT model: {out / 'sft'} (held-out loss {r_sft.get('eval_loss')})")
+    log(f"    SFT model: {out / 'sft'} (held-out loss {fmt_number(r_sft.get('eval_loss'))})")
     log("[bold]2/6 pairs[/bold] SFT samples -> simulated labelers -> preference data")
     r_pairs = demo.stages.run("pairs", pairs_stage_settings(cfg), partial(stage_pairs, demo), log)
     log(f"    {r_pairs['pairs']} pairs in {demo.data / 'preferences.jsonl'}; labels agree with gold on "

@@ -20,14 +20,15 @@ import math
 import random
 import shlex
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 from fourfold.apps.cache import read_done, read_json
 from fourfold.apps.demo.credit import credit_section
-from fourfold.apps.report_kit import esc, fmt, html_table, mean, num, pct, signed, std
+from fourfold.apps.report_kit import esc, html_table, mean, num, pct, signed, std
 from fourfold.atomic import write_text_atomic
 from fourfold.config import DemoConfig, load_config
 from fourfold.reporting import fig_to_data_uri, html_image, html_page, read_metrics
+from fourfold.sinks import fmt_fixed
 
 STAGE_WHAT = {
     "sft": "generate the review corpus, build the word-level tokenizer, train a tiny Llama from scratch (supervised)",
@@ -137,17 +138,26 @@ def _ppo_figure(rows: list[dict], ev: Mapping) -> str:
             if len(sd) == len(ys):
                 ax.fill_between(xs, [y - s for y, s in zip(ys, sd)], [y + s for y, s in zip(ys, sd)],
                                 color="#1f77b4", alpha=0.15, linewidth=0, label="± 1 sd in batch")
-        if base_key and num(sft.get(base_key)) is not None:
-            ax.axhline(float(sft[base_key]), color="#d62728", linestyle="--", linewidth=1, label="SFT (held-out eval)")
-        if key == "rollout/response_length":
-            tok_len = num(sft.get("length"))
-            if tok_len is not None:  # eval length is in words; a word is one token for the review task
-                ax.axhline(tok_len, color="#d62728", linestyle="--", linewidth=1, label="SFT (held-out eval, words)")
+        line = sft_line(key, base_key, sft)
+        if line is not None:
+            ax.axhline(line[0], color="#d62728", linestyle="--", linewidth=1, label=line[1])
         _style(ax, title, "PPO iteration")
         if base_key or band_key or key in ("rollout/response_length", "reward/gold_mean"):
             ax.legend(fontsize=6.5, loc="best")
     fig.tight_layout()
     return fig_to_data_uri(fig, dpi=DPI)
+
+
+def sft_line(key: str, base_key: str | None, sft: Mapping) -> tuple[float, str] | None:
+    """(value, legend) of the SFT model's held-out line on the PPO panel of ``key`` (its eval's
+    ``base_key``), in the panel's unit, or None. Response length: the eval counts words and
+    ``rollout/response_length`` tokens up to and including EOS; the review task's tokenizer makes each
+    word one token, so a finished response has words + 1 tokens."""
+    if key == "rollout/response_length":
+        words = num(sft.get("length"))
+        return None if words is None else (words + 1, "SFT (held-out eval: words + EOS, in tokens)")
+    value = num(sft.get(base_key)) if base_key else None
+    return None if value is None else (value, "SFT (held-out eval)")
 
 
 def _batches_and_held_out(ax, rows: list[dict], key: str, eval_key: str, eval_label: str) -> list[float] | None:
@@ -281,12 +291,20 @@ def _intro(cfg: DemoConfig, stages: dict[str, dict], task) -> str:
     )
 
 
+def fmt(x: Any, digits: int = 3) -> str:
+    """``x`` with ``digits`` decimals (``n/a`` when it is not a number), never ``-0.00``."""
+    v = num(x)
+    return "n/a" if v is None else fmt_fixed(v, digits)
+
+
 def _headline(ev: Mapping, by_model: Mapping[str, list[dict]], pairs: Mapping, n_prompts: int | None) -> str:
     sft, ppo = ev.get("sft") or {}, ev.get("ppo") or {}
     spec = [
         ("proxy", "Proxy score (reward model)", "what PPO was trained to raise", 3, False),
         ("gold", "Gold reward", "the hidden true quality (never seen in training)", 3, False),
-        ("kl", "KL to SFT reference (nats / response)", "how far the policy drifted from SFT", 2, False),
+        ("kl", "KL to SFT reference (nats / response)",
+         "how far the policy drifted from SFT (the k1 estimate: unbiased, so a sample's mean can fall a little below 0)",
+         2, False),
         ("length", "Length (words)", "mean response length", 1, False),
         ("well_formed", "Well-formed", "share of responses that parse as a review", 0, True),
         ("repetition", "Repetition", "share of responses that repeat themselves", 0, True),
@@ -297,7 +315,7 @@ def _headline(ev: Mapping, by_model: Mapping[str, list[dict]], pairs: Mapping, n
         if as_pct:
             cells = [pct(a), pct(b), "n/a" if a is None or b is None else f"{100 * (b - a):+.{d}f} pts"]
         else:
-            cells = [fmt(a, d), fmt(b, d), "n/a" if a is None or b is None else f"{b - a:+.{d}f}"]
+            cells = [fmt(a, d), fmt(b, d), "n/a" if a is None or b is None else f"{round(b - a, d) + 0.0:+.{d}f}"]
         rows.append([esc(label), *cells, esc(what)])
     table = html_table(["metric", "SFT", "PPO", "change", "meaning"], rows, num_cols=(1, 2, 3))
     gg, pg = num(ev.get("gold_gain_sd")), num(ev.get("proxy_gain_sd"))

@@ -273,10 +273,10 @@ def write_outputs(sw: Sweep, res: Results, d_res: dict, state: dict, *, total_s:
 
 def open_output(cfg: ExperimentsConfig) -> tuple[Path, Callable[..., Any]]:
     """The output directory (created, with the effective config.yaml) and the log (the console on
-    stderr, or nothing without run.progress)."""
+    stdout, where every line of a run goes, :mod:`fourfold.sinks`; nothing without run.progress)."""
     from rich.console import Console
 
-    console = Console(stderr=True, highlight=False)
+    console = Console(highlight=False)
     out = Path(cfg.run.output_dir).resolve()
     out.mkdir(parents=True, exist_ok=True)
     save_config(cfg, out / "config.yaml")

@@ -2,7 +2,9 @@
 
 **Adapter directory** (peft's own): ``adapter_config.json`` + ``adapter_model.safetensors`` (+ peft's
 ``README.md``); tensors keyed ``base_model.model.<module path>.lora_A.weight`` etc., without the
-adapter's name. ``PeftModel.from_pretrained(base_model, dir)`` loads it. The base model it goes on is
+adapter's name. ``PeftModel.from_pretrained(base_model, dir)`` loads it, and so does
+``AutoPeftModelForCausalLM.from_pretrained(dir)`` from any directory (``base_model_name_or_path`` is
+recorded absolute, :func:`resolvable_base`). The base model it goes on is
 the SFT directory as fourfold loads it: when the tokenizer had no pad token, fourfold added one and
 resized the embeddings, and so must whoever loads the adapter (``resize_token_embeddings(len(tok))``
 with the tokenizer saved beside it).
@@ -19,7 +21,10 @@ memory (peft's in-place merge and unmerge would change the shared base by roundi
   names it ``base_model.model.score.weight``), plus ``fourfold_score.json`` =
   ``{"fourfold_score_shift": x}`` when the reward normalisation left a shift. It is what
   :func:`load_reward_adapter` loads as an adapter on a shared causal-LM base, and what
-  ``PeftModel.from_pretrained(AutoModelForSequenceClassification.from_pretrained(base), dir)`` loads;
+  ``PeftModel.from_pretrained(AutoModelForSequenceClassification.from_pretrained(base, num_labels=1), dir)``
+  and ``AutoPeftModelForSequenceClassification.from_pretrained(dir, num_labels=1)`` load (the base is
+  a causal LM's directory, whose config says nothing of labels, so transformers would build a
+  two-label head; the shift of ``fourfold_score.json`` is added by fourfold, not by peft);
 * a **merged directory**: a plain one-label ``AutoModelForSequenceClassification`` (the shift in
   ``config.json`` as ``fourfold_score_shift``, as a full reward model keeps it).
 
@@ -67,12 +72,23 @@ def save_adapter_dir(peft_model, adapter: str, path, state: Optional[dict] = Non
     """
     path = Path(path)
     given = {} if state is None else {"state_dict": {PEFT_PREFIX + k: t for k, t in state.items()}}
+    config = peft_model.peft_config[adapter]
+    config.base_model_name_or_path = resolvable_base(config.base_model_name_or_path)
     peft_model.save_pretrained(str(path), selected_adapters=[adapter], safe_serialization=True, **given)
     if adapter != "default":
         sub = path / adapter
         for f in sub.iterdir():
             os.replace(f, path / f.name)
         sub.rmdir()
+
+
+def resolvable_base(name: Optional[str]) -> Optional[str]:
+    """The base model an adapter directory records (``base_model_name_or_path``), as a path that
+    resolves from any directory: a local directory made absolute (the command line's relative
+    ``runs/sft/model`` would only load from the directory the run started in); a hub name as it is."""
+    if name and Path(name).is_dir():
+        return str(Path(name).resolve())
+    return name
 
 
 def lora_delta(module, adapter: str, lora_a: torch.Tensor, lora_b: torch.Tensor) -> torch.Tensor:
@@ -298,6 +314,7 @@ def save_scalar_adapter(role: AdapterScalarModel, path, gathered: Optional[Gathe
     config.modules_to_save = [head]
     config.inference_mode = True
     config.target_modules = rename_target_modules(config.target_modules, target, source)
+    config.base_model_name_or_path = resolvable_base(config.base_model_name_or_path)
     tensors = {PEFT_PREFIX + source + key[len(target):]: t.contiguous()
                for key, t in _adapter_tensors(role, gathered).items()}
     tensors.update({PEFT_PREFIX + k: t.contiguous() for k, t in _head_state(role, head, gathered).items()})
