@@ -236,3 +236,43 @@ def test_bad_inputs_are_one_line_errors_naming_the_file(tmp_path, capsys):
 def test_the_default_root_is_this_checkout():
     """`make publish` runs without --root: the default is the checkout, not the package folder."""
     assert publish.REPO == ROOT and publish.main(["check"]) == 0
+
+
+def test_runs_are_filed_by_machine_and_another_machines_runs_leave_the_published_set(tmp_path):
+    """collect files every demo run under the machine its provenance names (a rerun on the same
+    machine replaces that seed's run); --machines-only adds another machine's runs to
+    results/machines.json and leaves results/demo.json as it was; docs/demo.md's table and the
+    README's spread line are written from them."""
+    root = _checkout_copy(tmp_path)
+    runs = tmp_path / "runs"
+    demo_json = (root / "results" / "demo.json").read_text()
+    for s, g in ((0, 0.4), (1, 1.2)):
+        _demo_run(runs / f"demo-s{s}", s, g)
+        _demo_run(runs / f"demo-quick-s{s}", s, g / 2, quick=True)
+        for d in (runs / f"demo-s{s}", runs / f"demo-quick-s{s}"):  # another machine's runs
+            prov = json.loads((d / "provenance.json").read_text())
+            (d / "provenance.json").write_text(json.dumps({**prov, "machine": "Other CPU (2 cores, AVX2 kernels)"}))
+    argv = ["collect", "--root", str(root), "--machines-only", "--demo", str(runs / "demo-s0"), str(runs / "demo-s1"),
+            "--demo-quick", str(runs / "demo-quick-s0"), str(runs / "demo-quick-s1")]
+    assert publish.main(argv) == 0
+    assert (root / "results" / "demo.json").read_text() == demo_json
+    machines = json.loads((root / "results" / "machines.json").read_text())["machines"]
+    before = json.loads((ROOT / "results" / "machines.json").read_text())["machines"]
+    assert set(machines) == set(before) | {"Other CPU (2 cores, AVX2 kernels)"}
+    other = machines["Other CPU (2 cores, AVX2 kernels)"]
+    assert sorted(other) == ["full", "quick"] and other["full"]["1"]["gold_gain_sd"] == 1.2
+    assert all(machines[m] == before[m] for m in before)
+    # the same machine and seed again: replaced, the others kept
+    again = publish.file_by_machine(machines, {"full": {"1": {**other["full"]["1"], "gold_gain_sd": 0.7}}})
+    assert again["Other CPU (2 cores, AVX2 kernels)"]["full"]["1"]["gold_gain_sd"] == 0.7
+    assert again["Other CPU (2 cores, AVX2 kernels)"]["full"]["0"] == other["full"]["0"]
+    assert publish.main(["render", "--root", str(root)]) == 0
+    res = publish.load_results(root)
+    gains = [r["gold_gain_sd"] for parts in machines.values() for r in parts["full"].values()]
+    lo, hi = min(gains), max(gains)
+    table = publish.machines_table(res)
+    assert "| Other CPU (2 cores, AVX2 kernels) | +0.40 / +1.20 (0, 1) | 61.9% / 61.9% | +0.20 / +0.60 (0, 1) |" in table
+    assert f"Over {len(gains)} runs of the demo on {len(machines)} machines: gold gain {lo:+.2f} to {hi:+.2f} sd." in table
+    readme = (root / "README.md").read_text()
+    assert f"over {len(gains)} runs on {len(machines)} machines the demo's gold gain was {lo:+.2f} to {hi:+.2f} sd" in readme
+    assert table in (root / "docs" / "demo.md").read_text()

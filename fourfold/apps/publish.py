@@ -96,6 +96,18 @@ def collect_demo(full: Sequence[Path], quick: Sequence[Path]) -> dict:
     return {"full": by_seed(full), "quick": by_seed(quick)}
 
 
+def file_by_machine(machines: Mapping, demo: Mapping) -> dict:
+    """results/machines.json's ``machines``, {machine: {full|quick: {seed: run}}}, with the runs of a
+    demo record (:func:`collect_demo`'s shape) filed under the machine their provenance names,
+    replacing that machine's run of the same part and seed: the same commands' figures on every
+    machine they were run on (docs/demo.md, "On another machine")."""
+    out = {m: {part: dict(runs) for part, runs in parts.items()} for m, parts in machines.items()}
+    for part, runs in demo.items():
+        for seed, run in runs.items():
+            out.setdefault(run["provenance"]["machine"], {}).setdefault(part, {})[seed] = run
+    return out
+
+
 def collect_sweep(out: Path, keep: Sequence[str] = ()) -> dict:
     """A sweep's results.json, less what only its own report needs: settings, SFT, RM accuracy, the
     per-arm summaries, the claims (without their long texts' rows), time, and its provenance."""
@@ -216,6 +228,48 @@ def demo_seed_table(res: Mapping) -> str:
             + _made_all([(f"seed {s}", runs[s]["provenance"]) for s in seeds]) + ".")
 
 
+def _gains(runs: Mapping) -> str:
+    return " / ".join(f"{signed(runs[s]['gold_gain_sd'])}" for s in _seeds(runs)) if runs else "-"
+
+
+def _spread(res: Mapping, part: str) -> tuple[int, int, float, float]:
+    """(runs, machines, lowest, highest gold gain) of one part of the demo over every machine."""
+    machines = (res.get("machines") or {}).get("machines", {})
+    gains = [r["gold_gain_sd"] for parts in machines.values() for r in parts.get(part, {}).values()]
+    n = sum(1 for parts in machines.values() if parts.get(part))
+    return len(gains), n, min(gains, default=float("nan")), max(gains, default=float("nan"))
+
+
+def machines_table(res: Mapping) -> str:
+    """docs/demo.md's table of the demo's figures on each machine it was run on."""
+    machines = (res.get("machines") or {}).get("machines", {})
+    lines = ["| machine (as recorded) | demo: gold gain, seeds | RM vs gold | quick demo: gold gain, seeds | RM vs gold |",
+             "|---|---|---|---|---|"]
+    for m in sorted(machines):
+        full, quick = machines[m].get("full", {}), machines[m].get("quick", {})
+        rm = lambda runs: " / ".join(pct(runs[s]["rm_accuracy_vs_gold"], 1) for s in _seeds(runs)) if runs else "-"
+        lines.append(f"| {m} | {_gains(full)} ({', '.join(_seeds(full)) or '-'}) | {rm(full)} | "
+                     f"{_gains(quick)} ({', '.join(_seeds(quick)) or '-'}) | {rm(quick)} |")
+    made = sorted({r["provenance"]["commit"] for parts in machines.values() for runs in parts.values() for r in runs.values()})
+    text = "\n".join(lines)
+    for part, name in (("full", "the demo"), ("quick", "the quick demo")):
+        n, k, lo, hi = _spread(res, part)
+        if n:
+            text += f"\n\nOver {n} runs of {name} on {k} machines: gold gain {signed(lo)} to {signed(hi)} sd."
+    return text + f" Commits: {', '.join(made)}."
+
+
+def machine_spread_text(res: Mapping) -> str:
+    """README's line on how far the figures move from machine to machine."""
+    n, k, lo, hi = _spread(res, "full")
+    if not n:
+        return "measured on one machine only"
+    machines = res["machines"]["machines"].values()
+    counts = {len(parts.get("full", {})) for parts in machines if parts.get("full")}
+    each = f" ({counts.pop()} seeds each)" if len(counts) == 1 else ""
+    return f"over {n} runs on {k} machines{each} the demo's gold gain was {signed(lo)} to {signed(hi)} sd"
+
+
 def _cell(s: Mapping, key: str, digits: int, sign: bool = False) -> str:
     m, sd = s.get(key), s.get(key + "_sd")
     text = signed(m, digits) if sign else fmt(m, digits)
@@ -307,8 +361,8 @@ def headline_table(res: Mapping) -> str:
 
 
 BLOCKS: dict[str, dict[str, Callable[[Mapping], str]]] = {
-    "README.md": {"headline": headline_table, "quick-demo": quick_demo_text},
-    "docs/demo.md": {"demo-seeds": demo_seed_table, "quick-demo": quick_demo_text},
+    "README.md": {"headline": headline_table, "quick-demo": quick_demo_text, "machine-spread": machine_spread_text},
+    "docs/demo.md": {"demo-seeds": demo_seed_table, "quick-demo": quick_demo_text, "demo-machines": machines_table},
     "docs/experiments.md": {"experiments-table": experiments_table, "horizon": horizon_block},
 }
 """Which generator writes each marked block of each file."""
@@ -321,12 +375,13 @@ REQUIRED_KEYS = {
     "horizon": ("claims", "summaries", "seeds", "sft", "sentences", "horizons", "iterations", "eval_prompts", "wall_s",
                 "provenance"),
     "benchmarks": ("rows", "source"),
+    "machines": ("machines",),
 }
 """The top-level keys each results/<name>.json must hold for the blocks to render."""
 
 
 def load_results(root: Path) -> dict:
-    """results/*.json of the checkout ``root`` (horizon: None until the family has run). A missing
+    """results/*.json of the checkout ``root`` (horizon and machines: None until made). A missing
     one (but horizon's), one that does not parse, or one without a key of :data:`REQUIRED_KEYS` is a
     DataError naming the file."""
     root = Path(root)
@@ -336,7 +391,7 @@ def load_results(root: Path) -> dict:
     for name, keys in REQUIRED_KEYS.items():
         path = d / f"{name}.json"
         res[name] = rec = read(path)
-        if rec is None and name != "horizon":
+        if rec is None and name not in ("horizon", "machines"):
             raise DataError(f"{path}: missing (is --root {root} a fourfold checkout? `python -m "
                             "fourfold.apps.publish collect` writes it from run outputs)")
         if rec is not None and not isinstance(rec, dict):
@@ -410,9 +465,12 @@ def _read_doc(path: Path) -> str:
         raise DataError(f"{path}: cannot read it ({getattr(e, 'strerror', None) or e})") from None
 
 
-def write_results(root: Path, demo: Sequence[Path], demo_quick: Sequence[Path], experiments: Path, horizon: Path) -> list[str]:
+def write_results(root: Path, demo: Sequence[Path], demo_quick: Sequence[Path], experiments: Path, horizon: Path,
+                  machines_only: bool = False) -> list[str]:
     """Write each of results/demo.json, experiments.json and horizon.json (and the horizon figure)
-    whose run outputs exist; keep the others. Returns (and prints) what it did."""
+    whose run outputs exist; keep the others; file the demo runs by machine in results/machines.json
+    too (with ``machines_only``, there alone: another machine's runs, the published ones kept).
+    Returns (and prints) what it did."""
     d = root / RESULTS
     done = []
 
@@ -425,9 +483,15 @@ def write_results(root: Path, demo: Sequence[Path], demo_quick: Sequence[Path], 
              if runs and all((r / "eval.json").is_file() for r in runs)}
     if fresh:
         new = collect_demo(fresh.get("full", []), fresh.get("quick", []))
-        write("demo.json", {**record, **{part: new[part] for part in fresh}})
+        if not machines_only:
+            write("demo.json", {**record, **{part: new[part] for part in fresh}})
+        machines = (read(d / "machines.json") or {}).get("machines", {})
+        write("machines.json", {"machines": file_by_machine(machines, {part: new[part] for part in fresh})})
     for part in sorted({"full", "quick"} - set(fresh)):
         done.append(f"kept the {part} demo of {d / 'demo.json'} (not every run of it has an eval.json)")
+    if machines_only:
+        print("\n".join(done))
+        return done
     for name, out, fn in (("experiments.json", experiments, collect_experiments), ("horizon.json", horizon, collect_horizon)):
         if (out / "results.json").is_file():
             write(name, fn(out))
@@ -449,6 +513,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--demo-quick", nargs="*", default=["runs/demo-quick-s0", "runs/demo-quick-s1", "runs/demo-quick-s2"])
     p.add_argument("--experiments", default="runs/experiments")
     p.add_argument("--horizon", default="runs/horizon")
+    p.add_argument("--machines-only", action="store_true",
+                   help="collect: file the demo runs in results/machines.json alone (another machine's runs)")
     args = p.parse_args(argv)
     try:
         return _run(args)
@@ -464,7 +530,7 @@ def _run(args: argparse.Namespace) -> int:
         raise DataError(f"--root {root}: no such directory (the checkout whose results/ and docs are read)")
     if args.command == "collect":
         write_results(root, [root / r for r in args.demo], [root / r for r in args.demo_quick], root / args.experiments,
-                      root / args.horizon)
+                      root / args.horizon, machines_only=args.machines_only)
         return 0
     files = render(root)
     changed = [f for f, text in files.items() if (root / f).read_text(encoding="utf-8") != text]
