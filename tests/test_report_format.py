@@ -19,6 +19,7 @@ def test_formats_read_na_for_missing_numbers():
     for missing in (None, float("nan"), float("inf"), True, "x"):
         assert fmt(missing) == pct(missing) == signed(missing) == "n/a", missing
     assert fmt(std([1.0]), 2) == "n/a"
+    assert (fmt(-0.0004), fmt(-0.004, 2), fmt(-0.006, 2)) == ("0.000", "0.00", "-0.01")  # never -0.00
     assert (duration(42.4), duration(150)) == ("42s", "2.5min")
 
 

@@ -14,6 +14,8 @@ import html
 import math
 from typing import Any, Sequence
 
+from fourfold.sinks import fmt_fixed
+
 
 def esc(x: Any) -> str:
     """``str(x)``, HTML-escaped."""
@@ -52,9 +54,10 @@ def std(xs: Sequence[float]) -> float:
 
 
 def fmt(x: Any, digits: int = 3) -> str:
-    """``x`` with ``digits`` decimals."""
+    """``x`` with ``digits`` decimals (a value that rounds to zero as ``0.00``, never ``-0.00``:
+    :func:`fourfold.sinks.fmt_fixed`)."""
     v = num(x)
-    return "n/a" if v is None else f"{v:.{digits}f}"
+    return "n/a" if v is None else fmt_fixed(v, digits)
 
 
 def pct(x: Any, digits: int = 0) -> str:
