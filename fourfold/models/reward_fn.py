@@ -72,22 +72,22 @@ def _first_line(e: BaseException) -> str:
     return str(e).splitlines()[0] if str(e) else ""
 
 
-def check_scores(scores: Any, n: int, name: str) -> list[float]:
+def check_scores(scores: Any, n: int, name: str, key: str = "model.reward_fn") -> list[float]:
     """``scores``, what the reward function ``name`` returned for ``n`` responses, as ``n`` floats;
     a ConfigError naming the function and what it returned when it is not a list (tuple, 1-D tensor
     or array) of ``n`` real numbers (bools count as 0/1; NaN passes: the non-finite guard reports it)."""
     expected = f"expected a list of {n} numbers, one per response"
     if hasattr(scores, "ndim") and hasattr(scores, "tolist"):  # a torch tensor or numpy array
         if scores.ndim != 1:
-            raise ConfigError(f"model.reward_fn: {name} returned an array of shape {tuple(scores.shape)}; {expected}")
+            raise ConfigError(f"{key}: {name} returned an array of shape {tuple(scores.shape)}; {expected}")
         scores = scores.tolist()
     if not isinstance(scores, (list, tuple)):
-        raise ConfigError(f"model.reward_fn: {name} returned {_shown(scores)}; {expected}")
+        raise ConfigError(f"{key}: {name} returned {_shown(scores)}; {expected}")
     if len(scores) != n:
-        raise ConfigError(f"model.reward_fn: {name} returned {len(scores)} scores for {n} responses: {_shown(scores)}")
+        raise ConfigError(f"{key}: {name} returned {len(scores)} scores for {n} responses: {_shown(scores)}")
     for i, s in enumerate(scores):
         if not isinstance(s, numbers.Real):
-            raise ConfigError(f"model.reward_fn: {name} returned {_shown(s)} as score {i}; {expected}")
+            raise ConfigError(f"{key}: {name} returned {_shown(s)} as score {i}; {expected}")
     return [float(s) for s in scores]
 
 
