@@ -2,7 +2,11 @@
 the shipped rule reward (``fourfold.tasks.arithmetic:reward``), and held-out accuracy before and
 after, greedy and sampled at temperature 1.
 
-    python tools/arithmetic_learnability.py --out runs/arith [--seed 0] [--sft-steps 600] ...
+    python tools/arithmetic_learnability.py --out runs/arith [--seed 0] [--sft-steps 500] ...
+
+With ``--data-only`` it writes the data and the tokenizer and stops; the same two runs are then
+``fourfold sft --config examples/arithmetic_sft.yaml`` and ``fourfold ppo --config
+examples/arithmetic_grpo.yaml`` (the defaults below are those files' settings).
 
 Writes under ``--out``: ``data/`` (``sft_train.jsonl``, ``prompts.jsonl`` and
 ``heldout.jsonl`` with their ``answer`` column), ``tokenizer/``, ``sft/`` and ``grpo/`` (the
@@ -49,24 +53,8 @@ def accuracy(model_dir: str, task, rows: list[dict], *, greedy: bool, seed: int,
     return task.response_metrics(prompts, texts)
 
 
-def main(argv=None) -> dict:
-    from fourfold.config import (
-        InitModelConfig,
-        LMModelConfig,
-        PPOAlgoConfig,
-        PPOConfig,
-        PromptDataConfig,
-        RunConfig,
-        SFTConfig,
-        SFTDataConfig,
-        TrainLoopConfig,
-    )
-    from fourfold.config.ppo import GenerationConfig
-    from fourfold.run.common import quiet_transformers
-    from fourfold.tasks import build_word_tokenizer, get_task
-    from fourfold.trainers import ppo as ppo_trainer
-    from fourfold.trainers import sft as sft_trainer
-
+def parser() -> argparse.ArgumentParser:
+    """The script's options; their defaults are the measured settings."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default="runs/arith")
     p.add_argument("--seed", type=int, default=0)
@@ -88,7 +76,30 @@ def main(argv=None) -> dict:
     p.add_argument("--heldout", type=int, default=512)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--skip-sft", action="store_true", help="reuse --out's SFT model")
-    a = p.parse_args(argv)
+    p.add_argument("--data-only", action="store_true",
+                   help="write data/ and tokenizer/ and stop (for examples/arithmetic_{sft,grpo}.yaml)")
+    return p
+
+
+def main(argv=None) -> dict:
+    from fourfold.config import (
+        InitModelConfig,
+        LMModelConfig,
+        PPOAlgoConfig,
+        PPOConfig,
+        PromptDataConfig,
+        RunConfig,
+        SFTConfig,
+        SFTDataConfig,
+        TrainLoopConfig,
+    )
+    from fourfold.config.ppo import GenerationConfig
+    from fourfold.run.common import quiet_transformers
+    from fourfold.tasks import build_word_tokenizer, get_task
+    from fourfold.trainers import ppo as ppo_trainer
+    from fourfold.trainers import sft as sft_trainer
+
+    a = parser().parse_args(argv)
 
     quiet_transformers()
     torch.set_num_threads(a.threads)
@@ -105,6 +116,9 @@ def main(argv=None) -> dict:
         write_jsonl(data / "prompts.jsonl", task.problems(2048, random.Random(a.seed + 1)))
         write_jsonl(data / "heldout.jsonl", heldout)
         build_word_tokenizer(task.tokenizer_corpus(), out / "tokenizer")
+        if a.data_only:
+            print(json.dumps({"data": str(data), "tokenizer": str(out / "tokenizer")}))
+            return {}
         sft_cfg = SFTConfig(
             model=InitModelConfig(from_scratch=True, tokenizer=str(out / "tokenizer"), hidden_size=a.hidden,
                                   num_layers=a.layers, num_heads=4, max_positions=max_len),

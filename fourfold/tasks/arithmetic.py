@@ -59,10 +59,26 @@ else it works it out from the prompt. :func:`answer_reward` builds it with other
 
 Learnability (measured: ``tools/arithmetic_learnability.py``)
 =============================================================
-See the numbers at the end of this docstring: the SFT model's held-out accuracy against that after
-GRPO with :func:`reward`.
+SFT from scratch (Llama, 2 layers, hidden 64, 4 heads; 20,000 demonstrations, 500 steps of 64, lr
+3e-3), then GRPO with :func:`reward` (30 iterations of 32 training-side problems x 8 answers, one
+epoch, minibatch 128, lr 1e-4 constant, no KL term), one thread; accuracy on 512 held-out problems,
+greedy and sampled at temperature 1 (``examples/arithmetic_sft.yaml``, ``examples/arithmetic_grpo.yaml``;
+``error_rate`` 0.6, 2 digits)::
 
-MEASURED
+    seed   greedy SFT -> GRPO   sampled SFT -> GRPO   SFT s   GRPO s   all s
+    0        0.547 -> 0.955       0.449 -> 0.730        127      50      181
+    1        0.559 -> 0.986       0.482 -> 0.830        179      37      220
+    2        0.547 -> 0.949       0.371 -> 0.838         73      97      179
+
+(seconds of wall time on 2 cores shared with five other jobs, ``nice -n 10``: the same runs take
+less on an idle machine.) The greedy SFT model forgets the carry on 44-45% of the held-out
+problems (every problem with a carry: the corpus forgets it more often than not); after GRPO on
+0.8-4.3%. Sampled, SFT also makes the corpus's slips. With ``error_rate`` 0.5 the SFT model's
+greedy answer to a carry is a coin toss between runs (seed 0: greedy 0.781 after 600 SFT steps,
+0.949 after 500), so greedy gains are too: GRPO raised sampled accuracy 0.535 -> 0.793 (5
+iterations of 128 answers, lr 3e-4) and 0.484 -> 0.766 (the settings above), greedy 0.781 -> 0.975
+and 0.949 -> 0.951; at lr 3e-4 with 128 answers an iteration for 20 iterations greedy fell 0.949 ->
+0.881 (sampled 0.484 -> 0.738): hence lr 1e-4 and 256 answers.
 """
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
 """The arithmetic world: its split, its partly-right corpus, its verifier and its reward function."""
 import random
+from pathlib import Path
 
 import pytest
 
@@ -189,3 +190,53 @@ def test_reward_takes_the_answer_column_by_name():
     assert plan.named == ("answer",) and plan.rest
     assert plan.select({"answer": ["125"], "source": ["x"]}) == {"answer": ["125"], "source": ["x"]}
     assert reward([P], [RIGHT], **plan.select({"answer": ["125"], "source": ["x"]})) == [1.1]
+
+
+# ---- the example configs and learnability ------------------------------------------------------
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_example_configs_are_the_learnability_settings():
+    """examples/arithmetic_{sft,grpo}.yaml load and say what tools/arithmetic_learnability.py runs
+    with its defaults (the settings whose numbers the module docstring reports)."""
+    from fourfold.config import PPOConfig, SFTConfig, load_config
+    from fourfold.models.reward_fn import load_reward_fn
+
+    sft = load_config(SFTConfig, ROOT / "examples" / "arithmetic_sft.yaml")
+    grpo = load_config(PPOConfig, ROOT / "examples" / "arithmetic_grpo.yaml")
+    d = _defaults()
+    assert (sft.model.hidden_size, sft.model.num_layers, sft.train.max_steps, sft.train.batch_size, sft.train.lr) == (
+        d.hidden, d.layers, d.sft_steps, d.sft_batch, d.sft_lr)
+    algo = grpo.ppo
+    assert (algo.advantage, algo.samples_per_prompt, algo.iterations, algo.rollout_batch_size, algo.minibatch_size,
+            algo.ppo_epochs, algo.lr, algo.kl_coef) == ("grpo", d.group, d.iterations, d.rollout, d.minibatch, d.epochs,
+                                                         d.lr, d.kl)
+    assert (sft.train.max_len, grpo.data.max_prompt_len, grpo.generation.max_new_tokens) == (34, 10, 24)
+    assert load_reward_fn(grpo.model.reward_fn) is reward
+
+
+def _script():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("arithmetic_learnability", ROOT / "tools" / "arithmetic_learnability.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _defaults():
+    return _script().parser().parse_args([])
+
+
+@pytest.mark.slow  # about 3 minutes on 2 cores
+def test_grpo_with_the_rule_reward_fixes_the_dropped_carry(tmp_path):
+    """SFT on the partly-right corpus then GRPO with the shipped reward: held-out accuracy rises.
+    Seed 0 measured 0.547 -> 0.955 greedy, 0.449 -> 0.730 sampled (the module docstring);
+    thresholds leave a margin."""
+    result = _script().main(["--out", str(tmp_path), "--seed", "0"])
+    before, after = result["before"], result["after"]
+    assert before["greedy"]["dropped_carry"] > 0.3           # SFT imitated the corpus's mistake
+    assert after["greedy"]["accuracy"] > before["greedy"]["accuracy"] + 0.25
+    assert after["sampled"]["accuracy"] > before["sampled"]["accuracy"] + 0.15
+    assert after["greedy"]["dropped_carry"] < 0.1
