@@ -2,6 +2,8 @@
 
 - :class:`Task`: the protocol a task implements (see :mod:`fourfold.tasks.base`).
 - :class:`ReviewTask` / :class:`ReviewTaskConfig`: the embedded product-review world.
+- :class:`ArithmeticTask` / :class:`ArithmeticTaskConfig`: column addition whose gold is a verifier
+  (its reward function: ``fourfold.tasks.arithmetic:reward``).
 - :func:`get_task`: build a registered task by name; :func:`register_task` adds your own.
 - :func:`build_word_tokenizer`: a word-level ``transformers`` tokenizer over a task's words.
 - :func:`task_prompts` / :func:`task_probe`: a task as the RL trainers take it (prompts, and a probe
@@ -14,11 +16,12 @@ from __future__ import annotations
 from typing import Callable
 
 from fourfold.errors import ConfigError
+from fourfold.tasks.arithmetic import ArithmeticTask, ArithmeticTaskConfig
 from fourfold.tasks.base import Task, task_probe, task_prompts
 from fourfold.tasks.review import ReviewTask, ReviewTaskConfig, has_repetition, is_well_formed
 from fourfold.tasks.tokenizer import build_word_tokenizer
 
-_REGISTRY: dict[str, Callable[..., Task]] = {"review": ReviewTask}
+_REGISTRY: dict[str, Callable[..., Task]] = {"review": ReviewTask, "arithmetic": ArithmeticTask}
 
 
 def register_task(name: str, factory: Callable[..., Task]) -> None:
@@ -33,7 +36,8 @@ def available_tasks() -> list[str]:
 def get_task(name: str, **kwargs) -> Task:
     """Build the task registered as ``name``; ``kwargs`` go to its factory.
 
-    For ``"review"`` they are :class:`ReviewTaskConfig` fields (or ``config=ReviewTaskConfig(...)``).
+    For ``"review"`` they are :class:`ReviewTaskConfig` fields (or ``config=ReviewTaskConfig(...)``),
+    for ``"arithmetic"`` :class:`ArithmeticTaskConfig` fields.
     """
     try:
         factory = _REGISTRY[name]
@@ -49,6 +53,8 @@ __all__ = [
     "Task",
     "ReviewTask",
     "ReviewTaskConfig",
+    "ArithmeticTask",
+    "ArithmeticTaskConfig",
     "get_task",
     "register_task",
     "available_tasks",
