@@ -7,10 +7,11 @@ import re
 from fractions import Fraction
 from typing import Callable, Optional, Sequence
 
-ANSWER_MARKERS = (r"\\boxed\{([^{}]*)\}", r"####\s*([^\n]*)", r"(?i)\banswer\s*(?:is|:|=)\s*([^\n]*)")
+ANSWER_MARKERS = (r"\\boxed\{([^{}]*)\}", r"####\s*((?:(?!####)[^\n])*)",
+                  r"(?i)\banswer\s*(?:is|:|=)\s*((?:(?!\banswer\s*(?:is|:|=))[^\n])*)")
 """Where a response states its answer, most explicit first: LaTeX's ``\\boxed{...}``, GSM8K's
-``#### ...`` and ``answer: ...`` / ``answer is ...`` / ``answer = ...``; the last occurrence of the
-first marker present counts."""
+``#### ...`` and ``answer: ...`` / ``answer is ...`` / ``answer = ...`` (each up to the end of its
+line or the next marker); the last occurrence of the first marker present counts."""
 NUMBER = re.compile(r"[-+]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:/\d+)?")
 
 

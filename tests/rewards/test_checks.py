@@ -17,6 +17,9 @@ from fourfold.rewards import answer_match, final_answer, format_match, length_pe
     (r"x = \boxed{3/2} hmm 5", "3/2"),          # \boxed beats the later number
     ("#### 1,234", "1,234"),
     ("first #### 1\nthen #### 2", "2"),          # the last occurrence of the marker
+    ("#### 1 #### 2", "2"),                      # ... on one line too
+    ("answer : 1 2 5 answer : 9", "9"),
+    ("The answer is 4. Answer: 5", "5"),
     ("Answer = -3", "-3"),
     ("no digits here", None),
     ("", None),
