@@ -30,3 +30,8 @@ class OutputError(FourfoldError, OSError):
 class UserCodeError(FourfoldError, RuntimeError):
     """The user's own code (a ``model.reward_fn``) raised: the message says whose code it was; the
     original exception is the ``__cause__``, and the CLI prints its traceback under the message."""
+
+
+class RewardServerError(FourfoldError, ConnectionError):
+    """A reward server (``model.reward_url``) did not answer, or answered with an error, after
+    every retry: the message names the URL and what happened last."""

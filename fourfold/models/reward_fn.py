@@ -1,4 +1,6 @@
-"""A user's reward function named in a config (``model.reward_fn``): ``fn(prompts, responses) -> scores``.
+"""A user's reward function named in a config (``model.reward_fn``): ``fn(prompts, responses) -> scores``,
+or ``fn(prompts, responses, answer, ...)`` / ``fn(prompts, responses, **columns)`` to see the prompts
+file's other columns (:func:`column_plan`).
 
 The boundary with the user's code: a file that does not import (a syntax error, a missing module)
 or a function that cannot take two lists is one :class:`~fourfold.errors.ConfigError` line; what the
@@ -14,8 +16,9 @@ import importlib
 import importlib.util
 import inspect
 import numbers
+import warnings
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Optional, Sequence
 
 from fourfold.errors import ConfigError, UserCodeError
 
@@ -69,30 +72,71 @@ def _first_line(e: BaseException) -> str:
     return str(e).splitlines()[0] if str(e) else ""
 
 
-def check_scores(scores: Any, n: int, name: str) -> list[float]:
+def check_scores(scores: Any, n: int, name: str, key: str = "model.reward_fn") -> list[float]:
     """``scores``, what the reward function ``name`` returned for ``n`` responses, as ``n`` floats;
     a ConfigError naming the function and what it returned when it is not a list (tuple, 1-D tensor
     or array) of ``n`` real numbers (bools count as 0/1; NaN passes: the non-finite guard reports it)."""
     expected = f"expected a list of {n} numbers, one per response"
     if hasattr(scores, "ndim") and hasattr(scores, "tolist"):  # a torch tensor or numpy array
         if scores.ndim != 1:
-            raise ConfigError(f"model.reward_fn: {name} returned an array of shape {tuple(scores.shape)}; {expected}")
+            raise ConfigError(f"{key}: {name} returned an array of shape {tuple(scores.shape)}; {expected}")
         scores = scores.tolist()
     if not isinstance(scores, (list, tuple)):
-        raise ConfigError(f"model.reward_fn: {name} returned {_shown(scores)}; {expected}")
+        raise ConfigError(f"{key}: {name} returned {_shown(scores)}; {expected}")
     if len(scores) != n:
-        raise ConfigError(f"model.reward_fn: {name} returned {len(scores)} scores for {n} responses: {_shown(scores)}")
+        raise ConfigError(f"{key}: {name} returned {len(scores)} scores for {n} responses: {_shown(scores)}")
     for i, s in enumerate(scores):
         if not isinstance(s, numbers.Real):
-            raise ConfigError(f"model.reward_fn: {name} returned {_shown(s)} as score {i}; {expected}")
+            raise ConfigError(f"{key}: {name} returned {_shown(s)} as score {i}; {expected}")
     return [float(s) for s in scores]
 
 
-def call_reward_fn(fn: Callable, prompts: list[str], responses: list[str], name: str) -> list[float]:
-    """``fn(prompts, responses)`` checked by :func:`check_scores`; an exception inside ``fn`` is
-    re-raised as a UserCodeError naming it (the original is the cause, traceback and all)."""
+class ColumnPlan:
+    """Which of a prompts file's columns a reward function receives: ``named`` (its keyword
+    parameters that are columns), ``rest`` (it takes ``**columns``: every other column too), and
+    ``unused`` (the file's columns it cannot receive; said once, never dropped silently)."""
+
+    def __init__(self, named: tuple[str, ...], rest: bool, unused: tuple[str, ...]):
+        self.named, self.rest, self.unused = named, rest, unused
+
+    def select(self, columns: dict[str, list]) -> dict[str, list]:
+        """The keyword arguments of one call: the named columns and, with ``rest``, all of them."""
+        return dict(columns) if self.rest else {k: columns[k] for k in self.named if k in columns}
+
+
+def column_plan(fn: Callable, spec: str, columns: Sequence[str], source: str, key: str = "model.reward_fn") -> ColumnPlan:
+    """Match ``fn``'s parameters after (prompts, responses) against ``columns``, the prompts file
+    ``source``'s columns other than the prompt. A parameter without a default that is not a column
+    is a ConfigError naming the function, the parameter and the file's columns; one with a default
+    keeps it when the file has no such column (a warning says so); columns the function can take
+    neither by name nor by ``**columns`` are listed in ``unused``."""
     try:
-        scores = fn(prompts, responses)
+        params = list(inspect.signature(fn).parameters.values())
+    except ValueError:  # no signature to read (a builtin): positional only
+        return ColumnPlan((), False, tuple(columns))
+    keyword = [p for p in params[2:] if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    rest = any(p.kind is p.VAR_KEYWORD for p in params)
+    have = ", ".join(columns) if columns else "none besides the prompt"
+    for p in keyword:
+        if p.name not in columns and p.default is p.empty:
+            raise ConfigError(f"{key}: {spec} takes {p.name!r}, but {source} has no column {p.name!r} "
+                              f"(its columns: {have})")
+        if p.name not in columns:
+            warnings.warn(f"{key}: {spec} takes {p.name!r} but {source} has no such column: it keeps its default "
+                          f"{p.default!r}", stacklevel=2)
+    named = tuple(p.name for p in keyword if p.name in columns)
+    unused = () if rest else tuple(c for c in columns if c not in named)
+    return ColumnPlan(named, rest, unused)
+
+
+def call_reward_fn(fn: Callable, prompts: list[str], responses: list[str], name: str,
+                   columns: Optional[dict[str, list]] = None) -> list[float]:
+    """``fn(prompts, responses, **columns)`` checked by :func:`check_scores` (``columns``: the
+    keyword arguments :meth:`ColumnPlan.select` chose, each a list aligned with the responses); an
+    exception inside ``fn`` is re-raised as a UserCodeError naming it (the original is the cause,
+    traceback and all)."""
+    try:
+        scores = fn(prompts, responses, **(columns or {}))
     except Exception as e:
         raise UserCodeError(f"model.reward_fn: {name} raised {type(e).__name__}: {_first_line(e)} "
                             "(the traceback of the user's code follows)") from e

@@ -304,21 +304,53 @@ class ModelReward:
 
 
 class FunctionReward:
-    """A rule-based / verifiable reward: ``fn(prompts, responses) -> list[float]`` on decoded text.
+    """A rule-based / verifiable reward: ``fn(prompts, responses, **columns) -> list[float]`` on
+    decoded text.
 
     What ``fn`` returns is checked on every call (one real number per response) and an exception
     inside it is reported as the user's (:func:`~fourfold.models.reward_fn.call_reward_fn`);
-    ``name`` (default: the function's name) is how messages call it."""
+    ``name`` (default: the function's name) is how messages call it; ``plan`` (a
+    :class:`~fourfold.models.reward_fn.ColumnPlan`) picks the columns of a call it receives (none
+    without one: the two-list form)."""
 
     needs_text = True
 
-    def __init__(self, fn: Callable[[list[str], list[str]], Sequence[float]], name: Optional[str] = None):
+    def __init__(self, fn: Callable[[list[str], list[str]], Sequence[float]], name: Optional[str] = None, plan=None):
         self.fn = fn
         self.name = name or getattr(fn, "__qualname__", repr(fn))
+        self.plan = plan
 
-    def __call__(self, input_ids, attention_mask, prompts, responses) -> torch.Tensor:
-        scores = call_reward_fn(self.fn, list(prompts), list(responses), self.name)
+    def __call__(self, input_ids, attention_mask, prompts, responses, columns=None) -> torch.Tensor:
+        chosen = self.plan.select(columns) if self.plan is not None and columns else {}
+        scores = call_reward_fn(self.fn, list(prompts), list(responses), self.name, chosen)
         return torch.as_tensor(scores, dtype=torch.float32).to(input_ids.device)
+
+
+class WeightedReward:
+    """Several reward roles as one: ``score = sum_i weight_i * part_i``, parts in the order given.
+
+    ``parts``: ``(name, role, weight)`` with distinct names; each role is a reward role
+    (:class:`ModelReward`, :class:`FunctionReward`, a remote one). After a call ``last_parts`` holds
+    each part's scores ``[B]`` by name (the loops log ``reward/<name>_mean`` and keep them in the
+    samples); columns go to the parts that take text."""
+
+    def __init__(self, parts: Sequence[tuple[str, object, float]]):
+        names = [n for n, _, _ in parts]
+        if not parts or len(set(names)) != len(names):
+            raise ValueError(f"WeightedReward: expected parts with distinct names, got {names}")
+        self.parts = list(parts)
+        self.needs_text = any(getattr(role, "needs_text", False) for _, role, _ in parts)
+        self.last_parts: dict[str, torch.Tensor] = {}
+
+    def __call__(self, input_ids, attention_mask, prompts=None, responses=None, columns=None) -> torch.Tensor:
+        self.last_parts = {}
+        total = None
+        for name, role, weight in self.parts:
+            kw = {"columns": columns} if getattr(role, "needs_text", False) else {}
+            part = role(input_ids, attention_mask, prompts, responses, **kw).float()  # (B,)
+            self.last_parts[name] = part
+            total = weight * part if total is None else total + weight * part
+        return total
 
 
 # ---------------------------------------------------------------------------------------------

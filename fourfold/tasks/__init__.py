@@ -2,6 +2,8 @@
 
 - :class:`Task`: the protocol a task implements (see :mod:`fourfold.tasks.base`).
 - :class:`ReviewTask` / :class:`ReviewTaskConfig`: the embedded product-review world.
+- :class:`ArithmeticTask` / :class:`ArithmeticTaskConfig`: column addition whose gold is a verifier
+  (its reward function: ``fourfold.tasks.arithmetic:reward``).
 - :func:`get_task`: build a registered task by name; :func:`register_task` adds your own.
 - :func:`build_word_tokenizer`: a word-level ``transformers`` tokenizer over a task's words.
 - :func:`task_prompts` / :func:`task_probe`: a task as the RL trainers take it (prompts, and a probe
@@ -16,11 +18,12 @@ import typing
 from typing import Callable
 
 from fourfold.errors import ConfigError
+from fourfold.tasks.arithmetic import ArithmeticTask, ArithmeticTaskConfig
 from fourfold.tasks.base import Task, task_probe, task_prompts
 from fourfold.tasks.review import ReviewTask, ReviewTaskConfig, has_repetition, is_well_formed
 from fourfold.tasks.tokenizer import build_word_tokenizer
 
-_REGISTRY: dict[str, Callable[..., Task]] = {"review": ReviewTask}
+_REGISTRY: dict[str, Callable[..., Task]] = {"review": ReviewTask, "arithmetic": ArithmeticTask}
 
 
 def register_task(name: str, factory: Callable[..., Task]) -> None:
@@ -35,7 +38,8 @@ def available_tasks() -> list[str]:
 def get_task(name: str, *, options_key: str = "task_options", **kwargs) -> Task:
     """Build the task registered as ``name``; ``kwargs`` go to its factory.
 
-    For ``"review"`` they are :class:`ReviewTaskConfig` fields (or ``config=ReviewTaskConfig(...)``).
+    For ``"review"`` they are :class:`ReviewTaskConfig` fields (or ``config=ReviewTaskConfig(...)``),
+    for ``"arithmetic"`` :class:`ArithmeticTaskConfig` fields.
     A factory whose ``config`` parameter is typed with a dataclass gets that dataclass built from
     ``kwargs`` by the config loader's rules, so a misspelt option is ``task_options.x: unknown key
     (did you mean ...?)`` (``options_key``: the config key the options came from).
@@ -71,6 +75,8 @@ __all__ = [
     "Task",
     "ReviewTask",
     "ReviewTaskConfig",
+    "ArithmeticTask",
+    "ArithmeticTaskConfig",
     "get_task",
     "register_task",
     "available_tasks",

@@ -1,0 +1,230 @@
+"""`fourfold serve-reward`: a reward model (a directory ``fourfold reward`` wrote, a LoRA adapter
+included) or a reward function served over HTTP, for ``model.reward_url`` (the client and the
+protocol: :mod:`fourfold.models.remote`; docs/rewards.md).
+
+The server is the standard library's threading HTTP server: each connection its own thread, so
+requests from several trainers (or ranks) are read at once; a single scoring thread takes what has
+arrived (:class:`Batcher`: everything queued within ``window_s`` of the first request, up to
+``max_rows`` rows) and scores it in one batch, so concurrent requests share a forward pass. A
+request waits at most ``request_timeout_s`` for its scores. It listens on 127.0.0.1 unless told
+otherwise: a reward server has no authentication.
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Callable, Optional
+
+import torch
+
+from fourfold.data import ResponseRecord, collate_responses, encode_responses
+from fourfold.errors import ConfigError, DataError, FourfoldError
+from fourfold.models.loading import ensure_pad_embedding, load_sequence_scorer, load_tokenizer
+from fourfold.models.reward_fn import call_reward_fn, column_plan, load_reward_fn
+from fourfold.models.roles import ModelReward, ScalarModel
+
+Scorer = Callable[[list[str], list[str], list[bool], dict], list[float]]
+"""``scorer(prompts, responses, finished, columns) -> scores``: what the server serves."""
+
+
+class BadRequest(ValueError):
+    """A request the server cannot score (answered 400 with its message)."""
+
+
+def parse_request(body: bytes) -> dict:
+    """The request's fields, checked: ``prompts``, ``responses`` (strings) and ``finished`` (bools,
+    default all true) of one length, ``columns`` a dict of lists of that length."""
+    try:
+        req = json.loads(body)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise BadRequest(f"the body is not JSON ({e})") from None
+    if not isinstance(req, dict):
+        raise BadRequest("expected a JSON object with prompts and responses")
+    prompts, responses = req.get("prompts"), req.get("responses")
+    for key, value in (("prompts", prompts), ("responses", responses)):
+        if not isinstance(value, list) or not all(isinstance(s, str) for s in value):
+            raise BadRequest(f"{key}: expected a list of strings")
+    n = len(responses)
+    if len(prompts) != n:
+        raise BadRequest(f"{len(prompts)} prompts for {n} responses")
+    finished = req.get("finished", [True] * n)
+    if not isinstance(finished, list) or len(finished) != n or not all(isinstance(f, bool) for f in finished):
+        raise BadRequest(f"finished: expected a list of {n} booleans")
+    columns = req.get("columns") or {}
+    if not isinstance(columns, dict) or not all(isinstance(v, list) and len(v) == n for v in columns.values()):
+        raise BadRequest(f"columns: expected an object of lists of {n} values")
+    return {"prompts": prompts, "responses": responses, "finished": finished, "columns": columns}
+
+
+@dataclass
+class Pending:
+    request: dict
+    done: threading.Event = field(default_factory=threading.Event)
+    scores: Optional[list[float]] = None
+    error: Optional[Exception] = None
+
+
+class Batcher:
+    """One scoring thread over a queue of requests: it waits for the first, takes every other that
+    arrives within ``window_s`` (up to ``max_rows`` rows, requests with the same column names), scores
+    them in one call and hands each its share."""
+
+    def __init__(self, scorer: Scorer, *, window_s: float = 0.01, max_rows: int = 512):
+        self.scorer, self.window_s, self.max_rows = scorer, window_s, max_rows
+        self.queue: "queue.Queue[Pending]" = queue.Queue()
+        self.batches = 0  # scorer calls so far (the tests read it)
+        self.thread = threading.Thread(target=self._loop, name="fourfold-reward-batcher", daemon=True)
+        self.thread.start()
+
+    def submit(self, request: dict, timeout_s: float) -> list[float]:
+        item = Pending(request)
+        self.queue.put(item)
+        if not item.done.wait(timeout_s):
+            raise TimeoutError(f"no scores within {timeout_s} s")
+        if item.error is not None:
+            raise item.error
+        return item.scores
+
+    def _take(self) -> list[Pending]:
+        first = self.queue.get()
+        batch, rows, keys = [first], len(first.request["responses"]), set(first.request["columns"])
+        deadline = time.monotonic() + self.window_s
+        while rows < self.max_rows:
+            try:
+                item = self.queue.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                break
+            if set(item.request["columns"]) != keys:  # another shape of columns: the next batch
+                self.queue.put(item)
+                break
+            batch.append(item)
+            rows += len(item.request["responses"])
+        return batch
+
+    def _loop(self) -> None:
+        while True:
+            batch = self._take()
+            joined = {k: [] for k in ("prompts", "responses", "finished")}
+            columns = {k: [] for k in batch[0].request["columns"]}
+            for item in batch:
+                for k in joined:
+                    joined[k] += item.request[k]
+                for k in columns:
+                    columns[k] += item.request["columns"][k]
+            try:
+                scores = self.scorer(joined["prompts"], joined["responses"], joined["finished"], columns)
+                self.batches += 1
+            except (ConfigError, DataError) as e:  # rows or columns it cannot score: the request's fault
+                self._fail(batch, BadRequest(str(e)))
+                continue
+            except Exception as e:  # the scorer's own failure goes back to every waiting request
+                self._fail(batch, RuntimeError(f"{type(e).__name__}: {e}"))
+                continue
+            start = 0
+            for item in batch:
+                n = len(item.request["responses"])
+                item.scores, start = scores[start:start + n], start + n
+                item.done.set()
+
+
+    @staticmethod
+    def _fail(batch: list[Pending], error: Exception) -> None:
+        for item in batch:
+            item.error = error
+            item.done.set()
+
+
+def model_scorer(model_dir: str, *, device: str = "cpu", dtype: str = "float32", tokenizer: Optional[str] = None,
+                 max_len: int = 512, trust_remote_code: bool = False) -> Scorer:
+    """The scorer of a reward-model directory: each row tokenised as ``fourfold score`` and PPO lay
+    out a rollout (prompt with BOS, left-padded; response then EOS when finished, right-padded),
+    scored at the last valid token with the model's normalisation shift."""
+    tok = load_tokenizer(tokenizer or model_dir, trust_remote_code=trust_remote_code)
+    hf = load_sequence_scorer(model_dir, dtype=dtype, device=torch.device(device), trust_remote_code=trust_remote_code)
+    ensure_pad_embedding(hf, tok)
+    reward = ModelReward(ScalarModel(hf))
+    lock = threading.Lock()
+
+    @torch.no_grad()
+    def score(prompts, responses, finished, columns):
+        records = [ResponseRecord(p, r, f, line=i + 1, source="request") for i, (p, r, f) in
+                   enumerate(zip(prompts, responses, finished))]
+        examples = encode_responses(records, tok, max_len)
+        ids, mask = collate_responses(examples, tok.pad_token_id)
+        with lock:
+            return reward(ids.to(hf.device), mask.to(hf.device)).float().cpu().tolist()
+
+    score.description = f"reward model {model_dir}"
+    return score
+
+
+def function_scorer(spec) -> Scorer:
+    """The scorer of a reward function (``file.py:name``, ``module:name`` or a callable): called with
+    the request's columns as keyword arguments (those its signature takes)."""
+    fn = load_reward_fn(spec) if isinstance(spec, str) else spec
+    name = spec if isinstance(spec, str) else getattr(fn, "__qualname__", repr(fn))
+
+    def score(prompts, responses, finished, columns):
+        plan = column_plan(fn, name, tuple(columns), "the request")
+        return call_reward_fn(fn, prompts, responses, name, plan.select(columns))
+
+    score.description = f"reward function {name}"
+    return score
+
+
+def make_handler(batcher: Batcher, description: str, request_timeout_s: float):
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def _reply(self, code: int, payload: dict) -> None:
+            body = json.dumps(payload).encode()
+            self.send_response(code)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_GET(self):  # noqa: N802 (the standard library's name)
+            if self.path.rstrip("/") == "/health":
+                self._reply(200, {"status": "ok", "scorer": description})
+            else:
+                self._reply(404, {"error": f"no such path {self.path}; GET /health, POST /score"})
+
+        def do_POST(self):  # noqa: N802
+            if self.path.rstrip("/") != "/score":
+                self._reply(404, {"error": f"no such path {self.path}; POST /score"})
+                return
+            length = int(self.headers.get("Content-Length") or 0)
+            try:
+                request = parse_request(self.rfile.read(length))
+                scores = batcher.submit(request, request_timeout_s)
+            except BadRequest as e:
+                self._reply(400, {"error": str(e)})
+                return
+            except (RuntimeError, TimeoutError, FourfoldError) as e:
+                self._reply(500, {"error": str(e)})
+                return
+            self._reply(200, {"scores": scores})
+
+        def log_message(self, format, *args):  # one line per request is noise for a trainer's server
+            pass
+
+    return Handler
+
+
+def start_server(scorer: Scorer, *, host: str = "127.0.0.1", port: int = 8000, window_s: float = 0.01,
+                 max_rows: int = 512, request_timeout_s: float = 600.0) -> ThreadingHTTPServer:
+    """A server of ``scorer`` bound to ``host:port`` (port 0: any free one; ``server.server_address``
+    says which), serving in a background thread; ``server.shutdown()`` stops it."""
+    batcher = Batcher(scorer, window_s=window_s, max_rows=max_rows)
+    handler = make_handler(batcher, getattr(scorer, "description", "a scorer"), request_timeout_s)
+    server = ThreadingHTTPServer((host, port), handler)
+    server.daemon_threads = True
+    server.batcher = batcher
+    threading.Thread(target=server.serve_forever, name="fourfold-reward-server", daemon=True).start()
+    return server

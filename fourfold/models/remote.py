@@ -1,0 +1,110 @@
+"""A reward role served by another process (``model.reward_url``): the client of
+``fourfold serve-reward`` (:mod:`fourfold.apps.reward_server`).
+
+The protocol, JSON over HTTP (docs/rewards.md):
+
+* ``POST /score`` with ``{"prompts": [str], "responses": [str], "finished": [bool], "columns":
+  {name: [value]}}`` (every list one entry per response; ``finished``: the response ended with
+  EOS; ``columns`` optional) answers ``{"scores": [float]}``; a bad request answers 400 with
+  ``{"error": str}``, a failure of the scorer 500 with the same.
+* ``GET /health`` answers ``{"status": "ok", "scorer": str}``.
+
+A request that times out, cannot connect or gets a 5xx answer is retried ``retries`` times, waiting
+``backoff_s`` and then twice as long each time; a 4xx answer is not retried. When every try has
+failed the role raises :class:`~fourfold.errors.RewardServerError` naming the URL and the last error.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.error
+import urllib.request
+from typing import Callable, Optional, Sequence
+
+import torch
+
+from fourfold.errors import RewardServerError
+from fourfold.models.reward_fn import check_scores
+
+
+def post_json(url: str, payload: dict, timeout_s: float) -> dict:
+    """One POST of ``payload`` as JSON; the decoded JSON answer. Raises urllib's errors as they are."""
+    data = json.dumps(payload).encode()
+    request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"}, method="POST")
+    with urllib.request.urlopen(request, timeout=timeout_s) as answer:
+        return json.loads(answer.read())
+
+
+def get_json(url: str, timeout_s: float) -> dict:
+    with urllib.request.urlopen(url, timeout=timeout_s) as answer:
+        return json.loads(answer.read())
+
+
+def with_retries(call: Callable[[], dict], url: str, retries: int, backoff_s: float,
+                 sleep: Callable[[float], None] = time.sleep) -> dict:
+    """``call()``, tried ``1 + retries`` times while it fails for a reason worth another try (no
+    connection, a timeout, a 5xx answer), sleeping ``backoff_s * 2**k`` before try ``k + 2``; a 4xx
+    answer or the last failure is a RewardServerError naming ``url``."""
+    last = ""
+    for attempt in range(retries + 1):
+        if attempt:
+            sleep(backoff_s * 2 ** (attempt - 1))
+        try:
+            return call()
+        except urllib.error.HTTPError as e:
+            last = f"HTTP {e.code}: {_error_text(e)}"
+            if e.code < 500:
+                raise RewardServerError(f"model.reward_url: {url} refused the request ({last})") from None
+        except (urllib.error.URLError, TimeoutError, ConnectionError, OSError) as e:
+            last = f"{type(e).__name__}: {getattr(e, 'reason', e)}"
+        except json.JSONDecodeError as e:
+            last = f"an answer that is not JSON ({e})"
+    raise RewardServerError(f"model.reward_url: {url} did not answer after {retries + 1} tries (last: {last})")
+
+
+def _error_text(e: urllib.error.HTTPError) -> str:
+    try:
+        return str(json.loads(e.read()).get("error", e.reason))
+    except (ValueError, AttributeError, OSError):
+        return str(e.reason)
+
+
+class RemoteReward:
+    """The reward role of ``model.reward_url``: responses scored by a reward server.
+
+    ``url``: the server's base URL (``http://127.0.0.1:8000``); ``timeout_s`` per request;
+    ``retries`` and ``backoff_s`` as :func:`with_retries`; ``eos_token_id``: the policy's EOS, to
+    tell the server which responses finished (from the token at each row's last valid position)."""
+
+    needs_text = True
+
+    def __init__(self, url: str, *, timeout_s: float = 60.0, retries: int = 3, backoff_s: float = 1.0,
+                 eos_token_id: Optional[int] = None):
+        self.url = url.rstrip("/")
+        self.timeout_s, self.retries, self.backoff_s, self.eos_token_id = timeout_s, retries, backoff_s, eos_token_id
+        self.name = self.url
+
+    def health(self) -> dict:
+        return with_retries(lambda: get_json(self.url + "/health", self.timeout_s), self.url, self.retries, self.backoff_s)
+
+    def finished(self, input_ids: torch.Tensor, attention_mask: Optional[torch.Tensor]) -> list[bool]:
+        """Whether each row's last valid token is EOS (all true without an ``eos_token_id``)."""
+        if self.eos_token_id is None or attention_mask is None or input_ids.shape[1] == 0:
+            return [True] * input_ids.shape[0]
+        last = attention_mask.shape[1] - 1 - attention_mask.flip(1).long().argmax(1)  # (B,) last valid position
+        return (input_ids.gather(1, last[:, None]).squeeze(1) == self.eos_token_id).tolist()
+
+    def score_texts(self, prompts: Sequence[str], responses: Sequence[str], finished: Sequence[bool],
+                    columns: Optional[dict] = None) -> list[float]:
+        payload = {"prompts": list(prompts), "responses": list(responses), "finished": [bool(f) for f in finished]}
+        if columns:
+            payload["columns"] = {k: list(v) for k, v in columns.items()}
+        answer = with_retries(lambda: post_json(self.url + "/score", payload, self.timeout_s), self.url, self.retries,
+                              self.backoff_s)
+        scores = answer.get("scores") if isinstance(answer, dict) else answer
+        return check_scores(scores, len(responses), "the server", key=f"model.reward_url: {self.url}")
+
+    def __call__(self, input_ids, attention_mask, prompts, responses, columns=None) -> torch.Tensor:
+        scores = self.score_texts(prompts, responses, self.finished(input_ids, attention_mask), columns)
+        return torch.as_tensor(scores, dtype=torch.float32).to(input_ids.device)
