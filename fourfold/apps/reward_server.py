@@ -165,13 +165,17 @@ def model_scorer(model_dir: str, *, device: str = "cpu", dtype: str = "float32",
 
 def function_scorer(spec) -> Scorer:
     """The scorer of a reward function (``file.py:name``, ``module:name`` or a callable): called with
-    the request's columns as keyword arguments (those its signature takes)."""
+    the request's columns as keyword arguments (those its signature takes). The signature is matched
+    once per set of column names (so a defaulted parameter's warning is said once, not per batch)."""
     fn = load_reward_fn(spec) if isinstance(spec, str) else spec
     name = spec if isinstance(spec, str) else getattr(fn, "__qualname__", repr(fn))
+    plans = {}  # column names -> ColumnPlan (the batcher's one thread reads and writes it)
 
     def score(prompts, responses, finished, columns):
-        plan = column_plan(fn, name, tuple(columns), "the request")
-        return call_reward_fn(fn, prompts, responses, name, plan.select(columns))
+        key = tuple(columns)
+        if key not in plans:
+            plans[key] = column_plan(fn, name, key, "the request")
+        return call_reward_fn(fn, prompts, responses, name, plans[key].select(columns))
 
     score.description = f"reward function {name}"
     return score

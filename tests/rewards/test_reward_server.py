@@ -48,6 +48,17 @@ def test_a_served_function_sees_the_columns_and_scores_as_called_here(served):
     assert scores == [1.0, 0.0, 1.0]
 
 
+def test_a_defaulted_column_is_warned_once_not_per_batch():
+    def hinted(prompts, responses, hint="none"):
+        return [float(hint == "none")] * len(responses)
+
+    score = function_scorer(hinted)
+    with pytest.warns(UserWarning, match="takes 'hint' but the request has no such column") as seen:
+        for _ in range(3):
+            assert score(["p"], ["r"], [True], {}) == [1.0]
+    assert len(seen) == 1
+
+
 def test_a_served_reward_model_equals_the_local_one(served, tmp_path):
     tok = build_word_tokenizer(WORDS, tmp_path / "rm")
     cfg = llama_config(len(tok), hidden=32, layers=1, heads=2, pad_token_id=tok.pad_token_id,
