@@ -22,7 +22,7 @@ MODEL_PART, REMOTE_PART = "rm", "remote"
 RESERVED_PART_NAMES = ("score", "gold", "token_reward_sum")
 """Names a part cannot take: ``reward/<name>_mean`` would be another metric's name."""
 
-_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_NAME = re.compile(r"[a-z_][a-z0-9_]*")
 
 
 @dataclasses.dataclass
@@ -98,7 +98,7 @@ def require_rewards(model, prefix: str = "model") -> None:
     for name, key in reward_part_names(model, prefix) if weighted(model) else ():  # one source: no part logged
         field = key + (".name" if "[" in key else "")
         require(name is not None, field, "the function has no usable name (a lambda?): set its name")
-        require(bool(_NAME.fullmatch(name)), field, f"{name!r}: a part's name is letters, digits and _")
+        require(bool(_NAME.fullmatch(name)), field, f"{name!r}: a part's name (in reward/<name>_mean) is lower-case letters, digits and _")
         require(name not in RESERVED_PART_NAMES, field,
                 f"{name!r}: reward/{name}_mean is another metric's name; give the part another name")
         require(name not in seen, field, f"{name!r} is already the name of {seen.get(name)}; give each part its own name")

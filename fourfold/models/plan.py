@@ -23,7 +23,8 @@ The stages' roles::
                reference, reward, those given
 
 Config objects are read by attribute (of the config package only the reward parts' naming rule is
-imported), so the plan is the same for a config loaded from YAML and one built in Python.
+used, imported when called), so the plan is the same for a config loaded from YAML and one built in
+Python.
 """
 
 from __future__ import annotations
@@ -34,7 +35,6 @@ from typing import Any, Optional, Union
 
 import torch
 
-from fourfold.config.rewards import reward_part_names
 from fourfold.errors import ConfigError
 from fourfold.models.levers import role_dtypes
 
@@ -149,7 +149,10 @@ class RewardPart:
 
 def reward_parts(m) -> tuple[RewardPart, ...]:
     """The reward parts of a model section (PPO, REINFORCE, `fourfold score`), in the order the
-    score sums them (names: :func:`fourfold.config.rewards.reward_part_names`, the one rule)."""
+    score sums them (names: :func:`fourfold.config.rewards.reward_part_names`, the one rule; imported
+    here, not at the top: the memory estimate imports this module without the config package)."""
+    from fourfold.config.rewards import reward_part_names
+
     names = dict((key, name) for name, key in reward_part_names(m))
     parts = []
     if m.reward is not None:
