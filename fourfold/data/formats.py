@@ -26,6 +26,7 @@ __all__ = [
     "LoadResult",
     "load_prompts",
     "prompt_columns",
+    "other_columns",
     "column_names",
     "load_sft",
     "load_preferences",
@@ -456,12 +457,17 @@ def column_names(rows) -> tuple[str, ...]:
     return tuple(names)
 
 
-def prompt_columns(path: str | os.PathLike) -> tuple[str, ...]:
-    """The columns of a prompts file besides ``prompt`` / ``messages`` (:func:`column_names` of
-    its rows), read without tokenising anything: what a run checks its reward functions against
-    before any model loads. Unreadable lines are passed over here (the loader reports them)."""
+def other_columns(path: str | os.PathLike, fields: Sequence[str]) -> tuple[str, ...]:
+    """The columns of a data file besides its format's ``fields`` (:func:`column_names` of its
+    rows), read without tokenising anything: what a run checks its reward functions against before
+    any model loads. Unreadable lines are passed over here (the loader reports them)."""
     _, rows = read_source(path, on_error="skip", skipped=[])
-    return column_names(_other_fields(rec, PROMPT_FIELDS) for _, rec in rows if isinstance(rec, dict))
+    return column_names(_other_fields(rec, fields) for _, rec in rows if isinstance(rec, dict))
+
+
+def prompt_columns(path: str | os.PathLike) -> tuple[str, ...]:
+    """The columns of a prompts file besides ``prompt`` / ``messages`` (:func:`other_columns`)."""
+    return other_columns(path, PROMPT_FIELDS)
 
 
 def load_sft(
