@@ -39,7 +39,8 @@ class RewardFnConfig:
     """The part's name in the logs (reward/<name>_mean) and the samples; null = the function's name."""
     options: dict = dataclasses.field(default_factory=dict)
     """Keyword arguments bound to the function (functools.partial) before it is called, e.g.
-    {max_words: 50} for fourfold.rewards:length_penalty; {} = none."""
+    {per_word: 0.5} for fn(prompts, responses, per_word=1.0); never columns; {} = none. (A factory
+    such as fourfold.rewards.length_penalty(50) is called in Python and its function given as fn.)"""
 
     def validate(self, prefix: str = "model.reward_fns[0]") -> None:
         require(self.fn is not None, f"{prefix}.fn", "missing: 'module:function' or 'path/to/file.py:function'")
