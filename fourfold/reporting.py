@@ -147,24 +147,17 @@ METRICS: dict[str, str] = {
 }
 
 METRIC_PATTERNS: dict[str, str] = {
-    "reward/<name>_mean": "Mean score of one part of a weighted reward (several parts, or a weight: model.reward_fns, "
-                          "model.reward_weight, model.reward_url): <name> is rm for the reward model, remote for the "
-                          "reward server, else the function's name (or its reward_fns name); reward/score_mean is "
-                          "the weighted sum's mean.",
+    "reward/<name>_mean": "Mean of one part of a weighted reward (model.reward_fns, reward_weight, reward_url): rm "
+                          "(the reward model), remote (the server) or the function's name; score_mean is their sum's.",
 }
 """The names made from a part of the run's config, ``<name>`` standing for it (:func:`documented`)."""
 
 
 def documented(name: str) -> bool:
     """Whether a logged metric name is in :data:`METRICS` or matches one of :data:`METRIC_PATTERNS`."""
-    if name in METRICS:
-        return True
-    for pattern in METRIC_PATTERNS:
-        head, _, tail = pattern.partition("<name>")
-        middle = name[len(head):len(name) - len(tail)] if name.startswith(head) and name.endswith(tail) else ""
-        if middle and "/" not in middle:
-            return True
-    return False
+    parts = [p.partition("<name>") for p in METRIC_PATTERNS]
+    return name in METRICS or any(name.startswith(h) and name.endswith(t) and "/" not in name[len(h):-len(t)]
+                                  and len(name) > len(h) + len(t) for h, _, t in parts)
 
 
 METRIC_GROUPS: dict[str, str] = {

@@ -117,10 +117,16 @@ def require_rewards(model, prefix: str = "model") -> None:
                 f"set, but {prefix}.reward_url is null")
 
 
+def is_weighted_sum(weights) -> bool:
+    """THE rule: more than one part, or one whose weight is not 1, makes the score a weighted sum
+    whose parts are logged; one part of weight 1 is the reward role itself, as it always was."""
+    weights = list(weights)
+    return len(weights) > 1 or any(w != 1.0 for w in weights)
+
+
 def weighted(model) -> bool:
-    """More than one part, or one whose weight is not 1: the score is a :class:`WeightedReward`'s
-    sum and each part is logged; else the one source is the reward role, as it always was."""
+    """:func:`is_weighted_sum` of a model section's sources."""
     weights = ([model.reward_weight] if model.reward is not None else []) + \
               ([1.0] if model.reward_fn is not None else []) + [e.weight for e in model.reward_fns] + \
               ([model.reward_url_weight] if getattr(model, "reward_url", None) is not None else [])
-    return len(weights) > 1 or any(w != 1.0 for w in weights)
+    return is_weighted_sum(weights)

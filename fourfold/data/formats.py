@@ -459,10 +459,13 @@ def column_names(rows) -> tuple[str, ...]:
 
 def other_columns(path: str | os.PathLike, fields: Sequence[str]) -> tuple[str, ...]:
     """The columns of a data file besides its format's ``fields`` (:func:`column_names` of its
-    rows), read without tokenising anything: what a run checks its reward functions against before
-    any model loads. Unreadable lines are passed over here (the loader reports them)."""
+    rows that hold a ``prompt`` or ``messages``), read without tokenising anything: what a run
+    checks its reward functions against before any model loads. Unreadable lines and rows without
+    a prompt are passed over here (the loader reports or skips them)."""
     _, rows = read_source(path, on_error="skip", skipped=[])
-    return column_names(_other_fields(rec, fields) for _, rec in rows if isinstance(rec, dict))
+    texts = PROMPT_FIELDS
+    return column_names(_other_fields(rec, fields) for _, rec in rows
+                        if isinstance(rec, dict) and any(k in rec for k in texts))
 
 
 def prompt_columns(path: str | os.PathLike) -> tuple[str, ...]:

@@ -172,9 +172,11 @@ def reward_parts(m) -> tuple[RewardPart, ...]:
 
 
 def is_weighted(parts: tuple[RewardPart, ...]) -> bool:
-    """Several parts, or one whose weight is not 1: the score is a weighted sum and each part is
-    logged; one part of weight 1 is the reward role itself, as it always was."""
-    return len(parts) > 1 or any(p.weight != 1.0 for p in parts)
+    """Several parts, or one whose weight is not 1 (:func:`fourfold.config.rewards.is_weighted_sum`):
+    the score is a weighted sum and each part is logged; one part of weight 1 is the reward role."""
+    from fourfold.config.rewards import is_weighted_sum
+
+    return is_weighted_sum(p.weight for p in parts)
 
 
 @dataclass(frozen=True)
