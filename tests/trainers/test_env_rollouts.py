@@ -124,3 +124,49 @@ def test_observation_tokens_get_no_reward_kl_value_or_gradient(setup):
     loss.backward()
     assert bool((logprobs.grad[obs] == 0).all()) and bool((logprobs.grad[r.mask.bool()] != 0).any())
     roles.policy.zero_grad()
+
+
+def _p_word(policy, col, word_id):
+    """Mean probability of ``word_id`` as the next token at the policy's own positions."""
+    r = col.rollout
+    ids, attn, T = r.context["input_ids"], r.context["attention_mask"], r.mask.shape[1]
+    with torch.no_grad():
+        logits = policy(input_ids=ids, attention_mask=attn).logits[:, -T - 1:-1]
+    p = torch.softmax(logits.float(), -1)[..., word_id]
+    return float(p[r.mask.bool()].mean())
+
+
+def test_a_policy_does_not_learn_the_word_its_environment_repeats(tiny_lm):
+    """Every turn is rewarded alike and every observation is 'w7 w7 w7': trained over the policy
+    mask, the policy's probability of w7 barely moves; the same updates with the observations
+    inside the mask (the bug) teach it w7."""
+    from fourfold.models.build import load_roles
+
+    over = {"model.policy": tiny_lm / "sft", "model.reward_fn": f"{tiny_lm / 'reward_fn.py'}:reward",
+            "data.prompts": tiny_lm / "prompts.jsonl", "ppo.rollout_batch_size": 8, "ppo.minibatch_size": 8,
+            "ppo.use_critic": "false"}
+    cfg = load_config(PPOConfig, None, [f"{k}={v}" for k, v in over.items()])
+    gen = GenerationConfig(max_new_tokens=3, temperature=1.0, stop_at_eos=False)
+    env = EnvConfig(max_turns=3, max_tokens=64)
+    probs = {}
+    for leaky in (False, True):
+        roles = load_roles("ppo", cfg, torch.device("cpu"))
+        word = roles.tokenizer.convert_tokens_to_ids("w7")
+        opt = torch.optim.Adam(roles.policy.parameters(), lr=3e-3)
+        before = None
+        for it in range(6):
+            col = collect_turns(roles, _envs(Repeat, 4), env, gen, kl_coef=0.0, noise=RowNoise(it, 0))
+            before = _p_word(roles.policy, col, word) if before is None else before
+            r = col.rollout
+            T = r.mask.shape[1]
+            mask = r.context["attention_mask"][:, -T:].float() if leaky else r.mask
+            ids, attn = r.context["input_ids"], r.context["attention_mask"]
+            logprobs, _ = response_logprobs(roles.policy, ids, attn, T, gen.temperature)
+            loss, _ = ppo_policy_loss(logprobs, logprobs.detach(), torch.ones_like(mask), mask)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        probs[leaky] = (before, _p_word(roles.policy, col, word))
+    (b0, a0), (b1, a1) = probs[False], probs[True]
+    assert a1 > 3 * b1  # the leak teaches the repeated word (measured: 0.015 -> 0.12)
+    assert a0 < 1.5 * b0  # the policy mask does not (measured: 0.015 -> 0.017)
