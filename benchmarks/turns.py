@@ -79,7 +79,7 @@ def main(argv=None) -> None:
     envs = [_Answer(f"row {i}") for i in range(args.batch)]
 
     def multi():
-        return sample_turns(model, envs, first.tolist(), settings, lambda obs, where: obs_ids, noise=noise, device=device)
+        return sample_turns(model, envs, first.tolist(), settings, lambda obs, where, after_eos: obs_ids, noise=noise, device=device)
 
     def single():
         return sample(model, first.to(device), torch.ones_like(first).to(device), max_new_tokens=traj_len,

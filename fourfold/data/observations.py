@@ -62,16 +62,18 @@ class ObservationEncoder:
         (example,) = encode_prompts([text], self.tokenizer, max_len, lines=lines, source=source if lines else where)
         return example.input_ids
 
-    def next(self, obs: Observation, where: str) -> list[int]:
-        """A later observation's ids, to append right after the policy's turn (its EOS)."""
+    def next(self, obs: Observation, where: str, after_eos: bool = True) -> list[int]:
+        """A later observation's ids, to append right after the policy's turn. ``after_eos``: the
+        turn ended with the tokenizer's EOS (else it was cut, or ended at a stop string): a chat
+        continuation then keeps the template's EOS string, closing the assistant's turn."""
         messages = self._messages(obs)
-        text = obs if messages is None else self._continuation(messages, where)
+        text = obs if messages is None else self._continuation(messages, where, after_eos)
         (ids,) = encode_texts(self.tokenizer, [text], [where], "observation")
         if isinstance(ids, str):
             raise DataError(f"{where}: {ids}")
         return ids
 
-    def _continuation(self, messages: list[dict[str, Any]], where: str) -> str:
+    def _continuation(self, messages: list[dict[str, Any]], where: str, after_eos: bool = True) -> str:
         """The text between the assistant's EOS and the next assistant reply, around ``messages``."""
         convo = [{"role": "user", "content": _USER}, {"role": "assistant", "content": _ASSISTANT}]
         if self.render is None:  # plain: "assistant: A\n" then "role: content\n"... then "assistant: "
@@ -83,7 +85,7 @@ class ObservationEncoder:
             raise DataError(f"{where}: the chat template does not render an observation as the continuation of the "
                             "conversation (the conversation before it renders differently with it)")
         start = end + len(_ASSISTANT)
-        if self.eos and full.startswith(self.eos, start):  # the policy's own EOS is already in the trajectory
+        if after_eos and self.eos and full.startswith(self.eos, start):  # the policy's EOS is in the trajectory
             start += len(self.eos)
         spans = [(s - start, e - start) for s, e in getattr(full, "literal_spans", ()) if s >= start]
         return TemplateText(full[start:], spans)

@@ -26,8 +26,9 @@ import torch
 from fourfold.errors import ConfigError
 from fourfold.rollout.sampling import Samples, cache_kwarg, choose, output_cache, prefill
 
-EncodeNext = Callable[[object, str], list[int]]
-"""``encode_next(observation, where) -> ids``: a later observation's ids (``ObservationEncoder.next``)."""
+EncodeNext = Callable[[object, str, bool], list[int]]
+"""``encode_next(observation, where, after_eos) -> ids``: a later observation's ids, ``after_eos``
+= the turn before it ended with EOS (``ObservationEncoder.next``)."""
 
 
 @dataclass
@@ -221,7 +222,8 @@ def _step_envs(envs, trajs: list[Trajectory], running: torch.Tensor, turn: int, 
         if done or turn + 1 == s.max_turns:
             traj.done, traj.truncated, running[b] = done, not done, False
             continue
-        ids = encode_next(obs, envs[b].where)
+        turn_ids = traj.turn_ids_of(turn)
+        ids = encode_next(obs, envs[b].where, bool(turn_ids) and turn_ids[-1] == s.eos_token_id)
         if traj.n_tokens + len(ids) >= s.max_tokens:  # no room left for a policy token
             traj.truncated, running[b] = True, False
             continue

@@ -81,6 +81,8 @@ def test_observations_through_the_chat_template(tok):
     cont = enc.next([{"role": "tool", "content": "t1"}], "p.jsonl:2")
     assert cont == [bos, ids["tool"], ids["t1"], eos, bos, ids["assistant"]]
     assert ObservationEncoder(tok, role="tool").next("t1", "p.jsonl:2") == cont
+    # a turn that ended without EOS (cut, or at a stop string): the template's EOS closes it
+    assert enc.next([{"role": "tool", "content": "t1"}], "p.jsonl:2", after_eos=False) == [eos] + cont
     # a string observation is text: a special-token string in it stays text (no injected EOS)
     assert enc.next("t1 <eos>", "p.jsonl:2") == [ids["t1"], unk]
 
