@@ -120,3 +120,30 @@ def turn_advantages(col: CollectedTurns, algo: PPOAlgoConfig) -> Rollout:
         advantages = masked_whiten(advantages, mask)
     rollout.advantages, rollout.returns = advantages, returns
     return rollout
+
+
+def turn_sample_rows(col: CollectedTurns, tokenizer, n: int = 4) -> list[dict]:
+    """The first ``n`` trajectories as ``samples.jsonl`` rows: ``prompt`` (the first observation's
+    text), ``turns`` (per policy turn: its ``action`` text, its ``reward`` when it was stepped, and
+    the ``observation`` text appended after it, if any), ``return``, ``done``, ``truncated``."""
+    rows = []
+    for traj in col.batch.trajectories[:n]:
+        turns, pos = [], 0
+        for k in range(traj.n_turns):  # turn k's ids, then the observation after it
+            action = []
+            while pos < len(traj.ids) and traj.turn[pos] == k:
+                action.append(traj.ids[pos])
+                pos += 1
+            after = []
+            while pos < len(traj.ids) and traj.turn[pos] < 0:
+                after.append(traj.ids[pos])
+                pos += 1
+            entry = {"action": tokenizer.decode(action, skip_special_tokens=True)}
+            if k < len(traj.turn_rewards):
+                entry["reward"] = traj.turn_rewards[k]
+            if after:
+                entry["observation"] = tokenizer.decode(after, skip_special_tokens=True)
+            turns.append(entry)
+        rows.append({"prompt": tokenizer.decode(traj.prompt, skip_special_tokens=True), "turns": turns,
+                     "return": float(sum(traj.turn_rewards)), "done": traj.done, "truncated": traj.truncated})
+    return rows

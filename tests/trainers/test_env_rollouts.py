@@ -16,7 +16,7 @@ from fourfold.models.roles import response_logprobs
 from fourfold.rollout.eager import EagerEngine
 from fourfold.rollout.env import make_envs
 from fourfold.rollout.noise import RowNoise
-from fourfold.trainers.env_rollouts import collect_turns, turn_advantages
+from fourfold.trainers.env_rollouts import collect_turns, turn_advantages, turn_sample_rows
 from fourfold.trainers.ppo import compute_advantages
 from fourfold.trainers.rollouts import collect
 
@@ -114,6 +114,11 @@ def test_observation_tokens_get_no_reward_kl_value_or_gradient(setup):
         last = [int((ends[b] == k).nonzero().max()) for k in range(3)]
         scores = r.rewards[b, last] + 0.2 * col.kl[b, last]
         assert torch.allclose(scores, torch.tensor([0.9, 0.8, 0.7]), atol=1e-6)
+    (row,) = turn_sample_rows(col, roles.tokenizer, n=1)
+    assert row["prompt"] == "w1 w2" and row["truncated"] and not row["done"]
+    assert [t.get("observation") for t in row["turns"]] == ["w7 w7 w7", "w7 w7 w7", None]
+    assert [t["reward"] for t in row["turns"]] == pytest.approx([0.9, 0.8, 0.7]) and row["return"] == pytest.approx(2.4)
+    assert all(len(t["action"].split()) == 4 for t in row["turns"])
     adv = turn_advantages(col, cfg.ppo)
     assert bool((adv.advantages[obs] == 0).all()) and bool((adv.returns[obs] == 0).all())
     # the policy loss gives the observation positions' log-probs exactly zero gradient
