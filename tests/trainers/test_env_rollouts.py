@@ -175,3 +175,29 @@ def test_a_policy_does_not_learn_the_word_its_environment_repeats(tiny_lm):
     (b0, a0), (b1, a1) = probs[False], probs[True]
     assert a1 > 3 * b1  # the leak teaches the repeated word (measured: 0.015 -> 0.12)
     assert a0 < 1.5 * b0  # the policy mask does not (measured: 0.015 -> 0.017)
+
+
+def test_the_ppo_update_runs_unchanged_on_a_multi_turn_rollout(setup):
+    """ppo_update (policy and critic epochs) on collect_turns' rollout with advantages over the
+    policy's tokens: finite statistics, both models move, and the critic's targets are returns on
+    policy tokens only."""
+    from fourfold.run.optim import NonFiniteGuard
+    from fourfold.trainers.ppo import make_optim, ppo_update
+
+    roles, cfg, _ = setup
+    algo = cfg.ppo
+    gen = GenerationConfig(max_new_tokens=3, temperature=1.0, stop_at_eos=False)
+    env = EnvConfig(max_turns=2, max_tokens=32, truncation="bootstrap")
+    opt = make_optim(roles, algo)
+    guard = NonFiniteGuard()
+    before = [p.detach().clone() for p in (next(roles.policy.parameters()), next(roles.critic.parameters()))]
+    for it in range(2):
+        col = collect_turns(roles, _envs(Repeat), env, gen, kl_coef=0.05, noise=RowNoise(11, it))
+        rollout = turn_advantages(col, algo)
+        obs = (rollout.mask == 0) & (rollout.context["attention_mask"][:, -rollout.mask.shape[1]:] == 1)
+        assert bool(obs.any()) and bool((rollout.returns[obs] == 0).all())
+        stats = ppo_update(roles, rollout, algo, opt, gen.temperature, guard, it + 1)
+        assert all(v == v for v in stats.values()), stats  # no NaN
+    assert guard.total == 0
+    after = [next(roles.policy.parameters()), next(roles.critic.parameters())]
+    assert all(not torch.equal(a, b) for a, b in zip(after, before))
