@@ -217,3 +217,26 @@ def test_the_masked_losses_count_policy_tokens_only(junk):
     # per-response aggregation counts each row's policy tokens: row 0 has 3, row 1 has 2
     per_seq = aggregate_loss(_garbage_at_observations(torch.ones(shape, dtype=F64), M, junk), M, "seq-mean-token-sum")
     assert float(per_seq) == 2.5
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.data())
+def test_turn_rewards_sit_on_each_turns_last_token_whatever_the_layout(data):
+    """Random turns (1-4 tokens each) with random observation runs (0-3 tokens) between them and
+    padding after: every turn's reward is on its last token, nothing else carries one, and the row
+    sums to the return; with a run between every two turns, the ids read off the mask agree."""
+    n = data.draw(st.integers(1, 5))
+    lengths = data.draw(st.lists(st.integers(1, 4), min_size=n, max_size=n))
+    gaps = data.draw(st.lists(st.integers(1, 3), min_size=n - 1, max_size=n - 1)) + [data.draw(st.integers(0, 3))]
+    rewards = data.draw(st.lists(st.floats(-3, 3, allow_nan=False, width=32), min_size=n, max_size=n))
+    ids, ends = [], []
+    for k, (length, gap) in enumerate(zip(lengths, gaps)):
+        ids += [k] * length
+        ends.append(len(ids) - 1)
+        ids += [-1] * gap
+    turn_ids = torch.tensor([ids])
+    placed = place_turn_rewards(torch.tensor([rewards], dtype=F64), turn_ids)
+    expected = torch.zeros(1, len(ids), dtype=F64)
+    expected[0, ends] = torch.tensor(rewards, dtype=F64)
+    assert torch.equal(placed, expected)
+    assert torch.equal(turn_ids_from_mask(turn_ids >= 0), turn_ids)
