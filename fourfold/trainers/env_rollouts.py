@@ -31,6 +31,10 @@ from fourfold.rollout.noise import RowNoise
 from fourfold.rollout.turns import TurnBatch, TurnSettings, sample_turns
 from fourfold.run.parallel import several_ranks
 
+FIRST_TOKENS_UNCHECKED = 1 << 30
+"""The first observation's length limit handed to the encoder when no ``max_first_tokens`` is
+given: none (``env.max_tokens`` bounds it, checked with its own message)."""
+
 
 @dataclass
 class CollectedTurns:
@@ -67,12 +71,14 @@ def collect_turns(roles: Roles, envs: Sequence[BoundEnv], env: EnvConfig, gen: G
     ``env`` section's limits and ``gen``'s sampling (``max_new_tokens`` per turn, temperature,
     EOS), then score: reference log-probs and critic values over each whole trajectory, the
     rewards by :func:`fourfold.core.turns.trajectory_rewards`, the bootstrap by ``env.truncation``.
-    ``noise``: the iteration's per-row noise (a row's n-th policy token at its n-th uniform)."""
+    ``noise``: the iteration's per-row noise (a row's n-th policy token at its n-th uniform);
+    ``max_first_tokens``: a limit of the first observation's own (e.g. ``data.max_prompt_len``)."""
     if several_ranks():
         raise NotImplementedError("collect_turns: environments under torchrun are not wired yet")
     tok = roles.tokenizer
     encoder = ObservationEncoder(tok, env.observation_role)
-    first = [encoder.first(e.reset(), e.where, max_first_tokens or env.max_tokens) for e in envs]
+    # a first observation too long for env.max_tokens is refused by sample_turns, naming that key
+    first = [encoder.first(e.reset(), e.where, max_first_tokens or FIRST_TOKENS_UNCHECKED) for e in envs]
     settings = TurnSettings(
         max_turns=env.max_turns, max_tokens=env.max_tokens, max_new_tokens=gen.max_new_tokens,
         decode=lambda ids: tok.decode(ids, skip_special_tokens=True), temperature=gen.temperature,

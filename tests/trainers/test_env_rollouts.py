@@ -201,3 +201,23 @@ def test_the_ppo_update_runs_unchanged_on_a_multi_turn_rollout(setup):
     assert guard.total == 0
     after = [next(roles.policy.parameters()), next(roles.critic.parameters())]
     assert all(not torch.equal(a, b) for a, b in zip(after, before))
+
+
+def test_a_first_observation_longer_than_max_tokens_names_the_key(setup):
+    from fourfold.errors import ConfigError
+
+    roles, _, _ = setup
+    env = EnvConfig(max_turns=2, max_tokens=3)
+    with pytest.raises(ConfigError, match="env.max_tokens: the first observation of row p.jsonl:1 has 3 tokens, leaving none of the 3"):
+        collect_turns(roles, _envs(lambda row: _Long(row), 4), env, GenerationConfig(max_new_tokens=2), kl_coef=0.0)
+
+
+class _Long:
+    def __init__(self, row):
+        self.prompt = row["prompt"]
+
+    def reset(self):
+        return self.prompt
+
+    def step(self, action):
+        return "", 0.0, True
