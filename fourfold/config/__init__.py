@@ -41,6 +41,7 @@ from fourfold.config.demo import (
 )
 from fourfold.config.dist import LMDistConfig, TrainedDistConfig
 from fourfold.config.dpo import DPOAlgoConfig, DPOConfig
+from fourfold.config.env import EnvConfig
 from fourfold.config.gym import (
     GymAgentConfig,
     GymConfig,
@@ -104,6 +105,8 @@ __all__ = [
     # dpo
     "DPOAlgoConfig",
     "DPOConfig",
+    # env (a multi-turn environment; not wired into a stage yet)
+    "EnvConfig",
     # ppo (and the language-model sections shared with reinforce and demo)
     "LMModelConfig",
     "PromptDataConfig",

@@ -25,31 +25,8 @@ from fourfold.errors import ConfigError, UserCodeError
 
 def load_reward_fn(spec: str) -> Callable[[list[str], list[str]], list[float]]:
     """'package.module:function' or 'path/to/file.py:function' -> the function."""
-    target, _, name = spec.rpartition(":")
-    if not target or not name:
-        raise ConfigError(f"model.reward_fn: {spec!r}: expected 'module:function' or 'file.py:function'")
-    try:
-        if target.endswith(".py"):
-            path = Path(target)
-            if not path.is_file():
-                raise ConfigError(f"model.reward_fn: {target}: no such file")
-            mod_spec = importlib.util.spec_from_file_location(f"fourfold_user_reward_{path.stem}", path)
-            module = importlib.util.module_from_spec(mod_spec)
-            mod_spec.loader.exec_module(module)
-        else:
-            module = importlib.import_module(target)
-    except ConfigError:  # ours (no such file): not the user's code
-        raise
-    except ImportError as e:
-        raise ConfigError(f"model.reward_fn: cannot import {target!r} ({e})") from None
-    except SyntaxError as e:
-        raise ConfigError(f"model.reward_fn: {e.filename}:{e.lineno}: syntax error ({e.msg})") from None
-    except Exception as e:  # the user's module raised while it was imported
-        raise UserCodeError(f"model.reward_fn: importing {target} raised {type(e).__name__}: {_first_line(e)} "
-                            "(the traceback of the user's code follows)") from e
-    fn = getattr(module, name, None)
-    if not callable(fn):
-        raise ConfigError(f"model.reward_fn: {target} has no function {name!r}")
+    fn = load_user_function(spec, "model.reward_fn", "reward")
+    name = spec.rpartition(":")[2]
     try:
         inspect.signature(fn).bind([], [])
     except TypeError:
@@ -57,6 +34,40 @@ def load_reward_fn(spec: str) -> Callable[[list[str], list[str]], list[float]]:
                           f"its signature is {name}{inspect.signature(fn)}") from None
     except ValueError:  # no signature to read (a builtin): the call will tell
         pass
+    return fn
+
+
+def load_user_function(spec: str, key: str, kind: str) -> Callable:
+    """'package.module:function' or 'path/to/file.py:function' (the value of config key ``key``)
+    -> the callable. A file is imported as module ``fourfold_user_<kind>_<stem>``. A malformed
+    spec, a missing file, an import or syntax error, or no such callable is one ConfigError line
+    naming ``key``; an exception the user's module raises while imported is a UserCodeError whose
+    cause is the original."""
+    target, _, name = spec.rpartition(":")
+    if not target or not name:
+        raise ConfigError(f"{key}: {spec!r}: expected 'module:function' or 'file.py:function'")
+    try:
+        if target.endswith(".py"):
+            path = Path(target)
+            if not path.is_file():
+                raise ConfigError(f"{key}: {target}: no such file")
+            mod_spec = importlib.util.spec_from_file_location(f"fourfold_user_{kind}_{path.stem}", path)
+            module = importlib.util.module_from_spec(mod_spec)
+            mod_spec.loader.exec_module(module)
+        else:
+            module = importlib.import_module(target)
+    except ConfigError:  # ours (no such file): not the user's code
+        raise
+    except ImportError as e:
+        raise ConfigError(f"{key}: cannot import {target!r} ({e})") from None
+    except SyntaxError as e:
+        raise ConfigError(f"{key}: {e.filename}:{e.lineno}: syntax error ({e.msg})") from None
+    except Exception as e:  # the user's module raised while it was imported
+        raise UserCodeError(f"{key}: importing {target} raised {type(e).__name__}: {_first_line(e)} "
+                            "(the traceback of the user's code follows)") from e
+    fn = getattr(module, name, None)
+    if not callable(fn):
+        raise ConfigError(f"{key}: {target} has no function {name!r}")
     return fn
 
 
