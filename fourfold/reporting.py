@@ -144,6 +144,14 @@ METRICS: dict[str, str] = {
     "time/rollout_s": "Seconds spent stepping the environments and the policy (gym).",
     "policy/epochs": "PPO epochs actually run this iteration (fewer when target_kl stops early).",
     "policy/advantage_mean": "Mean advantage (or return minus baseline) of the batch before whitening.",
+    # multi-turn environments (env.factory; docs/environments.md)
+    "env/turns_mean": "Mean policy turns per trajectory.",
+    "env/truncated_frac": "Share of trajectories cut by env.max_turns or env.max_tokens (not ended by the environment).",
+    "env/done_frac": "Share of trajectories the environment ended (done).",
+    "env/observation_tokens_mean": "Mean observation tokens per trajectory after the first observation (never trained on).",
+    "env/policy_tokens_mean": "Mean policy (sampled, trained) tokens per trajectory.",
+    "env/turn_reward_mean": "Mean reward per stepped turn.",
+    "env/return_mean": "Mean summed turn rewards per trajectory.",
 }
 
 METRIC_PATTERNS: dict[str, str] = {
@@ -173,6 +181,7 @@ METRIC_GROUPS: dict[str, str] = {
     "rm": "Reward-model training",
     "dpo": "Direct preference optimisation",
     "gym": "Classic-control PPO",
+    "env": "Multi-turn environments",
 }
 
 

@@ -434,7 +434,10 @@ def _claims_table(md: str) -> list[list[str]]:
     return [[c.strip() for c in line.strip("|").split(" | ")] for line in table[2:]]
 
 
+@pytest.mark.slow  # about 300 s on 2 cores: CI's 15-minute bound (the jobs' cache and resume logic: test_run_jobs_*)
 def test_quick_end_to_end(tmp_path):
+    """`fourfold experiments --quick` from nothing: its claims, report, publish table; a rerun is cached; an
+    unfinished run resumes from its last checkpoint."""
     from fourfold.cli import main
     from fourfold.reporting import read_metrics
 

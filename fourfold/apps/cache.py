@@ -26,10 +26,11 @@ def digest(obj: Any) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-LATER_KEYS = ("micro_batch_tokens", "task_options", *GenerationConfig.ENGINE_KEYS)
+LATER_KEYS = ("micro_batch_tokens", "task_options", "assistant_turns", *GenerationConfig.ENGINE_KEYS)
 """Settings added after the stage cache's keys were first written; each one's default reproduces
-what ran before it existed (they choose how a step runs, not what it computes). A key leaves them
-out while they keep their defaults (:func:`keyed`), so the caches of earlier runs stay valid."""
+what ran before it existed (most choose how a step runs, not what it computes; SFT's
+``assistant_turns`` at ``last`` trains what SFT trained before it). A key leaves them out while
+they keep their defaults (:func:`keyed`), so the caches of earlier runs stay valid."""
 
 
 def keyed(section) -> dict:

@@ -42,6 +42,7 @@ from fourfold.config.demo import (
 )
 from fourfold.config.dist import LMDistConfig, TrainedDistConfig
 from fourfold.config.dpo import DPOAlgoConfig, DPOConfig
+from fourfold.config.env import EnvConfig
 from fourfold.config.gym import (
     GymAgentConfig,
     GymConfig,
@@ -106,6 +107,8 @@ __all__ = [
     # dpo
     "DPOAlgoConfig",
     "DPOConfig",
+    # env (a multi-turn environment; not wired into a stage yet)
+    "EnvConfig",
     # ppo (and the language-model sections shared with reinforce and demo)
     "LMModelConfig",
     "PromptDataConfig",

@@ -123,6 +123,11 @@ class SFTDataConfig:
     """Optional held-out file in the same format."""
     on_error: Literal["raise", "skip"] = "raise"
     """Bad rows: error naming file and line, or skip and count."""
+    assistant_turns: Literal["last", "all"] = "last"
+    """A `messages` row with several assistant messages: 'last' trains the last one (the messages
+    before it are the prompt); 'all' trains every assistant message, each tokenised on its own
+    with EOS after it, the text between them (the other messages, the template's markers) not
+    trained: the layout of a multi-turn rollout (docs/environments.md)."""
 
     def validate(self, prefix: str = "data") -> None:
         require(self.train is not None, f"{prefix}.train", "missing: path to the training file")

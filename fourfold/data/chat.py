@@ -38,6 +38,11 @@ class TemplateText(str):
         obj.literal_spans = tuple(literal_spans)
         return obj
 
+    def tail(self, start: int) -> "TemplateText":
+        """``self[start:]`` still as TemplateText: the literal spans in it, shifted."""
+        return TemplateText(str.__getitem__(self, slice(start, None)),
+                            [(a - start, b - start) for a, b in self.literal_spans if a >= start])
+
 
 _MARK_START, _MARK_END = "\U000f0000", "\U000f0001"  # private-use characters around a marked string
 _MARKED = re.compile(f"{_MARK_START}(\\d+){_MARK_END}")

@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from fourfold.data.chat import TemplateText
 from fourfold.data.encoding import (
     RowSink,
     data_source,
@@ -67,6 +68,9 @@ class SFTExample:
     index: int
     line: int
     truncated: bool = False
+    loss_mask: tuple[int, ...] | None = None
+    """Per id of ``input_ids``: 1 = trained (several assistant turns, :attr:`SFTRecord.turns`);
+    None = every id after the prompt."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -229,6 +233,13 @@ def encode_sft(
     eos_id = require_special_id(tokenizer, "eos_token_id", "eos=True appends it to completions") if eos else None
     out = []
     for i, rec, where, p, (c,) in tokenized_rows(records, tokenizer, sink, bos, [("completion", "completion")]):
+        if rec.turns:
+            example, problem = _encode_turns(rec, i, where, p, tokenizer, eos_id, max_len, truncate, max_prompt_len)
+            if problem is not None:
+                sink.bad(where, problem)
+            else:
+                out.append(example)
+            continue
         c = c + [eos_id] if eos_id is not None else c
         if max_prompt_len is not None and len(p) > max_prompt_len:
             problem = _prompt_problem(len(p), max_prompt_len)
@@ -241,6 +252,38 @@ def encode_sft(
             continue
         out.append(SFTExample(input_ids=p + c, num_prompt_tokens=len(p), index=i, line=rec.line, truncated=truncated))
     return out
+
+
+def _encode_turns(rec: SFTRecord, i: int, where: str, p: list[int], tokenizer: Any, eos_id: int | None, max_len: int,
+                  truncate: bool, max_prompt_len: int | None) -> tuple[SFTExample | None, str | None]:
+    """A record with several assistant turns: the prompt ids, then each segment of ``rec.turns``
+    tokenised on its own (as a multi-turn rollout appends them), EOS after each trained one (and
+    the EOS string the template wrote after it taken out of the next segment), the loss mask 1 on
+    the trained segments' ids. ``(example, None)`` or ``(None, problem)``."""
+    if max_prompt_len is not None and len(p) > max_prompt_len:
+        return None, _prompt_problem(len(p), max_prompt_len)
+    eos = getattr(tokenizer, "eos_token", None) if eos_id is not None else None
+    texts = []
+    for text, trained in rec.turns:
+        if not trained and eos and text.startswith(eos):
+            text = text.tail(len(eos)) if isinstance(text, TemplateText) else text[len(eos):]
+        texts.append(text)
+    encoded = encode_texts(tokenizer, texts, [where] * len(texts), "assistant turn")
+    ids, mask = list(p), [0] * len(p)
+    for seg, (_, trained) in zip(encoded, rec.turns):
+        if isinstance(seg, str):
+            return None, seg
+        seg = seg + [eos_id] if trained and eos_id is not None else seg
+        ids += seg
+        mask += [int(trained)] * len(seg)
+    truncated = len(ids) > max_len
+    if truncated and not truncate:
+        return None, f"prompt + assistant turns have {len(ids)} tokens, more than max_len={max_len}"
+    if len(p) >= max_len:
+        return None, f"prompt has {len(p)} tokens, leaving no room for the completion within max_len={max_len}"
+    ids, mask = ids[:max_len], mask[:max_len]
+    return SFTExample(input_ids=ids, num_prompt_tokens=len(p), index=i, line=rec.line, truncated=truncated,
+                      loss_mask=tuple(mask)), None
 
 
 def to_device(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
@@ -256,6 +299,9 @@ def collate_sft(examples: Sequence[SFTExample], pad_id: int) -> dict[str, torch.
     n_prompt = torch.tensor([e.num_prompt_tokens for e in examples], dtype=torch.long)  # (N,)
     positions = torch.arange(input_ids.shape[1])  # (L,)
     loss_mask = attention_mask * (positions[None, :] >= n_prompt[:, None]).long()  # (N, L)
+    for row, e in enumerate(examples):  # several assistant turns: their own mask
+        if e.loss_mask is not None:
+            loss_mask[row, : len(e.loss_mask)] = torch.tensor(e.loss_mask, dtype=torch.long)
     truncated = torch.tensor([e.truncated for e in examples], dtype=torch.bool)  # (N,)
     return {"input_ids": input_ids, "attention_mask": attention_mask, "loss_mask": loss_mask, "truncated": truncated}
 

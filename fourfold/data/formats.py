@@ -65,6 +65,10 @@ class SFTRecord:
     completion: str
     line: int
     source: str = ""
+    turns: tuple[tuple[str, bool], ...] = ()
+    """With ``data.assistant_turns: all`` and several assistant messages: the text after
+    ``prompt`` as segments ``(text, trained)``, each assistant message (trained) and the text the
+    chat template puts between one and the next (not trained); () = ``completion`` alone."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -297,6 +301,39 @@ def _sft_row(rec: dict, render: ChatRender | None) -> tuple[str, str]:
     return prompt, _string(rec, key, SFT_FIELDS)
 
 
+ASSISTANT_TURNS = ("last", "all")
+"""The values of ``data.assistant_turns``: train on the last assistant message, or on all of them."""
+
+
+def _sft_turns(rec: dict, render: ChatRender | None) -> tuple[str, str, tuple[tuple[str, bool], ...]]:
+    """A ``messages`` row with several assistant messages as ``(prompt, completion, turns)``:
+    ``prompt`` renders the messages before the first assistant message, ``turns`` alternates each
+    assistant message (trained) with the text between it and the next one's reply (the rendering
+    of everything up to the next assistant message, after this one's content: the end of its turn,
+    the messages in between, the next generation prompt). Other rows: ``_sft_row`` and no turns."""
+    prompt, completion = _sft_row(rec, render)
+    msgs = _messages(rec["messages"], "messages") if "messages" in rec else []
+    at = [j for j, m in enumerate(msgs) if m["role"] == "assistant"]
+    if len(at) < 2:
+        return prompt, completion, ()
+    prompt = _render(render, msgs[: at[0]])
+    turns: list[tuple[str, bool]] = []
+    for k, j in enumerate(at):
+        content = msgs[j]["content"]
+        if not content.strip():
+            raise _Bad(f"assistant message {k} (message {j}) is empty")
+        turns.append((content, True))
+        if k + 1 == len(at):
+            break
+        before, after = _render(render, msgs[:j]), _render(render, msgs[: at[k + 1]])
+        if not after.startswith(before + content):
+            raise _Bad(f"the chat template does not render assistant message {k} as it is before the next one "
+                       "(data.assistant_turns: all needs each earlier reply rendered verbatim)")
+        cut = len(before) + len(content)
+        turns.append((after.tail(cut) if isinstance(after, TemplateText) else after[cut:], False))
+    return prompt, completion, tuple(turns)
+
+
 def split_common_prefix(a: str, b: str) -> tuple[str, str, str]:
     """``(prompt, reply_a, reply_b)`` with ``a == prompt + reply_a`` and ``b == prompt + reply_b``:
     the prompt is the longest common prefix of ``a`` and ``b`` cut back to a word boundary.
@@ -474,10 +511,22 @@ def prompt_columns(path: str | os.PathLike) -> tuple[str, ...]:
 
 
 def load_sft(
-    path: str | os.PathLike, *, on_error: str = "raise", chat_template: ChatRender | None = None
+    path: str | os.PathLike, *, on_error: str = "raise", chat_template: ChatRender | None = None,
+    assistant_turns: str = "last",
 ) -> LoadResult[SFTRecord]:
-    """Supervised pairs: ``prompt``+``completion``/``response``, ``text`` or ``messages`` per row."""
-    return _load(path, on_error, lambda rec, line, src: SFTRecord(*_sft_row(rec, chat_template), line, src))
+    """Supervised pairs: ``prompt``+``completion``/``response``, ``text`` or ``messages`` per row.
+    ``assistant_turns="all"``: a ``messages`` row with several assistant messages trains each of
+    them (:attr:`SFTRecord.turns`); ``"last"`` (the default): the last one is the completion."""
+    if assistant_turns not in ASSISTANT_TURNS:
+        raise ValueError(f"assistant_turns must be one of {', '.join(ASSISTANT_TURNS)}, got {assistant_turns!r}")
+    if assistant_turns == "last":
+        return _load(path, on_error, lambda rec, line, src: SFTRecord(*_sft_row(rec, chat_template), line, src))
+
+    def make(rec: dict, line: int, src: str) -> SFTRecord:
+        prompt, completion, turns = _sft_turns(rec, chat_template)
+        return SFTRecord(prompt, completion, line, src, turns)
+
+    return _load(path, on_error, make)
 
 
 def load_preferences(

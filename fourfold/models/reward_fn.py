@@ -25,7 +25,30 @@ from fourfold.errors import ConfigError, UserCodeError
 
 def load_reward_fn(spec: str, key: str = "model.reward_fn") -> Callable[..., list[float]]:
     """'package.module:function' or 'path/to/file.py:function' -> the function (``key``: the config
-    key that named it, for messages)."""
+    key that named it, for messages), checked to take two lists first (:func:`require_two_lists`)."""
+    fn = load_user_function(spec, key, "reward")
+    require_two_lists(fn, spec, key)
+    return fn
+
+
+def require_two_lists(fn: Callable, label: str, key: str = "model.reward_fn") -> None:
+    """``fn`` can be called with two lists (prompts, responses) first; its other parameters are
+    the columns' (:func:`column_plan`)."""
+    try:
+        inspect.signature(fn).bind_partial([], [])
+    except TypeError:
+        raise ConfigError(f"{key}: {label} must take two lists (prompts, responses) first; "
+                          f"its signature is {getattr(fn, '__name__', 'fn')}{inspect.signature(fn)}") from None
+    except ValueError:  # no signature to read (a builtin): the call will tell
+        pass
+
+
+def load_user_function(spec: str, key: str, kind: str) -> Callable:
+    """'package.module:function' or 'path/to/file.py:function' (the value of config key ``key``)
+    -> the callable. A file is imported as module ``fourfold_user_<kind>_<stem>``. A malformed
+    spec, a missing file, an import or syntax error, or no such callable is one ConfigError line
+    naming ``key``; an exception the user's module raises while imported is a UserCodeError whose
+    cause is the original."""
     target, _, name = spec.rpartition(":")
     if not target or not name:
         raise ConfigError(f"{key}: {spec!r}: expected 'module:function' or 'file.py:function'")
@@ -34,7 +57,7 @@ def load_reward_fn(spec: str, key: str = "model.reward_fn") -> Callable[..., lis
             path = Path(target)
             if not path.is_file():
                 raise ConfigError(f"{key}: {target}: no such file")
-            mod_spec = importlib.util.spec_from_file_location(f"fourfold_user_reward_{path.stem}", path)
+            mod_spec = importlib.util.spec_from_file_location(f"fourfold_user_{kind}_{path.stem}", path)
             module = importlib.util.module_from_spec(mod_spec)
             mod_spec.loader.exec_module(module)
         else:
@@ -51,20 +74,7 @@ def load_reward_fn(spec: str, key: str = "model.reward_fn") -> Callable[..., lis
     fn = getattr(module, name, None)
     if not callable(fn):
         raise ConfigError(f"{key}: {target} has no function {name!r}")
-    require_two_lists(fn, spec, key)
     return fn
-
-
-def require_two_lists(fn: Callable, label: str, key: str = "model.reward_fn") -> None:
-    """``fn`` can be called with two lists (prompts, responses) first; its other parameters are
-    the columns' (:func:`column_plan`)."""
-    try:
-        inspect.signature(fn).bind_partial([], [])
-    except TypeError:
-        raise ConfigError(f"{key}: {label} must take two lists (prompts, responses) first; "
-                          f"its signature is {getattr(fn, '__name__', 'fn')}{inspect.signature(fn)}") from None
-    except ValueError:  # no signature to read (a builtin): the call will tell
-        pass
 
 
 def _shown(value: Any, limit: int = 80) -> str:

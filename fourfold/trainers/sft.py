@@ -49,14 +49,16 @@ FIGURES = ("loss", "token_accuracy", "tokens")
 # ---------------------------------------------------------------------------------------------
 
 
-def encode_file(path: str, tokenizer, max_len: int, on_error: str) -> tuple[list[SFTExample], list[str], list[str]]:
+def encode_file(path: str, tokenizer, max_len: int, on_error: str, assistant_turns: str = "last"
+                ) -> tuple[list[SFTExample], list[str], list[str]]:
     """Load and tokenise one SFT file once: (examples, one-line messages of the skipped rows,
     warnings on the file as a whole: most tokens unknown).
 
     Rendering of chat ``messages`` uses the tokenizer's chat template when it has one. A prompt +
     completion over ``max_len`` tokens is a DataError naming file and line (never truncated).
     """
-    records = load_sft(path, on_error=on_error, chat_template=chat_template_renderer(tokenizer))
+    records = load_sft(path, on_error=on_error, chat_template=chat_template_renderer(tokenizer),
+                       assistant_turns=assistant_turns)
     examples = encode_sft(records, tokenizer, max_len, truncate=False, on_error=on_error)  # add_bos as PPO prompts
     skipped = sorted(records.skipped, key=line_of)  # loader and tokeniser problems, in file order
     if not examples:
@@ -69,10 +71,10 @@ def load_examples(cfg: SFTConfig, tokenizer
     """(training examples, held-out examples or None, messages of the skipped rows of both files,
     warnings on the files as wholes)."""
     tc, data = cfg.train, cfg.data
-    train_ex, skipped, notes = encode_file(data.train, tokenizer, tc.max_len, data.on_error)
+    train_ex, skipped, notes = encode_file(data.train, tokenizer, tc.max_len, data.on_error, data.assistant_turns)
     eval_ex = None
     if data.eval is not None:
-        eval_ex, eval_skipped, eval_notes = encode_file(data.eval, tokenizer, tc.max_len, data.on_error)
+        eval_ex, eval_skipped, eval_notes = encode_file(data.eval, tokenizer, tc.max_len, data.on_error, data.assistant_turns)
         skipped += eval_skipped
         notes += eval_notes
     return train_ex, eval_ex, skipped, notes

@@ -1,0 +1,57 @@
+"""The ``env`` section: a multi-turn environment the policy acts in (docs/environments.md).
+
+Not part of any stage's config yet: the PPO and REINFORCE loops do not take an environment (the
+interface, the trajectory rules and the eager engine's multi-turn rollout exist; the wiring does
+not). Imports only the standard library.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Literal, Optional
+
+from fourfold.config.loader import require
+
+TRUNCATION = ("bootstrap", "terminal")
+"""The values of ``env.truncation`` (fourfold.core.turns.TRUNCATION_MODES: a test keeps them equal)."""
+
+
+@dataclasses.dataclass
+class EnvConfig:
+    """A multi-turn environment: ``make_env(row)`` per prompts-file row, then turns of the policy's
+    text and the environment's answers until it is done or a limit cuts the trajectory."""
+
+    factory: Optional[str] = None
+    """'path/to/file.py:make_env' or 'package.module:make_env': called with each prompts-file row
+    (a dict of all its columns), it returns an environment with reset() -> the first observation
+    (a string, or chat messages) and step(action: str) -> (observation, reward: float, done: bool).
+    null = no environment (one response per prompt, scored by the reward model or reward_fn)."""
+    max_turns: int = 4
+    """The most policy turns of one trajectory; a trajectory still running after this many is
+    truncated (see truncation)."""
+    max_tokens: int = 256
+    """The most tokens of one whole trajectory: the first observation, every policy turn and every
+    later observation. A turn is cut where the budget ends, and the trajectory is truncated."""
+    stop: list[str] = dataclasses.field(default_factory=list)
+    """Strings that end a policy turn as soon as its text ends with one of them (kept in the
+    action); a turn always ends at EOS and after generation.max_new_tokens tokens. [] = EOS only."""
+    truncation: Literal["bootstrap", "terminal"] = "bootstrap"
+    """A trajectory cut by max_turns or max_tokens did not end. 'bootstrap': its last policy token
+    bootstraps with the critic's value of the state it was cut in (without a critic there is none:
+    the same as terminal). 'terminal': with 0, as if the environment had said done."""
+    observation_role: Optional[str] = None
+    """How a string observation enters the trajectory: null = as text, tokenised on its own; a role
+    ('user', 'tool') = as one chat message of that role, through the tokenizer's chat template
+    (observations given as message lists always go through it)."""
+
+    def validate(self, prefix: str = "env") -> None:
+        if self.factory is not None:
+            target, _, name = self.factory.rpartition(":")
+            require(bool(target) and bool(name), f"{prefix}.factory",
+                    f"{self.factory!r}: expected 'file.py:make_env' or 'module:make_env'")
+        require(self.max_turns >= 1, f"{prefix}.max_turns", f"must be >= 1, got {self.max_turns}")
+        require(self.max_tokens >= 2, f"{prefix}.max_tokens", f"must be >= 2, got {self.max_tokens}")
+        for i, s in enumerate(self.stop):
+            require(isinstance(s, str) and s != "", f"{prefix}.stop[{i}]", f"must be a non-empty string, got {s!r}")
+        require(self.observation_role is None or self.observation_role.strip() != "", f"{prefix}.observation_role",
+                "must be a role name such as 'user' or 'tool', or null")

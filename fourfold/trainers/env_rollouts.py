@@ -1,0 +1,155 @@
+"""A batch of environments -> a scored :class:`~fourfold.core.Rollout` over the policy's tokens,
+the multi-turn counterpart of :func:`fourfold.trainers.rollouts.collect` (docs/environments.md).
+
+:func:`collect_turns` resets each row's environment, runs the turns on the eager path
+(:func:`fourfold.rollout.turns.sample_turns`), scores the whole trajectories with the frozen
+reference and the critic, and builds the per-token rewards by the three rules: the KL penalty on
+policy tokens only, each turn's reward on its last policy token, ``mask`` = the policy mask. The
+critic's value of the state each trajectory ends in (its last position) is kept for truncated
+rows (``env.truncation: bootstrap``). :func:`turn_advantages` is ``compute_advantages`` over the
+policy's tokens (:func:`fourfold.core.turns.policy_advantages`).
+
+Not wired into ``fourfold ppo`` / ``fourfold reinforce`` yet; one process only (no torchrun), the
+eager engine only.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Optional, Sequence
+
+import torch
+
+from fourfold.config import EnvConfig, GenerationConfig, PPOAlgoConfig
+from fourfold.core import AdvantageInputs, Rollout, get_advantage_estimator, masked_whiten
+from fourfold.core.turns import bootstrap_values, policy_advantages, trajectory_rewards
+from fourfold.data.observations import ObservationEncoder
+from fourfold.models.build import Roles
+from fourfold.rollout.env import BoundEnv
+from fourfold.rollout.noise import RowNoise
+from fourfold.rollout.turns import TurnBatch, TurnSettings, sample_turns
+from fourfold.run.parallel import several_ranks
+
+FIRST_TOKENS_UNCHECKED = 1 << 30
+"""The first observation's length limit handed to the encoder when no ``max_first_tokens`` is
+given: none (``env.max_tokens`` bounds it, checked with its own message)."""
+
+
+@dataclass
+class CollectedTurns:
+    """A scored multi-turn rollout: ``rollout`` (``mask`` = policy mask, ``scores`` = the sum of
+    each row's turn rewards), the ``batch`` it came from, ``kl [B, T]`` (0 off the policy tokens),
+    ``bootstrap [B]`` (what each row's last policy token bootstraps with) and the ``metrics``."""
+
+    rollout: Rollout
+    batch: TurnBatch
+    kl: torch.Tensor
+    bootstrap: torch.Tensor
+    metrics: dict = field(default_factory=dict)
+
+
+def turn_metrics(batch: TurnBatch) -> dict:
+    """The ``env/*`` metrics of a batch (:data:`fourfold.reporting.METRICS`)."""
+    stepped = sum(len(t.turn_rewards) for t in batch.trajectories)
+    return {
+        "env/turns_mean": float(batch.n_turns.float().mean()),
+        "env/truncated_frac": float(batch.truncated.float().mean()),
+        "env/done_frac": float(batch.done.float().mean()),
+        "env/observation_tokens_mean": float(batch.observation_tokens.float().mean()),
+        "env/policy_tokens_mean": float(batch.samples.response_mask.sum(1).mean()),
+        "env/turn_reward_mean": float(batch.turn_rewards.sum()) / max(stepped, 1),
+        "env/return_mean": float(batch.turn_rewards.sum(1).mean()),
+    }
+
+
+@torch.no_grad()
+def collect_turns(roles: Roles, envs: Sequence[BoundEnv], env: EnvConfig, gen: GenerationConfig, *,
+                  kl_coef: float, kl_estimator: str = "k1", noise: Optional[RowNoise] = None,
+                  max_first_tokens: Optional[int] = None) -> CollectedTurns:
+    """Reset ``envs`` (one per row), run their turns with ``roles.policy`` (in eval mode) under the
+    ``env`` section's limits and ``gen``'s sampling (``max_new_tokens`` per turn, temperature,
+    EOS), then score: reference log-probs and critic values over each whole trajectory, the
+    rewards by :func:`fourfold.core.turns.trajectory_rewards`, the bootstrap by ``env.truncation``.
+    ``noise``: the iteration's per-row noise (a row's n-th policy token at its n-th uniform);
+    ``max_first_tokens``: a limit of the first observation's own (e.g. ``data.max_prompt_len``)."""
+    if several_ranks():
+        raise NotImplementedError("collect_turns: environments under torchrun are not wired yet")
+    tok = roles.tokenizer
+    encoder = ObservationEncoder(tok, env.observation_role)
+    # a first observation too long for env.max_tokens is refused by sample_turns, naming that key
+    first = [encoder.first(e.reset(), e.where, max_first_tokens or FIRST_TOKENS_UNCHECKED) for e in envs]
+    settings = TurnSettings(
+        max_turns=env.max_turns, max_tokens=env.max_tokens, max_new_tokens=gen.max_new_tokens,
+        decode=lambda ids: tok.decode(ids, skip_special_tokens=True), temperature=gen.temperature,
+        eos_token_id=tok.eos_token_id if gen.stop_at_eos else None, pad_token_id=tok.pad_token_id, stop=tuple(env.stop))
+    uniforms = None if noise is None else noise.uniforms(range(len(envs)), env.max_tokens)
+    t0 = time.perf_counter()
+    roles.policy.eval()
+    batch = sample_turns(roles.policy, envs, first, settings, encoder.next, noise=uniforms)
+    roles.policy.train()
+    t_gen = time.perf_counter() - t0
+    s = batch.samples
+    seq, attn, mask, T = s.sequences, s.attention_mask, s.response_mask, s.n_response
+    ref = roles.reference.logprobs(seq, attn, T, gen.temperature) * mask
+    values, final = torch.zeros_like(s.logprobs), None
+    if roles.critic is not None:
+        roles.critic.eval()
+        values = roles.critic.response_values(seq, attn, T) * mask
+        final = roles.critic.score(seq, attn)  # V of the state after the trajectory's last token
+        roles.critic.train()
+    rewards, kl = trajectory_rewards(batch.turn_rewards.to(seq.device), batch.turn_ids.to(seq.device), s.logprobs, ref,
+                                     kl_coef, kl_estimator)
+    rollout = Rollout(actions=s.responses, mask=mask, logprobs=s.logprobs, values=values, rewards=rewards,
+                      ref_logprobs=ref, scores=batch.turn_rewards.sum(1).to(seq.device),
+                      context={"input_ids": seq, "attention_mask": attn})
+    boot = bootstrap_values(final, batch.truncated.to(seq.device), env.truncation)
+    metrics = turn_metrics(batch)
+    metrics.update({"time/generate_s": t_gen, "time/gen_tokens_per_s": float(mask.sum()) / max(t_gen, 1e-9)})
+    return CollectedTurns(rollout, batch, kl, boot, metrics)
+
+
+def turn_advantages(col: CollectedTurns, algo: PPOAlgoConfig) -> Rollout:
+    """Step 5 over the policy's tokens: the estimator ``algo.estimator`` run by
+    :func:`fourfold.core.turns.policy_advantages` with the rows' bootstrap values, and the reward
+    and advantage whitening of ``fourfold.trainers.ppo.compute_advantages`` over the policy mask."""
+    rollout = col.rollout
+    mask, rewards = rollout.mask, rollout.rewards
+    if algo.whiten_rewards:
+        rewards = masked_whiten(rewards, mask, shift_mean=False)
+    estimator = get_advantage_estimator(algo.estimator)
+    values = rollout.values if estimator.needs_critic else None
+    advantages, returns = policy_advantages(
+        estimator, AdvantageInputs(rewards, mask, values, algo.samples_per_prompt, algo.gamma, algo.lam),
+        bootstrap=col.bootstrap if estimator.needs_critic else None)
+    if algo.whiten_advantages and estimator.needs_critic:
+        advantages = masked_whiten(advantages, mask)
+    rollout.advantages, rollout.returns = advantages, returns
+    return rollout
+
+
+def turn_sample_rows(col: CollectedTurns, tokenizer, n: int = 4) -> list[dict]:
+    """The first ``n`` trajectories as ``samples.jsonl`` rows: ``prompt`` (the first observation's
+    text), ``turns`` (per policy turn: its ``action`` text, its ``reward`` when it was stepped, and
+    the ``observation`` text appended after it, if any), ``return``, ``done``, ``truncated``."""
+    rows = []
+    for traj in col.batch.trajectories[:n]:
+        turns, pos = [], 0
+        for k in range(traj.n_turns):  # turn k's ids, then the observation after it
+            action = []
+            while pos < len(traj.ids) and traj.turn[pos] == k:
+                action.append(traj.ids[pos])
+                pos += 1
+            after = []
+            while pos < len(traj.ids) and traj.turn[pos] < 0:
+                after.append(traj.ids[pos])
+                pos += 1
+            entry = {"action": tokenizer.decode(action, skip_special_tokens=True)}
+            if k < len(traj.turn_rewards):
+                entry["reward"] = traj.turn_rewards[k]
+            if after:
+                entry["observation"] = tokenizer.decode(after, skip_special_tokens=True)
+            turns.append(entry)
+        rows.append({"prompt": tokenizer.decode(traj.prompt, skip_special_tokens=True), "turns": turns,
+                     "return": float(sum(traj.turn_rewards)), "done": traj.done, "truncated": traj.truncated})
+    return rows
