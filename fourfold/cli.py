@@ -157,6 +157,9 @@ def build_parser() -> argparse.ArgumentParser:
         if stage.run_dir:
             p.add_argument("--overwrite", action="store_true",
                            help="shorthand for run.overwrite=true: replace the run already in the output directory")
+        if stage.tasks:
+            p.add_argument("--task", choices=[stage.task, *(t for t, _, _ in stage.tasks)], default=stage.task,
+                           help=f"the embedded world (default {stage.task})")
         if stage.cache:
             p.add_argument("--quick", action="store_true", help="a short budget for tests and a first look")
             p.add_argument("--fresh", action="store_true", help="ignore cached stage outputs and rerun all")
@@ -227,7 +230,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             if isinstance(e, UserCodeError) and e.__cause__ is not None:
                 _print_user_traceback(e.__cause__)
             return 2
-    stage = STAGES[args.stage]
+    stage = STAGES[args.stage].for_task(getattr(args, "task", None))
     overrides = list(args.overrides)
     settings = {"run.output_dir": args.output_dir} if args.output_dir else {}  # a path: as typed, never YAML
     if args.seed is not None:
