@@ -11,9 +11,10 @@
    results`` does not rerun them, workload G needs an H200).
 2. ``render`` rewrites, from ``results/*.json`` alone, the marked blocks of README.md (the headline
    table, the quick demo's numbers, the arithmetic demo's line), docs/arithmetic.md (its seeds),
-   docs/demo.md (the seed table, the quick demo) and docs/experiments.md (the full sweep's table and claims count, the horizon family's table, figure
-   and claims): the text between ``<!-- publish:NAME -->`` and ``<!-- /publish:NAME -->``. Each block
-   says on which commit and machine its numbers were made.
+   docs/demo.md (the seed table, the quick demo) and docs/experiments.md (the full sweep's table
+   and claims count, the horizon family's table, figure and claims): the text between
+   ``<!-- publish:NAME -->`` and ``<!-- /publish:NAME -->``. Each block says on which commit and
+   machine its numbers were made.
 3. ``check`` renders to memory and exits 1 when a file differs (the test suite runs it).
 
 Nothing here imports torch or runs a model.
