@@ -101,14 +101,17 @@ def grpo_config(*, policy: str, prompts: str, out: str, digits: int, group: int,
                              tensorboard=False, samples_every=0))
 
 
-def _sub_run(cfg: ArithmeticDemoConfig, d: Path):
+def _sub_run(cfg: ArithmeticDemoConfig, d: Path, save_every: int):
+    """The ``run`` section of a stage writing into its stage directory ``d``: it resumes the stage's
+    newest checkpoint (an interrupted demo continues when rerun), else starts over there."""
     from fourfold.checkpoint import checkpoint_dirs
     from fourfold.config import RunConfig
 
     resume = bool(checkpoint_dirs(d))
     r = cfg.run
-    return RunConfig(output_dir=str(d), seed=r.seed, device="cpu", threads=r.threads, save_every=10 ** 9,
-                     resume=resume, overwrite=not resume, progress=False, tensorboard=False, samples_every=0)
+    return RunConfig(output_dir=str(d), seed=r.seed, device=r.device, threads=r.threads, save_every=save_every,
+                     keep_checkpoints=2, resume=resume, overwrite=not resume, progress=False, tensorboard=False,
+                     samples_every=0)
 
 
 def stage_sft(cfg: ArithmeticDemoConfig, task, out: Path, d: Path) -> dict:
@@ -123,7 +126,7 @@ def stage_sft(cfg: ArithmeticDemoConfig, task, out: Path, d: Path) -> dict:
     sft_cfg = sft_config(tokenizer=str(out / "tokenizer"), train=str(data / "sft_train.jsonl"), out=str(d),
                          digits=cfg.digits, hidden=cfg.hidden_size, layers=cfg.num_layers, steps=cfg.sft_steps,
                          lr=cfg.sft_lr, batch_size=cfg.sft_batch_size, seed=seed, threads=cfg.run.threads,
-                         run=_sub_run(cfg, d))
+                         run=_sub_run(cfg, d, save_every=max(50, cfg.sft_steps // 5)))
     res = sft_trainer.train(sft_cfg)
     copy_into_place(Path(res["model"]), out / "sft")
     return {"corpus_correct": round(sum(bool(r["correct"]) for r in corpus) / len(corpus), 4)}
@@ -138,7 +141,7 @@ def stage_grpo(cfg: ArithmeticDemoConfig, task, out: Path, d: Path) -> dict:
     grpo_cfg = grpo_config(policy=str(out / "sft"), prompts=str(data / "prompts.jsonl"), out=str(d), digits=cfg.digits,
                            group=cfg.samples_per_prompt, iterations=cfg.iterations, rollout=cfg.rollout_batch_size,
                            minibatch=cfg.minibatch_size, epochs=1, lr=cfg.lr, kl=cfg.kl_coef, seed=seed,
-                           threads=cfg.run.threads, run=_sub_run(cfg, d))
+                           threads=cfg.run.threads, run=_sub_run(cfg, d, save_every=10))
     res = ppo_trainer.train(grpo_cfg)
     copy_into_place(Path(res["policy"]), out / "policy")
     final = res.get("final", {})
