@@ -28,7 +28,7 @@ def load_reward_fn(spec: str) -> Callable[[list[str], list[str]], list[float]]:
     fn = load_user_function(spec, "model.reward_fn", "reward")
     name = spec.rpartition(":")[2]
     try:
-        inspect.signature(fn).bind([], [])
+        inspect.signature(fn).bind_partial([], [])  # the columns it names are matched per call (column_plan)
     except TypeError:
         raise ConfigError(f"model.reward_fn: {spec} must take two lists (prompts, responses); "
                           f"its signature is {name}{inspect.signature(fn)}") from None
