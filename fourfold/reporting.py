@@ -1,7 +1,8 @@
 """Metric names, metric sinks (JSONL, TensorBoard, a rich progress bar) and HTML report helpers.
 
 Metric names are stable strings documented once, in ``METRICS`` below (the README embeds
-``metrics_markdown_table()``). Names are ``group/name``; the groups are ``reward/``, ``kl/``,
+``metrics_markdown_table()``; a name made from the config, ``reward/<name>_mean``, by its pattern in
+``METRIC_PATTERNS``). Names are ``group/name``; the groups are ``reward/``, ``kl/``,
 ``policy/``, ``value/``, ``rollout/``, ``time/`` for PPO/REINFORCE, ``train/`` for training
 health, ``sft/``, ``rm/``, ``dpo/`` and ``gym/`` for the other stages, plus the bare counters
 ``iteration`` and ``samples``. Timing keys live under ``time/`` and end in ``_s`` (seconds) or
@@ -13,7 +14,8 @@ the metric keys sorted. Values are JSON numbers (ints stay ints); NaN and +/-inf
 flushed and fsynced when written, so after a kill at most the last line is partial; readers drop
 it. ``events.jsonl`` holds one object per event: ``{"kind", "step", "wall_time", ...fields}``.
 ``samples.jsonl`` (PPO and REINFORCE, every ``run.samples_every`` iterations) holds one object per
-sample completion: ``{"step", "prompt", "response", "score", ...}``. The console lines, the summary
+sample completion: ``{"step", "prompt", "response", "score", ...}`` (a weighted reward's
+``parts``: name -> that part's score). The console lines, the summary
 line and the optional W&B sink are in :mod:`fourfold.sinks`.
 
 Plotting uses matplotlib's object API (``matplotlib.figure.Figure``), imported lazily inside the
@@ -39,16 +41,8 @@ from fourfold.errors import DataError
 from fourfold.sinks import fmt_number, plain_line, samples_markdown
 
 __all__ = [
-    "METRICS",
-    "MetricsLogger",
-    "fig_to_data_uri",
-    "html_image",
-    "html_page",
-    "is_timing_key",
-    "metrics_markdown_table",
-    "plot_curves",
-    "read_metrics",
-    "token_heatmap_html",
+    "METRICS", "METRIC_PATTERNS", "MetricsLogger", "documented", "fig_to_data_uri", "html_image", "html_page",
+    "is_timing_key", "metrics_markdown_table", "plot_curves", "read_metrics", "token_heatmap_html",
 ]
 
 # ---- the metric table ----------------------------------------------------------------------------
@@ -150,6 +144,16 @@ METRICS: dict[str, str] = {
     "env/return_mean": "Mean summed turn rewards per trajectory.",
 }
 
+METRIC_PATTERNS: dict[str, str] = {"reward/<name>_mean": "Mean of one part of a weighted reward (model.reward_fns, "
+                                    "...): rm (the reward model), remote (the server) or the function's name."}
+
+
+def documented(name: str) -> bool:
+    """Whether a logged name is in :data:`METRICS` or matches a :data:`METRIC_PATTERNS` name (<name>: no '/')."""
+    return name in METRICS or any(name.startswith(h) and name.endswith(t) and "/" not in name[len(h):-len(t)] and
+                                  len(name) > len(h + t) for h, _, t in (p.partition("<name>") for p in METRIC_PATTERNS))
+
+
 METRIC_GROUPS: dict[str, str] = {
     "": "Counters",
     "reward": "Rewards of the sampled responses",
@@ -182,6 +186,7 @@ def metrics_markdown_table() -> str:
             group = g
             lines.append(f"| **{METRIC_GROUPS.get(g, g)}** | |")
         lines.append(f"| `{name}` | {meaning.replace('|', '&#124;')} |")
+        lines += [f"| `{k}` | {v} |" for k, v in METRIC_PATTERNS.items()] if name == "reward/no_eos_penalised" else []
     return "\n".join(lines) + "\n"
 
 
