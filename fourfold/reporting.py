@@ -65,6 +65,12 @@ METRICS: dict[str, str] = {
     "reward/gold_mean": "Mean task-provided gold reward of the responses (only for tasks that have one).",
     "reward/token_reward_sum_mean": "Mean over sequences of the summed per-token rewards (KL-penalised unless ppo.kl_in is loss).",
     "reward/no_eos_penalised": "Share of responses given the missing-EOS penalty instead of their score.",
+    "reward/frac_zero_std": ("Share of prompt groups (ppo.samples_per_prompt > 1) whose scores are all equal: a group "
+                             "estimator gives them advantage 0 (TRL's frac_reward_zero_std)."),
+    "reward/overlong_penalty_mean": "Mean DAPO overlong punishment added to the scores (ppo.overlong_buffer; <= 0).",
+    "reward/filtered_groups": ("Groups dropped this iteration by DAPO's dynamic sampling (ppo.filter_groups: all "
+                               "scores equal), over every rollout it drew."),
+    "reward/filter_batches": "Rollouts drawn this iteration to fill the batch under ppo.filter_groups (1 = no refill).",
     # kl
     "kl/k1": "Mean over sequences of the summed k1 estimate (logp_policy - logp_ref) of KL to the reference; "
              "unbiased, so a batch's mean can be negative (by chance, most near the start); kl/k3 never is.",
@@ -76,6 +82,8 @@ METRICS: dict[str, str] = {
     "policy/approx_kl": "Mean k3 estimate of KL(old policy || new policy) over the updates.",
     "policy/entropy": "Mean per-token entropy of the policy's (temperature-scaled) distribution.",
     "policy/ratio_mean": "Mean probability ratio new/old over valid tokens.",
+    "policy/first_ratio_abs_dev": ("Mean |r - 1| over the first minibatch's valid tokens before any step: 0 exactly "
+                                   "when pi_old is the trainer's (ppo.old_logprobs recompute); the mismatch otherwise."),
     "policy/lr": "Policy learning rate at the end of the iteration.",
     "policy/grad_norm": "Policy gradient norm before clipping, mean over updates.",
     "policy/kl_loss": ("Mean k3 estimate of KL(policy || reference) per valid token in the updates (ppo.kl_in: loss only; "
@@ -87,10 +95,26 @@ METRICS: dict[str, str] = {
     "value/mean": "Mean critic value over valid tokens of the rollout.",
     "value/lr": "Critic learning rate at the end of the iteration.",
     "value/grad_norm": "Critic gradient norm before clipping, mean over updates.",
+    "value/error": "Mean squared error (V - R)^2 of the rollout's values against its returns, over valid tokens.",
+    "value/returns_mean": "Mean of the returns (the critic's targets) over valid tokens.",
+    "value/returns_std": "Standard deviation of the returns over valid tokens (the spread explained variance divides).",
+    # mismatch: d_t = log pi_train - log pi_engine of the sampled tokens (docs/correction.md)
+    "mismatch/token_abs_diff_mean": "Mean |d_t| over valid tokens: the engine's log-probs against the training forward's.",
+    "mismatch/token_abs_diff_max": "Largest |d_t| over valid tokens.",
+    "mismatch/seq_ratio_mean": "Mean over responses of the sequence probability ratio exp(sum_t d_t).",
+    "mismatch/seq_ratio_min": "Smallest sequence probability ratio exp(sum_t d_t) of the batch.",
+    "mismatch/seq_ratio_max": "Largest sequence probability ratio exp(sum_t d_t) of the batch.",
+    "mismatch/geo_ratio_mean": "Mean over responses of the per-token (geometric-mean) ratio exp(mean_t d_t).",
+    "mismatch/geo_ratio_min": "Smallest per-token (geometric-mean) ratio exp(mean_t d_t) of the batch.",
+    "mismatch/geo_ratio_max": "Largest per-token (geometric-mean) ratio exp(mean_t d_t) of the batch.",
+    "mismatch/is_weight_mean": "Mean rollout-correction weight over valid tokens (ppo.rollout_correction).",
+    "mismatch/is_masked_share": "Share of valid tokens given weight 0 by a masking correction (token_mis, seq_mis, geo_mis).",
+    "mismatch/is_truncated_share": "Share of valid tokens whose weight the cap truncated (token_tis, seq_tis).",
     # rollout
     "rollout/response_length": "Mean response length in tokens (up to and including EOS).",
     "rollout/no_eos_share": "Share of responses that hit the length limit without an EOS token.",
     "rollout/tokens": "Response tokens generated in this iteration.",
+    "rollout/masked_truncated_share": "Share of responses without EOS left out of the losses (ppo.mask_truncated).",
     # time
     "time/generate_s": "Seconds spent generating responses this iteration.",
     "time/score_s": "Seconds spent in reward, reference and critic forward passes this iteration.",
@@ -148,6 +172,7 @@ METRIC_GROUPS: dict[str, str] = {
     "kl": "KL to the reference model",
     "policy": "Policy updates",
     "value": "Critic updates",
+    "mismatch": "Rollout engine against the training forward (docs/correction.md)",
     "rollout": "Rollouts",
     "time": "Timing (seconds `_s`, rates `_per_s`)",
     "train": "Training health",
