@@ -68,9 +68,6 @@ METRICS: dict[str, str] = {
     "reward/frac_zero_std": ("Share of prompt groups (ppo.samples_per_prompt > 1) whose scores are all equal: a group "
                              "estimator gives them advantage 0 (TRL's frac_reward_zero_std)."),
     "reward/overlong_penalty_mean": "Mean DAPO overlong punishment added to the scores (ppo.overlong_buffer; <= 0).",
-    "reward/filtered_groups": ("Groups dropped this iteration by DAPO's dynamic sampling (ppo.filter_groups: all "
-                               "scores equal), over every rollout it drew."),
-    "reward/filter_batches": "Rollouts drawn this iteration to fill the batch under ppo.filter_groups (1 = no refill).",
     # kl
     "kl/k1": "Mean over sequences of the summed k1 estimate (logp_policy - logp_ref) of KL to the reference; "
              "unbiased, so a batch's mean can be negative (by chance, most near the start); kl/k3 never is.",
@@ -82,8 +79,7 @@ METRICS: dict[str, str] = {
     "policy/approx_kl": "Mean k3 estimate of KL(old policy || new policy) over the updates.",
     "policy/entropy": "Mean per-token entropy of the policy's (temperature-scaled) distribution.",
     "policy/ratio_mean": "Mean probability ratio new/old over valid tokens.",
-    "policy/first_ratio_abs_dev": ("Mean |r - 1| over the first minibatch's valid tokens before any step: 0 exactly "
-                                   "when pi_old is the trainer's (ppo.old_logprobs recompute); the mismatch otherwise."),
+    "policy/first_ratio_abs_dev": "Mean |r - 1| on the first minibatch before any step (0 under old_logprobs recompute).",
     "policy/lr": "Policy learning rate at the end of the iteration.",
     "policy/grad_norm": "Policy gradient norm before clipping, mean over updates.",
     "policy/kl_loss": ("Mean k3 estimate of KL(policy || reference) per valid token in the updates (ppo.kl_in: loss only; "
@@ -101,12 +97,10 @@ METRICS: dict[str, str] = {
     # mismatch: d_t = log pi_train - log pi_engine of the sampled tokens (docs/correction.md)
     "mismatch/token_abs_diff_mean": "Mean |d_t| over valid tokens: the engine's log-probs against the training forward's.",
     "mismatch/token_abs_diff_max": "Largest |d_t| over valid tokens.",
-    "mismatch/seq_ratio_mean": "Mean over responses of the sequence probability ratio exp(sum_t d_t).",
-    "mismatch/seq_ratio_min": "Smallest sequence probability ratio exp(sum_t d_t) of the batch.",
-    "mismatch/seq_ratio_max": "Largest sequence probability ratio exp(sum_t d_t) of the batch.",
-    "mismatch/geo_ratio_mean": "Mean over responses of the per-token (geometric-mean) ratio exp(mean_t d_t).",
-    "mismatch/geo_ratio_min": "Smallest per-token (geometric-mean) ratio exp(mean_t d_t) of the batch.",
-    "mismatch/geo_ratio_max": "Largest per-token (geometric-mean) ratio exp(mean_t d_t) of the batch.",
+    **{f"mismatch/seq_ratio_{s}": f"{w} over responses of the sequence probability ratio exp(sum_t d_t)."
+       for s, w in (("mean", "Mean"), ("min", "Smallest"), ("max", "Largest"))},
+    **{f"mismatch/geo_ratio_{s}": f"{w} over responses of the per-token (geometric-mean) ratio exp(mean_t d_t)."
+       for s, w in (("mean", "Mean"), ("min", "Smallest"), ("max", "Largest"))},
     "mismatch/is_weight_mean": "Mean rollout-correction weight over valid tokens (ppo.rollout_correction).",
     "mismatch/is_masked_share": "Share of valid tokens given weight 0 by a masking correction (token_mis, seq_mis, geo_mis).",
     "mismatch/is_truncated_share": "Share of valid tokens whose weight the cap truncated (token_tis, seq_tis).",

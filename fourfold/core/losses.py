@@ -86,6 +86,21 @@ RATIO_LEVELS = ("token", "sequence")
 """``ppo.ratio_level``: one probability ratio per token (PPO), or per response (GSPO)."""
 
 
+def _surrogate(ratio: Tensor, adv: Tensor, logprobs: Tensor, eps_low: float, eps_high: float, kind: str,
+               dual_clip: Optional[float]) -> tuple[Tensor, Tensor]:
+    """The per-token objective of :func:`ppo_policy_loss` (to maximise) and where it clipped."""
+    if kind == "cispo":
+        return torch.clamp(ratio, max=1.0 + eps_high).detach() * adv * logprobs, ratio > 1.0 + eps_high
+    surr = ratio * adv
+    surr_clipped = torch.clamp(ratio, 1.0 - eps_low, 1.0 + eps_high) * adv
+    term, clipped = torch.minimum(surr, surr_clipped), surr_clipped < surr
+    if dual_clip is not None:
+        bound = dual_clip * adv
+        dual = (adv < 0) & (term < bound)
+        term, clipped = torch.where(dual, bound, term), clipped | dual
+    return term, clipped
+
+
 def ppo_policy_loss(
     logprobs: Tensor,
     old_logprobs: Tensor,
@@ -113,20 +128,15 @@ def ppo_policy_loss(
     ``aggregate_loss``'s modes (default token-mean: the plain masked mean).
 
     Options (each off by default; the default computation is unchanged by them):
-
-    * ``dual_clip`` = c > 1 (Ye et al. 2020, "Mastering complex control in MOBA games"): where
-      A_t < 0 the term is max(min(r A, clip(r) A), c A): a very large ratio on a negative
-      advantage no longer gives an unbounded loss (its gradient is 0 past r = c).
-    * ``ratio_level`` 'sequence' (GSPO, Zheng et al. 2025): every token of response i uses the
-      one ratio s_i = exp(mean_t (logprobs_t - old_logprobs_t)), the geometric mean of its token
-      ratios (a mean of the log-ratios, not a sum: the length does not enter), clipped as r_t.
-    * ``kind`` 'cispo' (CISPO, MiniMax-M1, MiniMax 2025): no clipped surrogate; the ratio as a
-      weight, clipped above and detached, times the log-prob:
-      term_t = sg(min(r_t, 1 + eps_high)) * A_t * logprobs_t (every token keeps a gradient;
-      no lower clip, as the paper's eps_low^IS is left unbounded). Its value is not PPO's surrogate.
-    * ``token_weights`` ``[B, T]`` (constants): each token's term multiplied by w_t before the
-      aggregation: the rollout correction's importance weights
-      (:func:`fourfold.core.correction.rollout_correction_weights`).
+    * ``dual_clip`` = c > 1 (Ye et al. 2020): where A_t < 0 the term is max(min(r A, clip(r) A),
+      c A), so a huge ratio on a negative advantage has a bounded loss (gradient 0 past r = c).
+    * ``ratio_level`` 'sequence' (GSPO, Zheng et al. 2025): every token of response i uses
+      s_i = exp(mean_t (logprobs_t - old_logprobs_t)), the geometric mean of its token ratios (a
+      mean of the log-ratios, not a sum: the length does not enter), clipped as r_t.
+    * ``kind`` 'cispo' (MiniMax-M1, 2025): term_t = sg(min(r_t, 1 + eps_high)) * A_t * logprobs_t,
+      the clipped ratio a detached weight (no lower clip); every token keeps a gradient.
+    * ``token_weights`` ``[B, T]`` (constants): each token's term times w_t before the aggregation
+      (the rollout correction's, :func:`fourfold.core.correction.rollout_correction_weights`).
 
     Shapes: all ``[B, T]`` (or any shape, e.g. flattened ``[N]`` env steps with token-mean;
     ``ratio_level`` 'sequence' needs ``[B, T]``). ``old_logprobs`` and ``advantages`` are constants
@@ -157,20 +167,7 @@ def ppo_policy_loss(
         log_ratio = torch.where(m, (log_ratio.sum(-1, keepdim=True) / n).expand_as(log_ratio), zero)
     ratio = torch.exp(log_ratio)
     adv = torch.where(m, advantages.detach().to(ratio.dtype), zero)
-    if kind == "cispo":
-        weight = torch.clamp(ratio, max=1.0 + eps_high).detach()
-        term = weight * adv * torch.where(m, logprobs, zero)
-        clipped = ratio > 1.0 + eps_high
-    else:
-        surr = ratio * adv
-        surr_clipped = torch.clamp(ratio, 1.0 - eps_low, 1.0 + eps_high) * adv
-        term = torch.minimum(surr, surr_clipped)
-        clipped = surr_clipped < surr
-        if dual_clip is not None:
-            bound = dual_clip * adv
-            dual = (adv < 0) & (term < bound)
-            term = torch.where(dual, bound, term)
-            clipped = clipped | dual
+    term, clipped = _surrogate(ratio, adv, torch.where(m, logprobs, zero), eps_low, eps_high, kind, dual_clip)
     if token_weights is not None:
         term = term * torch.where(m, token_weights.detach().to(term.dtype), zero)
     loss = -aggregate_loss(term, m, agg)
