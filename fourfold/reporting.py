@@ -2,7 +2,7 @@
 
 Metric names are stable strings documented once, in ``METRICS`` below (the README embeds
 ``metrics_markdown_table()``). Names are ``group/name``; the groups are ``reward/``, ``kl/``,
-``policy/``, ``value/``, ``rollout/``, ``time/`` for PPO/REINFORCE, ``train/`` for training
+``policy/``, ``value/``, ``mismatch/``, ``rollout/``, ``time/`` for PPO/REINFORCE, ``train/`` for training
 health, ``sft/``, ``rm/``, ``dpo/`` and ``gym/`` for the other stages, plus the bare counters
 ``iteration`` and ``samples``. Timing keys live under ``time/`` and end in ``_s`` (seconds) or
 ``_per_s`` (a rate); ``is_timing_key`` recognises them so that resume-equality tests can drop them.

@@ -186,10 +186,12 @@ def policy_loss(policy, part: Rollout, algo: PPOAlgoConfig, temperature: float, 
                                            with_entropy)
     else:
         logprobs, entropy = response_logprobs(policy, ids, attn, T, temperature, with_entropy=with_entropy)
+    newer = {k: v for k, v in (("dual_clip", algo.dual_clip), ("token_weights", part.is_weights)) if v is not None}
+    newer.update({k: v for k, v, default in (("ratio_level", algo.ratio_level, "token"),
+                                             ("kind", algo.policy_loss, "clip")) if v != default})
     loss, stats = ppo_policy_loss(logprobs, part.logprobs, part.advantages, part.mask, algo.clip_eps,
                                   clip_eps_low=algo.clip_eps_low, clip_eps_high=algo.clip_eps_high, agg=algo.loss_agg,
-                                  dual_clip=algo.dual_clip, ratio_level=algo.ratio_level, kind=algo.policy_loss,
-                                  token_weights=part.is_weights)
+                                  **newer)  # the newer losses' keys only when set
     if with_entropy:
         loss = loss - algo.entropy_coef * aggregate_loss(entropy, part.mask, algo.loss_agg)
     if algo.kl_in == "loss":
