@@ -67,6 +67,8 @@ METRICS: dict[str, str] = {
     "reward/no_eos_penalised": "Share of responses given the missing-EOS penalty instead of their score.",
     "reward/frac_zero_std": ("Share of prompt groups (ppo.samples_per_prompt > 1) whose scores are all equal: a group "
                              "estimator gives them advantage 0 (TRL's frac_reward_zero_std)."),
+    "reward/filtered_groups": "Groups dropped by DAPO's dynamic sampling this iteration (ppo.filter_groups).",
+    "reward/filter_batches": "Rollouts drawn this iteration under ppo.filter_groups (1: no refill).",
     "reward/overlong_penalty_mean": "Mean DAPO overlong punishment added to the scores (ppo.overlong_buffer; <= 0).",
     # kl
     "kl/k1": "Mean over sequences of the summed k1 estimate (logp_policy - logp_ref) of KL to the reference; "

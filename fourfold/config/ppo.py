@@ -327,6 +327,13 @@ class PPOAlgoConfig:
     """Warm-start the critic's weights (only: a fresh optimiser) from an earlier run's checkpoint
     directory (checkpoints/step-N) or its run directory (its newest checkpoint). A plain critic
     directory is model.critic instead. null = model.critic / model.critic_init."""
+    filter_groups: bool = False
+    """DAPO's dynamic sampling (Yu et al. 2025): drop the groups (the samples_per_prompt rows of a
+    prompt) whose scores are all equal and refill from rollouts of further prompts, at most
+    filter_groups_max_batches rollouts an iteration; when still short, dropped groups complete the
+    batch (fourfold.trainers.groups). Needs samples_per_prompt >= 2."""
+    filter_groups_max_batches: int = 3
+    """The bound on filter_groups' rollouts per iteration (>= 1; 1 = measure, never refill)."""
     overlong_buffer: Optional[int] = None
     """DAPO's soft overlong punishment: responses longer than generation.max_new_tokens - this many
     tokens lose up to overlong_penalty of score, linearly (fourfold.core.correction.overlong_penalty);
@@ -411,6 +418,10 @@ class PPOAlgoConfig:
         require(self.critic_lam is None or (0 <= self.critic_lam <= 1 and critic), f"{prefix}.critic_lam",
                 f"must be in [0, 1] with a critic (advantage: gae), got {self.critic_lam}")
         require(self.critic_from is None or critic, f"{prefix}.critic_from", "needs a critic (advantage: gae)")
+        require(not self.filter_groups or self.samples_per_prompt >= 2, f"{prefix}.filter_groups",
+                "drops groups whose scores are all equal: it needs samples_per_prompt >= 2")
+        require(self.filter_groups_max_batches >= 1, f"{prefix}.filter_groups_max_batches",
+                f"must be >= 1, got {self.filter_groups_max_batches}")
         require(self.overlong_buffer is None or self.overlong_buffer >= 1, f"{prefix}.overlong_buffer",
                 f"must be >= 1 or null, got {self.overlong_buffer}")
         require(self.overlong_penalty >= 0, f"{prefix}.overlong_penalty", f"must be >= 0, got {self.overlong_penalty}")

@@ -76,6 +76,7 @@ from fourfold.models.roles import ScalarModel, response_logits, response_logprob
 from fourfold.run.optim import NonFiniteGuard, guarded_step, make_optimizer, make_schedule
 from fourfold.run.parallel import global_sum, loss_scale, rank_slice, several_ranks, sum_over_ranks
 from fourfold.run.scaffold import RunScaffold
+from fourfold.trainers.groups import fill_groups
 from fourfold.trainers.prelude import stage_roles
 from fourfold.trainers.rl import RLSteps
 from fourfold.trainers.rollouts import Probe
@@ -482,6 +483,21 @@ def warm_start_critic(critic, path: str) -> None:
     load_checkpoint(ckpt, modules={"critic": critic}, restore_rng=False)
 
 
+def collect_groups(rl: RLSteps, it: int, algo: PPOAlgoConfig, kl_ctl, concurrent: bool) -> tuple:
+    """Steps 1-4 of iteration ``it`` (:meth:`RLSteps.rollout`) and, with ``filter_groups``, DAPO's
+    dynamic sampling (:func:`~fourfold.trainers.groups.fill_groups`): ``(collected, metrics)``."""
+    def draw(d: int):
+        return rl.rollout(it, kl_coef=kl_ctl.value if algo.kl_in == "reward" else 0.0, kl_estimator=algo.kl_estimator,
+                          samples_per_prompt=algo.samples_per_prompt, concurrent=concurrent, draw=d)
+
+    col = draw(0)
+    if not algo.filter_groups:
+        return col, {}
+    batch, metrics = fill_groups(col, draw, algo.samples_per_prompt, algo.filter_groups_max_batches,
+                                 rl.roles.tokenizer.pad_token_id)
+    return batch, {**metrics, "reward/frac_zero_std": frac_zero_std(col.rollout.scores, algo.samples_per_prompt)}
+
+
 def said_old_logprobs(run, algo: PPOAlgoConfig, precision: str) -> str:
     """The run's pi_old (:func:`~fourfold.config.ppo.resolve_old_logprobs`), said in its first
     lines (rank 0) when it is the trainer's recompute."""
@@ -520,11 +536,10 @@ def train(cfg: PPOConfig, *, prompts: Optional[Sequence[str]] = None, probe: Opt
             # 1-4. sample prompts (each on samples_per_prompt consecutive rows), generate (pi_old) with
             # the engine given the policy's weights after the last update, score (reference, critic,
             # reward), per-token rewards
-            col = rl.rollout(it, kl_coef=kl_ctl.value if algo.kl_in == "reward" else 0.0,
-                             kl_estimator=algo.kl_estimator, samples_per_prompt=algo.samples_per_prompt,
-                             concurrent=concurrent)
+            col, shaped = collect_groups(rl, it, algo, kl_ctl, concurrent)
             # 4b. overlong shaping, the groups' zero spread
-            rollout, shaped = shape_scores(col.rollout, algo, cfg.generation.max_new_tokens)
+            rollout, more = shape_scores(col.rollout, algo, cfg.generation.max_new_tokens)
+            shaped = {**more, **shaped}  # frac_zero_std: of the first rollout under filter_groups
             # 5. advantages and returns; when the scores or the advantages are not finite the iteration
             # is skipped: nothing touched the weights, so a stuck run keeps iteration it - 1's
             rollout = finite_advantages(rollout, algo, guard, it)

@@ -201,3 +201,49 @@ def test_the_new_keys_one_line_errors(tiny_lm, tmp_path, key, value, match):
     with pytest.raises(ConfigError, match=match) as e:
         load_config(PPOConfig, None, _over(tiny_lm, tmp_path, **extra) + [f"{key}={value}"])
     assert key in str(e.value) and "\n" not in str(e.value)
+
+
+def _collected(scores, T, P, pad=0):
+    from fourfold.core import Rollout
+    from fourfold.rollout.sampling import Samples
+    from fourfold.trainers.rollouts import Collected
+
+    B = len(scores)
+    ids = torch.arange(1, B * (P + T) + 1).reshape(B, P + T)
+    mask = torch.ones(B, T)
+    r = Rollout(actions=ids[:, P:], mask=mask, logprobs=-mask, values=0 * mask, rewards=mask, ref_logprobs=-mask,
+                scores=torch.tensor(scores), context={"input_ids": ids, "attention_mask": torch.ones_like(ids)})
+    s = Samples(ids, torch.ones_like(ids), mask, -mask, torch.ones(B, dtype=torch.bool))
+    return Collected(r, s, [f"p{v}" for v in scores], [], mask.clone(), {"m": 1.0})
+
+
+def test_fill_groups_drops_equal_groups_and_refills_by_hand():
+    """K = 2, 3 groups a batch. First rollout: groups (1, 1), (0, 1), (2, 2): one kept. Draw 1
+    (wider prompts, longer responses): (0, 0), (3, 4), (5, 6): two kept, the batch full."""
+    from fourfold.trainers.groups import fill_groups
+
+    first = _collected([1.0, 1.0, 0.0, 1.0, 2.0, 2.0], T=2, P=3)
+    more = _collected([0.0, 0.0, 3.0, 4.0, 5.0, 6.0], T=4, P=5)
+    draws = []
+    col, m = fill_groups(first, lambda d: draws.append(d) or more, 2, 3, pad_id=0)
+    assert draws == [1] and m == {"reward/filtered_groups": 3.0, "reward/filter_batches": 2.0}
+    assert col.rollout.scores.tolist() == [0.0, 1.0, 3.0, 4.0, 5.0, 6.0]
+    assert col.prompts == ["p0.0", "p1.0", "p3.0", "p4.0", "p5.0", "p6.0"]
+    ids, attn = col.rollout.context["input_ids"], col.rollout.context["attention_mask"]
+    assert ids.shape == (6, 9) and col.rollout.mask.shape == (6, 4)
+    # the first rollout's row 2 (prompt 3 tokens, response 2): 2 pads on the prompt's left, 2 on the response's right
+    assert attn[0].tolist() == [0, 0, 1, 1, 1, 1, 1, 0, 0] and col.rollout.mask[0].tolist() == [1, 1, 0, 0]
+    assert ids[0, 2:7].tolist() == first.rollout.context["input_ids"][2].tolist()
+    # the bound reached (one rollout): completed with the first dropped groups
+    col, m = fill_groups(first, lambda d: more, 2, 1, pad_id=0)
+    assert col.rollout.scores.tolist() == [1.0, 1.0, 0.0, 1.0, 2.0, 2.0] and m["reward/filter_batches"] == 1.0
+
+
+def test_filter_groups_in_the_loop(tiny_lm, tmp_path):
+    rows = _run(tiny_lm, tmp_path / "dapo", **{"ppo.advantage": "grpo", "ppo.samples_per_prompt": 2,
+                                               "ppo.kl_in": "loss", "ppo.filter_groups": "true",
+                                               "generation.max_new_tokens": 4})
+    for r in rows:
+        assert 1 <= r["reward/filter_batches"] <= 3 and r["reward/filtered_groups"] >= 0
+    # the tiny reward counts one word in 4 tokens: most groups tie at 0, so refills happen
+    assert max(r["reward/filter_batches"] for r in rows) > 1
