@@ -366,14 +366,13 @@ def ppo_update(roles: Roles, rollout: Rollout, algo: PPOAlgoConfig, opt: Optim, 
     order. Under torchrun each rank trains on its share of every minibatch (:func:`minibatches`).
 
     First (6a, :func:`prepare_old_logprobs`): pi_old recomputed (``old_logprobs`` 'recompute'),
-    the mismatch measured (``measure``), the correction's weights. ``train_policy`` False (the
-    critic's warm-up): the critic's epochs only; the policy, its optimiser and schedule untouched.
+    the mismatch measured (``measure``), the correction's weights (in the critic's warm-up too).
+    ``train_policy`` False (the warm-up): the critic's epochs only; the policy, its optimiser and
+    schedule untouched.
     ``policy/first_ratio_abs_dev``: mean |r - 1| over the first minibatch's tokens, before any step.
     """
     perms = [torch.randperm(rollout.batch_size) for _ in range(algo.ppo_epochs)]
-    pre: dict = {}
-    if train_policy:
-        rollout, pre = prepare_old_logprobs(roles.policy, rollout, algo, perms[0], temperature, old_logprobs, measure)
+    rollout, pre = prepare_old_logprobs(roles.policy, rollout, algo, perms[0], temperature, old_logprobs, measure)
     mbs = minibatches(rollout, algo, perms, iteration)
 
     def mean_over(step_fn) -> dict:

@@ -14,6 +14,8 @@ import math
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from fourfold.core import ppo_policy_loss, rollout_correction_weights
 
@@ -83,6 +85,30 @@ def test_default_options_leave_the_loss_unchanged():
     b, _ = ppo_policy_loss(lp, old, adv, mask, 0.2, dual_clip=None, ratio_level="token", kind="clip",
                            token_weights=None)
     assert torch.equal(a, b)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.floats(-2, 2), min_size=4, max_size=4), st.lists(st.floats(-2, 2), min_size=4, max_size=4),
+       st.sampled_from(["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"]))
+def test_properties_of_the_newer_losses(log_ratios, advs, agg):
+    """A one-token response's sequence ratio is its token ratio; dual-clip never makes the loss
+    larger, and bounds each negative-advantage term by c |A|; CISPO's gradient is never 0 on a
+    token with A != 0 and has the sign of -A."""
+    lp = torch.tensor(log_ratios).reshape(4, 1)
+    adv = torch.tensor(advs).reshape(4, 1)
+    mask = torch.ones(4, 1)
+    tok, _ = ppo_policy_loss(lp, torch.zeros(4, 1), adv, mask, 0.2, agg=agg)
+    seq, _ = ppo_policy_loss(lp, torch.zeros(4, 1), adv, mask, 0.2, agg=agg, ratio_level="sequence")
+    torch.testing.assert_close(seq, tok)
+    dual, _ = ppo_policy_loss(lp, torch.zeros(4, 1), adv, mask, 0.2, dual_clip=3.0, agg="token-mean")
+    plain, _ = ppo_policy_loss(lp, torch.zeros(4, 1), adv, mask, 0.2, agg="token-mean")
+    assert float(dual) <= float(plain) + 1e-6
+    assert float(dual) <= 3.0 * float(adv.abs().mean()) + 1e-6  # each token's loss <= c |A| (<= 0 where A > 0)
+    x = lp.clone().requires_grad_(True)
+    loss, _ = ppo_policy_loss(x, torch.zeros(4, 1), adv, mask, 0.2, kind="cispo")
+    loss.backward()
+    nonzero = adv != 0
+    assert bool((torch.sign(x.grad[nonzero]) == -torch.sign(adv[nonzero])).all())
 
 
 # ---- TRL's formula, transcribed ----------------------------------------------------------------

@@ -126,6 +126,7 @@ def test_critic_warmup_leaves_the_policy_bit_identical(tiny_lm, tmp_path, monkey
     assert not all(torch.equal(v, critic_start[n]) for n, v in roles.critic.state_dict().items())
     rows = read_metrics(tmp_path / "w" / "metrics.jsonl")
     assert "policy/loss" not in rows[0] and "value/loss" in rows[0] and "policy/loss" in rows[2]
+    assert "mismatch/token_abs_diff_max" in rows[0]  # measured in the warm-up too
 
 
 def test_critic_warm_start_loads_weights_only(tiny_lm, tmp_path, monkeypatch):
