@@ -21,7 +21,7 @@ from fourfold.reporting import (
     token_heatmap_html,
 )
 
-GROUPS = {"reward", "kl", "policy", "value", "rollout", "time", "train", "sft", "rm", "dpo", "gym", "env"}
+GROUPS = {"reward", "kl", "policy", "value", "rollout", "time", "train", "sft", "rm", "dpo", "gym", "env", "mismatch"}
 REQUIRED = """reward/score_mean reward/score_std reward/gold_mean reward/token_reward_sum_mean
 reward/no_eos_penalised kl/k1 kl/k3 kl/coef policy/loss policy/clipfrac policy/approx_kl policy/entropy
 policy/lr policy/grad_norm value/loss value/clipfrac value/explained_variance value/mean value/lr

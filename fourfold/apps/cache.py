@@ -18,7 +18,7 @@ from typing import Any, Callable
 
 from fourfold.atomic import write_text_atomic
 from fourfold.checkpoint import save_pretrained_atomic
-from fourfold.config import GenerationConfig, config_to_dict
+from fourfold.config import GenerationConfig, PPOAlgoConfig, config_to_dict
 
 
 def digest(obj: Any) -> str:
@@ -26,7 +26,8 @@ def digest(obj: Any) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-LATER_KEYS = ("micro_batch_tokens", "task_options", "assistant_turns", *GenerationConfig.ENGINE_KEYS)
+LATER_KEYS = ("micro_batch_tokens", "task_options", "assistant_turns", *GenerationConfig.ENGINE_KEYS,
+              *PPOAlgoConfig.PRACTICE_KEYS)
 """Settings added after the stage cache's keys were first written; each one's default reproduces
 what ran before it existed (most choose how a step runs, not what it computes; SFT's
 ``assistant_turns`` at ``last`` trains what SFT trained before it). A key leaves them out while

@@ -20,6 +20,9 @@ from fourfold.config.run import RunConfig
 ADVANTAGE_NAMES = ("gae", "grpo", "dr_grpo", "rloo", "reinforce_pp")
 CRITIC_ADVANTAGES = ("gae",)
 """The estimators that read critic values (``needs_critic`` in the registry): only they load a critic."""
+CORRECTION_CAPS = {"token_tis": 2.0, "token_mis": 2.0, "seq_tis": 3.0, "seq_mis": 3.0, "geo_mis": 1.01}
+"""The preset cap of each ``ppo.rollout_correction`` mode (fourfold.core.correction.CORRECTION_MODES,
+repeated here as config imports no core; a test keeps them equal)."""
 ZERO_AT_ONE_SAMPLE = ("grpo", "dr_grpo")
 """The estimators whose advantages are all 0 with one sample per prompt (a group of one is its own
 mean): they need ``samples_per_prompt >= 2``."""
@@ -304,6 +307,72 @@ class PPOAlgoConfig:
     clip_eps_high: Optional[float] = None
     """Upper clip range of the ratio (1 + clip_eps_high); null = clip_eps. DAPO's clip-higher (Yu et
     al. 2025) uses 0.2 low / 0.28 high: low-probability tokens with a positive advantage grow further."""
+    old_logprobs: Literal["auto", "engine", "recompute"] = "auto"
+    """Where the update's pi_old comes from. 'engine': the rollout engine's log-probs of the sampled
+    tokens. 'recompute': one no-grad training forward of the policy on the rollout before the
+    update (the first epoch's micro-batches, so the first minibatch's ratio is exactly 1).
+    'auto' (default): recompute when the engine's numerics differ from the training forward's
+    beyond float32 rounding, i.e. model.precision bf16-mixed or bf16 (the engine's bf16 copy, or
+    autocast over a KV cache: 1e-3 per token on the tiny test model) or a rollout_correction;
+    else engine (fp32: the eager and static engines agree with the training forward to ~5e-7).
+    The run's first lines say which (resolve_old_logprobs)."""
+    measure_mismatch: bool = True
+    """Log mismatch/* every iteration: the training forward's log-probs against the engine's on the
+    same tokens. Free under recompute (that forward is it); under engine it costs one no-grad
+    policy forward per iteration (measured on the tiny test model: docs/correction.md)."""
+    rollout_correction: Literal["none", "token_tis", "token_mis", "seq_tis", "seq_mis", "geo_mis"] = "none"
+    """Importance weights for the engine-trainer mismatch, multiplying each token's policy loss
+    (fourfold.core.correction.rollout_correction_weights; docs/correction.md): 'token_tis' /
+    'seq_tis' truncate the token / sequence ratio pi_train / pi_engine at the cap (TRL
+    token_truncate / sequence_truncate), 'token_mis' / 'seq_mis' zero the tokens / responses whose
+    ratio exceeds it (TRL token_mask / sequence_mask), 'geo_mis' zeroes the responses whose
+    per-token geometric-mean ratio leaves [1/cap, cap]. Needs old_logprobs recompute (or auto)."""
+    rollout_correction_cap: Optional[float] = None
+    """The cap (> 1) of rollout_correction; null = the mode's preset (CORRECTION_CAPS: token_tis and
+    token_mis 2, as verl's token TIS; seq_tis and seq_mis 3, TRL's clip_max; geo_mis 1.01)."""
+    policy_loss: Literal["clip", "cispo"] = "clip"
+    """'clip': PPO's clipped surrogate. 'cispo' (MiniMax-M1, 2025): the ratio as a detached weight
+    clipped at 1 + clip_eps_high, times A and the log-prob: every token keeps a gradient."""
+    ratio_level: Literal["token", "sequence"] = "token"
+    """'token': one ratio per token (PPO). 'sequence' (GSPO, Zheng et al. 2025): every token of a
+    response uses its geometric-mean ratio exp(mean_t log(pi/pi_old)), clipped as a token's."""
+    dual_clip: Optional[float] = None
+    """c > 1: dual-clip PPO (Ye et al. 2020): for A < 0 the surrogate is bounded below by c * A, so
+    a huge ratio on a negative advantage cannot blow up the loss (verl clip_ratio_c = 3); null = off."""
+    critic_warmup: int = 0
+    """The first this many iterations train only the critic (the policy's weights, optimiser state
+    and LR schedule untouched; its schedule spans the iterations after them). advantage: gae only."""
+    critic_lam: Optional[float] = None
+    """GAE lambda of the critic's value targets (returns = GAE(critic_lam) + V); the advantages keep
+    `lam` (decoupled, as VAPO: Yue et al. 2025, critic lambda 1.0). null = lam."""
+    critic_from: Optional[str] = None
+    """Warm-start the critic's weights (only: a fresh optimiser) from an earlier run's checkpoint
+    directory (checkpoints/step-N) or its run directory (its newest checkpoint). A plain critic
+    directory is model.critic instead. null = model.critic / model.critic_init."""
+    filter_groups: bool = False
+    """DAPO's dynamic sampling (Yu et al. 2025): drop the groups (the samples_per_prompt rows of a
+    prompt) whose scores are all equal and refill from rollouts of further prompts, at most
+    filter_groups_max_batches rollouts an iteration; when still short, dropped groups complete the
+    batch (fourfold.trainers.groups). Needs samples_per_prompt >= 2."""
+    filter_groups_max_batches: int = 3
+    """The bound on filter_groups' rollouts per iteration (>= 1; 1 = measure, never refill)."""
+    overlong_buffer: Optional[int] = None
+    """DAPO's soft overlong punishment: responses longer than generation.max_new_tokens - this many
+    tokens lose up to overlong_penalty of score, linearly (fourfold.core.correction.overlong_penalty);
+    null = off."""
+    overlong_penalty: float = 1.0
+    """The largest overlong punishment (at max_new_tokens tokens)."""
+    mask_truncated: bool = False
+    """Leave the responses that reached max_new_tokens without EOS out of the losses (their rows'
+    tokens get no weight; TRL mask_truncated_completions). Needs generation.stop_at_eos."""
+
+    PRACTICE_KEYS = ("old_logprobs", "measure_mismatch", "rollout_correction", "rollout_correction_cap",
+                     "policy_loss", "ratio_level", "dual_clip", "critic_warmup", "critic_lam", "critic_from",
+                     "filter_groups", "filter_groups_max_batches", "overlong_buffer", "overlong_penalty",
+                     "mask_truncated")
+    """The keys of issue 32 (the mismatch, its correction, the newer losses, the critic's lifecycle):
+    at their defaults a run computes what it did before they existed (a stage key leaves them out
+    then: fourfold.apps.cache.LATER_KEYS)."""
 
     def validate(self, prefix: str = "ppo") -> None:
         require(self.iterations >= 1, f"{prefix}.iterations", "must be >= 1")
@@ -359,6 +428,38 @@ class PPOAlgoConfig:
         for key in ("clip_eps_low", "clip_eps_high"):
             value = getattr(self, key)
             require(value is None or value > 0, f"{prefix}.{key}", f"must be > 0 or null, got {value}")
+        self._validate_practice(prefix)
+
+    def _validate_practice(self, prefix: str) -> None:
+        """The keys of pi_old, the rollout correction, the newer losses and the critic's lifecycle."""
+        require(self.rollout_correction == "none" or self.old_logprobs != "engine", f"{prefix}.rollout_correction",
+                "weights pi_train / pi_engine need the trainer's pi_old: set old_logprobs to recompute or auto")
+        cap = self.rollout_correction_cap
+        require(cap is None or cap > 1, f"{prefix}.rollout_correction_cap", f"must be > 1 or null, got {cap}")
+        require(self.dual_clip is None or self.dual_clip > 1, f"{prefix}.dual_clip",
+                f"must be > 1 or null, got {self.dual_clip}")
+        require(self.dual_clip is None or self.policy_loss == "clip", f"{prefix}.dual_clip",
+                "bounds the clipped surrogate: it needs policy_loss=clip")
+        critic = self.loads_critic
+        require(self.critic_warmup >= 0, f"{prefix}.critic_warmup", f"must be >= 0, got {self.critic_warmup}")
+        require(self.critic_warmup < self.iterations, f"{prefix}.critic_warmup",
+                f"{self.critic_warmup} leaves no policy iteration of iterations={self.iterations}")
+        require(self.critic_warmup == 0 or critic, f"{prefix}.critic_warmup", "needs a critic (advantage: gae)")
+        require(self.critic_lam is None or (0 <= self.critic_lam <= 1 and critic), f"{prefix}.critic_lam",
+                f"must be in [0, 1] with a critic (advantage: gae), got {self.critic_lam}")
+        require(self.critic_from is None or critic, f"{prefix}.critic_from", "needs a critic (advantage: gae)")
+        require(not self.filter_groups or self.samples_per_prompt >= 2, f"{prefix}.filter_groups",
+                "drops groups whose scores are all equal: it needs samples_per_prompt >= 2")
+        require(self.filter_groups_max_batches >= 1, f"{prefix}.filter_groups_max_batches",
+                f"must be >= 1, got {self.filter_groups_max_batches}")
+        require(self.overlong_buffer is None or self.overlong_buffer >= 1, f"{prefix}.overlong_buffer",
+                f"must be >= 1 or null, got {self.overlong_buffer}")
+        require(self.overlong_penalty >= 0, f"{prefix}.overlong_penalty", f"must be >= 0, got {self.overlong_penalty}")
+
+    @property
+    def correction_cap(self) -> float:
+        """The cap rollout_correction uses: rollout_correction_cap, or the mode's preset."""
+        return self.rollout_correction_cap or CORRECTION_CAPS.get(self.rollout_correction, 2.0)
 
     @property
     def estimator(self) -> str:
@@ -404,9 +505,30 @@ class PPOConfig(RolloutStageConfig):
 
     def validate(self, prefix: str = "") -> None:
         super().validate(prefix)
+        buffer = self.ppo.overlong_buffer
+        require(buffer is None or buffer <= self.generation.max_new_tokens, "ppo.overlong_buffer",
+                f"{buffer} is more than generation.max_new_tokens={self.generation.max_new_tokens}")
+        require(not self.ppo.mask_truncated or self.generation.stop_at_eos, "ppo.mask_truncated",
+                "a truncated response is one without EOS: it needs generation.stop_at_eos true")
+        require(self.ppo.critic_from is None or self.model.critic is None, "ppo.critic_from",
+                "model.critic is set too: keep one source of the critic's weights")
         if self.model.reward is None and self.ppo.loads_critic and self.model.critic is None:
             require(self.model.critic_init == "policy", "model.critic_init",
                     "'reward' needs model.reward; use critic_init=policy with a reward function or a reward server")
+
+
+def resolve_old_logprobs(algo: PPOAlgoConfig, precision: str) -> tuple[str, str]:
+    """``(engine | recompute, why)``: the pi_old a run uses for ``ppo.old_logprobs`` (``auto``:
+    recompute under a rollout correction or a bf16 ``model.precision``, whose engine log-probs
+    differ from the training forward's by bf16 rounding; else engine)."""
+    if algo.old_logprobs != "auto":
+        return algo.old_logprobs, f"ppo.old_logprobs: {algo.old_logprobs}"
+    if algo.rollout_correction != "none":
+        return "recompute", f"ppo.old_logprobs: auto = recompute (rollout_correction {algo.rollout_correction})"
+    if precision != "fp32":
+        return "recompute", (f"ppo.old_logprobs: auto = recompute (model.precision {precision}: the engine's "
+                             "log-probs differ from the training forward's by bf16 rounding)")
+    return "engine", "ppo.old_logprobs: auto = engine (fp32: the engine's log-probs are the trainer's to float rounding)"
 
 
 def require_one_reward(model, prefix: str = "model") -> None:

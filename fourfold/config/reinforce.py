@@ -7,7 +7,7 @@ from typing import Literal, Optional
 
 from fourfold.config.dist import LMDistConfig
 from fourfold.config.loader import require
-from fourfold.config.ppo import RolloutStageConfig
+from fourfold.config.ppo import CORRECTION_CAPS, RolloutStageConfig
 from fourfold.config.run import RunConfig
 
 
@@ -31,6 +31,16 @@ class ReinforceAlgoConfig:
     """Global gradient-norm clip; null (default) = none, as naive REINFORCE has."""
     lr_schedule: Literal["linear", "constant"] = "constant"
     """LR schedule over the iterations."""
+    rollout_correction: Literal["none", "token_tis", "token_mis", "seq_tis", "seq_mis", "geo_mis"] = "none"
+    """Importance weights pi_train / pi_engine on each token's loss, as ppo.rollout_correction (the
+    loss's own training forward is pi_train; docs/correction.md). mismatch/* is logged every step."""
+    rollout_correction_cap: Optional[float] = None
+    """The cap (> 1) of rollout_correction; null = the mode's preset (as ppo.rollout_correction_cap)."""
+
+    @property
+    def correction_cap(self) -> float:
+        """The cap rollout_correction uses: rollout_correction_cap, or the mode's preset."""
+        return self.rollout_correction_cap or CORRECTION_CAPS.get(self.rollout_correction, 2.0)
 
     def validate(self, prefix: str = "reinforce") -> None:
         require(self.iterations >= 1, f"{prefix}.iterations", "must be >= 1")
@@ -38,6 +48,8 @@ class ReinforceAlgoConfig:
         require(self.lr > 0, f"{prefix}.lr", "must be > 0")
         require(self.kl_coef >= 0, f"{prefix}.kl_coef", f"must be >= 0, got {self.kl_coef}")
         require(self.max_grad_norm is None or self.max_grad_norm > 0, f"{prefix}.max_grad_norm", "must be > 0 or null")
+        cap = self.rollout_correction_cap
+        require(cap is None or cap > 1, f"{prefix}.rollout_correction_cap", f"must be > 1 or null, got {cap}")
 
 
 @dataclasses.dataclass

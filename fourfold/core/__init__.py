@@ -14,6 +14,15 @@ from fourfold.core.advantages import (
     reinforce_pp_advantages,
     rloo_advantages,
 )
+from fourfold.core.correction import (
+    CORRECTION_MODES,
+    frac_zero_std,
+    group_keep,
+    mismatch_stats,
+    overlong_penalty,
+    rollout_correction_weights,
+    zero_std_groups,
+)
 from fourfold.core.estimators import (
     ADVANTAGE_ESTIMATORS,
     AdvantageInputs,
@@ -26,6 +35,8 @@ from fourfold.core.logprobs import dense_logprobs, entropy_from_logits, logprobs
 from fourfold.core.losses import (
     DPO_LOSSES,
     LOSS_AGG_MODES,
+    POLICY_LOSSES,
+    RATIO_LEVELS,
     aggregate_loss,
     aggregation_units,
     bradley_terry_loss,
@@ -84,6 +95,15 @@ __all__ = [
     "register_advantage_estimator",
     "get_advantage_estimator",
     "LOSS_AGG_MODES",
+    "POLICY_LOSSES",
+    "RATIO_LEVELS",
+    "CORRECTION_MODES",
+    "mismatch_stats",
+    "rollout_correction_weights",
+    "overlong_penalty",
+    "zero_std_groups",
+    "frac_zero_std",
+    "group_keep",
     "aggregate_loss",
     "aggregation_units",
     "ppo_policy_loss",

@@ -79,6 +79,28 @@ def aggregation_units(mask: Tensor, mode: str = "token-mean") -> Tensor:
     return units.float().sum()
 
 
+POLICY_LOSSES = ("clip", "cispo")
+"""``ppo.policy_loss``: PPO's clipped surrogate, or CISPO's clipped-weight policy gradient."""
+
+RATIO_LEVELS = ("token", "sequence")
+"""``ppo.ratio_level``: one probability ratio per token (PPO), or per response (GSPO)."""
+
+
+def _surrogate(ratio: Tensor, adv: Tensor, logprobs: Tensor, eps_low: float, eps_high: float, kind: str,
+               dual_clip: Optional[float]) -> tuple[Tensor, Tensor]:
+    """The per-token objective of :func:`ppo_policy_loss` (to maximise) and where it clipped."""
+    if kind == "cispo":
+        return torch.clamp(ratio, max=1.0 + eps_high).detach() * adv * logprobs, ratio > 1.0 + eps_high
+    surr = ratio * adv
+    surr_clipped = torch.clamp(ratio, 1.0 - eps_low, 1.0 + eps_high) * adv
+    term, clipped = torch.minimum(surr, surr_clipped), surr_clipped < surr
+    if dual_clip is not None:
+        bound = dual_clip * adv
+        dual = (adv < 0) & (term < bound)
+        term, clipped = torch.where(dual, bound, term), clipped | dual
+    return term, clipped
+
+
 def ppo_policy_loss(
     logprobs: Tensor,
     old_logprobs: Tensor,
@@ -89,6 +111,10 @@ def ppo_policy_loss(
     clip_eps_low: Optional[float] = None,
     clip_eps_high: Optional[float] = None,
     agg: str = "token-mean",
+    dual_clip: Optional[float] = None,
+    ratio_level: str = "token",
+    kind: str = "clip",
+    token_weights: Optional[Tensor] = None,
 ) -> tuple[Tensor, Stats]:
     """PPO clipped surrogate (Schulman et al. 2017), by default a token-level mean over all valid
     tokens:
@@ -101,31 +127,58 @@ def ppo_policy_loss(
     lets low-probability tokens with a positive advantage grow further. ``agg`` is one of
     ``aggregate_loss``'s modes (default token-mean: the plain masked mean).
 
-    Shapes: all ``[B, T]`` (or any shape, e.g. flattened ``[N]`` env steps with token-mean).
-    ``old_logprobs`` and ``advantages`` are constants (detached). Gradient is exactly 0 for a token
-    clipped on the side its advantage pushes (A > 0 and r > 1 + eps_high, or A < 0 and
-    r < 1 - eps_low).
+    Options (each off by default; the default computation is unchanged by them):
+    * ``dual_clip`` = c > 1 (Ye et al. 2020): where A_t < 0 the term is max(min(r A, clip(r) A),
+      c A), so a huge ratio on a negative advantage has a bounded loss (gradient 0 past r = c).
+    * ``ratio_level`` 'sequence' (GSPO, Zheng et al. 2025): every token of response i uses
+      s_i = exp(mean_t (logprobs_t - old_logprobs_t)), the geometric mean of its token ratios (a
+      mean of the log-ratios, not a sum: the length does not enter), clipped as r_t.
+    * ``kind`` 'cispo' (MiniMax-M1, 2025): term_t = sg(min(r_t, 1 + eps_high)) * A_t * logprobs_t,
+      the clipped ratio a detached weight (no lower clip); every token keeps a gradient.
+    * ``token_weights`` ``[B, T]`` (constants): each token's term times w_t before the aggregation
+      (the rollout correction's, :func:`fourfold.core.correction.rollout_correction_weights`).
+
+    Shapes: all ``[B, T]`` (or any shape, e.g. flattened ``[N]`` env steps with token-mean;
+    ``ratio_level`` 'sequence' needs ``[B, T]``). ``old_logprobs`` and ``advantages`` are constants
+    (detached). Gradient is exactly 0 for a token clipped on the side its advantage pushes (A > 0
+    and r > 1 + eps_high, or A < 0 and r < 1 - eps_low).
 
     stats (token-level means whatever ``agg``): ``clipfrac`` share of valid tokens where the clipped
-    term is strictly smaller (clipped branch active); ``approx_kl`` masked mean of (r - 1) - log r,
-    the k3 estimate of KL(pi_old || pi); ``ratio_mean``; ``ratio_max`` (0 when no token is valid).
+    term is strictly smaller (clipped branch active; cispo: where the weight's cap cut it; with
+    ``dual_clip`` where the dual bound acted too); ``approx_kl`` masked mean of (r - 1) - log r on
+    the token ratios, the k3 estimate of KL(pi_old || pi); ``ratio_mean``; ``ratio_max`` (0 when no
+    token is valid); ``ratio_abs_dev`` mean |r - 1| (exactly 0 when pi equals pi_old); all on the
+    ratio the loss uses (the sequence ratio under 'sequence').
     """
+    if ratio_level not in RATIO_LEVELS:
+        raise ValueError(f"unknown ratio level {ratio_level!r}; expected one of {', '.join(RATIO_LEVELS)}")
+    if kind not in POLICY_LOSSES:
+        raise ValueError(f"unknown policy loss {kind!r}; expected one of {', '.join(POLICY_LOSSES)}")
+    if dual_clip is not None and not dual_clip > 1:
+        raise ValueError(f"dual_clip must be > 1, got {dual_clip}")
     eps_low = clip_eps if clip_eps_low is None else clip_eps_low
     eps_high = clip_eps if clip_eps_high is None else clip_eps_high
     m = as_bool_mask(mask)
     zero = _zero(logprobs)
     log_ratio = torch.where(m, logprobs - old_logprobs.detach(), zero)
+    token_log_ratio = log_ratio
+    if ratio_level == "sequence":
+        n = m.sum(-1, keepdim=True).clamp(min=1).to(log_ratio.dtype)
+        log_ratio = torch.where(m, (log_ratio.sum(-1, keepdim=True) / n).expand_as(log_ratio), zero)
     ratio = torch.exp(log_ratio)
     adv = torch.where(m, advantages.detach().to(ratio.dtype), zero)
-    surr = ratio * adv
-    surr_clipped = torch.clamp(ratio, 1.0 - eps_low, 1.0 + eps_high) * adv
-    loss = -aggregate_loss(torch.minimum(surr, surr_clipped), m, agg)
+    term, clipped = _surrogate(ratio, adv, torch.where(m, logprobs, zero), eps_low, eps_high, kind, dual_clip)
+    if token_weights is not None:
+        term = term * torch.where(m, token_weights.detach().to(term.dtype), zero)
+    loss = -aggregate_loss(term, m, agg)
     with torch.no_grad():
+        token_ratio = torch.exp(token_log_ratio)
         stats = {
-            "clipfrac": masked_mean((surr_clipped < surr).to(ratio.dtype), m),
-            "approx_kl": masked_mean((ratio - 1.0) - log_ratio, m),
+            "clipfrac": masked_mean(clipped.to(ratio.dtype), m),
+            "approx_kl": masked_mean((token_ratio - 1.0) - token_log_ratio, m),
             "ratio_mean": masked_mean(ratio, m),
             "ratio_max": torch.where(m, ratio, zero).max() if ratio.numel() else zero,
+            "ratio_abs_dev": masked_mean((ratio - 1.0).abs(), m),
         }
     return loss, {k: v.detach() for k, v in stats.items()}
 
@@ -204,10 +257,14 @@ def reinforce_loss(
     returns: Tensor,
     mask: Tensor,
     baseline: Optional[Union[float, Tensor]] = None,
+    weights: Optional[Tensor] = None,
 ) -> tuple[Tensor, Stats]:
     """REINFORCE (Williams 1992) with a baseline, token-level mean over valid tokens:
 
         loss = -masked_mean(logprobs * (returns - baseline))
+
+    ``weights`` ``[B, T]`` (constants, None = 1): each token's term multiplied by w_t, the rollout
+    correction's importance weights (:func:`fourfold.core.correction.rollout_correction_weights`).
 
     Shapes: ``logprobs``, ``mask`` ``[B, T]`` (or any shape, e.g. ``[N]``). ``returns`` and
     ``baseline`` each either match that shape, or have one dim less (``[B]``: a per-sequence value
@@ -224,6 +281,8 @@ def reinforce_loss(
     adv = per_token(returns) - (per_token(baseline) if baseline is not None else 0.0)
     adv = torch.where(m, adv, _zero(logprobs))
     lp = torch.where(m, logprobs, _zero(logprobs))
+    if weights is not None:
+        lp = lp * torch.where(m, weights.detach().to(lp.dtype), _zero(lp))
     loss = -masked_mean(lp * adv, m)
     return loss, {"advantage_mean": masked_mean(adv.expand_as(lp), m).detach()}
 

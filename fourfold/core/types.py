@@ -11,7 +11,7 @@ from torch import Tensor
 TensorFn = Callable[[Tensor], Tensor]
 
 # Fields with one entry per step, shaped like ``mask``.
-_PER_STEP = ("mask", "logprobs", "values", "rewards", "ref_logprobs", "advantages", "returns")
+_PER_STEP = ("mask", "logprobs", "values", "rewards", "ref_logprobs", "advantages", "returns", "is_weights")
 
 
 @dataclass
@@ -24,7 +24,8 @@ class Rollout:
     log pi_old(a_t | s_t) (temperature-scaled for LMs), ``values [B, T]`` V_old(s_t) (zeros when
     there is no critic), ``rewards [B, T]``, optional ``ref_logprobs [B, T]`` log pi_ref(a_t | s_t),
     ``scores [B]`` sequence-level score (reward model), ``advantages [B, T]``, ``returns [B, T]``,
-    and ``context``: row-aligned inputs with dim 0 = B (LM: ``"input_ids" [B, P+T]``,
+    optional ``is_weights [B, T]`` (the rollout correction's per-token importance weights, None =
+    none) and ``context``: row-aligned inputs with dim 0 = B (LM: ``"input_ids" [B, P+T]``,
     ``"attention_mask" [B, P+T]``).
 
     Construction checks that every tensor has B rows and every per-step tensor has ``mask``'s
@@ -41,6 +42,7 @@ class Rollout:
     advantages: Optional[Tensor] = None
     returns: Optional[Tensor] = None
     context: dict[str, Tensor] = field(default_factory=dict)
+    is_weights: Optional[Tensor] = None
 
     def __post_init__(self) -> None:
         B = self.batch_size

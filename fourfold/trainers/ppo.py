@@ -7,9 +7,14 @@ One iteration, as numbered in :func:`train`:
    ``generation.engine``, given the policy's current weights by ``engine.sync`` first);
 3. score: reference log-probs, critic values and the frozen reward model's score;
 4. per-token rewards: -kl_coef * KL_t on every token, the score added on the last one;
-5. advantages with the critic and GAE (gamma, lambda), whitened over the batch; returns = A + V;
+   4b. DAPO's overlong punishment (``overlong_buffer``), the groups' zero spread logged;
+5. advantages with the critic and GAE (gamma, lambda), whitened over the batch; returns = A + V
+   (the value targets at ``critic_lam`` when set); 5b. ``mask_truncated`` drops no-EOS rows;
 6. several epochs over shuffled minibatches: the clipped surrogate for the policy, the clipped
    value loss for the critic (each with its own AdamW, grad clipping and linear LR decay);
+   6a first: pi_old recomputed by the trainer (``old_logprobs``), the engine-trainer mismatch
+   measured (``mismatch/*``), the rollout correction's weights; the first ``critic_warmup``
+   iterations train the critic only;
 7. update the KL controller, log, checkpoint.
 
 That is PPO's default (``ppo.advantage: gae``). Step 5 calls the estimator registered under
@@ -38,7 +43,10 @@ from typing import Callable, Optional, Sequence
 
 import torch
 
+from fourfold.checkpoint.format import latest_checkpoint
+from fourfold.checkpoint.plain import load_checkpoint
 from fourfold.config import PPOAlgoConfig, PPOConfig
+from fourfold.config.ppo import resolve_old_logprobs
 from fourfold.core import (
     AdaptiveKLController,
     AdvantageInputs,
@@ -48,19 +56,27 @@ from fourfold.core import (
     aggregation_units,
     dense_logprobs,
     explained_variance,
+    frac_zero_std,
+    gae,
     get_advantage_estimator,
     kl_loss,
+    last_valid_index,
     masked_mean,
+    masked_var,
     masked_whiten,
+    mismatch_stats,
+    overlong_penalty,
     ppo_policy_loss,
+    rollout_correction_weights,
     value_loss,
 )
 from fourfold.errors import ConfigError
 from fourfold.models.build import Roles
 from fourfold.models.roles import ScalarModel, response_logits, response_logprobs
 from fourfold.run.optim import NonFiniteGuard, guarded_step, make_optimizer, make_schedule
-from fourfold.run.parallel import global_sum, loss_scale, rank_slice, sum_over_ranks
+from fourfold.run.parallel import global_sum, loss_scale, rank_slice, several_ranks, sum_over_ranks
 from fourfold.run.scaffold import RunScaffold
+from fourfold.trainers.groups import fill_groups
 from fourfold.trainers.prelude import stage_roles
 from fourfold.trainers.rl import RLSteps, prepare_rewards
 from fourfold.trainers.rollouts import Probe, score_quantity
@@ -72,7 +88,8 @@ def compute_advantages(rollout: Rollout, algo: PPOAlgoConfig) -> Rollout:
 
     ``whiten_rewards`` and ``whiten_advantages`` apply around an estimator that needs a critic
     (gae); the critic-free ones normalise their own advantages, and the K samples of a prompt are
-    their ``samples_per_prompt`` consecutive rows."""
+    their ``samples_per_prompt`` consecutive rows. With ``critic_lam`` the returns (the critic's
+    targets) are GAE(gamma, critic_lam)'s + V, the advantages keep ``lam``'s."""
     mask, rewards = rollout.mask, rollout.rewards
     if algo.whiten_rewards:
         rewards = masked_whiten(rewards, mask, shift_mean=False)
@@ -81,6 +98,8 @@ def compute_advantages(rollout: Rollout, algo: PPOAlgoConfig) -> Rollout:
                                                     algo.gamma, algo.lam))
     if algo.whiten_advantages and estimator.needs_critic:
         advantages = masked_whiten(advantages, mask)
+    if algo.critic_lam is not None and estimator.needs_critic:  # the value targets at their own lambda
+        _, returns = gae(rewards, rollout.values, mask, algo.gamma, algo.critic_lam)
     rollout.advantages, rollout.returns = advantages, returns
     return rollout
 
@@ -156,8 +175,9 @@ def _micro(rows: Rollout, algo: PPOAlgoConfig, agg: str, total_units: float):
 
 def policy_loss(policy, part: Rollout, algo: PPOAlgoConfig, temperature: float, dense: bool = False
                 ) -> tuple[torch.Tensor, dict]:
-    """The policy's loss on one micro-batch and its statistics (tensors): the clipped surrogate,
-    minus the entropy bonus, plus ``kl_coef`` x the k3 KL under ``kl_in: loss``, aggregated by
+    """The policy's loss on one micro-batch and its statistics (tensors): the clipped surrogate
+    (or ``policy_loss``'s; ``dual_clip``, ``ratio_level``; each token weighted by the rollout
+    correction's ``is_weights`` when set), minus the entropy bonus, plus ``kl_coef`` x the k3 KL under ``kl_in: loss``, aggregated by
     ``loss_agg``. ``dense``: log-probs in plain tensor ops (:func:`fourfold.core.dense_logprobs`),
     which ``torch.compile`` traces into one graph with the model's forward (``model.compile``)."""
     ids, attn, T = part.context["input_ids"], part.context["attention_mask"], part.mask.shape[1]
@@ -167,8 +187,12 @@ def policy_loss(policy, part: Rollout, algo: PPOAlgoConfig, temperature: float, 
                                            with_entropy)
     else:
         logprobs, entropy = response_logprobs(policy, ids, attn, T, temperature, with_entropy=with_entropy)
+    newer = {k: v for k, v in (("dual_clip", algo.dual_clip), ("token_weights", part.is_weights)) if v is not None}
+    newer.update({k: v for k, v, default in (("ratio_level", algo.ratio_level, "token"),
+                                             ("kind", algo.policy_loss, "clip")) if v != default})
     loss, stats = ppo_policy_loss(logprobs, part.logprobs, part.advantages, part.mask, algo.clip_eps,
-                                  clip_eps_low=algo.clip_eps_low, clip_eps_high=algo.clip_eps_high, agg=algo.loss_agg)
+                                  clip_eps_low=algo.clip_eps_low, clip_eps_high=algo.clip_eps_high, agg=algo.loss_agg,
+                                  **newer)  # the newer losses' keys only when set
     if with_entropy:
         loss = loss - algo.entropy_coef * aggregate_loss(entropy, part.mask, algo.loss_agg)
     if algo.kl_in == "loss":
@@ -217,7 +241,8 @@ def make_optim(roles: Roles, algo: PPOAlgoConfig, compiled: bool = False) -> Opt
     graph for every trimmed width; compiled on first use)."""
     total = algo.iterations * algo.steps_per_iteration
     popt = make_optimizer(roles.policy.parameters(), algo.lr, algo.weight_decay)
-    psched = make_schedule(popt, total, algo.lr_schedule)
+    # the policy's schedule spans the iterations after the critic's warm-up
+    psched = make_schedule(popt, (algo.iterations - algo.critic_warmup) * algo.steps_per_iteration, algo.lr_schedule)
     copt = csched = None
     if roles.critic is not None:
         copt = make_optimizer(roles.critic.parameters(), algo.critic_lr, algo.weight_decay)
@@ -253,7 +278,8 @@ def policy_step(policy, mb: Minibatch, algo: PPOAlgoConfig, opt: Optim, temperat
     if norm is None:
         return {"policy/loss": float("nan")}
     out = {"policy/loss": stats_sum["loss"], "policy/clipfrac": stats_sum["clipfrac"],
-           "policy/approx_kl": stats_sum["approx_kl"], "policy/grad_norm": norm}
+           "policy/approx_kl": stats_sum["approx_kl"], "policy/grad_norm": norm,
+           "policy/ratio_abs_dev": stats_sum["ratio_abs_dev"]}
     if "kl_loss" in stats_sum:
         out["policy/kl_loss"] = stats_sum["kl_loss"]
     return out
@@ -284,8 +310,53 @@ RANK_INDEPENDENT = ("policy/grad_norm", "value/grad_norm")
 the others are each rank's share, summed over ranks."""
 
 
+def trainer_logprobs(policy, rollout: Rollout, algo: PPOAlgoConfig, perm: torch.Tensor, temperature: float
+                     ) -> torch.Tensor:
+    """Step 6a: the training forward's log-probs ``[B, T]`` of the rollout's tokens (no grad), over
+    the very micro-batches of the first epoch (order ``perm``: this rank's share of each
+    minibatch, :func:`micro_groups`, each trimmed, as :func:`policy_step` runs them), so that as
+    pi_old they make the first minibatch's ratio exactly 1. Under torchrun each rank computes its
+    rows and the sum over ranks gives every rank the whole batch."""
+    out = torch.zeros_like(rollout.logprobs)
+    with torch.no_grad():
+        for i in range(0, len(perm), algo.minibatch_size):
+            idx = perm[i : i + algo.minibatch_size]
+            mine = idx[rank_slice(len(idx))]
+            rows = rollout.select(mine)
+            for group in micro_groups(rows, algo):
+                part = trim(rows.select(group))
+                ids, attn, T = part.context["input_ids"], part.context["attention_mask"], part.mask.shape[1]
+                logprobs, _ = response_logprobs(policy, ids, attn, T, temperature)
+                out[mine[group], :T] = logprobs.to(out.dtype)
+    out = out * rollout.mask.to(out.dtype)
+    return global_sum(out) if several_ranks() else out
+
+
+def prepare_old_logprobs(policy, rollout: Rollout, algo: PPOAlgoConfig, perm: torch.Tensor, temperature: float,
+                         old_logprobs: str, measure: bool) -> tuple[Rollout, dict]:
+    """Step 6a: with ``old_logprobs`` 'recompute', ``measure`` or a ``rollout_correction``, the
+    training forward's log-probs of the rollout (:func:`trainer_logprobs`) against the engine's:
+    the ``mismatch/*`` metrics, the correction's weights (``rollout.is_weights``) and, under
+    'recompute', pi_old replaced by them. Returns the rollout (a copy when changed) and metrics."""
+    correct = algo.rollout_correction != "none"
+    if old_logprobs != "recompute" and not measure and not correct:
+        return rollout, {}
+    engine_lp = rollout.logprobs
+    train_lp = trainer_logprobs(policy, rollout, algo, perm, temperature)
+    metrics = {f"mismatch/{k}": float(v) for k, v in mismatch_stats(train_lp, engine_lp, rollout.mask).items()}
+    rollout = rollout.map(lambda x: x)
+    if correct:
+        rollout.is_weights, stats = rollout_correction_weights(train_lp, engine_lp, rollout.mask,
+                                                               algo.rollout_correction, algo.correction_cap)
+        metrics.update({f"mismatch/is_{k}": float(v) for k, v in stats.items()})
+    if old_logprobs == "recompute":
+        rollout.logprobs = train_lp
+    return rollout, metrics
+
+
 def ppo_update(roles: Roles, rollout: Rollout, algo: PPOAlgoConfig, opt: Optim, temperature: float,
-               guard: NonFiniteGuard, iteration: int, concurrent: bool = False) -> dict:
+               guard: NonFiniteGuard, iteration: int, concurrent: bool = False, *, old_logprobs: str = "engine",
+               measure: bool = False, train_policy: bool = True) -> dict:
     """Step 6: ``ppo_epochs`` passes over shuffled minibatches; returns mean statistics.
 
     The minibatch order of every epoch is drawn up front (the same on every rank: the same seed
@@ -293,18 +364,31 @@ def ppo_update(roles: Roles, rollout: Rollout, algo: PPOAlgoConfig, opt: Optim, 
     with ``concurrent`` the critic's epochs run in a second thread while the policy's run in this
     one (two cores busy with one torch thread each); the results are identical to the sequential
     order. Under torchrun each rank trains on its share of every minibatch (:func:`minibatches`).
+
+    First (6a, :func:`prepare_old_logprobs`): pi_old recomputed (``old_logprobs`` 'recompute'),
+    the mismatch measured (``measure``), the correction's weights (in the critic's warm-up too).
+    ``train_policy`` False (the warm-up): the critic's epochs only; the policy, its optimiser and
+    schedule untouched.
+    ``policy/first_ratio_abs_dev``: mean |r - 1| over the first minibatch's tokens, before any step.
     """
     perms = [torch.randperm(rollout.batch_size) for _ in range(algo.ppo_epochs)]
+    rollout, pre = prepare_old_logprobs(roles.policy, rollout, algo, perms[0], temperature, old_logprobs, measure)
     mbs = minibatches(rollout, algo, perms, iteration)
 
     def mean_over(step_fn) -> dict:
         sums: dict[str, float] = {}
-        for mb in mbs:
+        for j, mb in enumerate(mbs):
             for k, v in step_fn(mb).items():
+                if k == "policy/ratio_abs_dev":
+                    if j == 0:
+                        sums["policy/first_ratio_abs_dev"] = v * len(mbs)
+                    continue
                 sums[k] = sums.get(k, 0.0) + v
         return {k: v / len(mbs) for k, v in sums.items()}
 
     def policy_epochs() -> dict:
+        if not train_policy:
+            return {}
         return mean_over(lambda mb: policy_step(roles.policy, mb, algo, opt, temperature, guard))
 
     def critic_epochs() -> dict:
@@ -319,7 +403,7 @@ def ppo_update(roles: Roles, rollout: Rollout, algo: PPOAlgoConfig, opt: Optim, 
             stats.update(critic_future.result())
     else:
         stats = {**policy_epochs(), **critic_epochs()}
-    return sum_over_ranks(stats, [k for k in stats if k not in RANK_INDEPENDENT])
+    return {**sum_over_ranks(stats, [k for k in stats if k not in RANK_INDEPENDENT]), **pre}
 
 
 def checked_roles(roles: Optional[Roles], algo: PPOAlgoConfig) -> Optional[Roles]:
@@ -342,9 +426,85 @@ def finite_advantages(rollout: Rollout, algo: PPOAlgoConfig, guard: NonFiniteGua
 
 
 def value_metrics(rollout: Rollout) -> dict:
-    """The critic's ``value/explained_variance`` (of the returns) and ``value/mean`` on a rollout."""
-    return {"value/explained_variance": float(explained_variance(rollout.values, rollout.returns, rollout.mask)),
-            "value/mean": float(masked_mean(rollout.values, rollout.mask))}
+    """The critic's statistics on a rollout, before its update: ``value/explained_variance`` (of the
+    returns), ``value/mean``, ``value/error`` (mean (V - R)^2 over valid tokens), and the returns'
+    ``value/returns_mean`` and ``value/returns_std`` (their spread, which explained variance divides)."""
+    v, R, m = rollout.values, rollout.returns, rollout.mask
+    return {"value/explained_variance": float(explained_variance(v, R, m)),
+            "value/mean": float(masked_mean(v, m)),
+            "value/error": float(masked_mean((v - R) ** 2, m)),
+            "value/returns_mean": float(masked_mean(R, m)),
+            "value/returns_std": float(masked_var(R, m).clamp(min=0).sqrt()) if float(m.sum()) > 1 else 0.0}
+
+
+def shape_scores(rollout: Rollout, algo: PPOAlgoConfig, max_new_tokens: int) -> tuple[Rollout, dict]:
+    """Step 4b: DAPO's soft overlong punishment (``overlong_buffer``: the penalty added to each
+    response's score and to its last valid token's reward) and the share of groups whose scores
+    have zero spread (``reward/frac_zero_std``, group estimators: ``samples_per_prompt`` > 1).
+    A copy of the rollout when changed."""
+    metrics = {}
+    if algo.overlong_buffer is not None:
+        penalty = overlong_penalty(rollout.mask.sum(1), max_new_tokens, algo.overlong_buffer, algo.overlong_penalty)
+        penalty = penalty.to(rollout.rewards.dtype)
+        rollout = rollout.map(lambda x: x)
+        rows = torch.arange(rollout.batch_size)
+        last = last_valid_index(rollout.mask)
+        rewards = rollout.rewards.clone()
+        rewards[rows, last] += torch.where(rollout.mask.sum(1) > 0, penalty, torch.zeros_like(penalty))
+        rollout.rewards, rollout.scores = rewards, rollout.scores + penalty.to(rollout.scores.dtype)
+        metrics["reward/overlong_penalty_mean"] = float(penalty.mean())
+    if algo.samples_per_prompt > 1:
+        metrics["reward/frac_zero_std"] = frac_zero_std(rollout.scores, algo.samples_per_prompt)
+    return rollout, metrics
+
+
+def mask_truncated(rollout: Rollout, finished: torch.Tensor) -> tuple[Rollout, dict]:
+    """Step 5b (``mask_truncated``): the rows without EOS (``finished`` False) leave the losses
+    (their mask 0 after the advantages, which saw the whole batch)."""
+    keep = finished.to(rollout.mask.dtype)[:, None]
+    out = rollout.map(lambda x: x)
+    out.mask = rollout.mask * keep
+    return out, {"rollout/masked_truncated_share": float(1.0 - keep.mean())}
+
+
+def warm_start_critic(critic, path: str) -> None:
+    """``ppo.critic_from``: the critic's weights (modules/critic) of a plain checkpoint directory,
+    or of the newest checkpoint of a run directory; no optimiser, no schedule, no RNG state."""
+    from pathlib import Path
+
+    ckpt = Path(path)
+    if (ckpt / "checkpoints").is_dir():
+        found = latest_checkpoint(ckpt)
+        if found is None:
+            raise ConfigError(f"ppo.critic_from: {path} holds no complete checkpoint")
+        ckpt = found
+    if not ckpt.is_dir():
+        raise ConfigError(f"ppo.critic_from: {path} is not a directory (a checkpoints/step-N one, or a run's)")
+    load_checkpoint(ckpt, modules={"critic": critic}, restore_rng=False)
+
+
+def collect_groups(rl: RLSteps, it: int, algo: PPOAlgoConfig, kl_ctl, concurrent: bool) -> tuple:
+    """Steps 1-4 of iteration ``it`` (:meth:`RLSteps.rollout`) and, with ``filter_groups``, DAPO's
+    dynamic sampling (:func:`~fourfold.trainers.groups.fill_groups`): ``(collected, metrics)``."""
+    def draw(d: int):
+        return rl.rollout(it, kl_coef=kl_ctl.value if algo.kl_in == "reward" else 0.0, kl_estimator=algo.kl_estimator,
+                          samples_per_prompt=algo.samples_per_prompt, concurrent=concurrent, draw=d)
+
+    col = draw(0)
+    if not algo.filter_groups:
+        return col, {}
+    batch, metrics = fill_groups(col, draw, algo.samples_per_prompt, algo.filter_groups_max_batches,
+                                 rl.roles.tokenizer.pad_token_id)
+    return batch, {**metrics, "reward/frac_zero_std": frac_zero_std(col.rollout.scores, algo.samples_per_prompt)}
+
+
+def said_old_logprobs(run, algo: PPOAlgoConfig, precision: str) -> str:
+    """The run's pi_old (:func:`~fourfold.config.ppo.resolve_old_logprobs`), said in its first
+    lines (rank 0) when it is the trainer's recompute."""
+    old_logprobs, why = resolve_old_logprobs(algo, precision)
+    if old_logprobs == "recompute" and run.is_main:
+        print(f"fourfold ppo: {why}", flush=True)
+    return old_logprobs
 
 
 def train(cfg: PPOConfig, *, prompts: Optional[Sequence[str]] = None, probe: Optional[Probe] = None,
@@ -360,9 +520,12 @@ def train(cfg: PPOConfig, *, prompts: Optional[Sequence[str]] = None, probe: Opt
     rewards = prepare_rewards("ppo", cfg, prompts, roles)
     run = RunScaffold(cfg)
     device, guard = run.hf_device(), run.guard
+    warm = None if algo.critic_from is None else (lambda r: warm_start_critic(r.critic, algo.critic_from))
     roles = stage_roles(run, "ppo", cfg, device, {"ppo.rollout_batch_size": algo.rollout_batch_size,
                                                   "ppo.minibatch_size": algo.minibatch_size},
-                        roles=checked_roles(roles, algo), concurrent=concurrent, reward_functions=rewards.functions)
+                        roles=checked_roles(roles, algo), concurrent=concurrent, reward_functions=rewards.functions,
+                        before_placing=warm)
+    old_logprobs = said_old_logprobs(run, algo, cfg.model.precision)
     opt = make_optim(roles, algo, compiled=cfg.model.compile)
     kl_ctl = (AdaptiveKLController(algo.kl_coef, algo.kl_target, algo.kl_horizon) if algo.adaptive_kl
               else FixedKLController(algo.kl_coef))
@@ -376,19 +539,26 @@ def train(cfg: PPOConfig, *, prompts: Optional[Sequence[str]] = None, probe: Opt
             # 1-4. sample prompts (each on samples_per_prompt consecutive rows), generate (pi_old) with
             # the engine given the policy's weights after the last update, score (reference, critic,
             # reward), per-token rewards
-            col = rl.rollout(it, kl_coef=kl_ctl.value if algo.kl_in == "reward" else 0.0,
-                             kl_estimator=algo.kl_estimator, samples_per_prompt=algo.samples_per_prompt,
-                             concurrent=concurrent)
+            col, shaped = collect_groups(rl, it, algo, kl_ctl, concurrent)
+            # 4b. overlong shaping, the groups' zero spread
+            rollout, more = shape_scores(col.rollout, algo, cfg.generation.max_new_tokens)
+            shaped = {**more, **shaped}  # frac_zero_std: of the first rollout under filter_groups
             # 5. advantages and returns; when the scores or the advantages are not finite the iteration
             # is skipped: nothing touched the weights, so a stuck run keeps iteration it - 1's
-            rollout = finite_advantages(col.rollout, algo, guard, it, score_quantity(col))
+            rollout = finite_advantages(rollout, algo, guard, it, score_quantity(col))
             if rollout is None:
                 run.log_skips(it)
                 run.stop_if_stuck(it - 1)
                 continue
-            # 6. the PPO epochs (a minibatch whose loss or gradient is not finite is skipped)
+            if algo.mask_truncated:  # 5b. the truncated responses leave the losses
+                rollout, masked = mask_truncated(rollout, col.samples.finished)
+                shaped.update(masked)
+            # 6. the PPO epochs (6a: pi_old recomputed and the mismatch measured; in the critic's warm-up
+            # the critic's epochs only)
             t0, skips_before, lrs = time.perf_counter(), guard.total, opt.lrs()  # the rates this update starts with
-            stats = ppo_update(roles, rollout, algo, opt, cfg.generation.temperature, guard, it, concurrent=concurrent)
+            stats = ppo_update(roles, rollout, algo, opt, cfg.generation.temperature, guard, it, concurrent=concurrent,
+                               old_logprobs=old_logprobs, measure=algo.measure_mismatch,
+                               train_policy=it > algo.critic_warmup)
             t_train = time.perf_counter() - t0
             if guard.total == skips_before:  # one good update: the whole iteration went through
                 guard.good_step()
@@ -399,11 +569,7 @@ def train(cfg: PPOConfig, *, prompts: Optional[Sequence[str]] = None, probe: Opt
             kl_ctl.update(col.metrics["kl/k1"], algo.rollout_batch_size)
             train_tokens = algo.ppo_epochs * col.metrics["rollout/tokens"]
             metrics = {
-                "iteration": it,
-                "samples": it * algo.rollout_batch_size,
-                **col.metrics,
-                **stats,
-                **lrs,
+                "iteration": it, "samples": it * algo.rollout_batch_size, **col.metrics, **shaped, **stats, **lrs,
                 "kl/coef": kl_used,
                 "train/nonfinite_skips": guard.total,
                 "time/train_s": t_train,

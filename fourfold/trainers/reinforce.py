@@ -7,7 +7,8 @@ return-to-go of the token rewards and ``b`` = 0 or the batch-mean return.
 
 1. sample prompts; 2-4. generate, score, per-token rewards (as PPO);
 5. returns-to-go (gamma = 1), optional mean baseline;
-6. one gradient step; 7. log, checkpoint.
+6. one gradient step (its forward against the engine's log-probs: ``mismatch/*``; each token
+   weighted by ``rollout_correction``'s weights when set); 7. log, checkpoint.
 """
 
 from __future__ import annotations
@@ -15,32 +16,55 @@ from __future__ import annotations
 import time
 from typing import Optional, Sequence
 
+import torch
 from torch import Tensor
 
 from fourfold.config import ReinforceConfig
-from fourfold.core import FixedKLController, Rollout, discounted_returns, masked_mean, reinforce_loss
+from fourfold.core import (
+    FixedKLController,
+    Rollout,
+    discounted_returns,
+    masked_mean,
+    mismatch_stats,
+    reinforce_loss,
+    rollout_correction_weights,
+)
 from fourfold.models.build import Roles
 from fourfold.models.roles import response_logprobs
 from fourfold.run.optim import guarded_step, make_optimizer, make_schedule
-from fourfold.run.parallel import global_sum, loss_scale, rank_slice
+from fourfold.run.parallel import global_sum, loss_scale, rank_slice, several_ranks
 from fourfold.run.scaffold import RunScaffold
 from fourfold.trainers.prelude import stage_roles
 from fourfold.trainers.rl import RLSteps, prepare_rewards
 from fourfold.trainers.rollouts import Probe, score_quantity
 
 
-def rank_loss(policy, r: Rollout, returns: Tensor, baseline: Optional[Tensor], temperature: float
-              ) -> tuple[Tensor, Tensor]:
+def rank_loss(policy, r: Rollout, returns: Tensor, baseline: Optional[Tensor], temperature: float,
+              correction: str = "none", cap: float = 2.0, metrics: Optional[dict] = None) -> tuple[Tensor, Tensor]:
     """Step 6's loss on this rank's contiguous share of the batch ``r`` (the whole batch, the same
     on every rank; :func:`~fourfold.run.parallel.rank_slice`): ``(to_backward, loss)``. ``loss`` is
     the batch's token-mean REINFORCE loss (summed over ranks, so the same on each); ``to_backward``
     is this rank's part of it, scaled by :func:`~fourfold.run.parallel.loss_scale` for the ranks'
-    averaged gradients."""
+    averaged gradients. Each token's term is weighted by the rollout ``correction``'s weights (cap
+    ``cap``; the loss's forward is pi_train); ``metrics``, when given, receives the ``mismatch/*``
+    metrics of that forward (detached, gathered over ranks) against the engine's log-probs."""
     rows = rank_slice(r.batch_size)
     mine = r.select(rows)
     ids, attn = mine.context["input_ids"], mine.context["attention_mask"]
     logprobs, _ = response_logprobs(policy, ids, attn, mine.mask.shape[1], temperature)
-    local, _ = reinforce_loss(logprobs, returns[rows], mine.mask, baseline)
+    weights = None
+    if metrics is not None or correction != "none":
+        train_lp = torch.zeros_like(r.logprobs)
+        train_lp[rows] = logprobs.detach().to(train_lp.dtype) * mine.mask
+        train_lp = global_sum(train_lp) if several_ranks() else train_lp
+        found = {f"mismatch/{k}": float(v) for k, v in mismatch_stats(train_lp, r.logprobs, r.mask).items()}
+        if correction != "none":
+            w, stats = rollout_correction_weights(train_lp, r.logprobs, r.mask, correction, cap)
+            weights = w[rows]
+            found.update({f"mismatch/is_{k}": float(v) for k, v in stats.items()})
+        if metrics is not None:
+            metrics.update(found)
+    local, _ = reinforce_loss(logprobs, returns[rows], mine.mask, baseline, weights=weights)
     share = float(mine.mask.sum()) / max(float(r.mask.sum()), 1.0)
     return local * loss_scale(share), global_sum(local.detach() * share)
 
@@ -78,7 +102,9 @@ def train(cfg: ReinforceConfig, *, prompts: Optional[Sequence[str]] = None, prob
             # 6. one gradient step of the policy-gradient loss (skipped when the score, the loss or
             # the gradient norm is not finite)
             t0 = time.perf_counter()
-            local_loss, loss = rank_loss(roles.policy, r, returns, baseline, gen.temperature)
+            mismatch: dict = {}
+            local_loss, loss = rank_loss(roles.policy, r, returns, baseline, gen.temperature, algo.rollout_correction,
+                                         algo.correction_cap, metrics=mismatch)
             lr = schedule.get_last_lr()[0]  # the rate this step uses
             norm, taken = guarded_step(roles.policy, optimizer, schedule, algo.max_grad_norm, guard, f"iteration {it}",
                                        [(local_loss, {score_quantity(col): r.scores, "policy_loss": loss})])
@@ -88,7 +114,7 @@ def train(cfg: ReinforceConfig, *, prompts: Optional[Sequence[str]] = None, prob
             t_train = time.perf_counter() - t0
             # 7. log, checkpoint
             metrics = {
-                "iteration": it, "samples": it * algo.rollout_batch_size, **col.metrics,
+                "iteration": it, "samples": it * algo.rollout_batch_size, **col.metrics, **mismatch,
                 "policy/loss": float(loss.detach()), "policy/grad_norm": float("nan") if norm is None else norm,
                 "policy/lr": lr, "kl/coef": kl_ctl.value,
                 "train/nonfinite_skips": guard.total, "time/train_s": t_train,

@@ -123,12 +123,13 @@ class RLSteps:
         return range(self.start + 1, self.total + 1)
 
     def rollout(self, it: int, *, kl_coef: float, kl_estimator: str, samples_per_prompt: int = 1,
-                concurrent: bool = False) -> Collected:
+                concurrent: bool = False, draw: int = 0) -> Collected:
         """Steps 1-4 of iteration ``it``: the next batch of prompts, each on ``samples_per_prompt``
         consecutive rows; the engine given the policy's weights after the last update, then
         :func:`~fourfold.trainers.rollouts.collect` (generate pi_old, score, per-token rewards with
         ``kl_coef`` x the ``kl_estimator`` KL) with the iteration's per-row noise, under the run's
-        autocast (the weights fixed: the cast cache kept)."""
+        autocast (the weights fixed: the cast cache kept). ``draw`` > 0: a further rollout of the
+        same iteration (PPO's filter_groups), its noise seeded ``run.seed + draw``."""
         cfg, roles = self.cfg, self.roles
         texts, prompt_ids, prompt_mask, columns = self.stream.next_with_columns(self.device)
         texts, prompt_ids, prompt_mask = repeat_prompts(texts, prompt_ids, prompt_mask, samples_per_prompt)
@@ -136,7 +137,7 @@ class RLSteps:
         with autocast_region(cfg.model.precision, self.device.type):
             return collect(roles, texts, prompt_ids, prompt_mask, cfg.generation, engine=self.engine,
                            kl_coef=kl_coef, kl_estimator=kl_estimator, probe=self.probe, concurrent=concurrent,
-                           noise=RowNoise(cfg.run.seed, it), columns=repeat_columns(columns, samples_per_prompt))
+                           noise=RowNoise(cfg.run.seed + draw, it), columns=repeat_columns(columns, samples_per_prompt))
 
     def log(self, logger, it: int, metrics: dict, col: Collected) -> None:
         """Step 7's log: the metrics row of iteration ``it``, and a few completions of its batch

@@ -63,14 +63,24 @@ def metric_rows(out) -> list[dict]:
     return [{k: v for k, v in r.items() if not is_timing_key(k)} for r in read_metrics(Path(out) / "metrics.jsonl")]
 
 
+ROUNDING_KEYS = ("mismatch/token_abs_diff_mean", "mismatch/token_abs_diff_max", "policy/first_ratio_abs_dev")
+"""Metrics that measure float rounding itself in an fp32 run (the engine's log-probs against the
+training forward's, ~1e-7), which differs with how the ranks lay out the batch: compared as both
+below 1e-5, not relatively."""
+
+
 def max_relative_diff(rows_a: list[dict], rows_b: list[dict]) -> float:
-    """The largest |a - b| / max(|a|, 1e-6) over every metric of every row (same steps and keys)."""
+    """The largest |a - b| / max(|a|, 1e-6) over every metric of every row (same steps and keys;
+    :data:`ROUNDING_KEYS` only checked to be below 1e-5 in both)."""
     assert [r["step"] for r in rows_a] == [r["step"] for r in rows_b]
     worst = 0.0
     for a, b in zip(rows_a, rows_b):
         assert a.keys() == b.keys(), set(a) ^ set(b)
         for key, x in a.items():
             y = b[key]
+            if key in ROUNDING_KEYS:
+                assert abs(x) < 1e-5 and abs(y) < 1e-5, (key, x, y)
+                continue
             if x is None or y is None or (isinstance(x, float) and math.isnan(x)):
                 assert x == y or (x is None) == (y is None), (key, x, y)
                 continue

@@ -118,9 +118,11 @@ def _ppo_figure(rows: list[dict], ev: Mapping) -> str:
         ("rollout/response_length", "Response length (tokens)", None, None),
         ("policy/entropy", "Policy entropy (nats / token)", None, None),
         ("value/explained_variance", "Critic explained variance", None, None),
+        ("value/error", "Critic error (V - R)^2 before its update", None, None),
+        ("mismatch/token_abs_diff_max", "Engine vs trainer log-probs: max |diff|", None, None),
     ]
-    fig = Figure(figsize=(10.5, 5.6))
-    axes = fig.subplots(2, 3)
+    fig = Figure(figsize=(14, 5.6))
+    axes = fig.subplots(2, 4)
     xkey = "iteration" if any("iteration" in r for r in rows) else "step"
     for ax, (key, title, base_key, band_key) in zip(axes.flat, panels):
         xs, ys = _series(rows, key, xkey)

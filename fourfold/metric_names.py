@@ -1,0 +1,144 @@
+"""The metric names: every name a loop logs, documented once (``METRICS``), the names made from the
+config by their pattern (``METRIC_PATTERNS``) and the groups' titles (``METRIC_GROUPS``).
+:mod:`fourfold.reporting` re-exports them and renders the table (the README embeds it); a test checks
+that every name a loop logs is here."""
+from __future__ import annotations
+
+# ---- the metric table ----------------------------------------------------------------------------
+
+METRICS: dict[str, str] = {
+    # counters
+    "iteration": "PPO/REINFORCE iteration (one rollout batch + its updates), 1-based.",
+    "samples": "Responses (LM: prompts x ppo.samples_per_prompt) or environment steps (gym) consumed so far.",
+    # reward
+    "reward/score_mean": "Mean reward-model score of the sampled responses (before KL penalty).",
+    "reward/score_std": "Standard deviation of the reward-model scores in the batch.",
+    "reward/score_min": "Smallest reward-model score in the batch.",
+    "reward/score_max": "Largest reward-model score in the batch.",
+    "reward/gold_mean": "Mean task-provided gold reward of the responses (only for tasks that have one).",
+    "reward/token_reward_sum_mean": "Mean over sequences of the summed per-token rewards (KL-penalised unless ppo.kl_in is loss).",
+    "reward/no_eos_penalised": "Share of responses given the missing-EOS penalty instead of their score.",
+    "reward/frac_zero_std": ("Share of prompt groups (ppo.samples_per_prompt > 1) whose scores are all equal: a group "
+                             "estimator gives them advantage 0 (TRL's frac_reward_zero_std)."),
+    "reward/filtered_groups": "Groups dropped by DAPO's dynamic sampling this iteration (ppo.filter_groups).",
+    "reward/filter_batches": "Rollouts drawn this iteration under ppo.filter_groups (1: no refill).",
+    "reward/overlong_penalty_mean": "Mean DAPO overlong punishment added to the scores (ppo.overlong_buffer; <= 0).",
+    # kl
+    "kl/k1": "Mean over sequences of the summed k1 estimate (logp_policy - logp_ref) of KL to the reference; "
+             "unbiased, so a batch's mean can be negative (by chance, most near the start); kl/k3 never is.",
+    "kl/k3": "Mean over sequences of the summed k3 estimate ((r - 1) - log r) of KL to the reference.",
+    "kl/coef": "KL penalty coefficient used for this iteration (adaptive controller value or fixed).",
+    # policy
+    "policy/loss": "Clipped surrogate (PPO) or REINFORCE policy loss, mean over minibatches.",
+    "policy/clipfrac": "Share of valid tokens whose probability ratio was clipped.",
+    "policy/approx_kl": "Mean k3 estimate of KL(old policy || new policy) over the updates.",
+    "policy/entropy": "Mean per-token entropy of the policy's (temperature-scaled) distribution.",
+    "policy/ratio_mean": "Mean probability ratio new/old over valid tokens.",
+    "policy/first_ratio_abs_dev": "Mean |r - 1| on the first minibatch before any step (0 under old_logprobs recompute).",
+    "policy/lr": "Policy learning rate at the end of the iteration.",
+    "policy/grad_norm": "Policy gradient norm before clipping, mean over updates.",
+    "policy/kl_loss": ("Mean k3 estimate of KL(policy || reference) per valid token in the updates (ppo.kl_in: loss only; "
+                       "kl_coef times it is part of policy/loss)."),
+    # value
+    "value/loss": "Clipped value (critic) loss, mean over minibatches.",
+    "value/clipfrac": "Share of valid tokens whose value prediction was clipped.",
+    "value/explained_variance": "1 - Var(returns - values) / Var(returns) over valid tokens.",
+    "value/mean": "Mean critic value over valid tokens of the rollout.",
+    "value/lr": "Critic learning rate at the end of the iteration.",
+    "value/grad_norm": "Critic gradient norm before clipping, mean over updates.",
+    "value/error": "Mean squared error (V - R)^2 of the rollout's values against its returns, over valid tokens.",
+    "value/returns_mean": "Mean of the returns (the critic's targets) over valid tokens.",
+    "value/returns_std": "Standard deviation of the returns over valid tokens (the spread explained variance divides).",
+    # mismatch: d_t = log pi_train - log pi_engine of the sampled tokens (docs/correction.md)
+    "mismatch/token_abs_diff_mean": "Mean |d_t| over valid tokens: the engine's log-probs against the training forward's.",
+    "mismatch/token_abs_diff_max": "Largest |d_t| over valid tokens.",
+    **{f"mismatch/seq_ratio_{s}": f"{w} over responses of the sequence probability ratio exp(sum_t d_t)."
+       for s, w in (("mean", "Mean"), ("min", "Smallest"), ("max", "Largest"))},
+    **{f"mismatch/geo_ratio_{s}": f"{w} over responses of the per-token (geometric-mean) ratio exp(mean_t d_t)."
+       for s, w in (("mean", "Mean"), ("min", "Smallest"), ("max", "Largest"))},
+    "mismatch/is_weight_mean": "Mean rollout-correction weight over valid tokens (ppo.rollout_correction).",
+    "mismatch/is_masked_share": "Share of valid tokens given weight 0 by a masking correction (token_mis, seq_mis, geo_mis).",
+    "mismatch/is_truncated_share": "Share of valid tokens whose weight the cap truncated (token_tis, seq_tis).",
+    # rollout
+    "rollout/response_length": "Mean response length in tokens (up to and including EOS).",
+    "rollout/no_eos_share": "Share of responses that hit the length limit without an EOS token.",
+    "rollout/tokens": "Response tokens generated in this iteration.",
+    "rollout/masked_truncated_share": "Share of responses without EOS left out of the losses (ppo.mask_truncated).",
+    # time
+    "time/generate_s": "Seconds spent generating responses this iteration.",
+    "time/score_s": "Seconds spent in reward, reference and critic forward passes this iteration.",
+    "time/train_s": "Seconds spent in optimisation (forward, backward, step) this iteration.",
+    "time/iteration_s": "Wall-clock seconds of the whole iteration.",
+    "time/checkpoint_s": "Seconds spent writing the last checkpoint.",
+    "time/step_s": "Mean seconds per optimizer step since the previous row (SFT, reward model, DPO).",
+    "time/gen_tokens_per_s": "Generated response tokens per second of generation time.",
+    "time/train_tokens_per_s": "Trained tokens (all epochs) per second of training time.",
+    "time/env_steps_per_s": "Environment steps per second of wall-clock time (gym).",
+    # training health
+    "train/nonfinite_skips": "Updates skipped so far because the loss or gradients were not finite.",
+    # sft
+    "sft/loss": "Supervised fine-tuning cross-entropy over response tokens.",
+    "sft/token_accuracy": "Share of response tokens whose argmax prediction is the target token.",
+    "sft/eval_loss": "SFT cross-entropy on the held-out split.",
+    "sft/lr": "SFT learning rate.",
+    "sft/grad_norm": "SFT gradient norm before clipping.",
+    # reward model
+    "rm/loss": "Bradley-Terry loss -log sigmoid(r_chosen - r_rejected) on the training batch.",
+    "rm/accuracy": "Share of training pairs with r_chosen > r_rejected.",
+    "rm/margin": "Mean r_chosen - r_rejected on the training batch.",
+    "rm/eval_accuracy": "Share of held-out pairs with r_chosen > r_rejected.",
+    "rm/eval_loss": "Bradley-Terry loss on the held-out pairs.",
+    "rm/lr": "Reward-model learning rate.",
+    "rm/grad_norm": "Reward-model gradient norm before clipping.",
+    "rm/score_mean": "Mean reward-model score of the training responses (chosen and rejected).",
+    "rm/score_std": "Standard deviation of those scores.",
+    # dpo (h = (log pi - log pi_ref)(chosen) - (log pi - log pi_ref)(rejected); implicit reward r = beta (log pi - log pi_ref))
+    "dpo/loss": "DPO loss (dpo.loss: sigmoid or ipo) on the training pairs, mean over steps.",
+    "dpo/reward_margin": "Mean implicit reward margin r_chosen - r_rejected = beta * h over the training pairs.",
+    "dpo/accuracy": "Share of training pairs with r_chosen > r_rejected (strictly).",
+    "dpo/chosen_logps": "Mean policy log-prob of the chosen responses (summed over their tokens).",
+    "dpo/rejected_logps": "Mean policy log-prob of the rejected responses (summed over their tokens).",
+    "dpo/chosen_reward": "Mean implicit reward beta * (log pi - log pi_ref) of the chosen responses.",
+    "dpo/rejected_reward": "Mean implicit reward beta * (log pi - log pi_ref) of the rejected responses.",
+    "dpo/eval_loss": "DPO loss on the held-out pairs.",
+    "dpo/eval_accuracy": "Share of held-out pairs with r_chosen > r_rejected (strictly).",
+    "dpo/lr": "DPO learning rate of the last optimizer step of the row.",
+    "dpo/grad_norm": "DPO gradient norm before clipping, mean over the row's updates.",
+    "dpo/eval_reward_margin": "Mean implicit reward margin r_chosen - r_rejected on the held-out pairs.",
+    # gym
+    "gym/episodic_return": "Mean undiscounted return of the episodes that finished in this rollout.",
+    "gym/episodic_length": "Mean length of the episodes that finished in this rollout.",
+    "gym/eval_return": "Mean return of deterministic evaluation episodes.",
+    "gym/eval_return_std": "Standard deviation of the returns of those evaluation episodes.",
+    "time/rollout_s": "Seconds spent stepping the environments and the policy (gym).",
+    "policy/epochs": "PPO epochs actually run this iteration (fewer when target_kl stops early).",
+    "policy/advantage_mean": "Mean advantage (or return minus baseline) of the batch before whitening.",
+    # multi-turn environments (env.factory; docs/environments.md)
+    "env/turns_mean": "Mean policy turns per trajectory.",
+    "env/truncated_frac": "Share of trajectories cut by env.max_turns or env.max_tokens (not ended by the environment).",
+    "env/done_frac": "Share of trajectories the environment ended (done).",
+    "env/observation_tokens_mean": "Mean observation tokens per trajectory after the first observation (never trained on).",
+    "env/policy_tokens_mean": "Mean policy (sampled, trained) tokens per trajectory.",
+    "env/turn_reward_mean": "Mean reward per stepped turn.",
+    "env/return_mean": "Mean summed turn rewards per trajectory.",
+}
+
+METRIC_PATTERNS: dict[str, str] = {"reward/<name>_mean": "Mean of one part of a weighted reward (model.reward_fns, "
+                                    "...): rm (the reward model), remote (the server) or the function's name."}
+
+METRIC_GROUPS: dict[str, str] = {
+    "": "Counters",
+    "reward": "Rewards of the sampled responses",
+    "kl": "KL to the reference model",
+    "policy": "Policy updates",
+    "value": "Critic updates",
+    "mismatch": "Rollout engine against the training forward (docs/correction.md)",
+    "rollout": "Rollouts",
+    "time": "Timing (seconds `_s`, rates `_per_s`)",
+    "train": "Training health",
+    "sft": "Supervised fine-tuning",
+    "rm": "Reward-model training",
+    "dpo": "Direct preference optimisation",
+    "gym": "Classic-control PPO",
+    "env": "Multi-turn environments",
+}
