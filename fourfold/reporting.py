@@ -1,7 +1,8 @@
 """Metric names, metric sinks (JSONL, TensorBoard, a rich progress bar) and HTML report helpers.
 
 Metric names are stable strings documented once, in ``METRICS`` below (the README embeds
-``metrics_markdown_table()``). Names are ``group/name``; the groups are ``reward/``, ``kl/``,
+``metrics_markdown_table()``); a name made from the config (a reward part's ``reward/<name>_mean``)
+is documented by its pattern in ``METRIC_PATTERNS`` (``documented(name)``). Names are ``group/name``; the groups are ``reward/``, ``kl/``,
 ``policy/``, ``value/``, ``rollout/``, ``time/`` for PPO/REINFORCE, ``train/`` for training
 health, ``sft/``, ``rm/``, ``dpo/`` and ``gym/`` for the other stages, plus the bare counters
 ``iteration`` and ``samples``. Timing keys live under ``time/`` and end in ``_s`` (seconds) or
@@ -13,7 +14,8 @@ the metric keys sorted. Values are JSON numbers (ints stay ints); NaN and +/-inf
 flushed and fsynced when written, so after a kill at most the last line is partial; readers drop
 it. ``events.jsonl`` holds one object per event: ``{"kind", "step", "wall_time", ...fields}``.
 ``samples.jsonl`` (PPO and REINFORCE, every ``run.samples_every`` iterations) holds one object per
-sample completion: ``{"step", "prompt", "response", "score", ...}``. The console lines, the summary
+sample completion: ``{"step", "prompt", "response", "score", ...}`` (a weighted reward's
+``parts``: name -> that part's score). The console lines, the summary
 line and the optional W&B sink are in :mod:`fourfold.sinks`.
 
 Plotting uses matplotlib's object API (``matplotlib.figure.Figure``), imported lazily inside the
@@ -40,7 +42,9 @@ from fourfold.sinks import fmt_number, plain_line, samples_markdown
 
 __all__ = [
     "METRICS",
+    "METRIC_PATTERNS",
     "MetricsLogger",
+    "documented",
     "fig_to_data_uri",
     "html_image",
     "html_page",
@@ -150,6 +154,20 @@ METRICS: dict[str, str] = {
     "env/return_mean": "Mean summed turn rewards per trajectory.",
 }
 
+METRIC_PATTERNS: dict[str, str] = {
+    "reward/<name>_mean": "Mean of one part of a weighted reward (model.reward_fns, reward_weight, reward_url): rm "
+                          "(the reward model), remote (the server) or the function's name; score_mean is their sum's.",
+}
+"""The names made from a part of the run's config, ``<name>`` standing for it (:func:`documented`)."""
+
+
+def documented(name: str) -> bool:
+    """Whether a logged metric name is in :data:`METRICS` or matches one of :data:`METRIC_PATTERNS`."""
+    parts = [p.partition("<name>") for p in METRIC_PATTERNS]
+    return name in METRICS or any(name.startswith(h) and name.endswith(t) and "/" not in name[len(h):-len(t)]
+                                  and len(name) > len(h) + len(t) for h, _, t in parts)
+
+
 METRIC_GROUPS: dict[str, str] = {
     "": "Counters",
     "reward": "Rewards of the sampled responses",
@@ -182,6 +200,8 @@ def metrics_markdown_table() -> str:
             group = g
             lines.append(f"| **{METRIC_GROUPS.get(g, g)}** | |")
         lines.append(f"| `{name}` | {meaning.replace('|', '&#124;')} |")
+        if name == "reward/no_eos_penalised":  # the reward group's names made from the config follow it
+            lines += [f"| `{k}` | {v.replace('|', '&#124;')} |" for k, v in METRIC_PATTERNS.items()]
     return "\n".join(lines) + "\n"
 
 

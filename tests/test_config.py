@@ -57,7 +57,7 @@ def test_impossible_values_are_one_line_errors(override, fragment):
 def test_missing_paths_are_named_before_any_model_loads():
     assert "model.policy: missing" in err(["model.reward=rm", "data.prompts=p"])
     assert "data.prompts: missing" in err(["model.policy=a", "model.reward=rm"])
-    assert "set exactly one of model.reward" in err(["model.policy=a", "data.prompts=p"])
+    assert "model.reward: no reward: set model.reward (a reward-model directory)" in err(["model.policy=a", "data.prompts=p"])
 
 
 def test_yaml_file_errors_name_the_file(tmp_path):

@@ -51,6 +51,8 @@ def _bad_values(tp) -> list[str]:
     """Override values that are wrong for a setting of type ``tp`` (as typed on a command line)."""
     args = [a for a in typing.get_args(tp) if a is not type(None)]
     base = args[0] if typing.get_origin(tp) is typing.Union and len(args) == 1 else tp
+    if typing.get_origin(tp) is typing.Union and str in args:  # a string or a function (model.reward_fn)
+        base = str
     origin = typing.get_origin(base)
     if base is float:
         return ["nan", "inf", "-inf", "abc"]
@@ -68,6 +70,8 @@ def _bad_values(tp) -> list[str]:
         inner = typing.get_args(base)[0]
         if typing.get_origin(inner) is typing.Literal:
             return ["[not-a-choice]", "7"]
+        if dataclasses.is_dataclass(inner):  # a list of sections (model.reward_fns)
+            return ["[5]", "[{nokey: 1}]", "7"]
         return {int: ["[-1]", "[abc]"], float: ["[nan]", "[inf]"], str: ["[not-a-name]"]}[inner] + ["7"]
     raise AssertionError(f"no bad values for {tp}")
 

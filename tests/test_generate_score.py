@@ -213,7 +213,7 @@ def test_score_with_a_reward_function_and_chat_rows(tiny_lm, tmp_path, capsys):
         {"prompt": "w1", "response": "w7 w7 w2"},
         {"messages": [{"role": "user", "content": "w3"}, {"role": "assistant", "content": "w7"}]},
     ]
-    rc = main(["score", f"data.rows={_write(tmp_path / 'rows.jsonl', rows)}",
+    rc = main(["score", f"data.rows={_write(tmp_path / 'rows.jsonl', rows)}", f"model.tokenizer={tiny_lm / 'sft'}",
                f"model.reward_fn={tiny_lm / 'reward_fn.py'}:reward", "--output-dir", str(tmp_path / "s")])
     summary = capsys.readouterr().out
     assert rc == 0 and summary == f"fourfold score: 2 rows scored (mean 0.375) -> {tmp_path / 's' / 'scores.jsonl'}\n"

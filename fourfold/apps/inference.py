@@ -18,7 +18,10 @@ of training.
   prompt left-padded and response right-padded (:mod:`fourfold.data.responses`), the score read at
   the last valid token by :class:`~fourfold.models.roles.ModelReward`, with the normalisation shift
   (``fourfold_score_shift`` in ``config.json``) added as in training. A reward function gets the
-  prompt texts and responses, as in PPO.
+  prompt texts and responses and the rows' other columns, as in PPO; chat rows are rendered with
+  ``model.tokenizer``'s chat template (the reward model's tokenizer by default), as PPO renders them
+  with the policy's: a reward function without a tokenizer refuses chat rows. Several weighted
+  parts (``model.reward_fns``, ``model.reward_weight``) write each part beside the score (``parts``).
 
 The model is built as the trainers build theirs (:func:`fourfold.models.build.build_roles` over
 :func:`fourfold.models.plan.plan_inference`) and checked by the same
@@ -38,6 +41,7 @@ import torch
 from fourfold.atomic import write_text_atomic
 from fourfold.config import GenerateConfig, RunConfig, ScoreConfig, save_config
 from fourfold.data import (
+    RESPONSE_FIELDS,
     LoadResult,
     chat_template_renderer,
     collate_responses,
@@ -47,13 +51,13 @@ from fourfold.data import (
     load_prompts,
     load_responses,
     location,
+    other_columns,
 )
 from fourfold.errors import ConfigError, DataError
-from fourfold.models import load_reward_fn
 from fourfold.models.build import build_roles
 from fourfold.models.loading import load_tokenizer
-from fourfold.models.plan import plan_inference
-from fourfold.models.roles import FunctionReward, ModelReward
+from fourfold.models.plan import plan_inference, reward_parts
+from fourfold.models.reward_parts import load_functions, reward_role
 from fourfold.rollout.engine import make_engine
 from fourfold.rollout.sampling import decode_responses
 from fourfold.run.common import skipped_lines
@@ -190,49 +194,78 @@ def _max_len(cfg: ScoreConfig, model) -> int:
 
 
 @torch.no_grad()
-def _model_scores(cfg: ScoreConfig, loaded: LoadResult, tok, reward: ModelReward, device: torch.device):
-    """(records scored, scores) with the reward model, in batches of ``data.batch_size``."""
-    max_len = _max_len(cfg, reward.model.hf)
-    examples = encode_responses(loaded.records, tok, max_len, on_error=cfg.data.on_error, skipped=loaded.skipped,
-                                notes=loaded.notes)
-    records, scores = [], []
-    for start in range(0, len(examples), cfg.data.batch_size):
-        batch = examples[start : start + cfg.data.batch_size]
-        ids, mask = collate_responses(batch, tok.pad_token_id)  # (B, P+T) as PPO lays out a rollout
-        scores += reward(ids.to(device), mask.to(device)).float().cpu().tolist()
-        records += [loaded[e.index] for e in batch]
-    return records, scores
+def _scores(cfg: ScoreConfig, loaded: LoadResult, tok, reward, model, device: torch.device, columns: tuple):
+    """(records scored, scores, parts) in batches of ``data.batch_size``: with a reward model
+    (``model``) each batch laid out as PPO lays out a rollout, the reward role (a model, functions,
+    their weighted sum) given the rows' texts and ``columns`` as PPO gives them; ``parts``: a
+    weighted reward's, name -> scores (empty for one source)."""
+    if model is not None:
+        examples = encode_responses(loaded.records, tok, _max_len(cfg, model.hf), on_error=cfg.data.on_error,
+                                    skipped=loaded.skipped, notes=loaded.notes)
+        indices = [e.index for e in examples]
+    else:
+        examples, indices = None, list(range(len(loaded.records)))
+    records, scores, parts = [], [], {}
+    for start in range(0, len(indices), cfg.data.batch_size):
+        batch = [loaded[i] for i in indices[start : start + cfg.data.batch_size]]
+        if examples is not None:
+            ids, mask = collate_responses(examples[start : start + cfg.data.batch_size], tok.pad_token_id)
+        else:  # a function reads only the placeholder's device
+            ids, mask = torch.zeros((len(batch), 0), dtype=torch.long), None
+        mask = mask.to(device) if mask is not None else None
+        cols = {c: [r.row.get(c) for r in batch] for c in columns}
+        kw = {"columns": cols} if cols and getattr(reward, "needs_text", False) else {}
+        scores += reward(ids.to(device), mask, [r.prompt for r in batch], [r.response for r in batch], **kw
+                         ).float().cpu().tolist()
+        for name, part in getattr(reward, "last_parts", {}).items():
+            parts.setdefault(name, []).extend(part.float().cpu().tolist())
+        records += batch
+    return records, scores, parts
 
 
-def _function_scores(cfg: ScoreConfig, loaded: LoadResult):
-    """(records, scores) from the reward function, called on batches of prompt and response texts."""
-    reward = FunctionReward(load_reward_fn(cfg.model.reward_fn))
-    records, scores = list(loaded.records), []
-    for start in range(0, len(records), cfg.data.batch_size):
-        batch = records[start : start + cfg.data.batch_size]
-        placeholder = torch.zeros((len(batch), 0), dtype=torch.long)  # the role reads only its device
-        scores += reward(placeholder, None, [r.prompt for r in batch], [r.response for r in batch]).tolist()
-    return records, scores
+def _chat_refuser(seen: list):
+    """A stand-in chat template for a reward function without a tokenizer: it notes that a chat row
+    came (the caller refuses the file) and renders nothing."""
+    def render(messages):
+        seen.append(True)
+        return "chat"
+
+    return render
 
 
 def score(cfg: ScoreConfig) -> dict:
     """Write ``scores.jsonl`` (see the module docstring); returns ``{"output", "scored", "skipped",
     "mean"}``."""
-    out, device = _prepare(cfg, cfg.run)
     m, data = cfg.model, cfg.data
+    # the reward functions against the rows' columns, before any model loads or anything is written
+    columns = other_columns(data.rows, RESPONSE_FIELDS)
+    parts = reward_parts(m)
+    functions, notes = load_functions(parts, columns, str(data.rows))
+    out, device = _prepare(cfg, cfg.run)
+    model = model_role = None
     if m.reward is not None:
-        tok, reward = load_reward_scorer(cfg, device)
+        tok, model_role = load_reward_scorer(cfg, device)
+        model = model_role.model
     else:
         tok = load_tokenizer(m.tokenizer, trust_remote_code=m.trust_remote_code) if m.tokenizer else None
-    loaded = load_responses(data.rows, on_error=data.on_error, chat_template=chat_template_renderer(tok))
-    if m.reward is not None:
-        records, scores = _model_scores(cfg, loaded, tok, reward, device)
-    else:
-        records, scores = _function_scores(cfg, loaded)
+    reward = reward_role(parts, model_role=model_role, functions=functions)
+    chat = []
+    render = chat_template_renderer(tok) if tok is not None else _chat_refuser(chat)
+    loaded = load_responses(data.rows, on_error=data.on_error, chat_template=render)
+    if chat:
+        raise ConfigError(f"model.tokenizer: {data.rows} has chat rows ('messages'), which PPO renders with the "
+                          "policy tokenizer's chat template: set model.tokenizer (the policy's directory) to score "
+                          "them as it does")
+    loaded.notes.extend(notes)
+    records, scores, parts_scored = _scores(cfg, loaded, tok, reward, model, device, columns)
     if not records:
         raise DataError(f"{loaded.source}: no usable rows ({loaded.num_skipped} skipped; first: {loaded.skipped[0]})")
     path = out / "scores.jsonl"
-    _write_jsonl(path, [{**r.row, "score": s} for r, s in zip(records, scores)])
+    rows = [{**r.row, "score": s} for r, s in zip(records, scores)]
+    for name, values in parts_scored.items():
+        for row, value in zip(rows, values):
+            row.setdefault("parts", {})[name] = value
+    _write_jsonl(path, rows)
     _warn_skipped("score", loaded)
     mean = sum(scores) / len(scores)
     print(f"fourfold score: {len(scores)} rows scored (mean {mean:.4g}) -> {path}")

@@ -22,7 +22,8 @@ schema module per stage holds its sections (``run``: the shared RunConfig; ``dis
 of the models under torchrun, on sft, reward, dpo, ppo and reinforce; ``lora``: the
 ``model.lora`` section of the language-model stages; ``sft``: the SFT stage
 and the initial-model and training-loop sections the reward stage and DPO reuse; ``reward``;
-``dpo`` (with reward's preference data); ``ppo``: the language-model sections shared with
+``dpo`` (with reward's preference data); ``rewards``: the reward sources of the RL stages and
+``score`` (``model.reward_fns``, the parts' names); ``ppo``: the language-model sections shared with
 ``reinforce`` and ``demo``; ``reinforce``; ``gym``; ``demo``; ``inference``: ``generate`` and
 ``score``). Every name is importable from ``fourfold.config`` itself. The experiments' own
 settings live with them, in ``fourfold.apps.experiments.config``.
@@ -72,6 +73,7 @@ from fourfold.config.lora import LoraConfig
 from fourfold.config.ppo import GenerationConfig, LMModelConfig, PPOAlgoConfig, PPOConfig, PromptDataConfig
 from fourfold.config.reinforce import ReinforceAlgoConfig, ReinforceConfig
 from fourfold.config.reward import PreferenceDataConfig, RewardConfig, RewardLossConfig
+from fourfold.config.rewards import RewardFnConfig
 from fourfold.config.run import RunConfig
 from fourfold.config.sft import InitModelConfig, SFTConfig, SFTDataConfig, TrainLoopConfig
 from fourfold.errors import ConfigError
@@ -113,6 +115,7 @@ __all__ = [
     "GenerationConfig",
     "PPOAlgoConfig",
     "PPOConfig",
+    "RewardFnConfig",
     # reinforce
     "ReinforceAlgoConfig",
     "ReinforceConfig",

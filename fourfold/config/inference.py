@@ -10,10 +10,11 @@ command.
 from __future__ import annotations
 
 import dataclasses
-from typing import Literal, Optional
+from typing import Callable, Literal, Optional, Union
 
 from fourfold.config.loader import require
 from fourfold.config.ppo import GenerationConfig, require_one_reward
+from fourfold.config.rewards import RewardFnConfig
 from fourfold.config.run import RunConfig
 
 
@@ -90,12 +91,19 @@ class ScoreModelConfig:
 
     reward: Optional[str] = None
     """Reward-model directory (written by `fourfold reward`, or any 1-label sequence classifier)."""
-    reward_fn: Optional[str] = None
-    """Instead of a reward model: 'module:function' or 'path/to/file.py:function' with signature
-    fn(prompts: list[str], responses: list[str]) -> list[float]."""
+    reward_weight: float = 1.0
+    """The reward model's weight in the score when other parts are set (as PPO's)."""
+    reward_fn: Union[str, Callable, None] = None
+    """A reward function, alone or beside the reward model: 'module:function' or
+    'path/to/file.py:function' (in Python also the function itself), called as fn(prompts, responses,
+    **columns) -> list[float], the rows' other columns given as PPO gives the prompts file's."""
+    reward_fns: list[RewardFnConfig] = dataclasses.field(default_factory=list)
+    """Several weighted reward functions, as PPO's model.reward_fns: [{fn, weight, name, options}];
+    each part is written beside the score (`parts`)."""
     tokenizer: Optional[str] = None
-    """Tokenizer directory; null = the reward model's (with a reward_fn: renders chat `messages`
-    with its chat template when given, else the plain 'role: content' form)."""
+    """Tokenizer directory; null = the reward model's. A reward function scores chat `messages`
+    rows rendered with this tokenizer's chat template, as PPO renders them with the policy's: set it
+    (the policy's directory) to score chat rows without a reward model."""
     trust_remote_code: bool = False
     """Allow model code from the model's repository. Off unless you trust the source."""
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"

@@ -6,6 +6,7 @@ Imports only the standard library (and PyYAML, lazily).
 
 from __future__ import annotations
 
+import collections.abc
 import dataclasses
 import difflib
 import math
@@ -63,9 +64,16 @@ def _type_name(tp: Any) -> str:
         return f"list of {_type_name(args[0])}" if args else "list"
     if origin is dict:
         return "mapping"
+    if _is_callable_type(tp):
+        return "a function (in Python)"
     if tp is type(None):
         return "null"
     return getattr(tp, "__name__", str(tp))
+
+
+def _is_callable_type(tp: Any) -> bool:
+    """``typing.Callable`` (bare or subscripted): a field that takes a function built in Python."""
+    return tp is collections.abc.Callable or typing.get_origin(tp) is collections.abc.Callable
 
 
 def _coerce(value: Any, tp: Any, key: str, where: str) -> Any:
@@ -91,6 +99,10 @@ def _coerce(value: Any, tp: Any, key: str, where: str) -> Any:
                 return _coerce(value, arg, key, where)
             except ConfigError:
                 continue
+        raise bad
+    if _is_callable_type(tp):
+        if callable(value) and not isinstance(value, type):
+            return value
         raise bad
     if origin is Literal:
         if value in typing.get_args(tp):
@@ -282,8 +294,25 @@ def apply_overrides(tree: dict, overrides: Sequence[str]) -> dict:
 
 
 def config_to_dict(cfg: Any) -> dict:
-    """The config as plain nested dicts (for YAML and for cache keys)."""
-    return dataclasses.asdict(cfg)
+    """The config as plain nested dicts (for YAML and for cache keys). A function set in Python (a
+    ``model.reward_fn`` callable) is written as ``python:<module>.<qualname>``: the file says what
+    ran, and no YAML can stand for the function itself."""
+    return _named_callables(dataclasses.asdict(cfg))
+
+
+def callable_label(fn: Any) -> str:
+    """``python:<module>.<qualname>`` of a function (a functools.partial's function's)."""
+    inner = getattr(fn, "func", fn)
+    name = getattr(inner, "__qualname__", None) or type(inner).__name__
+    return f"python:{getattr(inner, '__module__', None) or '?'}.{name}"
+
+
+def _named_callables(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _named_callables(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_named_callables(v) for v in value)
+    return callable_label(value) if callable(value) else value
 
 
 def _merge(base: dict, extra: dict) -> dict:

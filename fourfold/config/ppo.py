@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-from typing import Literal, Optional
+from typing import Callable, Literal, Optional, Union
 
 from fourfold.config.dist import LMDistConfig, check_dist
 from fourfold.config.loader import require, validate_precision
 from fourfold.config.lora import LoraConfig
 from fourfold.config.model_limits import require_fits
+from fourfold.config.rewards import RewardFnConfig, require_rewards
 from fourfold.config.run import RunConfig
 
 # The advantage estimators of fourfold.core's registry (ADVANTAGE_ESTIMATORS), by name: config
@@ -34,9 +35,30 @@ class LMModelConfig:
     """Frozen reference for the KL penalty; null = a frozen copy of `policy`."""
     reward: Optional[str] = None
     """Reward-model directory (written by `fourfold reward`, or a 1-label sequence classifier)."""
-    reward_fn: Optional[str] = None
-    """Instead of a reward model: 'module:function' or 'path/to/file.py:function' with signature
-    fn(prompts: list[str], responses: list[str]) -> list[float]."""
+    reward_weight: float = 1.0
+    """The reward model's weight in the score when other parts are set (its part is logged as
+    reward/rm_mean)."""
+    reward_fn: Union[str, Callable, None] = None
+    """A reward function, alone or beside the reward model: 'module:function' or
+    'path/to/file.py:function' (in Python also the function itself), called as fn(prompts: list[str],
+    responses: list[str], **columns) -> list[float]; keyword parameters named after the prompts file's
+    other columns get them (docs/rewards.md). Weight 1; for weights or several use reward_fns."""
+    reward_fns: list[RewardFnConfig] = dataclasses.field(default_factory=list)
+    """Several weighted reward functions: [{fn: 'file.py:name', weight: 1.0, name: null, options: {}}]
+    (fourfold.config.RewardFnConfig); the score is the weighted sum of every part (reward model,
+    functions, server), each logged as reward/<name>_mean. Not with reward_fn."""
+    reward_url: Optional[str] = None
+    """A reward server's base URL, http://host:port (fourfold serve-reward): it gets the prompts,
+    the responses and the prompts file's columns and answers the scores; its part is 'remote'."""
+    reward_url_weight: float = 1.0
+    """The server's weight in the score when other parts are set."""
+    reward_timeout_s: float = 60.0
+    """Seconds one request to reward_url may take before it is tried again."""
+    reward_retries: int = 3
+    """Tries after the first when a request to reward_url fails (no connection, a timeout, a 5xx
+    answer); then the run stops with one line naming the URL and its last checkpoint."""
+    reward_backoff_s: float = 1.0
+    """The wait before the first retry, doubled before each next one."""
     critic: Optional[str] = None
     """Critic directory; null = initialise from `critic_init`."""
     critic_init: Literal["reward", "policy"] = "reward"
@@ -384,17 +406,13 @@ class PPOConfig(RolloutStageConfig):
         super().validate(prefix)
         if self.model.reward is None and self.ppo.loads_critic and self.model.critic is None:
             require(self.model.critic_init == "policy", "model.critic_init",
-                    "'reward' needs model.reward; use critic_init=policy with a reward_fn")
+                    "'reward' needs model.reward; use critic_init=policy with a reward function or a reward server")
 
 
 def require_one_reward(model, prefix: str = "model") -> None:
-    """Exactly one of ``reward`` (a reward-model directory) and ``reward_fn`` scores the responses
-    (the model section of PPO, REINFORCE and `fourfold score`)."""
-    require(model.reward is None or model.reward_fn is None, f"{prefix}.reward",
-            f"{prefix}.reward (a reward-model directory) and {prefix}.reward_fn are both set; keep one "
-            f"({prefix}.reward=null to score with the reward_fn)")
-    require(model.reward is not None or model.reward_fn is not None, f"{prefix}.reward",
-            f"set exactly one of {prefix}.reward (a reward-model directory) and {prefix}.reward_fn")
+    """At least one reward source scores the responses (the model section of PPO, REINFORCE and
+    `fourfold score`): :func:`fourfold.config.rewards.require_rewards`."""
+    require_rewards(model, prefix)
 
 
 def require_rollout_fits(model: LMModelConfig, data: PromptDataConfig, gen: GenerationConfig) -> None:

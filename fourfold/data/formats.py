@@ -25,6 +25,9 @@ __all__ = [
     "ResponseRecord",
     "LoadResult",
     "load_prompts",
+    "prompt_columns",
+    "other_columns",
+    "column_names",
     "load_sft",
     "load_preferences",
     "load_responses",
@@ -49,6 +52,9 @@ class PromptRecord:
     line: int
     source: str = ""
     """The file the record came from (for error messages at tokenisation)."""
+    columns: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)
+    """The row's other fields (every key but ``prompt`` / ``messages``): what a reward function
+    that names them receives (:func:`prompt_columns`)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -470,8 +476,38 @@ def load_prompts(
 ) -> LoadResult[PromptRecord]:
     """Prompts for generation: ``{"prompt": str}`` or ``{"messages": [...]}`` per row."""
     return _load(
-        path, on_error, lambda rec, line, src: PromptRecord(_prompt_row(rec, chat_template), line, src)
+        path, on_error, lambda rec, line, src: PromptRecord(_prompt_row(rec, chat_template), line, src,
+                                                            columns=_other_fields(rec, PROMPT_FIELDS))
     )
+
+
+def _other_fields(rec: dict, fields: Sequence[str]) -> dict:
+    return {k: v for k, v in rec.items() if k not in fields}
+
+
+def column_names(rows) -> tuple[str, ...]:
+    """The columns of records (dicts of a row's other fields), in the order they first appear: a
+    column some rows lack is still one (those rows give None)."""
+    names: dict[str, None] = {}
+    for columns in rows:
+        names.update(dict.fromkeys(columns))
+    return tuple(names)
+
+
+def other_columns(path: str | os.PathLike, fields: Sequence[str]) -> tuple[str, ...]:
+    """The columns of a data file besides its format's ``fields`` (:func:`column_names` of its
+    rows that hold a ``prompt`` or ``messages``), read without tokenising anything: what a run
+    checks its reward functions against before any model loads. Unreadable lines and rows without
+    a prompt are passed over here (the loader reports or skips them)."""
+    _, rows = read_source(path, on_error="skip", skipped=[])
+    texts = PROMPT_FIELDS
+    return column_names(_other_fields(rec, fields) for _, rec in rows
+                        if isinstance(rec, dict) and any(k in rec for k in texts))
+
+
+def prompt_columns(path: str | os.PathLike) -> tuple[str, ...]:
+    """The columns of a prompts file besides ``prompt`` / ``messages`` (:func:`other_columns`)."""
+    return other_columns(path, PROMPT_FIELDS)
 
 
 def load_sft(

@@ -32,6 +32,7 @@ from fourfold.models.loading import ensure_pad_embedding, load_causal_lm, load_s
 from fourfold.models.lora import POLICY, REWARD, AdapterLM, AdapterScalarModel, SharedBase, add_critic, load_reward_adapter
 from fourfold.models.plan import ADAPTER, BASE, FULL, FUNCTION, RolePlan, RoleSpec, plan_evaluation, plan_roles
 from fourfold.models.reward_fn import load_reward_fn
+from fourfold.models.reward_parts import reward_role
 from fourfold.models.roles import AdapterDisabledReference, FrozenReference, FunctionReward, ModelReward, ScalarModel
 
 
@@ -62,10 +63,13 @@ def load_roles(stage: str, cfg, device: torch.device) -> Roles:
     return build_roles(plan_roles(stage, cfg), device)
 
 
-def build_roles(plan: RolePlan, device: torch.device) -> Roles:
-    """Every role of ``plan`` on ``device``, checked, with the plan's memory levers applied."""
+def build_roles(plan: RolePlan, device: torch.device, *, reward_functions: Optional[dict] = None) -> Roles:
+    """Every role of ``plan`` on ``device``, checked, with the plan's memory levers applied.
+    ``reward_functions``: the plan's function parts already loaded and matched against the prompts
+    file's columns (:func:`~fourfold.models.reward_parts.load_functions`; else loaded here, seeing
+    no columns)."""
     tok = load_tokenizer(plan.tokenizer, trust_remote_code=plan.trust_remote_code)
-    builder = _Builder(plan, tok, device)
+    builder = _Builder(plan, tok, device, reward_functions)
     roles = Roles(tok)
     for spec in plan.roles:
         builder.build(spec, roles)
@@ -83,8 +87,8 @@ def build_roles(plan: RolePlan, device: torch.device) -> Roles:
 class _Builder:
     """Builds the roles of one plan in order; holds the tokenizer's checker and the shared base."""
 
-    def __init__(self, plan: RolePlan, tok, device: torch.device):
-        self.plan, self.tok, self.device = plan, tok, device
+    def __init__(self, plan: RolePlan, tok, device: torch.device, reward_functions: Optional[dict] = None):
+        self.plan, self.tok, self.device, self.reward_functions = plan, tok, device, reward_functions
         self.check = RoleChecker(tok, plan.tokenizer_key, plan.tokenizer, trust_remote_code=plan.trust_remote_code)
         self.base: Optional[SharedBase] = None
         self.head: Optional[nn.Linear] = None  # the reward stage's head, taken off its base model
@@ -139,9 +143,18 @@ class _Builder:
         return AdapterLM(self.base, POLICY)
 
     def reward(self, spec: RoleSpec, roles: Roles) -> None:
-        if spec.form == FUNCTION:
+        """The reward role: the reward model (when the plan has one), then the plan's parts put
+        together (:func:`~fourfold.models.reward_parts.reward_role`: the one part itself, or their
+        weighted sum)."""
+        if spec.form != FUNCTION:
+            self.reward_model(spec, roles)
+        if self.plan.reward_parts:
+            roles.reward = reward_role(self.plan.reward_parts, model_role=roles.reward,
+                                       functions=self.reward_functions, eos_token_id=self.tok.eos_token_id)
+        elif spec.form == FUNCTION:  # a plan built by hand, without parts: the one function
             roles.reward = FunctionReward(load_reward_fn(spec.source), name=spec.source)
-            return
+
+    def reward_model(self, spec: RoleSpec, roles: Roles) -> None:
         if spec.trained:
             roles.reward_model = self.trained_reward(spec)
             return

@@ -22,15 +22,16 @@ The stages' roles::
     evaluate   saved models used as they are, all frozen (:func:`plan_evaluation`): policy,
                reference, reward, those given
 
-Config objects are read by attribute (this module imports no config), so the plan is the same
-for a config loaded from YAML and one built in Python.
+Config objects are read by attribute (of the config package only the reward parts' naming rule is
+used, imported when called), so the plan is the same for a config loaded from YAML and one built in
+Python.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Optional, Union
+from typing import Any, Optional, Union
 
 import torch
 
@@ -39,7 +40,7 @@ from fourfold.models.levers import role_dtypes
 
 FULL, ADAPTER, BASE, FUNCTION = "full", "adapter", "base", "function"
 """Role forms: a model of its own, an adapter (+ head) on the shared base, the shared base with
-every adapter disabled (the LoRA reference), a reward function."""
+every adapter disabled (the LoRA reference), a reward without a model here (functions, a server)."""
 
 ADAPTER_CONFIG = "adapter_config.json"
 
@@ -123,6 +124,61 @@ class RoleSpec:
         return self.name in ("policy", "reference")
 
 
+MODEL, FUNCTION_PART, REMOTE = "model", "function", "remote"
+"""Kinds of reward part: the reward model (the reward role's model), a function, a reward server."""
+
+
+@dataclass(frozen=True)
+class RewardPart:
+    """One part of the score: ``weight`` x the scores of a reward model, a function or a server."""
+
+    name: str
+    """Its name in the logs (``reward/<name>_mean``) and the samples (``rm``, ``remote``, a function's)."""
+    kind: str
+    """MODEL (the reward role's model), FUNCTION_PART or REMOTE."""
+    source: Any
+    """A model directory, 'module:function' or the function itself, or the server's URL."""
+    key: str
+    """The config key that names it, for messages (``model.reward_fns[1].fn``)."""
+    weight: float = 1.0
+    options: tuple = ()
+    """``(name, value)`` pairs bound to a function (``model.reward_fns[i].options``)."""
+    settings: tuple = ()
+    """``(name, value)`` pairs of a server's client (timeout_s, retries, backoff_s)."""
+
+
+def reward_parts(m) -> tuple[RewardPart, ...]:
+    """The reward parts of a model section (PPO, REINFORCE, `fourfold score`), in the order the
+    score sums them (names: :func:`fourfold.config.rewards.reward_part_names`, the one rule; imported
+    here, not at the top: the memory estimate imports this module without the config package)."""
+    from fourfold.config.rewards import reward_part_names
+
+    names = dict((key, name) for name, key in reward_part_names(m))
+    parts = []
+    if m.reward is not None:
+        parts.append(RewardPart(names["model.reward"], MODEL, m.reward, "model.reward", float(m.reward_weight)))
+    if m.reward_fn is not None:
+        parts.append(RewardPart(names["model.reward_fn"], FUNCTION_PART, m.reward_fn, "model.reward_fn"))
+    for i, entry in enumerate(m.reward_fns):
+        key = f"model.reward_fns[{i}]"
+        parts.append(RewardPart(names[key], FUNCTION_PART, entry.fn, f"{key}.fn", float(entry.weight),
+                                tuple(sorted(entry.options.items()))))
+    if getattr(m, "reward_url", None) is not None:
+        settings = (("timeout_s", float(m.reward_timeout_s)), ("retries", int(m.reward_retries)),
+                    ("backoff_s", float(m.reward_backoff_s)))
+        parts.append(RewardPart(names["model.reward_url"], REMOTE, m.reward_url, "model.reward_url",
+                                float(m.reward_url_weight), settings=settings))
+    return tuple(parts)
+
+
+def is_weighted(parts: tuple[RewardPart, ...]) -> bool:
+    """Several parts, or one whose weight is not 1 (:func:`fourfold.config.rewards.is_weighted_sum`):
+    the score is a weighted sum and each part is logged; one part of weight 1 is the reward role."""
+    from fourfold.config.rewards import is_weighted_sum
+
+    return is_weighted_sum(p.weight for p in parts)
+
+
 @dataclass(frozen=True)
 class RolePlan:
     """Every role of a stage, in load order, and what they share."""
@@ -157,6 +213,10 @@ class RolePlan:
     frozen_dtype: Optional[torch.dtype] = field(default=None)
     """The frozen roles' weights dtype (``model.frozen_dtype``, resolved: bf16 under ``bf16-mixed``
     when unset, else the trained roles' dtype; :func:`~fourfold.models.levers.role_dtypes`)."""
+    reward_parts: tuple[RewardPart, ...] = ()
+    """The parts of the score (PPO, REINFORCE): the reward model, functions, a server
+    (:func:`reward_parts`); the reward role is their weighted sum (:func:`is_weighted`), or the
+    one part itself."""
 
     def without(self, *names: str) -> "RolePlan":
         """This plan without the roles ``names`` (roles the caller brings ready-made)."""
@@ -267,8 +327,9 @@ def _lm_plan(stage: str, m, dist_cfg, with_critic: bool, concurrent: bool) -> Ro
     if lora is None and is_adapter_dir(m.reward):
         raise ConfigError(f"model.reward: {m.reward} is a LoRA adapter directory: set model.lora to load it "
                           f"as an adapter on the policy's base, or give the merged model (model/ of the same run)")
-    if m.reward is None and m.reward_fn is None:
-        raise ConfigError("model.reward: a reward model directory or a reward function is needed")
+    parts = reward_parts(m)
+    if not parts:
+        raise ConfigError("model.reward: a reward model directory, a reward function or a reward server is needed")
     roles = [RoleSpec("policy", ADAPTER if lora else FULL, m.policy, "model.policy", True, trained,
                       placement=dist_cfg.policy)]
     if lora is not None:
@@ -287,12 +348,16 @@ def _lm_plan(stage: str, m, dist_cfg, with_critic: bool, concurrent: bool) -> Ro
     return RolePlan(stage, tuple(roles), m.tokenizer or m.policy, "model.tokenizer" if m.tokenizer else "model.policy",
                     lora=lora, base_source=m.policy if lora else None, base_dtype=frozen if lora else None,
                     logits_chunk=m.logits_chunk, mixed_precision=dist_cfg.mixed_precision,
-                    cpu_offload=dist_cfg.cpu_offload, concurrent=concurrent, frozen_dtype=frozen, **_levers(m))
+                    cpu_offload=dist_cfg.cpu_offload, concurrent=concurrent, frozen_dtype=frozen,
+                    reward_parts=parts, **_levers(m))
 
 
 def _reward_spec(m, lora: Optional[LoraSettings], frozen: torch.dtype, placement: str) -> RoleSpec:
-    if m.reward is None:
-        return RoleSpec("reward", FUNCTION, m.reward_fn, "model.reward_fn", False)
+    if m.reward is None:  # functions, a server: no model in this process
+        parts = reward_parts(m)
+        one = parts[0] if len(parts) == 1 else None
+        key = one.key if one is not None else "model.reward_fns"
+        return RoleSpec("reward", FUNCTION, one.source if one is not None else None, key, False)
     if lora is not None and is_adapter_dir(m.reward):
         return RoleSpec("reward", ADAPTER, m.reward, "model.reward", False)
     return RoleSpec("reward", FULL, m.reward, "model.reward", False, frozen, placement=placement)

@@ -23,18 +23,24 @@ from typing import Any, Callable, Optional, Sequence
 from fourfold.errors import ConfigError, UserCodeError
 
 
-def load_reward_fn(spec: str) -> Callable[[list[str], list[str]], list[float]]:
-    """'package.module:function' or 'path/to/file.py:function' -> the function."""
-    fn = load_user_function(spec, "model.reward_fn", "reward")
-    name = spec.rpartition(":")[2]
+def load_reward_fn(spec: str, key: str = "model.reward_fn") -> Callable[..., list[float]]:
+    """'package.module:function' or 'path/to/file.py:function' -> the function (``key``: the config
+    key that named it, for messages), checked to take two lists first (:func:`require_two_lists`)."""
+    fn = load_user_function(spec, key, "reward")
+    require_two_lists(fn, spec, key)
+    return fn
+
+
+def require_two_lists(fn: Callable, label: str, key: str = "model.reward_fn") -> None:
+    """``fn`` can be called with two lists (prompts, responses) first; its other parameters are
+    the columns' (:func:`column_plan`)."""
     try:
-        inspect.signature(fn).bind([], [])
+        inspect.signature(fn).bind_partial([], [])
     except TypeError:
-        raise ConfigError(f"model.reward_fn: {spec} must take two lists (prompts, responses); "
-                          f"its signature is {name}{inspect.signature(fn)}") from None
+        raise ConfigError(f"{key}: {label} must take two lists (prompts, responses) first; "
+                          f"its signature is {getattr(fn, '__name__', 'fn')}{inspect.signature(fn)}") from None
     except ValueError:  # no signature to read (a builtin): the call will tell
         pass
-    return fn
 
 
 def load_user_function(spec: str, key: str, kind: str) -> Callable:
@@ -115,17 +121,19 @@ class ColumnPlan:
         return dict(columns) if self.rest else {k: columns[k] for k in self.named if k in columns}
 
 
-def column_plan(fn: Callable, spec: str, columns: Sequence[str], source: str, key: str = "model.reward_fn") -> ColumnPlan:
+def column_plan(fn: Callable, spec: str, columns: Sequence[str], source: str, key: str = "model.reward_fn",
+                bound: Sequence[str] = ()) -> ColumnPlan:
     """Match ``fn``'s parameters after (prompts, responses) against ``columns``, the prompts file
     ``source``'s columns other than the prompt. A parameter without a default that is not a column
     is a ConfigError naming the function, the parameter and the file's columns; one with a default
     keeps it when the file has no such column (a warning says so); columns the function can take
-    neither by name nor by ``**columns`` are listed in ``unused``."""
+    neither by name nor by ``**columns`` are listed in ``unused``. ``bound``: parameters given by
+    the config (a part's ``options``), never columns."""
     try:
         params = list(inspect.signature(fn).parameters.values())
     except ValueError:  # no signature to read (a builtin): positional only
         return ColumnPlan((), False, tuple(columns))
-    keyword = [p for p in params[2:] if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    keyword = [p for p in params[2:] if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name not in bound]
     rest = any(p.kind is p.VAR_KEYWORD for p in params)
     have = ", ".join(columns) if columns else "none besides the prompt"
     for p in keyword:
@@ -141,14 +149,14 @@ def column_plan(fn: Callable, spec: str, columns: Sequence[str], source: str, ke
 
 
 def call_reward_fn(fn: Callable, prompts: list[str], responses: list[str], name: str,
-                   columns: Optional[dict[str, list]] = None) -> list[float]:
+                   columns: Optional[dict[str, list]] = None, key: str = "model.reward_fn") -> list[float]:
     """``fn(prompts, responses, **columns)`` checked by :func:`check_scores` (``columns``: the
     keyword arguments :meth:`ColumnPlan.select` chose, each a list aligned with the responses); an
     exception inside ``fn`` is re-raised as a UserCodeError naming it (the original is the cause,
-    traceback and all)."""
+    traceback and all). ``key``: the config key that named the function."""
     try:
         scores = fn(prompts, responses, **(columns or {}))
     except Exception as e:
-        raise UserCodeError(f"model.reward_fn: {name} raised {type(e).__name__}: {_first_line(e)} "
+        raise UserCodeError(f"{key}: {name} raised {type(e).__name__}: {_first_line(e)} "
                             "(the traceback of the user's code follows)") from e
-    return check_scores(scores, len(responses), name)
+    return check_scores(scores, len(responses), name, key)

@@ -315,14 +315,16 @@ class FunctionReward:
 
     needs_text = True
 
-    def __init__(self, fn: Callable[[list[str], list[str]], Sequence[float]], name: Optional[str] = None, plan=None):
+    def __init__(self, fn: Callable[[list[str], list[str]], Sequence[float]], name: Optional[str] = None, plan=None,
+                 key: str = "model.reward_fn"):
         self.fn = fn
         self.name = name or getattr(fn, "__qualname__", repr(fn))
         self.plan = plan
+        self.key = key
 
     def __call__(self, input_ids, attention_mask, prompts, responses, columns=None) -> torch.Tensor:
         chosen = self.plan.select(columns) if self.plan is not None and columns else {}
-        scores = call_reward_fn(self.fn, list(prompts), list(responses), self.name, chosen)
+        scores = call_reward_fn(self.fn, list(prompts), list(responses), self.name, chosen, self.key)
         return torch.as_tensor(scores, dtype=torch.float32).to(input_ids.device)
 
 
@@ -341,6 +343,11 @@ class WeightedReward:
         self.parts = list(parts)
         self.needs_text = any(getattr(role, "needs_text", False) for _, role, _ in parts)
         self.last_parts: dict[str, torch.Tensor] = {}
+
+    @property
+    def names(self) -> list[str]:
+        """The parts' names, in the order they are summed."""
+        return [name for name, _, _ in self.parts]
 
     def __call__(self, input_ids, attention_mask, prompts=None, responses=None, columns=None) -> torch.Tensor:
         self.last_parts = {}

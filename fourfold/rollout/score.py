@@ -18,6 +18,7 @@ class Scores:
     ref_logprobs: torch.Tensor  # [B, T]
     values: torch.Tensor  # [B, T] V(s_t) from the critic (zeros without one)
     scores: torch.Tensor  # [B] reward per sequence
+    parts: Optional[torch.Tensor] = None  # [B, n_parts] a weighted reward's parts, in its order (None: one source)
 
 
 def select_rows(batch, rows: slice):
@@ -37,11 +38,14 @@ def score_rollout(
     prompts: Optional[Sequence[str]] = None,
     responses: Optional[Sequence[str]] = None,
     concurrent: bool = False,
+    columns: Optional[dict] = None,
 ) -> Scores:
     """Reference log-probs, critic values and reward scores in one batched no-grad pass each.
 
     With ``concurrent`` the reference pass runs in a second thread beside the critic and reward
-    passes (independent models; same results).
+    passes (independent models; same results). ``columns``: the rows' other fields (name -> one
+    value per row), given to a reward that reads text; a weighted reward's parts (its
+    ``last_parts``, in its ``names`` order) come back as ``Scores.parts``.
     """
     seq, attn, T = samples.sequences, samples.attention_mask, samples.n_response
 
@@ -56,9 +60,12 @@ def score_rollout(
             values = critic.response_values(seq, attn, T) * samples.response_mask
         else:
             values = torch.zeros_like(samples.logprobs)
-        scores = reward(seq, attn, prompts, responses).float()
+        kw = {"columns": columns} if columns and getattr(reward, "needs_text", False) else {}
+        scores = reward(seq, attn, prompts, responses, **kw).float()
+        names = getattr(reward, "names", None)
+        parts = torch.stack([reward.last_parts[n] for n in names], 1) if names else None  # (B, n_parts)
         ref_logprobs = ref_future.result() if ref_future else reference_pass()
     finally:
         if pool:
             pool.shutdown()
-    return Scores(ref_logprobs, values, scores)
+    return Scores(ref_logprobs, values, scores, parts)

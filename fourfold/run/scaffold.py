@@ -55,7 +55,7 @@ from fourfold.checkpoint import (
 )
 from fourfold.config import config_to_dict, save_config, validate_tree
 from fourfold.config.stages import stage_of, torchrun_stages
-from fourfold.errors import ConfigError, FourfoldError, NonFiniteError, OutputError
+from fourfold.errors import ConfigError, FourfoldError, NonFiniteError, OutputError, RewardServerError
 from fourfold.run.allocator import set_mmap_threshold
 from fourfold.run.common import quiet_transformers, seed_everything, skipped_lines
 from fourfold.run.optim import NonFiniteGuard
@@ -294,6 +294,11 @@ class RunScaffold:
         previous = _install_stop_handler(self._stop)
         try:
             yield self.logger
+        except RewardServerError as e:  # the server stayed down: say where the run can continue from
+            last = latest_checkpoint(self.out)
+            keep = f"the last complete checkpoint is {last}: continue with --resume once the server answers again" \
+                if last else "no checkpoint was written yet (nothing to resume)"
+            raise RewardServerError(f"{e}; {keep}") from None
         except Exception as e:
             if not dist.is_peer_failure(e):
                 raise

@@ -62,8 +62,8 @@ from fourfold.run.optim import NonFiniteGuard, guarded_step, make_optimizer, mak
 from fourfold.run.parallel import global_sum, loss_scale, rank_slice, sum_over_ranks
 from fourfold.run.scaffold import RunScaffold
 from fourfold.trainers.prelude import stage_roles
-from fourfold.trainers.rl import RLSteps
-from fourfold.trainers.rollouts import Probe
+from fourfold.trainers.rl import RLSteps, prepare_rewards
+from fourfold.trainers.rollouts import Probe, score_quantity
 
 
 def compute_advantages(rollout: Rollout, algo: PPOAlgoConfig) -> Rollout:
@@ -330,11 +330,12 @@ def checked_roles(roles: Optional[Roles], algo: PPOAlgoConfig) -> Optional[Roles
     return roles
 
 
-def finite_advantages(rollout: Rollout, algo: PPOAlgoConfig, guard: NonFiniteGuard, it: int) -> Optional[Rollout]:
+def finite_advantages(rollout: Rollout, algo: PPOAlgoConfig, guard: NonFiniteGuard, it: int,
+                      scores_name: str = "reward_score") -> Optional[Rollout]:
     """Step 5 of iteration ``it``: the rollout with its advantages and returns
     (:func:`compute_advantages`), or None when its scores or its advantages are not finite (the
-    guard records which: the iteration is then skipped)."""
-    if not guard.ok("reward_score", rollout.scores, f"iteration {it}"):
+    guard records which, the scores as ``scores_name``: the iteration is then skipped)."""
+    if not guard.ok(scores_name, rollout.scores, f"iteration {it}"):
         return None
     rollout = compute_advantages(rollout, algo)
     return rollout if guard.ok("advantages", rollout.advantages, f"iteration {it}") else None
@@ -354,18 +355,20 @@ def train(cfg: PPOConfig, *, prompts: Optional[Sequence[str]] = None, probe: Opt
     responses) -> {name: value}``: extra measurements logged every iteration; ``roles``: models
     already loaded (else loaded from ``cfg.model``)."""
     algo, concurrent = cfg.ppo, cfg.run.concurrent_roles
-    # 0. set-up: seed, run directory, roles (placed on the ranks), optimisers, KL controller, engine,
-    #    prompt stream, resume
+    # 0. set-up: the reward functions against the prompts' columns (before anything is created), seed,
+    #    run directory, roles (placed on the ranks), optimisers, KL controller, engine, prompt stream, resume
+    rewards = prepare_rewards("ppo", cfg, prompts, roles)
     run = RunScaffold(cfg)
     device, guard = run.hf_device(), run.guard
     roles = stage_roles(run, "ppo", cfg, device, {"ppo.rollout_batch_size": algo.rollout_batch_size,
                                                   "ppo.minibatch_size": algo.minibatch_size},
-                        roles=checked_roles(roles, algo), concurrent=concurrent)
+                        roles=checked_roles(roles, algo), concurrent=concurrent, reward_functions=rewards.functions)
     opt = make_optim(roles, algo, compiled=cfg.model.compile)
     kl_ctl = (AdaptiveKLController(algo.kl_coef, algo.kl_target, algo.kl_horizon) if algo.adaptive_kl
               else FixedKLController(algo.kl_coef))
     rl = RLSteps(run, cfg, roles, device, section="ppo", n_prompts=algo.rollout_batch_size // algo.samples_per_prompt,
-                 trained=opt.trained(roles), prompts=prompts, state={"kl_ctl": kl_ctl}, probe=probe)
+                 trained=opt.trained(roles), prompts=prompts, state={"kl_ctl": kl_ctl}, probe=probe,
+                 notes=rewards.notes)
     last: dict = {}
     with rl.loop("ppo") as logger:
         for it in rl.iterations():
@@ -378,7 +381,7 @@ def train(cfg: PPOConfig, *, prompts: Optional[Sequence[str]] = None, probe: Opt
                              concurrent=concurrent)
             # 5. advantages and returns; when the scores or the advantages are not finite the iteration
             # is skipped: nothing touched the weights, so a stuck run keeps iteration it - 1's
-            rollout = finite_advantages(col.rollout, algo, guard, it)
+            rollout = finite_advantages(col.rollout, algo, guard, it, score_quantity(col))
             if rollout is None:
                 run.log_skips(it)
                 run.stop_if_stuck(it - 1)

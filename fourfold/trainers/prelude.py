@@ -20,7 +20,8 @@ from fourfold.run.parallel import check_world, place_roles
 
 def stage_roles(run, stage: str, cfg, device: torch.device, batch_sizes: Mapping[str, int], *,
                 roles: Optional[Roles] = None, concurrent: bool = False, without: Sequence[str] = (),
-                before_placing: Optional[Callable[[Roles], None]] = None) -> Roles:
+                before_placing: Optional[Callable[[Roles], None]] = None,
+                reward_functions: Optional[dict] = None) -> Roles:
     """The roles of ``stage`` for the run ``run`` (its :class:`~fourfold.run.scaffold.RunScaffold`),
     in four steps:
 
@@ -32,7 +33,9 @@ def stage_roles(run, stage: str, cfg, device: torch.device, batch_sizes: Mapping
     3. ``roles`` when given (the plan's memory levers applied,
        :func:`~fourfold.models.build.apply_levers`), else every role of the plan but ``without``
        (roles the caller brings ready-made) built on ``device``
-       (:func:`~fourfold.models.build.build_roles`);
+       (:func:`~fourfold.models.build.build_roles`; ``reward_functions``: the reward functions
+       the run loaded and checked against its prompts before anything else,
+       :func:`~fourfold.trainers.rl.prepare_rewards`);
     4. ``before_placing(roles)`` when given (what must see the roles unsharded: DPO's reference
        pass), then the roles placed on the ranks as the plan says
        (:func:`~fourfold.run.parallel.place_roles`; nothing in one process), before any optimizer
@@ -42,7 +45,7 @@ def stage_roles(run, stage: str, cfg, device: torch.device, batch_sizes: Mapping
     if roles is not None:
         roles = apply_levers(roles, plan, device)
     else:
-        roles = build_roles(plan.without(*without) if without else plan, device)
+        roles = build_roles(plan.without(*without) if without else plan, device, reward_functions=reward_functions)
     if before_placing is not None:
         before_placing(roles)
     place_roles(roles, plan, device)  # torchrun: FSDP2 (before the optimizer sees the parameters)

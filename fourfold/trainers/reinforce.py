@@ -25,8 +25,8 @@ from fourfold.run.optim import guarded_step, make_optimizer, make_schedule
 from fourfold.run.parallel import global_sum, loss_scale, rank_slice
 from fourfold.run.scaffold import RunScaffold
 from fourfold.trainers.prelude import stage_roles
-from fourfold.trainers.rl import RLSteps
-from fourfold.trainers.rollouts import Probe
+from fourfold.trainers.rl import RLSteps, prepare_rewards
+from fourfold.trainers.rollouts import Probe, score_quantity
 
 
 def rank_loss(policy, r: Rollout, returns: Tensor, baseline: Optional[Tensor], temperature: float
@@ -50,15 +50,18 @@ def train(cfg: ReinforceConfig, *, prompts: Optional[Sequence[str]] = None, prob
     """Run REINFORCE; returns a summary dict (final metrics, output paths). ``prompts``, ``probe``
     and ``roles`` as for :func:`fourfold.trainers.ppo.train`."""
     algo, gen = cfg.reinforce, cfg.generation
-    # 0. set-up: seed, run directory, roles (placed on the ranks), optimiser, engine, prompt stream, resume
+    # 0. set-up: the reward functions against the prompts' columns (before anything is created), seed,
+    #    run directory, roles (placed on the ranks), optimiser, engine, prompt stream, resume
+    rewards = prepare_rewards("reinforce", cfg, prompts, roles)
     run = RunScaffold(cfg)
     device, guard = run.hf_device(), run.guard
     roles = stage_roles(run, "reinforce", cfg, device, {"reinforce.rollout_batch_size": algo.rollout_batch_size},
-                        roles=roles)
+                        roles=roles, reward_functions=rewards.functions)
     optimizer = make_optimizer(roles.policy.parameters(), algo.lr)
     schedule = make_schedule(optimizer, algo.iterations, algo.lr_schedule)
     rl = RLSteps(run, cfg, roles, device, section="reinforce", n_prompts=algo.rollout_batch_size,
-                 trained={"policy": (roles.policy, optimizer, schedule)}, prompts=prompts, probe=probe)
+                 trained={"policy": (roles.policy, optimizer, schedule)}, prompts=prompts, probe=probe,
+                 notes=rewards.notes)
     kl_ctl, last = FixedKLController(algo.kl_coef), {}
     with rl.loop("reinforce") as logger:
         for it in rl.iterations():
@@ -78,7 +81,7 @@ def train(cfg: ReinforceConfig, *, prompts: Optional[Sequence[str]] = None, prob
             local_loss, loss = rank_loss(roles.policy, r, returns, baseline, gen.temperature)
             lr = schedule.get_last_lr()[0]  # the rate this step uses
             norm, taken = guarded_step(roles.policy, optimizer, schedule, algo.max_grad_norm, guard, f"iteration {it}",
-                                       [(local_loss, {"reward_score": r.scores, "policy_loss": loss})])
+                                       [(local_loss, {score_quantity(col): r.scores, "policy_loss": loss})])
             if taken:
                 guard.good_step()
             run.log_skips(it)

@@ -21,16 +21,57 @@ The rollout itself (one call from a batch of prompts to a scored
 from __future__ import annotations
 
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from typing import Iterator, Mapping, Optional, Sequence
 
 import torch
 
+from fourfold.config import validate_tree
+from fourfold.data import prompt_columns
 from fourfold.models.build import Roles
 from fourfold.models.levers import autocast_region
+from fourfold.models.plan import plan_roles
+from fourfold.models.reward_parts import load_functions
 from fourfold.rollout.engine import make_engine
 from fourfold.rollout.noise import RowNoise
 from fourfold.run.export import save_trained
-from fourfold.trainers.rollouts import KEY_METRICS, Collected, Probe, PromptStream, collect, repeat_prompts, sample_rows
+from fourfold.trainers.rollouts import (
+    KEY_METRICS,
+    Collected,
+    Probe,
+    PromptStream,
+    collect,
+    repeat_columns,
+    repeat_prompts,
+    sample_rows,
+)
+
+
+@dataclass
+class PreparedRewards:
+    """What :func:`prepare_rewards` found: the reward functions loaded and matched against the
+    prompts' columns (name -> role), and the warning lines on columns a function cannot receive."""
+
+    functions: Optional[dict] = None
+    notes: list = field(default_factory=list)
+
+
+def prepare_rewards(stage: str, cfg, prompts: Optional[Sequence[str]] = None,
+                    roles: Optional[Roles] = None) -> PreparedRewards:
+    """Before anything else of a run (no run directory yet, no model loaded): the config checked,
+    each reward function of the plan loaded and its parameters matched against the columns of the
+    ``data.prompts`` file (``prompts`` passed as a list carry none), so that a function naming a
+    column the file lacks is one ConfigError line. Nothing to prepare when ``roles`` come ready-made."""
+    if roles is not None:
+        return PreparedRewards()
+    validate_tree(cfg)
+    parts = plan_roles(stage, cfg).reward_parts
+    if prompts is not None:
+        columns, source = (), "the prompts passed to the trainer"
+    else:
+        columns, source = (prompt_columns(cfg.data.prompts) if cfg.data.prompts is not None else ()), cfg.data.prompts
+    functions, notes = load_functions(parts, columns, str(source))
+    return PreparedRewards(functions, notes)
 
 
 class RLSteps:
@@ -45,8 +86,10 @@ class RLSteps:
 
     def __init__(self, run, cfg, roles: Roles, device: torch.device, *, section: str, n_prompts: int,
                  trained: Mapping[str, tuple], prompts: Optional[Sequence[str]] = None,
-                 state: Optional[Mapping[str, object]] = None, probe: Optional[Probe] = None):
+                 state: Optional[Mapping[str, object]] = None, probe: Optional[Probe] = None,
+                 notes: Sequence[str] = ()):
         self.run_ctx, self.cfg, self.roles, self.device, self.probe = run, cfg, roles, device, probe
+        self.notes = list(notes)
         self.total = getattr(cfg, section).iterations
         self.engine = make_engine(cfg.generation, precision=cfg.model.precision, max_prompt_len=cfg.data.max_prompt_len)
         self.stream = PromptStream(cfg.data, roles.tokenizer, n_prompts, cfg.run.seed, prompts=prompts,
@@ -72,7 +115,7 @@ class RLSteps:
         """The run's loop context (:meth:`RunScaffold.loop`: the metrics logger, the stop signal),
         after saying how many bad prompt rows were skipped and the prompts' other notes."""
         with self.run_ctx.loop(total=self.total, desc=desc, key_metrics=KEY_METRICS) as logger:
-            self.run_ctx.warn_skipped(logger, self.stream.skipped, self.stream.notes)
+            self.run_ctx.warn_skipped(logger, self.stream.skipped, self.stream.notes + self.notes)
             yield logger
 
     def iterations(self) -> range:
@@ -87,12 +130,13 @@ class RLSteps:
         ``kl_coef`` x the ``kl_estimator`` KL) with the iteration's per-row noise, under the run's
         autocast (the weights fixed: the cast cache kept)."""
         cfg, roles = self.cfg, self.roles
-        texts, prompt_ids, prompt_mask = repeat_prompts(*self.stream.next(self.device), samples_per_prompt)
+        texts, prompt_ids, prompt_mask, columns = self.stream.next_with_columns(self.device)
+        texts, prompt_ids, prompt_mask = repeat_prompts(texts, prompt_ids, prompt_mask, samples_per_prompt)
         self.engine.sync(roles.policy)
         with autocast_region(cfg.model.precision, self.device.type):
             return collect(roles, texts, prompt_ids, prompt_mask, cfg.generation, engine=self.engine,
                            kl_coef=kl_coef, kl_estimator=kl_estimator, probe=self.probe, concurrent=concurrent,
-                           noise=RowNoise(cfg.run.seed, it))
+                           noise=RowNoise(cfg.run.seed, it), columns=repeat_columns(columns, samples_per_prompt))
 
     def log(self, logger, it: int, metrics: dict, col: Collected) -> None:
         """Step 7's log: the metrics row of iteration ``it``, and a few completions of its batch

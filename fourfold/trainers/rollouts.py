@@ -17,7 +17,15 @@ import torch
 
 from fourfold.config import GenerationConfig, PromptDataConfig
 from fourfold.core import Rollout, kl_estimate, masked_mean, token_rewards
-from fourfold.data import EpochSampler, chat_template_renderer, encode_prompts, left_pad, line_of, load_prompts
+from fourfold.data import (
+    EpochSampler,
+    chat_template_renderer,
+    column_names,
+    encode_prompts,
+    left_pad,
+    line_of,
+    load_prompts,
+)
 from fourfold.errors import ConfigError
 from fourfold.models.build import Roles
 from fourfold.rollout.engine import Engine
@@ -56,12 +64,12 @@ class PromptStream:
                  prompts: Optional[Sequence[str]] = None, batch_key: str = "rollout_batch_size"):
         on_error = "raise"
         if prompts is not None:
-            texts = list(prompts)
+            texts, rows = list(prompts), [{}] * len(prompts)
             lines, source, self.skipped = None, "prompts", []
         elif data.prompts is not None:
             # chat `messages` are rendered exactly as the SFT and reward stages render them
             loaded = load_prompts(data.prompts, on_error=data.on_error, chat_template=chat_template_renderer(tokenizer))
-            texts, lines = [r.prompt for r in loaded], [r.line for r in loaded]
+            texts, lines, rows = [r.prompt for r in loaded], [r.line for r in loaded], [r.columns for r in loaded]
             source, on_error, self.skipped = data.prompts, data.on_error, list(loaded.skipped)
         else:
             raise ConfigError("data.prompts: missing: a prompts file (or prompts passed to the trainer)")
@@ -71,6 +79,9 @@ class PromptStream:
         self.skipped.sort(key=line_of)
         self.texts = [texts[e.index] for e in examples]
         self.ids = [e.input_ids for e in examples]
+        self.columns = column_names(rows)
+        """The prompts file's other columns (none for prompts passed as a list)."""
+        self.rows = [rows[e.index] for e in examples]
         if len(self.ids) < batch_size:
             skipped = f" ({len(self.skipped)} bad rows skipped)" if self.skipped else ""
             raise ConfigError(f"{batch_key}: {batch_size} is more than the {len(self.ids)} prompts in {source}{skipped}; "
@@ -80,9 +91,16 @@ class PromptStream:
         self._it = self.sampler.batches()
 
     def next(self, device) -> tuple[list[str], torch.Tensor, torch.Tensor]:
+        """The next batch: its prompts' texts, ids and mask ``[n, P]`` (left-padded)."""
+        return self.next_with_columns(device)[:3]
+
+    def next_with_columns(self, device) -> tuple[list[str], torch.Tensor, torch.Tensor, dict[str, list]]:
+        """:meth:`next` and the batch's columns: name -> one value per prompt (None where a row
+        lacks the column); {} when the prompts have none."""
         idx = next(self._it)
         ids, mask = left_pad([self.ids[i] for i in idx], self.pad_id)
-        return [self.texts[i] for i in idx], ids.to(device), mask.to(device)
+        columns = {c: [self.rows[i].get(c) for i in idx] for c in self.columns}
+        return [self.texts[i] for i in idx], ids.to(device), mask.to(device), columns
 
     def state_dict(self) -> dict:
         return self.sampler.state_dict()
@@ -103,6 +121,11 @@ def repeat_prompts(texts: list[str], ids: torch.Tensor, mask: torch.Tensor, k: i
             mask.repeat_interleave(k, dim=0))
 
 
+def repeat_columns(columns: dict[str, list], k: int) -> dict[str, list]:
+    """The batch's columns for :func:`repeat_prompts`' rows: each prompt's value ``k`` times."""
+    return {name: [v for v in values for _ in range(k)] for name, values in columns.items()}
+
+
 @dataclass
 class Collected:
     """A scored rollout plus what the logs need about it."""
@@ -113,6 +136,8 @@ class Collected:
     responses: list[str]
     kl: torch.Tensor  # [B, T] per-token KL estimate used in the reward
     metrics: dict = field(default_factory=dict)
+    parts: dict = field(default_factory=dict)
+    """A weighted reward's parts: name -> scores [B] (before any missing-EOS penalty); {} for one source."""
 
 
 def collect(
@@ -128,6 +153,7 @@ def collect(
     probe: Optional[Probe] = None,
     concurrent: bool = False,
     noise: Optional[RowNoise] = None,
+    columns: Optional[dict[str, list]] = None,
 ) -> Collected:
     """Steps 2-4 of an iteration: generate (pi_old), score (reference, critic, reward), token rewards.
 
@@ -139,6 +165,9 @@ def collect(
     (:func:`~fourfold.run.parallel.gather_rows`), so what follows (rewards, metrics, advantages) is
     computed on the global batch alike on all ranks. ``noise``: the iteration's per-row noise
     (required with more than one rank; without it tokens come from the global torch generator).
+    ``columns``: the prompts file's other columns, one value per row (:func:`repeat_columns`),
+    given to the reward with this rank's rows. A weighted reward's parts are gathered as the scores
+    (``Collected.parts``) and logged as ``reward/<name>_mean``.
 
     rewards_t = -kl_coef * KL_t on every valid token, plus the sequence score on the last one.
     Responses are decoded to text only when the reward reads text or a ``probe`` is given; the
@@ -155,7 +184,8 @@ def collect(
     t0 = time.perf_counter()
     need_text = getattr(roles.reward, "needs_text", False) or probe is not None
     responses = decode_responses(roles.tokenizer, samples) if need_text else []
-    sc = _score(roles, select_rows(samples, rows), prompts[rows], responses[rows], gen.temperature, concurrent)
+    mine = {k: v[rows] for k, v in columns.items()} if columns else None
+    sc = _score(roles, select_rows(samples, rows), prompts[rows], responses[rows], gen.temperature, concurrent, mine)
     scores = sc.scores
     penalised = torch.zeros_like(samples.finished)
     if gen.missing_eos_score is not None and gen.stop_at_eos:
@@ -171,12 +201,15 @@ def collect(
         context={"input_ids": samples.sequences, "attention_mask": samples.attention_mask},
     )
     metrics = rollout_metrics(samples, sc, rewards, penalised)
+    names = getattr(roles.reward, "names", None)
+    parts = dict(zip(names, sc.parts.unbind(1))) if names and sc.parts is not None else {}
+    metrics.update({f"reward/{name}_mean": float(part.mean()) for name, part in parts.items()})
     n_tokens = metrics["rollout/tokens"]
     metrics.update({"time/generate_s": t_gen, "time/score_s": t_score,
                     "time/gen_tokens_per_s": n_tokens / max(t_gen, 1e-9)})
     if probe is not None:  # each rank its rows; the probe's values are means over the responses it gets
         metrics.update(mean_over_ranks(probe(prompts[rows], responses[rows]), len(prompts[rows])))
-    return Collected(rollout, samples, prompts, responses, kl, metrics)
+    return Collected(rollout, samples, prompts, responses, kl, metrics, parts)
 
 
 def _generate(roles: Roles, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, gen: GenerationConfig,
@@ -197,15 +230,23 @@ def _generate(roles: Roles, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
 
 
 def _score(roles: Roles, samples: Samples, prompts: list[str], responses: list[str], temperature: float,
-           concurrent: bool) -> Scores:
+           concurrent: bool, columns: Optional[dict[str, list]] = None) -> Scores:
     """Score this rank's ``samples`` (the critic in eval mode), then gather every rank's scores."""
     if roles.critic is not None:
         roles.critic.eval()
     sc = score_rollout(samples, reference=roles.reference, reward=roles.reward, critic=roles.critic,
-                       temperature=temperature, prompts=prompts, responses=responses, concurrent=concurrent)
+                       temperature=temperature, prompts=prompts, responses=responses, concurrent=concurrent,
+                       columns=columns)
     if roles.critic is not None:
         roles.critic.train()
     return gather_rows(sc)
+
+
+def score_quantity(col: Collected) -> str:
+    """The non-finite guard's name for a batch's scores: ``reward_score``, or with a weighted
+    reward ``reward_score (part <name>: not finite)`` naming the parts that returned NaN/inf."""
+    bad = [name for name, part in col.parts.items() if not bool(torch.isfinite(part).all())]
+    return "reward_score" + (f" (part {', '.join(bad)}: not finite)" if bad else "")
 
 
 def rollout_metrics(samples: Samples, sc: Scores, rewards: torch.Tensor, penalised: torch.Tensor) -> dict:
@@ -233,14 +274,17 @@ def rollout_metrics(samples: Samples, sc: Scores, rewards: torch.Tensor, penalis
 
 def sample_rows(col: Collected, tokenizer, probe: Optional[Probe] = None, n: int = SAMPLE_ROWS) -> list[dict]:
     """The first ``n`` completions of a collected batch as ``samples.jsonl`` rows: ``prompt``,
-    ``response``, ``score`` (the reward the update used, after any missing-EOS penalty) and the
-    probe's ``per_response`` values. Only these ``n`` responses are decoded when ``collect`` did
-    not decode the batch."""
+    ``response``, ``score`` (the reward the update used, after any missing-EOS penalty), a weighted
+    reward's ``parts`` (name -> that part's score) and the probe's ``per_response`` values. Only
+    these ``n`` responses are decoded when ``collect`` did not decode the batch."""
     n = min(n, len(col.prompts))
     responses = col.responses[:n] or decode_responses(
         tokenizer, replace(col.samples, sequences=col.samples.sequences[:n], response_mask=col.samples.response_mask[:n]))
     rows = [{"prompt": p, "response": r, "score": float(s)}
             for p, r, s in zip(col.prompts[:n], responses, col.rollout.scores[:n].tolist())]
+    for name, part in col.parts.items():
+        for row, value in zip(rows, part[:n].tolist()):
+            row.setdefault("parts", {})[name] = value
     per_response = getattr(probe, "per_response", None)
     if per_response is not None:
         for name, values in per_response(col.prompts[:n], responses).items():

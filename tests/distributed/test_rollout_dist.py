@@ -61,3 +61,23 @@ def test_the_default_weights_gather_a_sharded_policy_once_and_give_live_numbers_
         assert auto["responses"] == live["responses"] and auto["metrics"] == live["metrics"]
         for key, expected in live["tensors"].items():
             assert torch.equal(auto["tensors"][key], expected), key
+
+
+@pytest.mark.slow
+def test_two_ranks_give_each_part_its_rows_columns_and_gather_the_parts(tiny_lm, tmp_path):
+    """A weighted reward (the reward model + 0.5 x a function of a ``row`` column) over two ranks:
+    each rank's function call gets its own rows' column values, and the gathered parts and scores
+    are the one-process ones."""
+    from fourfold.dist import SINGLE
+
+    proc = torchrun_script(HERE / "collect_worker.py", tiny_lm, tmp_path / "two", "weighted", "", timeout=180,
+                           check=False)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    one = _worker().run(str(tiny_lm), SINGLE, "weighted")
+    assert one["tensors"]["part/row_reward"].tolist() == [float(i) for i in range(8)]
+    for rank in (0, 1):
+        two = torch.load(tmp_path / f"two.{rank}.pt")
+        assert torch.equal(two["tensors"]["part/row_reward"], one["tensors"]["part/row_reward"])
+        for key in ("part/rm", "scores"):
+            torch.testing.assert_close(two["tensors"][key], one["tensors"][key], rtol=1e-5, atol=1e-6, msg=key)
+        assert two["metrics"]["reward/row_reward_mean"] == one["metrics"]["reward/row_reward_mean"] == 3.5

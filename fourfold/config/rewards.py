@@ -1,0 +1,132 @@
+"""The reward sources of PPO, REINFORCE and `fourfold score`: a reward model (`model.reward`), reward
+functions (`model.reward_fn`, `model.reward_fns`) and a reward server (`model.reward_url`), one or
+several; the score is the weighted sum of the parts (docs/rewards.md).
+
+:class:`RewardFnConfig` is one entry of `model.reward_fns`; :func:`require_rewards` checks a model
+section's sources (at least one, names distinct, the server's keys); :func:`reward_part_names` is
+the one rule for the parts' names (the reward model's is ``rm``, the server's ``remote``, a
+function's its own name), which the role plan and the logged ``reward/<name>_mean`` read.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from typing import Callable, Optional, Union
+
+from fourfold.config.loader import require, validate_tree
+
+MODEL_PART, REMOTE_PART = "rm", "remote"
+"""The names of the reward model's part and the reward server's part."""
+
+RESERVED_PART_NAMES = ("score", "gold", "token_reward_sum")
+"""Names a part cannot take: ``reward/<name>_mean`` would be another metric's name."""
+
+_NAME = re.compile(r"[a-z_][a-z0-9_]*")
+
+
+@dataclasses.dataclass
+class RewardFnConfig:
+    """One reward function of `model.reward_fns`: its scores, times `weight`, are one part of the score."""
+
+    fn: Union[str, Callable, None] = None
+    """'module:function' or 'path/to/file.py:function' (in Python also the function itself), called as
+    fn(prompts, responses, **columns) -> list[float]: keyword parameters named after the prompts
+    file's other columns (or `**columns`) get those columns, one value per response."""
+    weight: float = 1.0
+    """The part's weight in the score (negative: a penalty; 0: logged only)."""
+    name: Optional[str] = None
+    """The part's name in the logs (reward/<name>_mean) and the samples; null = the function's name."""
+    options: dict = dataclasses.field(default_factory=dict)
+    """Keyword arguments bound to the function (functools.partial) before it is called, e.g.
+    {per_word: 0.5} for fn(prompts, responses, per_word=1.0); never columns; {} = none. (A factory
+    such as fourfold.rewards.length_penalty(50) is called in Python and its function given as fn.)"""
+
+    def validate(self, prefix: str = "model.reward_fns[0]") -> None:
+        require(self.fn is not None, f"{prefix}.fn", "missing: 'module:function' or 'path/to/file.py:function'")
+        require(not isinstance(self.fn, str) or ":" in self.fn.strip(":"), f"{prefix}.fn",
+                f"expected 'module:function' or 'file.py:function', got {self.fn!r}")
+        require(all(isinstance(k, str) for k in self.options), f"{prefix}.options",
+                "expected a mapping of keyword names to values")
+
+
+def function_name(fn) -> Optional[str]:
+    """The name a function part takes by default: what follows the colon of 'module:function', else
+    the callable's ``__name__`` (a functools.partial's function's); None when it has none usable."""
+    if isinstance(fn, str):
+        return fn.rpartition(":")[2] or None
+    inner = getattr(fn, "func", fn)  # a functools.partial
+    name = getattr(inner, "__name__", None)
+    return name if isinstance(name, str) and _NAME.fullmatch(name) else None
+
+
+def reward_part_names(model, prefix: str = "model") -> list[tuple[str, str]]:
+    """``(name, config key)`` of each reward part of a model section, in the order the score sums
+    them: the reward model (``rm``), `reward_fn` or each `reward_fns` entry, the server (``remote``)."""
+    parts = []
+    if model.reward is not None:
+        parts.append((MODEL_PART, f"{prefix}.reward"))
+    if model.reward_fn is not None:
+        parts.append((function_name(model.reward_fn) or "reward_fn", f"{prefix}.reward_fn"))
+    for i, entry in enumerate(model.reward_fns):
+        parts.append((entry.name or function_name(entry.fn), f"{prefix}.reward_fns[{i}]"))
+    if getattr(model, "reward_url", None) is not None:
+        parts.append((REMOTE_PART, f"{prefix}.reward_url"))
+    return parts
+
+
+def require_rewards(model, prefix: str = "model") -> None:
+    """At least one reward source in the model section of PPO, REINFORCE or `fourfold score`; each
+    `reward_fns` entry checked (``model.reward_fns[i].key``); `reward_fn`, the one-function form, is
+    neither beside `reward` (a placeholder reward model left in an example is the usual cause; a
+    function beside a reward model goes in `reward_fns`) nor beside `reward_fns`; with several
+    parts (or a weight), each logged, every part's name usable and its own;
+    the server's URL and settings."""
+    has_url = hasattr(model, "reward_url")
+    for i, entry in enumerate(model.reward_fns):
+        where = f"{prefix}.reward_fns[{i}]"
+        require(isinstance(entry, RewardFnConfig), where, f"expected a mapping with fn, weight, name, options; got {entry!r}")
+        validate_tree(entry, where)
+    require(model.reward is None or model.reward_fn is None, f"{prefix}.reward",
+            f"{prefix}.reward (a reward-model directory) and {prefix}.reward_fn are both set; keep one "
+            f"({prefix}.reward=null to score with the reward_fn)")
+    require(model.reward_fn is None or not model.reward_fns, f"{prefix}.reward_fn",
+            f"set, and so is {prefix}.reward_fns: list the function in {prefix}.reward_fns (with its weight) instead")
+    server = f", {prefix}.reward_fns or {prefix}.reward_url" if has_url else f" or {prefix}.reward_fns"
+    require(bool(reward_part_names(model, prefix)), f"{prefix}.reward",
+            f"no reward: set {prefix}.reward (a reward-model directory), {prefix}.reward_fn{server}")
+    seen: dict[str, str] = {}
+    for name, key in reward_part_names(model, prefix) if weighted(model) else ():  # one source: no part logged
+        field = key + (".name" if "[" in key else "")
+        require(name is not None, field, "the function has no usable name (a lambda?): set its name")
+        require(bool(_NAME.fullmatch(name)), field, f"{name!r}: a part's name (in reward/<name>_mean) is lower-case letters, digits and _")
+        require(name not in RESERVED_PART_NAMES, field,
+                f"{name!r}: reward/{name}_mean is another metric's name; give the part another name")
+        require(name not in seen, field, f"{name!r} is already the name of {seen.get(name)}; give each part its own name")
+        seen[name] = key
+    require(model.reward_weight == 1.0 or model.reward is not None, f"{prefix}.reward_weight",
+            f"set, but {prefix}.reward is null (no reward model to weigh)")
+    if has_url:
+        url = model.reward_url
+        require(url is None or url.startswith(("http://", "https://")), f"{prefix}.reward_url",
+                f"expected http://host:port of a reward server (fourfold serve-reward), got {url!r}")
+        require(model.reward_timeout_s > 0, f"{prefix}.reward_timeout_s", f"must be > 0, got {model.reward_timeout_s}")
+        require(model.reward_retries >= 0, f"{prefix}.reward_retries", f"must be >= 0, got {model.reward_retries}")
+        require(model.reward_backoff_s >= 0, f"{prefix}.reward_backoff_s", f"must be >= 0, got {model.reward_backoff_s}")
+        require(model.reward_url_weight == 1.0 or url is not None, f"{prefix}.reward_url_weight",
+                f"set, but {prefix}.reward_url is null")
+
+
+def is_weighted_sum(weights) -> bool:
+    """THE rule: more than one part, or one whose weight is not 1, makes the score a weighted sum
+    whose parts are logged; one part of weight 1 is the reward role itself, as it always was."""
+    weights = list(weights)
+    return len(weights) > 1 or any(w != 1.0 for w in weights)
+
+
+def weighted(model) -> bool:
+    """:func:`is_weighted_sum` of a model section's sources."""
+    weights = ([model.reward_weight] if model.reward is not None else []) + \
+              ([1.0] if model.reward_fn is not None else []) + [e.weight for e in model.reward_fns] + \
+              ([model.reward_url_weight] if getattr(model, "reward_url", None) is not None else [])
+    return is_weighted_sum(weights)

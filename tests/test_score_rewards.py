@@ -1,0 +1,83 @@
+"""`fourfold score` with reward functions as PPO calls them: the rows' other columns by name, several
+weighted parts (each written beside the score), chat rows rendered as PPO renders them (the policy
+tokenizer's chat template) and refused without a tokenizer, a missing column one line before
+anything is written."""
+import json
+
+from fourfold.cli import main
+
+
+def _write(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def _rows(path):
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+RULES = '''
+def exact(prompts, responses, answer):
+    return [float(r.split()[-1] == a) for r, a in zip(responses, answer)]
+
+def words(prompts, responses, per_word=1.0):
+    return [per_word * len(r.split()) for r in responses]
+
+def needs(prompts, responses, solution):
+    return [0.0] * len(responses)
+'''
+
+
+def _args(tmp_path, rows, *extra):
+    rules = tmp_path / "rules.py"
+    rules.write_text(RULES)
+    return ["score", f"data.rows={_write(tmp_path / 'rows.jsonl', rows)}", "run.threads=1",
+            "--output-dir", str(tmp_path / "out"), *[e.format(rules=rules) for e in extra]]
+
+
+def test_weighted_functions_see_the_columns_and_each_part_is_written(tmp_path, capsys):
+    rows = [{"prompt": "w1", "response": "w2 w3", "answer": "w3", "id": 1},
+            {"prompt": "w4", "response": "w5", "answer": "w6", "id": 2}]
+    rc = main(_args(tmp_path, rows, "model.reward_fns=[{{fn: '{rules}:exact', weight: 2.0}}, "
+                                    "{{fn: '{rules}:words', weight: -0.5, name: length, options: {{per_word: 2.0}}}}]"))
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    scored = _rows(tmp_path / "out" / "scores.jsonl")
+    assert [r["parts"] for r in scored] == [{"exact": 1.0, "length": 4.0}, {"exact": 0.0, "length": 2.0}]
+    assert [r["score"] for r in scored] == [2.0 * 1.0 - 0.5 * 4.0, 2.0 * 0.0 - 0.5 * 2.0]
+    assert [r["id"] for r in scored] == [1, 2]  # every column kept in the output
+    assert f"does not take the column(s) answer, id of {tmp_path / 'rows.jsonl'}" in out  # words: said once
+    assert out.count("does not take the column(s)") == 2  # exact does not take id; words takes neither
+
+
+def test_a_missing_column_is_one_line_and_nothing_is_written(tmp_path, capsys):
+    rc = main(_args(tmp_path, [{"prompt": "w1", "response": "w2"}], "model.reward_fn={rules}:needs"))
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1 and "model.reward_fn: " in err and "takes 'solution'" in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_chat_rows_need_a_tokenizer_and_are_rendered_as_ppo_renders_them(tiny_lm, tmp_path, capsys):
+    from fourfold.config import PPOConfig, load_config
+    from fourfold.models.loading import load_tokenizer
+    from fourfold.trainers.rollouts import PromptStream
+
+    tok = load_tokenizer(str(tiny_lm / "sft"))
+    tok.chat_template = "{% for m in messages %}<{{ m['role'] }}> {{ m['content'] }} {% endfor %}"
+    tok.save_pretrained(tmp_path / "chat_tok")
+    msgs = [{"role": "user", "content": "w3 w4"}]
+    rows = [{"messages": msgs + [{"role": "assistant", "content": "w6"}], "answer": "w6"}]
+    rc = main(_args(tmp_path, rows, "model.reward_fn={rules}:exact"))
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1 and "set model.tokenizer (the policy's directory)" in err, err
+    assert not (tmp_path / "out" / "scores.jsonl").exists()
+    # PPO's prompt of the same messages, with the same tokenizer; the function scores 1 when it gets that text
+    _write(tmp_path / "prompts.jsonl", [{"messages": msgs}])
+    cfg = load_config(PPOConfig, None, [f"model.policy={tiny_lm / 'sft'}", f"data.prompts={tmp_path / 'prompts.jsonl'}",
+                                        f"model.reward={tiny_lm / 'rm'}"])
+    (ppo_text,) = PromptStream(cfg.data, load_tokenizer(str(tmp_path / "chat_tok")), 1, 0).texts
+    assert ppo_text.startswith("<user> w3 w4")
+    (tmp_path / "same.py").write_text(f"def same(prompts, responses):\n    return [float(p == {str(ppo_text)!r}) for p in prompts]\n")
+    rc = main(_args(tmp_path, rows, f"model.reward_fn={tmp_path / 'same.py'}:same", f"model.tokenizer={tmp_path / 'chat_tok'}"))
+    assert rc == 0, capsys.readouterr()
+    assert _rows(tmp_path / "out" / "scores.jsonl")[0]["score"] == 1.0
