@@ -66,6 +66,40 @@ def _add_estimate_parser(sub) -> None:
     p.add_argument("overrides", nargs="*", metavar="key=value", help="dotted overrides, e.g. ppo.rollout_batch_size=32")
 
 
+SERVE_REWARD_HELP = "serve a reward model or a reward function over HTTP (for model.reward_url)"
+
+
+def _add_serve_reward_parser(sub) -> None:
+    p = sub.add_parser("serve-reward", help=SERVE_REWARD_HELP,
+                       description=SERVE_REWARD_HELP + "; the protocol: docs/rewards.md. Stops on Ctrl-C or SIGTERM.")
+    p.add_argument("--model", metavar="DIR", help="a reward-model directory (`fourfold reward`'s model/, or its "
+                                           "LoRA model-adapter/)")
+    p.add_argument("--fn", metavar="FILE.py:NAME", help="a reward function (file.py:name or module:name)")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1; the server has no "
+                                                       "authentication)")
+    p.add_argument("--port", type=int, default=8000, help="port (default 8000; 0: any free one, the ready line says which)")
+    p.add_argument("--batch-size", type=int, default=512, help="most rows scored in one batch (default 512)")
+    p.add_argument("--max-wait-ms", type=float, default=10.0,
+                   help="how long a batch waits for more concurrent requests after its first (default 10)")
+    p.add_argument("--request-timeout-s", type=float, default=600.0, help="most seconds a request waits for its scores")
+    p.add_argument("--device", default="cpu", help="device of the reward model (cpu, cuda, cuda:1)")
+    p.add_argument("--dtype", default="float32", help="dtype of the reward model (float32, bfloat16, float16)")
+    p.add_argument("--tokenizer", metavar="DIR", help="tokenizer directory (default: the model's own)")
+    p.add_argument("--max-len", type=int, default=512, help="most tokens of prompt + response")
+
+
+def serve_reward(args) -> int:
+    """``fourfold serve-reward``: :func:`fourfold.apps.reward_server.serve` with the command's flags."""
+    from fourfold.apps.reward_server import serve
+    from fourfold.errors import ConfigError
+
+    if getattr(args, "overrides", None):
+        raise ConfigError(f"unexpected arguments {' '.join(args.overrides)} (serve-reward takes flags only)")
+    return serve(model=args.model, fn=args.fn, host=args.host, port=args.port, batch_size=args.batch_size,
+                 max_wait_ms=args.max_wait_ms, request_timeout_s=args.request_timeout_s, device=args.device,
+                 dtype=args.dtype, tokenizer=args.tokenizer, max_len=args.max_len)
+
+
 def _estimate_stage(args) -> str:
     if args.config_stage:
         return args.config_stage
@@ -113,6 +147,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"fourfold {__version__}")
     sub = parser.add_subparsers(dest="stage", metavar="STAGE")
     _add_estimate_parser(sub)
+    _add_serve_reward_parser(sub)
     for name, stage in STAGES.items():
         p = sub.add_parser(name, help=stage.help, description=stage.help)
         p.add_argument("--config", "-c", help="YAML config file")
@@ -122,6 +157,9 @@ def build_parser() -> argparse.ArgumentParser:
         if stage.run_dir:
             p.add_argument("--overwrite", action="store_true",
                            help="shorthand for run.overwrite=true: replace the run already in the output directory")
+        if stage.tasks:
+            p.add_argument("--task", choices=[stage.task, *(t for t, _, _ in stage.tasks)], default=stage.task,
+                           help=f"the embedded world (default {stage.task})")
         if stage.cache:
             p.add_argument("--quick", action="store_true", help="a short budget for tests and a first look")
             p.add_argument("--fresh", action="store_true", help="ignore cached stage outputs and rerun all")
@@ -184,7 +222,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         except (FourfoldError, ValueError, OSError) as e:
             print(f"fourfold estimate: error: {e}", file=sys.stderr)
             return 2
-    stage = STAGES[args.stage]
+    if args.stage == "serve-reward":
+        try:
+            return serve_reward(args)
+        except FourfoldError as e:
+            print(f"fourfold serve-reward: error: {e}", file=sys.stderr)
+            if isinstance(e, UserCodeError) and e.__cause__ is not None:
+                _print_user_traceback(e.__cause__)
+            return 2
+    stage = STAGES[args.stage].for_task(getattr(args, "task", None))
     overrides = list(args.overrides)
     settings = {"run.output_dir": args.output_dir} if args.output_dir else {}  # a path: as typed, never YAML
     if args.seed is not None:

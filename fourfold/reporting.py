@@ -1,8 +1,8 @@
 """Metric names, metric sinks (JSONL, TensorBoard, a rich progress bar) and HTML report helpers.
 
 Metric names are stable strings documented once, in ``METRICS`` below (the README embeds
-``metrics_markdown_table()``); a name made from the config (a reward part's ``reward/<name>_mean``)
-is documented by its pattern in ``METRIC_PATTERNS`` (``documented(name)``). Names are ``group/name``; the groups are ``reward/``, ``kl/``,
+``metrics_markdown_table()``; a name made from the config, ``reward/<name>_mean``, by its pattern in
+``METRIC_PATTERNS``). Names are ``group/name``; the groups are ``reward/``, ``kl/``,
 ``policy/``, ``value/``, ``rollout/``, ``time/`` for PPO/REINFORCE, ``train/`` for training
 health, ``sft/``, ``rm/``, ``dpo/`` and ``gym/`` for the other stages, plus the bare counters
 ``iteration`` and ``samples``. Timing keys live under ``time/`` and end in ``_s`` (seconds) or
@@ -41,18 +41,8 @@ from fourfold.errors import DataError
 from fourfold.sinks import fmt_number, plain_line, samples_markdown
 
 __all__ = [
-    "METRICS",
-    "METRIC_PATTERNS",
-    "MetricsLogger",
-    "documented",
-    "fig_to_data_uri",
-    "html_image",
-    "html_page",
-    "is_timing_key",
-    "metrics_markdown_table",
-    "plot_curves",
-    "read_metrics",
-    "token_heatmap_html",
+    "METRICS", "METRIC_PATTERNS", "MetricsLogger", "documented", "fig_to_data_uri", "html_image", "html_page",
+    "is_timing_key", "metrics_markdown_table", "plot_curves", "read_metrics", "token_heatmap_html",
 ]
 
 # ---- the metric table ----------------------------------------------------------------------------
@@ -154,18 +144,14 @@ METRICS: dict[str, str] = {
     "env/return_mean": "Mean summed turn rewards per trajectory.",
 }
 
-METRIC_PATTERNS: dict[str, str] = {
-    "reward/<name>_mean": "Mean of one part of a weighted reward (model.reward_fns, reward_weight, reward_url): rm "
-                          "(the reward model), remote (the server) or the function's name; score_mean is their sum's.",
-}
-"""The names made from a part of the run's config, ``<name>`` standing for it (:func:`documented`)."""
+METRIC_PATTERNS: dict[str, str] = {"reward/<name>_mean": "Mean of one part of a weighted reward (model.reward_fns, "
+                                    "...): rm (the reward model), remote (the server) or the function's name."}
 
 
 def documented(name: str) -> bool:
-    """Whether a logged metric name is in :data:`METRICS` or matches one of :data:`METRIC_PATTERNS`."""
-    parts = [p.partition("<name>") for p in METRIC_PATTERNS]
-    return name in METRICS or any(name.startswith(h) and name.endswith(t) and "/" not in name[len(h):-len(t)]
-                                  and len(name) > len(h) + len(t) for h, _, t in parts)
+    """Whether a logged name is in :data:`METRICS` or matches a :data:`METRIC_PATTERNS` name (<name>: no '/')."""
+    return name in METRICS or any(name.startswith(h) and name.endswith(t) and "/" not in name[len(h):-len(t)] and
+                                  len(name) > len(h + t) for h, _, t in (p.partition("<name>") for p in METRIC_PATTERNS))
 
 
 METRIC_GROUPS: dict[str, str] = {
@@ -200,8 +186,7 @@ def metrics_markdown_table() -> str:
             group = g
             lines.append(f"| **{METRIC_GROUPS.get(g, g)}** | |")
         lines.append(f"| `{name}` | {meaning.replace('|', '&#124;')} |")
-        if name == "reward/no_eos_penalised":  # the reward group's names made from the config follow it
-            lines += [f"| `{k}` | {v.replace('|', '&#124;')} |" for k, v in METRIC_PATTERNS.items()]
+        lines += [f"| `{k}` | {v} |" for k, v in METRIC_PATTERNS.items()] if name == "reward/no_eos_penalised" else []
     return "\n".join(lines) + "\n"
 
 

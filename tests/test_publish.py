@@ -81,7 +81,7 @@ def test_collect_and_render_from_fixture_outputs(tmp_path):
     """Run outputs in, results/*.json out, every block rendered from them into a copy of the docs,
     with the commit and machine the outputs record."""
     root = tmp_path / "repo"
-    for f in ("README.md", "docs/demo.md", "docs/experiments.md"):
+    for f in ("README.md", "docs/demo.md", "docs/experiments.md", "docs/arithmetic.md"):
         (root / f).parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(ROOT / f, root / f)
     (root / "results").mkdir()
@@ -99,6 +99,8 @@ def test_collect_and_render_from_fixture_outputs(tmp_path):
            horizon=True)
     (runs / "horizon" / "horizon.png").write_bytes(b"\x89PNG\r\n\x1a\nfake")
     (root / "docs" / "img").mkdir()
+    for s, (b, a) in enumerate(((0.547, 0.955), (0.559, 0.986), (0.5, 0.9))):
+        _arithmetic_run(runs / f"demo-arithmetic-s{s}", s, b, a)
     assert publish.main(["collect", "--root", str(root)]) == 0
     assert publish.main(["check", "--root", str(root)]) == 1  # the docs still show the committed numbers
     assert publish.main(["render", "--root", str(root)]) == 0
@@ -122,6 +124,24 @@ def test_collect_and_render_from_fixture_outputs(tmp_path):
     assert "| h6 | grpo | +1.50 ± 0.02 | +0.30 ± 0.04 |" in exp and "*Not yet run.*" not in exp
     assert (root / "docs" / "img" / "horizon.png").read_bytes().startswith(b"\x89PNG")
     assert json.loads((root / "results" / "demo.json").read_text())["full"]["1"]["gold_gain_sd"] == 0.9
+    assert "greedy held-out accuracy 0.55 -> 0.95 / 0.56 -> 0.99 / 0.50 -> 0.90 on seeds 0 / 1 / 2, each run at " \
+           "most 3.0 minutes" in readme
+    arith = (root / "docs" / "arithmetic.md").read_text()
+    assert "| 1 | 0.559 -> 0.986 | 0.459 -> 0.886 | 0.400 -> 0.020 | 100 | 50 | 180 |" in arith
+    assert "(512 held-out problems; measured " in arith and machine() in arith
+
+
+def _arithmetic_run(d: Path, seed: int, before: float, after: float) -> None:
+    """What `fourfold demo --task arithmetic` leaves for publish: result.json and provenance.json."""
+    d.mkdir(parents=True)
+    metrics = lambda acc: {"accuracy": acc, "well_formed": 0.99, "dropped_carry": 0.4 if acc < 0.6 else 0.02,  # noqa: E731
+                           "answered": 1.0}
+    result = {"task": "arithmetic", "seed": seed, "quick": False, "heldout": 512,
+              "before": {"greedy": metrics(before), "sampled": metrics(before - 0.1)},
+              "after": {"greedy": metrics(after), "sampled": metrics(after - 0.1)},
+              "seconds": {"sft": 100.0, "grpo": 50.0, "eval": 30.0, "total": 180.0}, "settings": {}}
+    (d / "result.json").write_text(json.dumps(result))
+    write_provenance(d)
 
 
 def test_collect_keeps_what_it_has_no_outputs_for(tmp_path):
@@ -131,7 +151,7 @@ def test_collect_keeps_what_it_has_no_outputs_for(tmp_path):
     (root / "docs" / "img").mkdir(parents=True)
     _sweep(root / "runs" / "horizon", {"h1": {"ppo": 0.3}}, [], horizon=True)
     done = publish.write_results(root, [root / "runs/demo-s0"], [], root / "runs/experiments", root / "runs/horizon")
-    assert [d.split(" ")[0] for d in done] == ["kept", "kept", "kept", "wrote"]
+    assert [d.split(" ")[0] for d in done] == ["kept", "kept", "kept", "wrote", "kept"]
     for name in ("demo.json", "experiments.json", "benchmarks.json"):
         assert (root / "results" / name).read_text() == (ROOT / "results" / name).read_text()
     assert json.loads((root / "results" / "horizon.json").read_text())["summaries"]["h1"]["ppo"]["gold_delta_sd"] == 0.3
@@ -187,7 +207,7 @@ def test_the_machine_names_torchs_cpu_kernels():
 def _checkout_copy(tmp_path) -> Path:
     """README.md, the two docs and results/ of this checkout, in ``tmp_path/repo``."""
     root = tmp_path / "repo"
-    for f in ("README.md", "docs/demo.md", "docs/experiments.md"):
+    for f in ("README.md", "docs/demo.md", "docs/experiments.md", "docs/arithmetic.md"):
         (root / f).parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(ROOT / f, root / f)
     shutil.copytree(ROOT / "results", root / "results")

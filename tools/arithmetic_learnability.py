@@ -12,7 +12,8 @@ Writes under ``--out``: ``data/`` (``sft_train.jsonl``, ``prompts.jsonl`` and
 ``heldout.jsonl`` with their ``answer`` column), ``tokenizer/``, ``sft/`` and ``grpo/`` (the
 trainers' run directories) and ``result.json``; prints the result as one JSON line. Uses the
 public trainers with the same configs a user would write (``examples/arithmetic_sft.yaml``,
-``examples/arithmetic_grpo.yaml``).
+``examples/arithmetic_grpo.yaml``), built by :mod:`fourfold.apps.demo.arithmetic` (which
+``fourfold demo --task arithmetic`` runs with these defaults).
 """
 from __future__ import annotations
 
@@ -24,33 +25,7 @@ from pathlib import Path
 
 import torch
 
-
-def write_jsonl(path: Path, rows: list[dict]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in rows))
-
-
-@torch.no_grad()
-def accuracy(model_dir: str, task, rows: list[dict], *, greedy: bool, seed: int, max_new_tokens: int) -> dict:
-    """The task's response metrics of ``model_dir``'s answers to ``rows``: greedy, or sampled at
-    temperature 1 with ``torch.manual_seed(seed)``."""
-    from fourfold.data import left_pad, tokenize_prompts
-    from fourfold.models.loading import load_causal_lm, load_tokenizer
-    from fourfold.rollout.eager import sample
-    from fourfold.rollout.sampling import decode_responses
-
-    tok, model = load_tokenizer(model_dir), load_causal_lm(model_dir, device="cpu")
-    model.eval()
-    torch.manual_seed(seed)
-    prompts = [r["prompt"] for r in rows]
-    ids = tokenize_prompts(prompts, tok, 64)
-    texts = []
-    for i in range(0, len(prompts), 256):
-        pid, pmask = left_pad(ids[i : i + 256], tok.pad_token_id)
-        s = sample(model, pid, pmask, max_new_tokens=max_new_tokens, temperature=1.0, greedy=greedy,
-                   eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
-        texts += decode_responses(tok, s)
-    return task.response_metrics(prompts, texts)
+from fourfold.apps.demo.arithmetic import accuracy, grpo_config, lengths, sft_config, write_jsonl
 
 
 def parser() -> argparse.ArgumentParser:
@@ -82,18 +57,6 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> dict:
-    from fourfold.config import (
-        InitModelConfig,
-        LMModelConfig,
-        PPOAlgoConfig,
-        PPOConfig,
-        PromptDataConfig,
-        RunConfig,
-        SFTConfig,
-        SFTDataConfig,
-        TrainLoopConfig,
-    )
-    from fourfold.config.ppo import GenerationConfig
     from fourfold.run.common import quiet_transformers
     from fourfold.tasks import build_word_tokenizer, get_task
     from fourfold.trainers import ppo as ppo_trainer
@@ -106,9 +69,7 @@ def main(argv=None) -> dict:
     out, t0 = Path(a.out), time.perf_counter()
     task = get_task("arithmetic", digits=a.digits, error_rate=a.error_rate)
     data = out / "data"
-    max_new = 9 * a.digits + 6  # the worked solution's words, and room to spare
-    max_prompt = 6 + 2 * a.digits  # <bos> what is A + B ?
-    max_len = max_prompt + max_new
+    max_new = lengths(a.digits)[1]
     heldout = task.problems(a.heldout, random.Random(a.seed + 2), split="heldout")
     if not a.skip_sft:
         corpus = task.sft_examples(a.examples, random.Random(a.seed))
@@ -119,30 +80,18 @@ def main(argv=None) -> dict:
         if a.data_only:
             print(json.dumps({"data": str(data), "tokenizer": str(out / "tokenizer")}))
             return {}
-        sft_cfg = SFTConfig(
-            model=InitModelConfig(from_scratch=True, tokenizer=str(out / "tokenizer"), hidden_size=a.hidden,
-                                  num_layers=a.layers, num_heads=4, max_positions=max_len),
-            data=SFTDataConfig(train=str(data / "sft_train.jsonl")),
-            train=TrainLoopConfig(max_steps=a.sft_steps, batch_size=a.sft_batch, lr=a.sft_lr,
-                                  warmup_steps=max(1, a.sft_steps // 20), max_len=max_len, log_every=50),
-            run=RunConfig(output_dir=str(out / "sft"), seed=a.seed, threads=a.threads, overwrite=True,
-                          progress=False, tensorboard=False))
+        sft_cfg = sft_config(tokenizer=str(out / "tokenizer"), train=str(data / "sft_train.jsonl"), out=str(out / "sft"),
+                             digits=a.digits, hidden=a.hidden, layers=a.layers, steps=a.sft_steps, lr=a.sft_lr,
+                             batch_size=a.sft_batch, seed=a.seed, threads=a.threads)
         sft_trainer.train(sft_cfg)
     t_sft = time.perf_counter() - t0
     sft_dir = str(out / "sft" / "model")
     before = {"greedy": accuracy(sft_dir, task, heldout, greedy=True, seed=a.seed, max_new_tokens=max_new),
               "sampled": accuracy(sft_dir, task, heldout, greedy=False, seed=a.seed, max_new_tokens=max_new)}
     t1 = time.perf_counter()
-    grpo_cfg = PPOConfig(
-        model=LMModelConfig(policy=sft_dir, reward_fn="fourfold.tasks.arithmetic:reward"),
-        data=PromptDataConfig(prompts=str(data / "prompts.jsonl"), max_prompt_len=max_prompt),
-        generation=GenerationConfig(max_new_tokens=max_new, temperature=1.0),
-        ppo=PPOAlgoConfig(advantage="grpo", samples_per_prompt=a.group, iterations=a.iterations,
-                          rollout_batch_size=a.rollout, minibatch_size=a.minibatch, ppo_epochs=a.epochs,
-                          kl_in="loss", kl_coef=a.kl, kl_estimator="k3", loss_agg="seq-mean-token-mean",
-                          lr=a.lr, lr_schedule="constant"),
-        run=RunConfig(output_dir=str(out / "grpo"), seed=a.seed, threads=a.threads, overwrite=True,
-                      progress=False, tensorboard=False, samples_every=0))
+    grpo_cfg = grpo_config(policy=sft_dir, prompts=str(data / "prompts.jsonl"), out=str(out / "grpo"), digits=a.digits,
+                           group=a.group, iterations=a.iterations, rollout=a.rollout, minibatch=a.minibatch,
+                           epochs=a.epochs, lr=a.lr, kl=a.kl, seed=a.seed, threads=a.threads)
     ppo_trainer.train(grpo_cfg)
     t_grpo = time.perf_counter() - t1
     policy = str(out / "grpo" / "policy")

@@ -5,14 +5,16 @@
    ``results.json``, each run's ``provenance.json``: commit, machine, date, command) and writes the
    small summaries that are committed as the source of the published numbers, in ``results/``:
    ``demo.json`` (the full demo and the quick demo, per seed), ``experiments.json`` (the claims
-   sweep: per-arm summaries, claims), ``horizon.json`` (the horizon family) and, untouched,
+   sweep: per-arm summaries, claims), ``horizon.json`` (the horizon family), ``arithmetic.json``
+   (``fourfold demo --task arithmetic``, per seed) and, untouched,
    ``benchmarks.json`` (the benchmark rows: measured by hand, see docs/benchmarks.md; ``make
    results`` does not rerun them, workload G needs an H200).
 2. ``render`` rewrites, from ``results/*.json`` alone, the marked blocks of README.md (the headline
-   table, the quick demo's numbers), docs/demo.md (the seed table, the quick demo) and
-   docs/experiments.md (the full sweep's table and claims count, the horizon family's table, figure
-   and claims): the text between ``<!-- publish:NAME -->`` and ``<!-- /publish:NAME -->``. Each block
-   says on which commit and machine its numbers were made.
+   table, the quick demo's numbers, the arithmetic demo's line), docs/arithmetic.md (its seeds),
+   docs/demo.md (the seed table, the quick demo) and docs/experiments.md (the full sweep's table
+   and claims count, the horizon family's table, figure and claims): the text between
+   ``<!-- publish:NAME -->`` and ``<!-- /publish:NAME -->``. Each block says on which commit and
+   machine its numbers were made.
 3. ``check`` renders to memory and exits 1 when a file differs (the test suite runs it).
 
 Nothing here imports torch or runs a model.
@@ -28,6 +30,8 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, Mapping, Optional, Sequence
 
+from fourfold.apps.demo.arithmetic_results import RUNS as ARITHMETIC_RUNS
+from fourfold.apps.demo.arithmetic_results import arithmetic_line, arithmetic_table, collect_arithmetic
 from fourfold.apps.report_kit import fmt, mean, pct, signed
 from fourfold.atomic import write_text_atomic
 from fourfold.errors import DataError, FourfoldError
@@ -361,7 +365,9 @@ def headline_table(res: Mapping) -> str:
 
 
 BLOCKS: dict[str, dict[str, Callable[[Mapping], str]]] = {
-    "README.md": {"headline": headline_table, "quick-demo": quick_demo_text, "machine-spread": machine_spread_text},
+    "README.md": {"headline": headline_table, "quick-demo": quick_demo_text, "machine-spread": machine_spread_text,
+                  "arithmetic-demo": arithmetic_line},
+    "docs/arithmetic.md": {"arithmetic-seeds": arithmetic_table},
     "docs/demo.md": {"demo-seeds": demo_seed_table, "quick-demo": quick_demo_text, "demo-machines": machines_table},
     "docs/experiments.md": {"experiments-table": experiments_table, "horizon": horizon_block},
 }
@@ -376,12 +382,13 @@ REQUIRED_KEYS = {
                 "provenance"),
     "benchmarks": ("rows", "source"),
     "machines": ("machines",),
+    "arithmetic": ("runs",),
 }
 """The top-level keys each results/<name>.json must hold for the blocks to render."""
 
 
 def load_results(root: Path) -> dict:
-    """results/*.json of the checkout ``root`` (horizon and machines: None until made). A missing
+    """results/*.json of the checkout ``root`` (horizon, machines, arithmetic: None until made). A missing
     one (but horizon's), one that does not parse, or one without a key of :data:`REQUIRED_KEYS` is a
     DataError naming the file."""
     root = Path(root)
@@ -391,7 +398,7 @@ def load_results(root: Path) -> dict:
     for name, keys in REQUIRED_KEYS.items():
         path = d / f"{name}.json"
         res[name] = rec = read(path)
-        if rec is None and name not in ("horizon", "machines"):
+        if rec is None and name not in ("horizon", "machines", "arithmetic"):
             raise DataError(f"{path}: missing (is --root {root} a fourfold checkout? `python -m "
                             "fourfold.apps.publish collect` writes it from run outputs)")
         if rec is not None and not isinstance(rec, dict):
@@ -466,7 +473,7 @@ def _read_doc(path: Path) -> str:
 
 
 def write_results(root: Path, demo: Sequence[Path], demo_quick: Sequence[Path], experiments: Path, horizon: Path,
-                  machines_only: bool = False) -> list[str]:
+                  machines_only: bool = False, arithmetic: Sequence[Path] = ()) -> list[str]:
     """Write each of results/demo.json, experiments.json and horizon.json (and the horizon figure)
     whose run outputs exist; keep the others; file the demo runs by machine in results/machines.json
     too (with ``machines_only``, there alone: another machine's runs, the published ones kept).
@@ -498,6 +505,11 @@ def write_results(root: Path, demo: Sequence[Path], demo_quick: Sequence[Path], 
         else:
             done.append(f"kept {d / name} (no {out / 'results.json'})" if (d / name).is_file()
                         else f"no {d / name}: no {out / 'results.json'}")
+    arith = collect_arithmetic(arithmetic)
+    if arith:
+        write("arithmetic.json", arith)
+    else:
+        done.append(f"kept {d / 'arithmetic.json'} (no arithmetic demo run has a result.json)")
     if (horizon / "horizon.png").is_file():
         shutil.copyfile(horizon / "horizon.png", root / HORIZON_FIGURE)
         done.append(f"wrote {root / HORIZON_FIGURE}")
@@ -513,6 +525,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--demo-quick", nargs="*", default=["runs/demo-quick-s0", "runs/demo-quick-s1", "runs/demo-quick-s2"])
     p.add_argument("--experiments", default="runs/experiments")
     p.add_argument("--horizon", default="runs/horizon")
+    p.add_argument("--arithmetic", nargs="*", default=list(ARITHMETIC_RUNS), help="the `fourfold demo --task arithmetic` runs")
     p.add_argument("--machines-only", action="store_true",
                    help="collect: file the demo runs in results/machines.json alone (another machine's runs)")
     args = p.parse_args(argv)
@@ -530,7 +543,8 @@ def _run(args: argparse.Namespace) -> int:
         raise DataError(f"--root {root}: no such directory (the checkout whose results/ and docs are read)")
     if args.command == "collect":
         write_results(root, [root / r for r in args.demo], [root / r for r in args.demo_quick], root / args.experiments,
-                      root / args.horizon, machines_only=args.machines_only)
+                      root / args.horizon, machines_only=args.machines_only,
+                      arithmetic=[root / r for r in args.arithmetic])
         return 0
     files = render(root)
     changed = [f for f, text in files.items() if (root / f).read_text(encoding="utf-8") != text]

@@ -14,17 +14,23 @@ from __future__ import annotations
 
 import json
 import queue
+import signal
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Callable, Optional
 
 import torch
 
 from fourfold.data import ResponseRecord, collate_responses, encode_responses
 from fourfold.errors import ConfigError, DataError, FourfoldError
-from fourfold.models.loading import ensure_pad_embedding, load_sequence_scorer, load_tokenizer
+from fourfold.models.checks import has_tokenizer_files
+from fourfold.models.loading import ensure_pad_embedding, load_causal_lm, load_sequence_scorer, load_tokenizer
+from fourfold.models.lora import REWARD, LoraSettings, SharedBase, is_adapter_dir, load_reward_adapter
+from fourfold.models.lora.files import ADAPTER_CONFIG, resolvable_base
 from fourfold.models.reward_fn import call_reward_fn, column_plan, load_reward_fn
 from fourfold.models.roles import ModelReward, ScalarModel
 
@@ -139,15 +145,41 @@ class Batcher:
             item.done.set()
 
 
+def load_reward_model(model_dir: str, *, device: str = "cpu", dtype: str = "float32", tokenizer: Optional[str] = None,
+                      trust_remote_code: bool = False):
+    """(tokenizer, frozen reward model) of a reward-model directory: a full one (a one-label sequence
+    classifier, as ``fourfold reward`` writes ``model/``) or a LoRA reward adapter (``model-adapter/``:
+    loaded on the causal LM its ``adapter_config.json`` names, as PPO loads ``model.reward`` with
+    ``model.lora``; the tokenizer saved beside the adapter, else the base's)."""
+    if not Path(model_dir).is_dir():
+        raise ConfigError(f"--model: {model_dir}: no such directory (a reward model `fourfold reward` wrote)")
+    if not is_adapter_dir(model_dir):
+        tok = load_tokenizer(tokenizer or model_dir, trust_remote_code=trust_remote_code)
+        hf = load_sequence_scorer(model_dir, dtype=dtype, device=torch.device(device),
+                                  trust_remote_code=trust_remote_code)
+        ensure_pad_embedding(hf, tok)
+        return tok, ScalarModel(hf)
+    config = json.loads((Path(model_dir) / ADAPTER_CONFIG).read_text())
+    base = resolvable_base(config.get("base_model_name_or_path"))
+    if not base:
+        raise ConfigError(f"--model: {model_dir}: the adapter names no base model (base_model_name_or_path)")
+    tok = load_tokenizer(tokenizer or (model_dir if has_tokenizer_files(model_dir) else base),
+                         trust_remote_code=trust_remote_code)
+    lm = load_causal_lm(base, dtype=dtype, device=torch.device(device), trust_remote_code=trust_remote_code)
+    ensure_pad_embedding(lm, tok)
+    # the shared base starts with an adapter of its own (B = 0: the base model itself), never active here
+    shared = SharedBase(lm, LoraSettings(r=1, alpha=1.0), adapter="served-base")
+    return tok, load_reward_adapter(shared, model_dir, REWARD)
+
+
 def model_scorer(model_dir: str, *, device: str = "cpu", dtype: str = "float32", tokenizer: Optional[str] = None,
                  max_len: int = 512, trust_remote_code: bool = False) -> Scorer:
-    """The scorer of a reward-model directory: each row tokenised as ``fourfold score`` and PPO lay
-    out a rollout (prompt with BOS, left-padded; response then EOS when finished, right-padded),
-    scored at the last valid token with the model's normalisation shift."""
-    tok = load_tokenizer(tokenizer or model_dir, trust_remote_code=trust_remote_code)
-    hf = load_sequence_scorer(model_dir, dtype=dtype, device=torch.device(device), trust_remote_code=trust_remote_code)
-    ensure_pad_embedding(hf, tok)
-    reward = ModelReward(ScalarModel(hf))
+    """The scorer of a reward-model directory (:func:`load_reward_model`): each row tokenised as
+    ``fourfold score`` and PPO lay out a rollout (prompt with BOS, left-padded; response then EOS
+    when finished, right-padded), scored at the last valid token with the model's normalisation shift."""
+    tok, model = load_reward_model(model_dir, device=device, dtype=dtype, tokenizer=tokenizer,
+                                   trust_remote_code=trust_remote_code)
+    reward = ModelReward(model)
     lock = threading.Lock()
 
     @torch.no_grad()
@@ -157,7 +189,7 @@ def model_scorer(model_dir: str, *, device: str = "cpu", dtype: str = "float32",
         examples = encode_responses(records, tok, max_len)
         ids, mask = collate_responses(examples, tok.pad_token_id)
         with lock:
-            return reward(ids.to(hf.device), mask.to(hf.device)).float().cpu().tolist()
+            return reward(ids.to(device), mask.to(device)).float().cpu().tolist()
 
     score.description = f"reward model {model_dir}"
     return score
@@ -215,6 +247,8 @@ def make_handler(batcher: Batcher, description: str, request_timeout_s: float):
                 return
             self._reply(200, {"scores": scores})
 
+        timeout = 60  # a client that opens a connection and sends nothing frees its thread after a minute
+
         def log_message(self, format, *args):  # one line per request is noise for a trainer's server
             pass
 
@@ -232,3 +266,45 @@ def start_server(scorer: Scorer, *, host: str = "127.0.0.1", port: int = 8000, w
     server.batcher = batcher
     threading.Thread(target=server.serve_forever, name="fourfold-reward-server", daemon=True).start()
     return server
+
+
+def serve(*, model: Optional[str] = None, fn: Optional[str] = None, host: str = "127.0.0.1", port: int = 8000,
+          batch_size: int = 512, max_wait_ms: float = 10.0, request_timeout_s: float = 600.0, device: str = "cpu",
+          dtype: str = "float32", tokenizer: Optional[str] = None, max_len: int = 512, out=None) -> int:
+    """``fourfold serve-reward``: serve ``model`` (a reward-model directory) or ``fn`` (a reward
+    function) on ``host:port`` until SIGINT or SIGTERM; one line on ``out`` (stdout) when it listens:
+    ``fourfold serve-reward: serving <scorer> at http://host:port (POST /score, GET /health)``.
+    Bad arguments and a port in use are a ConfigError (the CLI's one line, exit 2)."""
+    if (model is None) == (fn is None):
+        raise ConfigError("give exactly one of --model DIR (a reward model) and --fn file.py:name (a reward function)")
+    if batch_size < 1:
+        raise ConfigError(f"--batch-size: expected an integer >= 1, got {batch_size}")
+    if max_wait_ms < 0:
+        raise ConfigError(f"--max-wait-ms: expected a number >= 0, got {max_wait_ms}")
+    if not 0 <= port <= 65535:
+        raise ConfigError(f"--port: expected 0..65535, got {port}")
+    if model is not None:
+        scorer = model_scorer(model, device=device, dtype=dtype, tokenizer=tokenizer, max_len=max_len)
+    else:
+        scorer = function_scorer(fn)
+    try:
+        server = start_server(scorer, host=host, port=port, window_s=max_wait_ms / 1000.0, max_rows=batch_size,
+                              request_timeout_s=request_timeout_s)
+    except OSError as e:
+        raise ConfigError(f"--host/--port: cannot listen on {host}:{port} ({e.strerror or e})") from None
+    stop = threading.Event()
+    previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        bound_host, bound_port = server.server_address[:2]
+        url = f"http://{bound_host}:{bound_port}"
+        print(f"fourfold serve-reward: serving {scorer.description} at {url} (POST /score, GET /health)",
+              file=out or sys.stdout, flush=True)
+        while not stop.wait(0.5):
+            pass
+        print("fourfold serve-reward: stopped", file=out or sys.stdout, flush=True)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        server.shutdown()
+        server.server_close()
+    return 0

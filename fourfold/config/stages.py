@@ -6,7 +6,7 @@ functions are named as ``module:attribute`` and imported only when a stage runs.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Optional
 
 
@@ -30,6 +30,20 @@ class Stage:
     embedded task (``data.task``) supplies, and its config has a memory estimate."""
     cache: bool = False
     """An application with a stage cache of its own (``--quick``, ``--fresh``)."""
+    tasks: tuple = ()
+    """Other embedded worlds the stage runs on (``--task NAME``): ``(name, config, run)`` triples,
+    ``config`` and ``run`` as above; without ``--task`` the stage's own ``config`` and ``run``."""
+    task: str = ""
+    """The name of the world the stage's own ``config`` and ``run`` are for (``--task``'s default)."""
+
+    def for_task(self, name: Optional[str]) -> "Stage":
+        """This stage with the ``config`` and ``run`` of world ``name`` (None or its own: itself)."""
+        if not name or name == self.task:
+            return self
+        for task, config, run in self.tasks:
+            if task == name:
+                return replace(self, config=config, run=run)
+        raise ValueError(f"{self.name}: no task {name!r}")
 
 
 STAGES: dict[str, Stage] = {s.name: s for s in (
@@ -48,7 +62,10 @@ STAGES: dict[str, Stage] = {s.name: s for s in (
     Stage("gym", "fourfold.config:GymConfig", "fourfold.trainers.gym:train",
           "PPO / REINFORCE on a Gymnasium environment", run_dir=True),
     Stage("demo", "fourfold.config:DemoConfig", "fourfold.apps.demo.pipeline:run",
-          "the embedded default: SFT -> RM -> PPO on the review task", cache=True),
+          "the embedded default: SFT -> RM -> PPO on the review task (--task arithmetic: SFT -> GRPO with a "
+          "verifiable reward)", cache=True, task="review",
+          tasks=(("arithmetic", "fourfold.apps.demo.arithmetic_config:ArithmeticDemoConfig",
+                  "fourfold.apps.demo.arithmetic:run"),)),
     Stage("experiments", "fourfold.apps.experiments.config:ExperimentsConfig", "fourfold.apps.experiments:run",
           "the method's claims as measured experiments", cache=True),
     Stage("generate", "fourfold.config:GenerateConfig", "fourfold.apps.inference:generate",

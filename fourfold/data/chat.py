@@ -13,19 +13,31 @@ import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
-__all__ = ["ChatRender", "TemplateText", "plain_chat_render", "chat_template_renderer"]
+__all__ = ["ChatRender", "RenderedChat", "TemplateText", "plain_chat_render", "chat_template_renderer"]
 
 ChatRender = Callable[[list[dict[str, Any]]], str]
 """``render(messages) -> str``: the prompt text for a conversation, ending where the reply begins."""
 
 
+class RenderedChat(str):
+    """Prompt text rendered from chat messages; ``messages`` are those messages, so whoever reads
+    the text later (a reward model with its own tokenizer and chat template) can render them anew."""
+
+    messages: tuple[dict[str, Any], ...]
+
+    def __new__(cls, text: str, messages: Sequence[dict[str, Any]] = ()):
+        obj = super().__new__(cls, text)
+        obj.messages = tuple(messages)
+        return obj
+
+
 def plain_chat_render(messages: list[dict[str, Any]]) -> str:
     """The fallback when the tokenizer has no chat template: one ``"role: content"`` line per
     message, then ``"assistant: "`` where the reply begins."""
-    return "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant: "
+    return RenderedChat("".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant: ", messages)
 
 
-class TemplateText(str):
+class TemplateText(RenderedChat):
     """Text a chat template wrote. Its special tokens (``<|im_start|>``, a BOS, ...) are read as
     special tokens at tokenisation, while everything else fourfold tokenises is user text whose
     special-token strings stay text; ``literal_spans`` are the ``(start, end)`` character ranges
@@ -33,8 +45,8 @@ class TemplateText(str):
 
     literal_spans: tuple[tuple[int, int], ...]
 
-    def __new__(cls, text: str, literal_spans: Sequence[tuple[int, int]] = ()):
-        obj = super().__new__(cls, text)
+    def __new__(cls, text: str, literal_spans: Sequence[tuple[int, int]] = (), messages: Sequence[dict[str, Any]] = ()):
+        obj = super().__new__(cls, text, messages)
         obj.literal_spans = tuple(literal_spans)
         return obj
 
@@ -62,7 +74,7 @@ def _mark_specials(messages: list[dict[str, Any]], pattern: re.Pattern) -> tuple
     return marked, found
 
 
-def _unmark(text: str, found: list[str]) -> TemplateText:
+def _unmark(text: str, found: list[str], messages: Sequence[dict[str, Any]] = ()) -> TemplateText:
     """The rendered text with the markers replaced by the strings they stand for, as TemplateText
     whose ``literal_spans`` are where those strings now are."""
     parts, spans, length, pos = [], [], 0, 0
@@ -74,7 +86,7 @@ def _unmark(text: str, found: list[str]) -> TemplateText:
         length += len(before) + len(literal)
         pos = m.end()
     parts.append(text[pos:].replace(_MARK_START, "").replace(_MARK_END, ""))
-    return TemplateText("".join(parts), spans)
+    return TemplateText("".join(parts), spans, messages)
 
 
 def chat_template_renderer(tokenizer: Any) -> ChatRender | None:
@@ -89,6 +101,6 @@ def chat_template_renderer(tokenizer: Any) -> ChatRender | None:
     def render(messages: list[dict[str, Any]]) -> str:
         marked, found = _mark_specials(messages, pattern) if pattern is not None else (messages, [])
         text = tokenizer.apply_chat_template(marked, tokenize=False, add_generation_prompt=True)
-        return _unmark(text, found) if found else TemplateText(text)
+        return _unmark(text, found, messages) if found else TemplateText(text, messages=messages)
 
     return render

@@ -14,7 +14,7 @@ import os
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Generic, TypeVar
 
-from fourfold.data.chat import ChatRender, TemplateText, plain_chat_render
+from fourfold.data.chat import ChatRender, RenderedChat, TemplateText, plain_chat_render
 from fourfold.data.io import check_on_error, json_type_name, location, no_usable_rows, one_line, read_source
 from fourfold.errors import DataError
 
@@ -223,7 +223,9 @@ def _render(render: ChatRender | None, messages: list[dict[str, Any]]) -> str:
         raise _Bad(f"chat template returned {type(text).__name__}, expected a string")
     _check_text("rendered chat", text)
     if render is not None and not isinstance(text, TemplateText):
-        text = TemplateText(text)  # a caller's own template: its special tokens are meant
+        text = TemplateText(text, messages=messages)  # a caller's own template: its special tokens are meant
+    elif not isinstance(text, RenderedChat):
+        text = RenderedChat(text, messages)  # the messages travel with the text (a reward model's own template)
     return text
 
 

@@ -12,6 +12,8 @@ run (a fresh head, a LoRA adapter's initial A, a model from scratch) come in one
 * the shared base (LoRA): the first adapter role loads it (checked as a causal LM; for the reward
   stage, the sequence classifier the reward model starts from, its score head becoming the role's
   head) and every adapter or ``base`` role after it runs on that one copy;
+* a full reward model whose directory saves another tokenizer than the run's: checked against its
+  own tokenizer, scoring the decoded text encoded again (:class:`~fourfold.models.roles.RetokenizingReward`);
 * the memory levers of the plan (gradient checkpointing of the trained roles, bf16 autocast of
   every forward under ``bf16-mixed``, the logits chunk of the causal roles): :func:`apply_levers`.
 """
@@ -25,6 +27,7 @@ from typing import Any, Optional
 import torch
 from torch import nn
 
+from fourfold.errors import ModelLoadError
 from fourfold.models.checks import RoleChecker
 from fourfold.models.factory import llama_config, random_causal_lm, random_scalar_model
 from fourfold.models.levers import autocast_forwards, enable_gradient_checkpointing, set_logits_chunk
@@ -33,7 +36,14 @@ from fourfold.models.lora import POLICY, REWARD, AdapterLM, AdapterScalarModel, 
 from fourfold.models.plan import ADAPTER, BASE, FULL, FUNCTION, RolePlan, RoleSpec, plan_evaluation, plan_roles
 from fourfold.models.reward_fn import load_reward_fn
 from fourfold.models.reward_parts import reward_role
-from fourfold.models.roles import AdapterDisabledReference, FrozenReference, FunctionReward, ModelReward, ScalarModel
+from fourfold.models.roles import (
+    AdapterDisabledReference,
+    FrozenReference,
+    FunctionReward,
+    ModelReward,
+    RetokenizingReward,
+    ScalarModel,
+)
 
 
 @dataclass
@@ -161,11 +171,30 @@ class _Builder:
         if spec.form == ADAPTER:
             self.check.same_tokenizer(spec.key, spec.source)
             model = load_reward_adapter(self.base, spec.source, REWARD)
+        elif self.plan.stage in ("ppo", "reinforce") and self.check.differs(spec.source) is not None:
+            model, roles.reward = self.retokenizing_reward(spec)
+            roles.reward_model = model
+            return
         else:
             critic = self.plan.role("critic")
             copied = critic is not None and critic.start == "copy-reward" and critic.form == FULL
             model = self.scorer(spec.source, spec.key, critic.dtype if copied else spec.dtype)
         roles.reward_model, roles.reward = model, ModelReward(model)
+
+    def retokenizing_reward(self, spec: RoleSpec):
+        """A full reward model whose directory holds a tokenizer of another vocabulary than the
+        run's: (its model, checked against its own tokenizer, and the role that encodes the text
+        again with that tokenizer). A critic cannot start as it (another vocabulary)."""
+        critic = self.plan.role("critic")
+        if critic is not None and critic.start == "copy-reward":
+            raise ModelLoadError(f"model.critic_init: 'reward' copies the reward model, and {spec.key} ({spec.source}) "
+                                 f"has another tokenizer than {self.plan.tokenizer_key} ({self.check.differs(spec.source)}); "
+                                 "use model.critic_init=policy")
+        tok = load_tokenizer(spec.source, trust_remote_code=False)  # the reward model's own, no remote code
+        model = ScalarModel(load_sequence_scorer(spec.source, **self._kw(spec.dtype)))
+        RoleChecker(tok, spec.key, spec.source).scorer(model.hf, spec.key, spec.source)
+        ensure_pad_embedding(model.hf, tok)
+        return model, RetokenizingReward(model, tok, self.tok.eos_token_id)
 
     def trained_reward(self, spec: RoleSpec):
         """The reward stage's model: a scalar model (a directory's head kept, else a fresh N(0, 0.02)

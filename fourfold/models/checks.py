@@ -14,7 +14,10 @@ before its embeddings are resized for an added pad token:
   that row is added by the resize);
 * a directory with its own tokenizer files must hold the same tokenizer as the run's (the same
   vocabulary, the pad token aside, and the same BOS/EOS ids); a directory without them must have
-  as many embedding rows as the first model checked (the policy);
+  as many embedding rows as the first model checked (the policy). The exception: a full reward
+  model of an RL run with a tokenizer of its own is checked against that tokenizer and scores the
+  text encoded again (:class:`~fourfold.models.roles.RetokenizingReward`, built by
+  :mod:`fourfold.models.build`);
 * every causal LM of a run (policy, reference) has as many token embeddings as the first: their
   log-probs are compared token by token.
 
@@ -116,6 +119,13 @@ class RoleChecker:
             if difference is not None:
                 raise ModelLoadError(f"{key}: {path}: its tokenizer differs from {self.tokenizer_key} "
                                      f"({self.tokenizer_path}): {difference}")
+
+    def differs(self, path: str) -> Optional[str]:
+        """How the tokenizer saved in directory ``path`` differs from the run's (None: the same, or
+        no tokenizer files there)."""
+        if path == self.tokenizer_path or not has_tokenizer_files(path):
+            return None
+        return self._tokenizer_difference(path)
 
     @staticmethod
     def _no_random_weights(missing: list[str], key: str, path: str) -> None:

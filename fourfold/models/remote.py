@@ -26,6 +26,7 @@ import torch
 
 from fourfold.errors import RewardServerError
 from fourfold.models.reward_fn import check_scores
+from fourfold.models.roles import ends_with_eos
 
 
 def post_json(url: str, payload: dict, timeout_s: float) -> dict:
@@ -90,10 +91,9 @@ class RemoteReward:
 
     def finished(self, input_ids: torch.Tensor, attention_mask: Optional[torch.Tensor]) -> list[bool]:
         """Whether each row's last valid token is EOS (all true without an ``eos_token_id``)."""
-        if self.eos_token_id is None or attention_mask is None or input_ids.shape[1] == 0:
+        if attention_mask is None:
             return [True] * input_ids.shape[0]
-        last = attention_mask.shape[1] - 1 - attention_mask.flip(1).long().argmax(1)  # (B,) last valid position
-        return (input_ids.gather(1, last[:, None]).squeeze(1) == self.eos_token_id).tolist()
+        return ends_with_eos(input_ids, attention_mask, self.eos_token_id)
 
     def score_texts(self, prompts: Sequence[str], responses: Sequence[str], finished: Sequence[bool],
                     columns: Optional[dict] = None) -> list[float]:

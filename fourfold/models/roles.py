@@ -7,7 +7,8 @@
   critic's value V(s_t) at the position whose logits choose token t. Both are saved as
   ``AutoModelForSequenceClassification`` directories with one label, so plain transformers loads
   them.
-* A plain function ``reward_fn(prompts, responses) -> list[float]`` is a reward role too.
+* A plain function ``reward_fn(prompts, responses) -> list[float]`` is a reward role too, and so is
+  a reward model with a tokenizer of its own (:class:`RetokenizingReward`: the text encoded again).
 
 Sequences are laid out as ``[B, L] = left-padded prompt (P) + right-padded response (T)``; position
 ids come from the attention mask (``cumsum - 1``), so left padding does not shift positions.
@@ -301,6 +302,74 @@ class ModelReward:
     @torch.no_grad()
     def __call__(self, input_ids, attention_mask, prompts=None, responses=None) -> torch.Tensor:
         return self.model.score(input_ids, attention_mask)
+
+
+def ends_with_eos(input_ids: torch.Tensor, attention_mask: torch.Tensor, eos_token_id: Optional[int]) -> list[bool]:
+    """Whether each row's last valid token is ``eos_token_id`` (a finished response; all true
+    without an EOS id)."""
+    if eos_token_id is None or input_ids.shape[1] == 0:
+        return [True] * input_ids.shape[0]
+    last = last_valid_position(attention_mask)
+    return (input_ids.gather(1, last[:, None]).squeeze(1) == eos_token_id).tolist()
+
+
+def user_text_ids(tokenizer, text: str) -> list[int]:
+    """Ids of user text with no special tokens added and special-token strings read as text
+    (``split_special_tokens``, as :mod:`fourfold.data.literal` reads the rows of a file)."""
+    try:
+        return list(tokenizer(text, add_special_tokens=False, split_special_tokens=True)["input_ids"])
+    except TypeError:  # a tokenizer without split_special_tokens
+        return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+class RetokenizingReward:
+    """A reward model with a tokenizer of its own (another vocabulary than the policy's): the
+    responses, decoded by the loop with the policy's tokenizer, are encoded again with
+    ``tokenizer`` and scored by ``model`` at the last valid token.
+
+    Each row is laid out as ``fourfold score`` lays it out (prompt left-padded, response
+    right-padded): ``[BOS] + prompt + response (+ EOS when the policy's response ended with
+    ``policy_eos_id``)``, the prompt's text as it is, or, for a prompt rendered from chat messages
+    (:class:`fourfold.data.RenderedChat`) when ``tokenizer`` has a chat template, the whole
+    conversation ``messages + [assistant: response]`` rendered by the reward model's own template
+    (its special tokens special, nothing added), as the prompt part. docs/rewards.md."""
+
+    needs_text = True
+
+    def __init__(self, model: ScalarModel, tokenizer, policy_eos_id: Optional[int]):
+        self.model = freeze(model)
+        self.tokenizer, self.policy_eos_id = tokenizer, policy_eos_id
+
+    def encode_row(self, prompt: str, response: str, finished: bool) -> tuple[list[int], list[int]]:
+        """(prompt part, response part) ids of one row in the reward model's vocabulary."""
+        tok = self.tokenizer
+        messages = getattr(prompt, "messages", None)
+        if messages and getattr(tok, "chat_template", None):
+            conversation = [*map(dict, messages), {"role": "assistant", "content": response}]
+            text = tok.apply_chat_template(conversation, tokenize=False)
+            return list(tok(text, add_special_tokens=False)["input_ids"]), []
+        bos = [tok.bos_token_id] if tok.bos_token_id is not None else []
+        eos = [tok.eos_token_id] if finished else []
+        return bos + user_text_ids(tok, str(prompt)), user_text_ids(tok, response) + eos
+
+    def encode(self, prompts: Sequence[str], responses: Sequence[str], finished: Sequence[bool]
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(input_ids, attention_mask)`` [B, P + T] of the rows in the reward model's vocabulary."""
+        rows = [self.encode_row(p, r, f) for p, r, f in zip(prompts, responses, finished)]
+        P, T = max(len(p) for p, _ in rows), max(len(r) for _, r in rows)
+        pad = self.tokenizer.pad_token_id
+        ids = torch.full((len(rows), P + T), pad, dtype=torch.long)
+        mask = torch.zeros((len(rows), P + T), dtype=torch.long)
+        for i, (p, r) in enumerate(rows):
+            ids[i, P - len(p):P], mask[i, P - len(p):P] = torch.tensor(p, dtype=torch.long), 1
+            ids[i, P:P + len(r)], mask[i, P:P + len(r)] = torch.tensor(r, dtype=torch.long), 1
+        return ids, mask
+
+    @torch.no_grad()
+    def __call__(self, input_ids, attention_mask, prompts, responses, columns=None) -> torch.Tensor:
+        finished = ends_with_eos(input_ids, attention_mask, self.policy_eos_id)
+        ids, mask = self.encode(prompts, responses, finished)
+        return self.model.score(ids.to(input_ids.device), mask.to(input_ids.device))
 
 
 class FunctionReward:

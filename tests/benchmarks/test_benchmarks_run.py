@@ -49,3 +49,11 @@ def test_train_step_benchmark_prints_one_json_line():
     assert out["mode"] == "tokens" and out["micro_batch_tokens"] == 64 and out["updates"] == 2
     for key in ("first_update_s", "steady_update_s", "steady_ms_per_step", "rollout_tokens", "peak_rss_mib"):
         assert out[key] > 0, key
+
+
+def test_reward_server_benchmark_prints_one_json_line():
+    out = _one_json_line(["benchmarks/reward_server.py", "--rows", "4", "--words", "3", "--hidden", "16", "--layers", "1",
+                          "--repeats", "1", "--max-wait-ms", "0"])
+    for part in ("model", "function"):
+        assert out[part]["local_scores_per_s"] > 0 and out[part]["served_scores_per_s"] > 0, part
+    assert out["rows"] == 4 and out["machine"]
