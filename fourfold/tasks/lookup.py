@@ -45,6 +45,8 @@ class LookupTaskConfig:
     """Knobs of the lookup world (see the module docstring).
 
     - ``hops``: lookups before the answer (perfect play: ``hops + 1`` turns); 0 to 3.
+    - ``value_digits``: digits of a chain's value (1: 10 values; 2: 100, too many (key, value)
+      pairs for a small model to memorise instead of reading the reply); 1 to 3.
     - ``error_rate``: share of SFT episodes with one mistake (a guess, else a slip).
     - ``guess_share``: share of those mistakes that are guesses without looking (hops >= 1).
     - ``heldout_share``: share of chains held out from SFT and RL (a CRC-32 of the chain).
@@ -52,6 +54,7 @@ class LookupTaskConfig:
     """
 
     hops: int = 1
+    value_digits: int = 1
     error_rate: float = 0.5
     guess_share: float = 0.5
     heldout_share: float = 0.2
@@ -63,6 +66,8 @@ class LookupTaskConfig:
 
         if not (isinstance(self.hops, int) and not isinstance(self.hops, bool) and 0 <= self.hops <= 3):
             bad("hops", f"must be an int in [0, 3], got {self.hops!r}")
+        if not (isinstance(self.value_digits, int) and 1 <= self.value_digits <= 3):
+            bad("value_digits", f"must be an int in [1, 3], got {self.value_digits!r}")
         for key in ("error_rate", "guess_share"):
             if not 0.0 <= getattr(self, key) <= 1.0:
                 bad(key, f"must be in [0, 1], got {getattr(self, key)}")
@@ -71,24 +76,27 @@ class LookupTaskConfig:
 
 
 def parse_chain(text: str, where: str = "row") -> list[str]:
-    """A ``chain`` column (``"c f 7"``) as its links; ConfigError naming ``where`` when it is not
+    """A ``chain`` column (``"c f 7"``, ``"c 4 7"``) as its links, the keys then the value (``"4 7"``:
+    one link, its digits spaced); ConfigError naming ``where`` when it is not
     distinct keys followed by one digit."""
-    links = text.split() if isinstance(text, str) else []
-    ok = (len(links) >= 2 and links[-1] in DIGITS and all(k in KEYS for k in links[:-1])
-          and len(set(links[:-1])) == len(links) - 1)
+    words = text.split() if isinstance(text, str) else []
+    keys = [w for w in words if w in KEYS]
+    value = words[len(keys):]
+    ok = (keys == words[:len(keys)] and keys and value and all(d in DIGITS for d in value)
+          and len(set(keys)) == len(keys))
     if not ok:
-        raise ConfigError(f"{where}: chain: expected distinct keys ({KEYS[0]}-{KEYS[-1]}) then one digit, "
+        raise ConfigError(f"{where}: chain: expected distinct keys ({KEYS[0]}-{KEYS[-1]}) then the value's digits, "
                           f"e.g. 'c f 7', got {text!r}")
-    return links
+    return keys + [" ".join(value)]
 
 
 def parse_action(action: str) -> tuple[str, Optional[str]]:
-    """``("look", key)``, ``("answer", digit)`` or ``("bad", None)`` for a turn's text (whole)."""
+    """``("look", key)``, ``("answer", digits)`` (``"4 7"``) or ``("bad", None)`` for a turn's text (whole)."""
     words = action.split()
     if len(words) == 2 and words[0] == "look" and words[1] in KEYS:
         return "look", words[1]
-    if len(words) == 2 and words[0] == "answer" and words[1] in DIGITS:
-        return "answer", words[1]
+    if len(words) >= 2 and words[0] == "answer" and all(w in DIGITS for w in words[1:]):
+        return "answer", " ".join(words[1:])
     return "bad", None
 
 
@@ -164,11 +172,14 @@ class LookupTask:
         key = f"{self.config.split_seed}:{' '.join(chain)}".encode()
         return "heldout" if zlib.crc32(key) / 2**32 < self.config.heldout_share else "train"
 
+    def _value(self, rng: random.Random) -> str:
+        return " ".join(rng.choice(DIGITS) for _ in range(self.config.value_digits))
+
     def _chain(self, rng: random.Random, split: str) -> list[str]:
         if split not in self.SPLITS:
             raise ValueError(f"split must be one of {self.SPLITS}, got {split!r}")
         while True:  # rejection: uniform over the split's chains
-            chain = rng.sample(KEYS, max(self.config.hops, 1)) + [rng.choice(DIGITS)]
+            chain = rng.sample(KEYS, max(self.config.hops, 1)) + [self._value(rng)]
             if self.split_of(chain) == split:
                 return chain
 
@@ -200,9 +211,11 @@ class LookupTask:
             chain = self._chain(rng, "train")
             actions = self.perfect_actions(chain, c.hops)
             if rng.random() < c.error_rate:
-                wrong = rng.choice([d for d in DIGITS if d != chain[-1]])
+                wrong = chain[-1]
+                while wrong == chain[-1]:
+                    wrong = self._value(rng)
                 if c.hops >= 1 and rng.random() < c.guess_share:
-                    actions = [f"answer {rng.choice(DIGITS)}"]  # a guess: right 1 time in 10
+                    actions = [f"answer {self._value(rng)}"]  # a guess: right 1 time in 10 ** value_digits
                 else:
                     actions = actions[:-1] + [f"answer {wrong}"]
             env = LookupEnv(chain, c.hops)

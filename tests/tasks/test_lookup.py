@@ -43,7 +43,7 @@ def test_hops_zero_tells_the_fact_in_the_prompt():
 def test_bad_rows_and_options_are_one_line_errors():
     with pytest.raises(ConfigError, match="no 'chain' column"):
         make_env({"prompt": "find c"})
-    for bad in ("c", "c c 7", "c f", "7", "C 7", 3):
+    for bad in ("c", "c c 7", "c f", "7", "C 7", "c 7 f", 3):
         with pytest.raises(ConfigError, match="chain: expected distinct keys"):
             parse_chain(bad)
     with pytest.raises(ConfigError, match="hops 1 does not fit"):
@@ -57,10 +57,28 @@ def test_bad_rows_and_options_are_one_line_errors():
         make_envs("fourfold.tasks.lookup:make_env", [{"prompt": "x"}], ["p.jsonl:3"])
 
 
+def test_values_of_several_digits():
+    task = LookupTask(hops=2, value_digits=2)
+    (row,) = task.problems(1, random.Random(5))
+    chain = parse_chain(row["chain"])
+    assert len(chain) == 3 and len(chain[-1].split()) == 2 and row["answer"] == chain[-1]
+    env = make_env(row)
+    actions = task.perfect_actions(chain, 2)
+    assert actions[-1] == f"answer {chain[-1]}"
+    assert [env.step(a)[1] for a in actions] == [0.0, 0.0, 1.0]
+    assert parse_chain("c f 4 7") == ["c", "f", "4 7"]
+    assert make_env({"chain": "c 4 7"}).step("answer 4")[1:] == (0.0, True)
+    with pytest.raises(ConfigError, match="value_digits"):
+        LookupTaskConfig(value_digits=0)
+    rows = task.sft_rows(200, random.Random(0))
+    assert 0.35 < sum(r["correct"] for r in rows) / 200 < 0.65
+
+
 def test_parse_action():
     assert parse_action("look c") == ("look", "c")
     assert parse_action(" answer  4 ") == ("answer", "4")
-    for bad in ("", "look", "look 4", "answer c", "find c", "look c look d"):
+    assert parse_action("answer 4 7") == ("answer", "4 7")
+    for bad in ("", "look", "look 4", "answer c", "answer", "answer 4 c", "find c", "look c look d"):
         assert parse_action(bad) == ("bad", None)
 
 

@@ -203,3 +203,20 @@ def test_an_env_key_without_a_factory_is_refused_not_ignored():
     with pytest.raises(ConfigError, match="^command line: env.max_turns: set, and env.factory is null"):
         load_config(ReinforceConfig, None, ["model.policy=p", "model.reward_fn=r.py:f", "data.prompts=f.jsonl",
                                             "env.max_turns=2"])
+
+
+@pytest.mark.parametrize("critic_mode", ["separate", "adapter"])
+def test_a_lora_policy_trains_against_an_environment(tiny_lm, files, critic_mode):
+    """LoRA (the reference = the base with adapters off; the critic a full copy or an adapter on the
+    same base): a multi-turn PPO run moves the adapters and logs env/*."""
+    from fourfold.trainers.ppo import train
+
+    tmp, prompts = files
+    out = tmp / f"lora-{critic_mode}"
+    train(_cfg(tiny_lm, out, prompts, **{"env.factory": f"{tmp / 'envs.py'}:echo", "env.max_turns": 2,
+                                         "env.max_tokens": 40, "model.lora.r": 4, "model.lora.alpha": 8,
+                                         "model.critic_mode": critic_mode}))
+    rows = read_metrics(out / "metrics.jsonl")
+    assert [r["env/turns_mean"] for r in rows] == [2.0, 2.0]
+    assert all(r["policy/grad_norm"] > 0 for r in rows)
+    assert (out / "policy").exists()
