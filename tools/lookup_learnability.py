@@ -63,7 +63,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--hops", type=int, default=1)
     p.add_argument("--value-digits", type=int, default=2)
-    p.add_argument("--error-rate", type=float, default=0.5)
+    p.add_argument("--error-rate", type=float, default=0.6)
+    p.add_argument("--guess-share", type=float, default=0.2)
     p.add_argument("--examples", type=int, default=4000)
     p.add_argument("--heldout", type=int, default=512)
     p.add_argument("--iterations", type=int, default=None, help="GRPO iterations (default: the example's)")
@@ -84,7 +85,8 @@ def main(argv=None) -> dict:
     quiet_transformers()
     torch.set_num_threads(1)
     out, t0 = Path(a.out), time.perf_counter()
-    task = LookupTask(hops=a.hops, value_digits=a.value_digits, error_rate=a.error_rate)
+    task = LookupTask(hops=a.hops, value_digits=a.value_digits, error_rate=a.error_rate,
+                      guess_share=a.guess_share)
     data = out / "data"
     heldout = task.problems(a.heldout, random.Random(a.seed + 2), split="heldout")
     fresh = task.problems(a.heldout, random.Random(a.seed + 3))  # training-side chains, rows not in prompts.jsonl
@@ -95,7 +97,7 @@ def main(argv=None) -> dict:
     if a.data_only:
         print(json.dumps({"data": str(data), "tokenizer": str(out / "tokenizer")}))
         return {}
-    turns, tokens = a.hops + 1, 16 + 12 * a.hops
+    turns, tokens = a.hops + 1, 20 + 12 * a.hops  # hops 1: the examples' 32
     sft_over = [f"model.tokenizer={out / 'tokenizer'}", f"data.train={data / 'sft_train.jsonl'}",
                 f"run.output_dir={out / 'sft'}", f"run.seed={a.seed}", "run.progress=false",
                 f"model.max_positions={tokens}", f"train.max_len={tokens}"]

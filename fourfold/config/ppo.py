@@ -413,7 +413,7 @@ def require_env_fits(model: LMModelConfig, env: EnvConfig, gen: GenerationConfig
             f"{gen.engine}: environments (env.factory) run on the eager engine only; set generation.engine=eager")
     require(gen.missing_eos_score is None, "generation.missing_eos_score",
             "not applied with env.factory (each turn's reward is the environment's); set it to null")
-    require_fits(env.max_tokens, f"env.max_tokens = {env.max_tokens}",
+    require_fits(env.max_tokens, "env.max_tokens",
                  [(f"model.{role}", getattr(model, role)) for role in ("policy", "reference", "critic")])
 
 

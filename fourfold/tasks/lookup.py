@@ -15,7 +15,8 @@ Observations are chat messages of role ``user`` (rendered by the tokenizer's tem
 plain ``role: content`` fallback of a word-level tokenizer), so the SFT corpus's ``messages`` rows
 (``data.assistant_turns: all``) tokenise as the rollout does. The corpus plays imperfectly: with
 probability ``error_rate`` an episode makes one mistake, a guess without looking (turn 1 answers a
-random digit) or a slip (the answer is not the digit told).
+random value) or a slip (the answer is not the value told; with several digits, always the digits
+told in reverse order).
 
 ``make_env(row)`` (``env.factory: fourfold.tasks.lookup:make_env``) reads the row's ``chain``
 column (``"c f 7"``). Not in the :class:`~fourfold.tasks.Task` registry: its responses are
@@ -203,16 +204,18 @@ class LookupTask:
     def sft_rows(self, n: int, rng: random.Random) -> list[dict]:
         """``n`` episodes on training-side chains as SFT ``messages`` rows (train them with
         ``data.assistant_turns: all``), each with one mistake with probability ``error_rate``:
-        a guess (turn 1 answers a random digit; hops >= 1, share ``guess_share``) else a slip (the
-        answer is another digit than the one told). Each row also says ``"correct"``."""
+        a guess (turn 1 answers a random value; hops >= 1, share ``guess_share``) else a slip (the
+        answer is not the value told: with one digit another digit, with several the digits told
+        in reverse order, the same every time, so the corpus's most common answer can be the
+        wrong one). Each row also says ``"correct"``."""
         c = self.config
         rows = []
         for _ in range(n):
             chain = self._chain(rng, "train")
             actions = self.perfect_actions(chain, c.hops)
             if rng.random() < c.error_rate:
-                wrong = chain[-1]
-                while wrong == chain[-1]:
+                wrong = " ".join(reversed(chain[-1].split()))  # several digits: the pupil swaps them
+                while wrong == chain[-1] and c.value_digits == 1:
                     wrong = self._value(rng)
                 if c.hops >= 1 and rng.random() < c.guess_share:
                     actions = [f"answer {self._value(rng)}"]  # a guess: right 1 time in 10 ** value_digits

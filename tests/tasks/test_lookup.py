@@ -70,8 +70,13 @@ def test_values_of_several_digits():
     assert make_env({"chain": "c 4 7"}).step("answer 4")[1:] == (0.0, True)
     with pytest.raises(ConfigError, match="value_digits"):
         LookupTaskConfig(value_digits=0)
-    rows = task.sft_rows(200, random.Random(0))
-    assert 0.35 < sum(r["correct"] for r in rows) / 200 < 0.65
+    rows = task.sft_rows(400, random.Random(0))
+    assert 0.4 < sum(r["correct"] for r in rows) / 400 < 0.65
+    for r in rows:  # a slip with two digits says the value's digits in reverse order
+        told = r["messages"][-2]["content"].split()[2:4] if len(r["messages"]) > 2 else None
+        said = r["messages"][-1]["content"].split()[1:]
+        if told and not r["correct"]:
+            assert said == told[::-1]
 
 
 def test_parse_action():

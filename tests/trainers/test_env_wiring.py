@@ -220,3 +220,14 @@ def test_a_lora_policy_trains_against_an_environment(tiny_lm, files, critic_mode
     assert [r["env/turns_mean"] for r in rows] == [2.0, 2.0]
     assert all(r["policy/grad_norm"] > 0 for r in rows)
     assert (out / "policy").exists()
+
+
+def test_the_lookup_examples_load():
+    from pathlib import Path
+
+    from fourfold.config import SFTConfig
+
+    root = Path(__file__).resolve().parents[2] / "examples"
+    grpo = load_config(PPOConfig, root / "lookup_grpo.yaml", [])
+    assert grpo.env.factory == "fourfold.tasks.lookup:make_env" and grpo.ppo.advantage == "grpo"
+    assert load_config(SFTConfig, root / "lookup_sft.yaml", []).data.assistant_turns == "all"
