@@ -36,7 +36,9 @@ def run(tiny_lm: str, world, engine: str = "", weights: str = "") -> dict:
         over["model.reward_fns"] = f"[{{fn: '{__file__}:row_reward', weight: 0.5}}]"
         columns, engine = {"row": list(range(8))}, ""
     if engine:
-        over.update({"generation.engine": engine, "generation.weights": weights, "generation.stop_check_every": 3})
+        over.update({"generation.engine": engine, "generation.weights": weights})
+        if engine == "static":  # the eager engine checks every step (stop_check_every is refused there)
+            over["generation.stop_check_every"] = 3
     cfg = load_config(PPOConfig, None, [f"{k}={v}" for k, v in over.items()])
     plan = plan_roles("ppo", cfg)
     functions = load_functions(plan.reward_parts, tuple(columns or ()), "the test's columns")[0]
