@@ -231,3 +231,16 @@ def test_the_lookup_examples_load():
     grpo = load_config(PPOConfig, root / "lookup_grpo.yaml", [])
     assert grpo.env.factory == "fourfold.tasks.lookup:make_env" and grpo.ppo.advantage == "grpo"
     assert load_config(SFTConfig, root / "lookup_sft.yaml", []).data.assistant_turns == "all"
+
+
+def test_torchrun_and_a_task_probe_are_refused_with_one_line(tiny_lm, files, monkeypatch):
+    import fourfold.trainers.rl as rl
+    from fourfold.trainers.ppo import train
+
+    tmp, prompts = files
+    over = {"env.factory": f"{tmp / 'envs.py'}:echo", "env.max_tokens": 40}
+    with pytest.raises(ConfigError, match="^data.task: a task's probe measures single responses"):
+        train(_cfg(tiny_lm, tmp / "probe", prompts, **over), probe=lambda p, r: {})
+    monkeypatch.setattr(rl, "several_ranks", lambda: True)
+    with pytest.raises(ConfigError, match="^env.factory: environments under torchrun are not wired yet"):
+        train(_cfg(tiny_lm, tmp / "ranks", prompts, **over))
