@@ -244,3 +244,24 @@ def test_torchrun_and_a_task_probe_are_refused_with_one_line(tiny_lm, files, mon
     monkeypatch.setattr(rl, "several_ranks", lambda: True)
     with pytest.raises(ConfigError, match="^env.factory: environments under torchrun are not wired yet"):
         train(_cfg(tiny_lm, tmp / "ranks", prompts, **over))
+
+
+def test_an_environment_run_resumed_is_the_uninterrupted_run(tiny_lm, files):
+    """The prompt stream's position and the per-row noise carry the environments' rows: 2
+    iterations, then resumed to 4, give the 4-iteration run's metrics and weights."""
+    from safetensors.torch import load_file
+
+    from fourfold.trainers.ppo import train
+
+    tmp, prompts = files
+    over = {"env.factory": f"{tmp / 'envs.py'}:echo", "env.max_turns": 2, "env.max_tokens": 40,
+            "ppo.lr_schedule": "constant", "run.save_every": 1, "run.samples_every": 0}
+    train(_cfg(tiny_lm, tmp / "full", prompts, **{**over, "ppo.iterations": 4}))
+    train(_cfg(tiny_lm, tmp / "cut", prompts, **{**over, "ppo.iterations": 2}))
+    train(_cfg(tiny_lm, tmp / "cut", prompts, **{**over, "ppo.iterations": 4, "run.resume": True}))
+    full, cut = read_metrics(tmp / "full" / "metrics.jsonl"), read_metrics(tmp / "cut" / "metrics.jsonl")
+    drop = ("time/",)
+    assert [{k: v for k, v in r.items() if not k.startswith(drop)} for r in full] == \
+        [{k: v for k, v in r.items() if not k.startswith(drop)} for r in cut]
+    a, b = load_file(tmp / "full" / "policy" / "model.safetensors"), load_file(tmp / "cut" / "policy" / "model.safetensors")
+    assert all(torch.equal(a[k], b[k]) for k in a)
