@@ -1,8 +1,8 @@
 """The ``env`` section: a multi-turn environment the policy acts in (docs/environments.md).
 
-Not part of any stage's config yet: the PPO and REINFORCE loops do not take an environment (the
-interface, the trajectory rules and the eager engine's multi-turn rollout exist; the wiring does
-not). Imports only the standard library.
+A section of ``fourfold ppo`` and ``fourfold reinforce`` (``RolloutStageConfig.env``): with
+``factory`` set, their loops roll out against one environment per prompts-file row (K per row with
+``ppo.samples_per_prompt``) instead of scoring single responses. Imports only the standard library.
 """
 
 from __future__ import annotations

@@ -9,10 +9,11 @@ import difflib
 from typing import Callable, Literal, Optional, Union
 
 from fourfold.config.dist import LMDistConfig, check_dist
+from fourfold.config.env import EnvConfig
 from fourfold.config.loader import require, validate_precision
 from fourfold.config.lora import LoraConfig
 from fourfold.config.model_limits import require_fits
-from fourfold.config.rewards import RewardFnConfig, require_rewards
+from fourfold.config.rewards import RewardFnConfig, require_rewards, reward_part_names
 from fourfold.config.run import RunConfig
 
 # The advantage estimators of fourfold.core's registry (ADVANTAGE_ESTIMATORS), by name: config
@@ -488,11 +489,33 @@ class RolloutStageConfig:
     model: LMModelConfig = dataclasses.field(default_factory=LMModelConfig)
     data: PromptDataConfig = dataclasses.field(default_factory=PromptDataConfig)
     generation: GenerationConfig = dataclasses.field(default_factory=GenerationConfig)
+    env: EnvConfig = dataclasses.field(default_factory=EnvConfig)
 
     def validate(self, prefix: str = "") -> None:
         check_dist(self.dist, self.run)
-        require_one_reward(self.model)
-        require_rollout_fits(self.model, self.data, self.generation)
+        if self.env.factory is None:
+            unused = [f.name for f in dataclasses.fields(EnvConfig) if getattr(self.env, f.name) != getattr(EnvConfig(), f.name)]
+            require(not unused, f"env.{unused[0] if unused else ''}",
+                    "set, and env.factory is null: there is no environment to apply it to (set env.factory)")
+            require_one_reward(self.model)
+            require_rollout_fits(self.model, self.data, self.generation)
+        else:
+            require_env_fits(self.model, self.env, self.generation)
+
+
+def require_env_fits(model: LMModelConfig, env: EnvConfig, gen: GenerationConfig) -> None:
+    """With ``env.factory``: the environment's step is the only reward (no reward model, function or
+    server beside it), the eager engine runs the turns (the static engine has no multi-turn path),
+    no missing-EOS score (a turn's reward is the environment's), and a whole trajectory
+    (``env.max_tokens``) fits every model directory of the run."""
+    for _, key in reward_part_names(model):
+        require(False, key, "set, and so is env.factory: the environment's step() gives the rewards; remove one")
+    require(gen.engine == "eager", "generation.engine",
+            f"{gen.engine}: environments (env.factory) run on the eager engine only; set generation.engine=eager")
+    require(gen.missing_eos_score is None, "generation.missing_eos_score",
+            "not applied with env.factory (each turn's reward is the environment's); set it to null")
+    require_fits(env.max_tokens, "env.max_tokens",
+                 [(f"model.{role}", getattr(model, role)) for role in ("policy", "reference", "critic")])
 
 
 @dataclasses.dataclass
@@ -512,7 +535,13 @@ class PPOConfig(RolloutStageConfig):
                 "a truncated response is one without EOS: it needs generation.stop_at_eos true")
         require(self.ppo.critic_from is None or self.model.critic is None, "ppo.critic_from",
                 "model.critic is set too: keep one source of the critic's weights")
-        if self.model.reward is None and self.ppo.loads_critic and self.model.critic is None:
+        for key in ("filter_groups", "overlong_buffer", "mask_truncated"):  # single-turn responses' shaping
+            require(self.env.factory is None or getattr(self.ppo, key) in (None, False), f"ppo.{key}",
+                    "works on single-turn responses; an environment run (env.factory) does not take it yet")
+        if self.env.factory is not None and self.ppo.loads_critic and self.model.critic is None:
+            require(self.model.critic_init == "policy", "model.critic_init",
+                    "'reward' needs model.reward, which an environment run has none of; use critic_init=policy")
+        elif self.model.reward is None and self.ppo.loads_critic and self.model.critic is None:
             require(self.model.critic_init == "policy", "model.critic_init",
                     "'reward' needs model.reward; use critic_init=policy with a reward function or a reward server")
 

@@ -250,7 +250,9 @@ def plan_roles(stage: str, cfg) -> RolePlan:
     """The :class:`RolePlan` of a stage config (``sft``, ``reward``, ``dpo``, ``ppo``, ``reinforce``)."""
     if stage in ("ppo", "reinforce"):
         with_critic = stage == "ppo" and cfg.ppo.loads_critic
-        return _lm_plan(stage, cfg.model, cfg.dist, with_critic, bool(cfg.run.concurrent_roles))
+        env = getattr(cfg, "env", None)
+        return _lm_plan(stage, cfg.model, cfg.dist, with_critic, bool(cfg.run.concurrent_roles),
+                        with_reward=env is None or env.factory is None)
     if stage in ("sft", "reward", "dpo"):
         return _supervised_plan(stage, cfg)
     raise ValueError(f"plan_roles: no roles for stage {stage!r}")
@@ -317,8 +319,9 @@ def _supervised_plan(stage: str, cfg) -> RolePlan:
                     scratch=scratch, mixed_precision=cfg.dist.mixed_precision, **_levers(m))
 
 
-def _lm_plan(stage: str, m, dist_cfg, with_critic: bool, concurrent: bool) -> RolePlan:
-    """PPO and REINFORCE: policy, reference, reward (model or function) and, for PPO, the critic."""
+def _lm_plan(stage: str, m, dist_cfg, with_critic: bool, concurrent: bool, with_reward: bool = True) -> RolePlan:
+    """PPO and REINFORCE: policy, reference, reward (model or function) and, for PPO, the critic.
+    ``with_reward`` False (an environment run, ``env.factory``: its step gives the rewards): no reward role."""
     lora = LoraSettings.from_config(m.lora)
     trained, frozen = role_dtypes(m.dtype, m.precision, m.frozen_dtype)
     if lora is not None and concurrent:
@@ -328,7 +331,7 @@ def _lm_plan(stage: str, m, dist_cfg, with_critic: bool, concurrent: bool) -> Ro
         raise ConfigError(f"model.reward: {m.reward} is a LoRA adapter directory: set model.lora to load it "
                           f"as an adapter on the policy's base, or give the merged model (model/ of the same run)")
     parts = reward_parts(m)
-    if not parts:
+    if not parts and with_reward:
         raise ConfigError("model.reward: a reward model directory, a reward function or a reward server is needed")
     roles = [RoleSpec("policy", ADAPTER if lora else FULL, m.policy, "model.policy", True, trained,
                       placement=dist_cfg.policy)]
@@ -338,8 +341,9 @@ def _lm_plan(stage: str, m, dist_cfg, with_critic: bool, concurrent: bool) -> Ro
         ref_key = "model.reference" if m.reference else "model.policy"
         roles.append(RoleSpec("reference", FULL, m.reference or m.policy, ref_key, False, frozen,
                               placement=dist_cfg.reference))
-    reward = _reward_spec(m, lora, frozen, dist_cfg.reward)
-    roles.append(reward)
+    reward = _reward_spec(m, lora, frozen, dist_cfg.reward) if with_reward else None
+    if reward is not None:
+        roles.append(reward)
     if with_critic:
         roles.append(replace(_critic_spec(m, lora, reward, trained, frozen), placement=dist_cfg.critic))
         if roles[-1].form == ADAPTER and dist_cfg.critic != dist_cfg.policy:

@@ -4,6 +4,8 @@
 - :class:`ReviewTask` / :class:`ReviewTaskConfig`: the embedded product-review world.
 - :class:`ArithmeticTask` / :class:`ArithmeticTaskConfig`: column addition whose gold is a verifier
   (its reward function: ``fourfold.tasks.arithmetic:reward``).
+- :class:`LookupTask` / :class:`LookupTaskConfig`: ask a tool, then answer from its reply, a
+  multi-turn world (its environment: ``fourfold.tasks.lookup:make_env``; not in the registry).
 - :func:`get_task`: build a registered task by name; :func:`register_task` adds your own.
 - :func:`build_word_tokenizer`: a word-level ``transformers`` tokenizer over a task's words.
 - :func:`task_prompts` / :func:`task_probe`: a task as the RL trainers take it (prompts, and a probe
@@ -20,6 +22,7 @@ from typing import Callable
 from fourfold.errors import ConfigError
 from fourfold.tasks.arithmetic import ArithmeticTask, ArithmeticTaskConfig
 from fourfold.tasks.base import Task, task_probe, task_prompts
+from fourfold.tasks.lookup import LookupTask, LookupTaskConfig
 from fourfold.tasks.review import ReviewTask, ReviewTaskConfig, has_repetition, is_well_formed
 from fourfold.tasks.tokenizer import build_word_tokenizer
 
@@ -77,6 +80,8 @@ __all__ = [
     "ReviewTaskConfig",
     "ArithmeticTask",
     "ArithmeticTaskConfig",
+    "LookupTask",
+    "LookupTaskConfig",
     "get_task",
     "register_task",
     "available_tasks",

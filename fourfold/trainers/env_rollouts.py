@@ -9,8 +9,8 @@ critic's value of the state each trajectory ends in (its last position) is kept 
 rows (``env.truncation: bootstrap``). :func:`turn_advantages` is ``compute_advantages`` over the
 policy's tokens (:func:`fourfold.core.turns.policy_advantages`).
 
-Not wired into ``fourfold ppo`` / ``fourfold reinforce`` yet; one process only (no torchrun), the
-eager engine only.
+``fourfold ppo`` / ``fourfold reinforce`` call these when ``env.factory`` is set
+(:meth:`fourfold.trainers.rl.RLSteps.rollout`); one process only (no torchrun), the eager engine only.
 """
 
 from __future__ import annotations
@@ -23,13 +23,15 @@ import torch
 
 from fourfold.config import EnvConfig, GenerationConfig, PPOAlgoConfig
 from fourfold.core import AdvantageInputs, Rollout, get_advantage_estimator, masked_whiten
-from fourfold.core.turns import bootstrap_values, policy_advantages, trajectory_rewards
+from fourfold.core.turns import bootstrap_values, policy_advantages, policy_gae, trajectory_rewards
 from fourfold.data.observations import ObservationEncoder
 from fourfold.models.build import Roles
 from fourfold.rollout.env import BoundEnv
 from fourfold.rollout.noise import RowNoise
+from fourfold.rollout.score import Scores
 from fourfold.rollout.turns import TurnBatch, TurnSettings, sample_turns
 from fourfold.run.parallel import several_ranks
+from fourfold.trainers.rollouts import rollout_metrics
 
 FIRST_TOKENS_UNCHECKED = 1 << 30
 """The first observation's length limit handed to the encoder when no ``max_first_tokens`` is
@@ -40,13 +42,17 @@ given: none (``env.max_tokens`` bounds it, checked with its own message)."""
 class CollectedTurns:
     """A scored multi-turn rollout: ``rollout`` (``mask`` = policy mask, ``scores`` = the sum of
     each row's turn rewards), the ``batch`` it came from, ``kl [B, T]`` (0 off the policy tokens),
-    ``bootstrap [B]`` (what each row's last policy token bootstraps with) and the ``metrics``."""
+    ``bootstrap [B]`` (what each row's last policy token bootstraps with) and the ``metrics``: the
+    single-turn rollout's (:func:`fourfold.trainers.rollouts.rollout_metrics`, ``reward/score_*``
+    the returns) and the ``env/*`` ones."""
 
     rollout: Rollout
     batch: TurnBatch
     kl: torch.Tensor
     bootstrap: torch.Tensor
     metrics: dict = field(default_factory=dict)
+    parts: dict = field(default_factory=dict)
+    """A weighted reward's parts, as :class:`fourfold.trainers.rollouts.Collected`'s: none here."""
 
 
 def turn_metrics(batch: TurnBatch) -> dict:
@@ -89,6 +95,7 @@ def collect_turns(roles: Roles, envs: Sequence[BoundEnv], env: EnvConfig, gen: G
     batch = sample_turns(roles.policy, envs, first, settings, encoder.next, noise=uniforms)
     roles.policy.train()
     t_gen = time.perf_counter() - t0
+    t0 = time.perf_counter()
     s = batch.samples
     seq, attn, mask, T = s.sequences, s.attention_mask, s.response_mask, s.n_response
     ref = roles.reference.logprobs(seq, attn, T, gen.temperature) * mask
@@ -104,8 +111,10 @@ def collect_turns(roles: Roles, envs: Sequence[BoundEnv], env: EnvConfig, gen: G
                       ref_logprobs=ref, scores=batch.turn_rewards.sum(1).to(seq.device),
                       context={"input_ids": seq, "attention_mask": attn})
     boot = bootstrap_values(final, batch.truncated.to(seq.device), env.truncation)
-    metrics = turn_metrics(batch)
-    metrics.update({"time/generate_s": t_gen, "time/gen_tokens_per_s": float(mask.sum()) / max(t_gen, 1e-9)})
+    scores, t_score = rollout.scores, time.perf_counter() - t0
+    metrics = rollout_metrics(s, Scores(ref, values, scores), rewards, torch.zeros_like(s.finished))
+    metrics.update(turn_metrics(batch))
+    metrics.update({"time/generate_s": t_gen, "time/score_s": t_score, "time/gen_tokens_per_s": float(mask.sum()) / max(t_gen, 1e-9)})
     return CollectedTurns(rollout, batch, kl, boot, metrics)
 
 
@@ -124,8 +133,19 @@ def turn_advantages(col: CollectedTurns, algo: PPOAlgoConfig) -> Rollout:
         bootstrap=col.bootstrap if estimator.needs_critic else None)
     if algo.whiten_advantages and estimator.needs_critic:
         advantages = masked_whiten(advantages, mask)
+    if algo.critic_lam is not None and estimator.needs_critic:  # the value targets at their own lambda
+        _, returns = policy_advantages(
+            estimator, AdvantageInputs(rewards, mask, values, algo.samples_per_prompt, algo.gamma, algo.critic_lam),
+            bootstrap=col.bootstrap)
     rollout.advantages, rollout.returns = advantages, returns
     return rollout
+
+
+def turn_returns(rollout: Rollout) -> torch.Tensor:
+    """REINFORCE's returns-to-go (gamma = 1) over the policy's tokens: at each policy token the sum
+    of the rewards on it and on the later policy tokens of its row (observations read nothing)."""
+    rewards = rollout.rewards
+    return policy_gae(rewards, torch.zeros_like(rewards), rollout.mask, 1.0, 1.0)[1]
 
 
 def turn_sample_rows(col: CollectedTurns, tokenizer, n: int = 4) -> list[dict]:

@@ -35,9 +35,10 @@ adapter (and head) only.
 
 from __future__ import annotations
 
+import functools
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import Callable, Optional, Sequence
 
@@ -76,6 +77,7 @@ from fourfold.models.roles import ScalarModel, response_logits, response_logprob
 from fourfold.run.optim import NonFiniteGuard, guarded_step, make_optimizer, make_schedule
 from fourfold.run.parallel import global_sum, loss_scale, rank_slice, several_ranks, sum_over_ranks
 from fourfold.run.scaffold import RunScaffold
+from fourfold.trainers.env_rollouts import turn_advantages
 from fourfold.trainers.groups import fill_groups
 from fourfold.trainers.prelude import stage_roles
 from fourfold.trainers.rl import RLSteps, prepare_rewards
@@ -415,14 +417,22 @@ def checked_roles(roles: Optional[Roles], algo: PPOAlgoConfig) -> Optional[Roles
 
 
 def finite_advantages(rollout: Rollout, algo: PPOAlgoConfig, guard: NonFiniteGuard, it: int,
-                      scores_name: str = "reward_score") -> Optional[Rollout]:
+                      scores_name: str = "reward_score",
+                      compute: Optional[Callable[[Rollout], Rollout]] = None) -> Optional[Rollout]:
     """Step 5 of iteration ``it``: the rollout with its advantages and returns
-    (:func:`compute_advantages`), or None when its scores or its advantages are not finite (the
-    guard records which, the scores as ``scores_name``: the iteration is then skipped)."""
+    (:func:`compute_advantages`, or ``compute``: an environment run's, over the policy's tokens),
+    or None when its scores or its advantages are not finite (the guard records which, the scores
+    as ``scores_name``: the iteration is then skipped)."""
     if not guard.ok(scores_name, rollout.scores, f"iteration {it}"):
         return None
-    rollout = compute_advantages(rollout, algo)
+    rollout = compute(rollout) if compute is not None else compute_advantages(rollout, algo)
     return rollout if guard.ok("advantages", rollout.advantages, f"iteration {it}") else None
+
+
+def turn_advantages_of(col, algo: PPOAlgoConfig, rollout: Rollout) -> Rollout:
+    """:func:`~fourfold.trainers.env_rollouts.turn_advantages` of an environment run's ``col`` (its
+    ``rollout``), as :func:`finite_advantages` calls it."""
+    return turn_advantages(replace(col, rollout=rollout), algo)  # rollout: after step 4b's shaping
 
 
 def value_metrics(rollout: Rollout) -> dict:
@@ -545,7 +555,8 @@ def train(cfg: PPOConfig, *, prompts: Optional[Sequence[str]] = None, probe: Opt
             shaped = {**more, **shaped}  # frac_zero_std: of the first rollout under filter_groups
             # 5. advantages and returns; when the scores or the advantages are not finite the iteration
             # is skipped: nothing touched the weights, so a stuck run keeps iteration it - 1's
-            rollout = finite_advantages(rollout, algo, guard, it, score_quantity(col))
+            over_turns = functools.partial(turn_advantages_of, col, algo) if rl.env is not None else None
+            rollout = finite_advantages(rollout, algo, guard, it, score_quantity(col), over_turns)
             if rollout is None:
                 run.log_skips(it)
                 run.stop_if_stuck(it - 1)

@@ -6,7 +6,7 @@ gradient step per batch. The loss is ``-mean_t(log pi(a_t|s_t) * (G_t - b))`` wi
 return-to-go of the token rewards and ``b`` = 0 or the batch-mean return.
 
 1. sample prompts; 2-4. generate, score, per-token rewards (as PPO);
-5. returns-to-go (gamma = 1), optional mean baseline;
+5. returns-to-go (gamma = 1; against an environment over the policy's tokens), optional mean baseline;
 6. one gradient step (its forward against the engine's log-probs: ``mismatch/*``; each token
    weighted by ``rollout_correction``'s weights when set); 7. log, checkpoint.
 """
@@ -34,6 +34,7 @@ from fourfold.models.roles import response_logprobs
 from fourfold.run.optim import guarded_step, make_optimizer, make_schedule
 from fourfold.run.parallel import global_sum, loss_scale, rank_slice, several_ranks
 from fourfold.run.scaffold import RunScaffold
+from fourfold.trainers.env_rollouts import turn_returns
 from fourfold.trainers.prelude import stage_roles
 from fourfold.trainers.rl import RLSteps, prepare_rewards
 from fourfold.trainers.rollouts import Probe, score_quantity
@@ -95,7 +96,7 @@ def train(cfg: ReinforceConfig, *, prompts: Optional[Sequence[str]] = None, prob
             col = rl.rollout(it, kl_coef=kl_ctl.value, kl_estimator=algo.kl_estimator)
             r = col.rollout
             # 5. returns-to-go and the optional baseline
-            returns = discounted_returns(r.rewards, r.mask, 1.0)
+            returns = discounted_returns(r.rewards, r.mask, 1.0) if rl.env is None else turn_returns(r)
             baseline = None
             if algo.baseline == "mean":
                 baseline = masked_mean(returns, r.mask)

@@ -15,7 +15,9 @@ its algorithm (steps 5-6: advantages or returns, the update) and its metrics::
     return rl.finish(last)                                   # the summary line and dict
 
 The rollout itself (one call from a batch of prompts to a scored
-:class:`~fourfold.core.Rollout`) is :func:`fourfold.trainers.rollouts.collect`.
+:class:`~fourfold.core.Rollout`) is :func:`fourfold.trainers.rollouts.collect`; with ``env.factory``
+set it is :func:`fourfold.trainers.env_rollouts.collect_turns` on one environment per row
+(docs/environments.md), and the loops take their advantages over the policy's tokens.
 """
 
 from __future__ import annotations
@@ -28,13 +30,17 @@ import torch
 
 from fourfold.config import validate_tree
 from fourfold.data import prompt_columns
+from fourfold.errors import ConfigError
 from fourfold.models.build import Roles
 from fourfold.models.levers import autocast_region
 from fourfold.models.plan import plan_roles
 from fourfold.models.reward_parts import load_functions
 from fourfold.rollout.engine import make_engine
+from fourfold.rollout.env import load_env_factory, make_envs
 from fourfold.rollout.noise import RowNoise
 from fourfold.run.export import save_trained
+from fourfold.run.parallel import several_ranks
+from fourfold.trainers.env_rollouts import CollectedTurns, collect_turns, turn_sample_rows
 from fourfold.trainers.rollouts import (
     KEY_METRICS,
     Collected,
@@ -89,6 +95,16 @@ class RLSteps:
                  state: Optional[Mapping[str, object]] = None, probe: Optional[Probe] = None,
                  notes: Sequence[str] = ()):
         self.run_ctx, self.cfg, self.roles, self.device, self.probe = run, cfg, roles, device, probe
+        self.env = None
+        """The environment factory (``env.factory`` loaded) of an environment run; None: single turns."""
+        if cfg.env.factory is not None:
+            if several_ranks():
+                raise ConfigError("env.factory: environments under torchrun are not wired yet (each rank its rows' "
+                                  "environments); run the stage in one process")
+            if probe is not None:
+                raise ConfigError("data.task: a task's probe measures single responses, and env.factory is set; "
+                                  "an environment run's measure is its returns (env/return_mean): unset data.task")
+            self.env = load_env_factory(cfg.env.factory)[0]
         self.notes = list(notes)
         self.total = getattr(cfg, section).iterations
         self.engine = make_engine(cfg.generation, precision=cfg.model.precision, max_prompt_len=cfg.data.max_prompt_len)
@@ -131,6 +147,8 @@ class RLSteps:
         autocast (the weights fixed: the cast cache kept). ``draw`` > 0: a further rollout of the
         same iteration (PPO's filter_groups), its noise seeded ``run.seed + draw``."""
         cfg, roles = self.cfg, self.roles
+        if self.env is not None:
+            return self._turns(it, kl_coef, kl_estimator, samples_per_prompt)
         texts, prompt_ids, prompt_mask, columns = self.stream.next_with_columns(self.device)
         texts, prompt_ids, prompt_mask = repeat_prompts(texts, prompt_ids, prompt_mask, samples_per_prompt)
         self.engine.sync(roles.policy)
@@ -139,12 +157,29 @@ class RLSteps:
                            kl_coef=kl_coef, kl_estimator=kl_estimator, probe=self.probe, concurrent=concurrent,
                            noise=RowNoise(cfg.run.seed + draw, it), columns=repeat_columns(columns, samples_per_prompt))
 
-    def log(self, logger, it: int, metrics: dict, col: Collected) -> None:
+    def _turns(self, it: int, kl_coef: float, kl_estimator: str, k: int) -> CollectedTurns:
+        """Steps 1-4 of an environment run: the next batch of rows, each on ``k`` consecutive rows
+        with its own environment (``make_env(row)`` per trajectory: the group of a group
+        estimator), then :func:`~fourfold.trainers.env_rollouts.collect_turns` with the iteration's
+        per-row noise, under the run's autocast."""
+        cfg = self.cfg
+        _, rows, wheres = self.stream.next_rows()
+        rows, wheres = [r for r in rows for _ in range(k)], [w for w in wheres for _ in range(k)]
+        envs = make_envs(self.env, rows, wheres)
+        with autocast_region(cfg.model.precision, self.device.type):
+            return collect_turns(self.roles, envs, cfg.env, cfg.generation, kl_coef=kl_coef, kl_estimator=kl_estimator,
+                                 noise=RowNoise(cfg.run.seed, it), max_first_tokens=cfg.data.max_prompt_len)
+
+    def log(self, logger, it: int, metrics: dict, col: Collected | CollectedTurns) -> None:
         """Step 7's log: the metrics row of iteration ``it``, and a few completions of its batch
-        (decoded only now) when ``run.samples_every`` says so."""
+        (decoded only now) when ``run.samples_every`` says so (an environment run's: each turn with
+        its reward and the observation after it)."""
         logger.log(it, metrics)
         if self.run_ctx.samples_due(it, self.total):
-            logger.samples(it, sample_rows(col, self.roles.tokenizer, self.probe))
+            if isinstance(col, CollectedTurns):
+                logger.samples(it, turn_sample_rows(col, self.roles.tokenizer))
+            else:
+                logger.samples(it, sample_rows(col, self.roles.tokenizer, self.probe))
 
     def export(self, critic: Optional[torch.nn.Module] = None) -> None:
         """After the loop, inside its context: refuse a run in which no update went through, then

@@ -82,6 +82,8 @@ class PromptStream:
         self.columns = column_names(rows)
         """The prompts file's other columns (none for prompts passed as a list)."""
         self.rows = [rows[e.index] for e in examples]
+        self.wheres = [f"{source}:{lines[e.index]}" if lines else f"{source}[{e.index}]" for e in examples]
+        """Where each prompt comes from, for messages: ``file:line`` (``prompts[i]`` for a list)."""
         if len(self.ids) < batch_size:
             skipped = f" ({len(self.skipped)} bad rows skipped)" if self.skipped else ""
             raise ConfigError(f"{batch_key}: {batch_size} is more than the {len(self.ids)} prompts in {source}{skipped}; "
@@ -101,6 +103,14 @@ class PromptStream:
         ids, mask = left_pad([self.ids[i] for i in idx], self.pad_id)
         columns = {c: [self.rows[i].get(c) for i in idx] for c in self.columns}
         return [self.texts[i] for i in idx], ids.to(device), mask.to(device), columns
+
+    def next_rows(self) -> tuple[list[str], list[dict], list[str]]:
+        """The next batch as an environment run reads it (the sampler advanced as by :meth:`next`):
+        its prompts' texts, its rows (each a dict of the file's other columns with ``prompt``, the
+        prompt's text; chat ``messages`` rendered) and where each comes from (``file:line``)."""
+        idx = next(self._it)
+        return ([self.texts[i] for i in idx], [{**self.rows[i], "prompt": self.texts[i]} for i in idx],
+                [self.wheres[i] for i in idx])
 
     def state_dict(self) -> dict:
         return self.sampler.state_dict()

@@ -1,0 +1,270 @@
+"""Environments wired into `fourfold ppo` and `fourfold reinforce` (issue 31): a single-turn
+environment whose reward is the reward function gives exactly the plain reward-function run
+(metrics, samples' scores, weights), multi-turn runs with a critic and with K trajectories a row
+train and log env/* and turn samples, and the env section is refused with one line where it is
+not supported."""
+import json
+import random
+
+import pytest
+import torch
+
+from fourfold.config import PPOConfig, ReinforceConfig, load_config
+from fourfold.errors import ConfigError
+from fourfold.reporting import documented, read_metrics
+
+RULES = '''
+def reward(prompts, responses):
+    return [float(len(r.split()) % 3) - 0.5 * float("w1" in r) for r in responses]
+'''
+
+ENVS = '''
+import rules
+
+
+class OneTurn:
+    """The reward function as a one-turn environment: the prompt, then one response scored."""
+
+    def __init__(self, row):
+        self.prompt = row["prompt"]
+
+    def reset(self):
+        return self.prompt
+
+    def step(self, action):
+        return "", rules.reward([self.prompt], [action])[0], True
+
+
+def one_turn(row):
+    return OneTurn(row)
+
+
+class Echo:
+    """Three turns: each reply is the row's `secret` word; saying it scores 1, else 0."""
+
+    def __init__(self, row):
+        self.secret, self.turn = row["secret"], 0
+
+    def reset(self):
+        return "w3 w4"
+
+    def step(self, action):
+        self.turn += 1
+        return " " + self.secret, float(self.secret in action.split()), False
+
+
+def echo(row):
+    return Echo(row)
+'''
+
+
+def _prompts(path, n=32, seed=0):
+    rng = random.Random(seed)
+    with open(path, "w") as f:
+        for i in range(n):
+            words = " ".join(f"w{rng.randrange(60)}" for _ in range(rng.randrange(2, 5)))
+            f.write(json.dumps({"prompt": words, "secret": f"w{rng.randrange(60)}", "idx": i}) + "\n")
+    return path
+
+
+@pytest.fixture
+def files(tmp_path, monkeypatch):
+    (tmp_path / "rules.py").write_text(RULES)
+    (tmp_path / "envs.py").write_text(ENVS)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return tmp_path, _prompts(tmp_path / "p.jsonl")
+
+
+def _cfg(tiny_lm, out, prompts, cls=PPOConfig, **extra):
+    over = {"model.policy": tiny_lm / "sft", "data.prompts": prompts, "generation.max_new_tokens": 6,
+            "run.output_dir": out, "run.progress": False, "run.device": "cpu", "run.samples_every": 1}
+    if cls is PPOConfig:
+        over.update({"ppo.iterations": 2, "ppo.rollout_batch_size": 8, "ppo.minibatch_size": 4, "ppo.ppo_epochs": 2,
+                     "ppo.lr": 1e-3, "model.critic_init": "policy"})
+    else:
+        over.update({"reinforce.iterations": 2, "reinforce.rollout_batch_size": 8, "reinforce.lr": 1e-3})
+    over.update(extra)
+    return load_config(cls, None, [f"{k}={v}" for k, v in over.items()])
+
+
+def _lines(path):
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def _same_run(plain_dir, env_dir):
+    """Every metric of the plain run (timings aside) equal in the environment run, the samples'
+    scores equal, the final weights equal."""
+    plain, env = read_metrics(plain_dir / "metrics.jsonl"), read_metrics(env_dir / "metrics.jsonl")
+    assert len(plain) == len(env) == 2
+    for p, e in zip(plain, env):
+        keys = [k for k in p if not k.startswith("time/")]
+        assert {k: p[k] for k in keys} == {k: e[k] for k in keys}
+        assert e["env/turns_mean"] == 1.0 and e["env/done_frac"] == 1.0 and e["env/return_mean"] == p["reward/score_mean"]
+    ps, es = _lines(plain_dir / "samples.jsonl"), _lines(env_dir / "samples.jsonl")
+    assert [s["score"] for s in ps] == [s["return"] for s in es]
+    assert [s["response"] for s in ps] == [s["turns"][0]["action"] for s in es]
+    from safetensors.torch import load_file
+
+    a, b = load_file(plain_dir / "policy" / "model.safetensors"), load_file(env_dir / "policy" / "model.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.parametrize("stage", ["ppo", "grpo", "reinforce"])
+def test_a_one_turn_environment_is_the_reward_function_run_exactly(tiny_lm, files, stage):
+    tmp, prompts = files
+    cls = ReinforceConfig if stage == "reinforce" else PPOConfig
+    extra = {"ppo.advantage": "grpo", "ppo.samples_per_prompt": 4} if stage == "grpo" else {}
+    if cls is ReinforceConfig:
+        from fourfold.trainers.reinforce import train
+    else:
+        from fourfold.trainers.ppo import train
+    train(_cfg(tiny_lm, tmp / "plain", prompts, cls, **{"model.reward_fn": f"{tmp / 'rules.py'}:reward", **extra}))
+    train(_cfg(tiny_lm, tmp / "env", prompts, cls, **{"env.factory": f"{tmp / 'envs.py'}:one_turn",
+                                                       "env.max_tokens": 64, "env.max_turns": 1, **extra}))
+    _same_run(tmp / "plain", tmp / "env")
+
+
+@pytest.mark.parametrize("advantage", ["gae", "rloo"])
+def test_a_multi_turn_run_trains_and_logs_turns(tiny_lm, files, advantage):
+    """Three turns with observations between them, with the critic (GAE over the policy's tokens)
+    and with K = 4 trajectories a row (RLOO: each trajectory its own environment)."""
+    from fourfold.trainers.ppo import train
+
+    tmp, prompts = files
+    extra = {"ppo.samples_per_prompt": 4} if advantage == "rloo" else {}
+    out = tmp / advantage
+    train(_cfg(tiny_lm, out, prompts, **{"env.factory": f"{tmp / 'envs.py'}:echo", "env.max_turns": 3,
+                                         "env.max_tokens": 48, "ppo.advantage": advantage, **extra}))
+    rows = read_metrics(out / "metrics.jsonl")
+    assert len(rows) == 2 and all(documented(k) for k in rows[0] if k != "step")
+    for r in rows:
+        assert r["env/turns_mean"] == 3.0 and r["env/truncated_frac"] == 1.0
+        assert r["env/observation_tokens_mean"] == 2.0  # the secret after turns 1 and 2 (not after the last)
+    assert ("value/explained_variance" in rows[0]) == (advantage == "gae")
+    (sample, *_) = _lines(out / "samples.jsonl")
+    turns = sample["turns"]
+    assert len(turns) == 3 and all("reward" in t for t in turns)
+    assert [t.get("observation") for t in turns][:2] == [turns[0]["observation"]] * 2 and "observation" not in turns[2]
+    assert sample["truncated"] and not sample["done"]
+    assert (out / "critic").exists() == (advantage == "gae")
+
+
+def test_a_multi_turn_reinforce_run(tiny_lm, files):
+    from fourfold.trainers.reinforce import train
+
+    tmp, prompts = files
+    out = tmp / "reinforce"
+    train(_cfg(tiny_lm, out, prompts, ReinforceConfig, **{"env.factory": f"{tmp / 'envs.py'}:echo",
+                                                          "env.max_turns": 2, "env.max_tokens": 40}))
+    rows = read_metrics(out / "metrics.jsonl")
+    assert [r["env/turns_mean"] for r in rows] == [2.0, 2.0]
+    assert all(r["policy/loss"] == r["policy/loss"] for r in rows)  # finite
+
+
+def test_turn_returns_sum_the_later_policy_rewards_across_observations():
+    from fourfold.core import Rollout
+    from fourfold.trainers.env_rollouts import turn_returns
+
+    mask = torch.tensor([[1.0, 1.0, 0.0, 0.0, 1.0, 1.0, 0.0]])
+    rewards = torch.tensor([[0.5, 1.0, 9.0, 9.0, 0.0, 2.0, 9.0]])  # 9 off the policy tokens: never read
+    r = Rollout(actions=torch.zeros(1, 7, dtype=torch.long), mask=mask, logprobs=torch.zeros(1, 7),
+                values=torch.zeros(1, 7), rewards=rewards, ref_logprobs=torch.zeros(1, 7), scores=torch.zeros(1),
+                context={})
+    assert turn_returns(r).tolist() == [[3.5, 3.0, 0.0, 0.0, 2.0, 2.0, 0.0]]
+
+
+@pytest.mark.parametrize("over, key", [
+    ({"model.reward_fn": "rules.py:reward"}, "model.reward_fn: set, and so is env.factory"),
+    ({"generation.engine": "static"}, "generation.engine: static: environments (env.factory) run on the eager engine"),
+    ({"generation.missing_eos_score": -1.0}, "generation.missing_eos_score: not applied with env.factory"),
+    ({"model.critic_init": "reward"}, "model.critic_init: 'reward' needs model.reward"),
+    ({"env.max_turns": 0}, "env.max_turns: must be >= 1"),
+    ({"env.factory": "nocolon"}, "env.factory: 'nocolon': expected"),
+    ({"ppo.filter_groups": "true", "ppo.advantage": "grpo", "ppo.samples_per_prompt": 2, "ppo.kl_in": "loss"},
+     "ppo.filter_groups: works on single-turn responses"),
+    ({"ppo.mask_truncated": "true"}, "ppo.mask_truncated: works on single-turn responses"),
+])
+def test_the_env_section_is_refused_with_one_line_where_unsupported(over, key):
+    base = {"model.policy": "p", "data.prompts": "f.jsonl", "env.factory": "envs.py:make_env",
+            "model.critic_init": "policy"}
+    base.update(over)
+    with pytest.raises(ConfigError, match="^command line: " + key.replace("(", r"\(").replace(")", r"\)")) as e:
+        load_config(PPOConfig, None, [f"{k}={v}" for k, v in base.items()])
+    assert "\n" not in str(e.value)
+
+
+def test_env_defaults_keep_the_single_turn_config():
+    cfg = load_config(PPOConfig, None, ["model.policy=p", "model.reward_fn=r.py:f", "data.prompts=f.jsonl",
+                                         "model.critic_init=policy"])
+    assert cfg.env.factory is None
+    with pytest.raises(ConfigError, match="model.reward: no reward"):
+        load_config(ReinforceConfig, None, ["model.policy=p", "data.prompts=f.jsonl"])
+    assert load_config(ReinforceConfig, None, ["model.policy=p", "data.prompts=f.jsonl", "env.factory=e.py:f"]).env.factory
+
+
+def test_an_env_key_without_a_factory_is_refused_not_ignored():
+    with pytest.raises(ConfigError, match="^command line: env.max_turns: set, and env.factory is null"):
+        load_config(ReinforceConfig, None, ["model.policy=p", "model.reward_fn=r.py:f", "data.prompts=f.jsonl",
+                                            "env.max_turns=2"])
+
+
+@pytest.mark.parametrize("critic_mode", ["separate", "adapter"])
+def test_a_lora_policy_trains_against_an_environment(tiny_lm, files, critic_mode):
+    """LoRA (the reference = the base with adapters off; the critic a full copy or an adapter on the
+    same base): a multi-turn PPO run moves the adapters and logs env/*."""
+    from fourfold.trainers.ppo import train
+
+    tmp, prompts = files
+    out = tmp / f"lora-{critic_mode}"
+    train(_cfg(tiny_lm, out, prompts, **{"env.factory": f"{tmp / 'envs.py'}:echo", "env.max_turns": 2,
+                                         "env.max_tokens": 40, "model.lora.r": 4, "model.lora.alpha": 8,
+                                         "model.critic_mode": critic_mode}))
+    rows = read_metrics(out / "metrics.jsonl")
+    assert [r["env/turns_mean"] for r in rows] == [2.0, 2.0]
+    assert all(r["policy/grad_norm"] > 0 for r in rows)
+    assert (out / "policy").exists()
+
+
+def test_the_lookup_examples_load():
+    from pathlib import Path
+
+    from fourfold.config import SFTConfig
+
+    root = Path(__file__).resolve().parents[2] / "examples"
+    grpo = load_config(PPOConfig, root / "lookup_grpo.yaml", [])
+    assert grpo.env.factory == "fourfold.tasks.lookup:make_env" and grpo.ppo.advantage == "grpo"
+    assert load_config(SFTConfig, root / "lookup_sft.yaml", []).data.assistant_turns == "all"
+
+
+def test_torchrun_and_a_task_probe_are_refused_with_one_line(tiny_lm, files, monkeypatch):
+    import fourfold.trainers.rl as rl
+    from fourfold.trainers.ppo import train
+
+    tmp, prompts = files
+    over = {"env.factory": f"{tmp / 'envs.py'}:echo", "env.max_tokens": 40}
+    with pytest.raises(ConfigError, match="^data.task: a task's probe measures single responses"):
+        train(_cfg(tiny_lm, tmp / "probe", prompts, **over), probe=lambda p, r: {})
+    monkeypatch.setattr(rl, "several_ranks", lambda: True)
+    with pytest.raises(ConfigError, match="^env.factory: environments under torchrun are not wired yet"):
+        train(_cfg(tiny_lm, tmp / "ranks", prompts, **over))
+
+
+def test_an_environment_run_resumed_is_the_uninterrupted_run(tiny_lm, files):
+    """The prompt stream's position and the per-row noise carry the environments' rows: 2
+    iterations, then resumed to 4, give the 4-iteration run's metrics and weights."""
+    from safetensors.torch import load_file
+
+    from fourfold.trainers.ppo import train
+
+    tmp, prompts = files
+    over = {"env.factory": f"{tmp / 'envs.py'}:echo", "env.max_turns": 2, "env.max_tokens": 40,
+            "ppo.lr_schedule": "constant", "run.save_every": 1, "run.samples_every": 0}
+    train(_cfg(tiny_lm, tmp / "full", prompts, **{**over, "ppo.iterations": 4}))
+    train(_cfg(tiny_lm, tmp / "cut", prompts, **{**over, "ppo.iterations": 2}))
+    train(_cfg(tiny_lm, tmp / "cut", prompts, **{**over, "ppo.iterations": 4, "run.resume": True}))
+    full, cut = read_metrics(tmp / "full" / "metrics.jsonl"), read_metrics(tmp / "cut" / "metrics.jsonl")
+    drop = ("time/",)
+    assert [{k: v for k, v in r.items() if not k.startswith(drop)} for r in full] == \
+        [{k: v for k, v in r.items() if not k.startswith(drop)} for r in cut]
+    a, b = load_file(tmp / "full" / "policy" / "model.safetensors"), load_file(tmp / "cut" / "policy" / "model.safetensors")
+    assert all(torch.equal(a[k], b[k]) for k in a)
