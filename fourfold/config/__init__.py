@@ -24,12 +24,13 @@ of the models under torchrun, on sft, reward, dpo, ppo and reinforce; ``lora``: 
 and the initial-model and training-loop sections the reward stage and DPO reuse; ``reward``;
 ``dpo`` (with reward's preference data); ``ppo``: the language-model sections shared with
 ``reinforce`` and ``demo``; ``reinforce``; ``gym``; ``demo``; ``inference``: ``generate`` and
-``score``). Every name is importable from ``fourfold.config`` itself. The experiments' own
-settings live with them, in ``fourfold.apps.experiments.config``.
+``score``; ``bon``: best-of-n over generate's and score's sections). Every name is importable
+from ``fourfold.config`` itself. The experiments' own settings live with them, in ``fourfold.apps.experiments.config``.
 
 This package imports only the standard library and PyYAML.
 """
 
+from fourfold.config.bon import BonAlgoConfig, BonConfig
 from fourfold.config.demo import (
     DemoConfig,
     DemoEvalConfig,
@@ -134,6 +135,9 @@ __all__ = [
     "GenerateSamplingConfig",
     "GenerateConfig",
     "ScoreModelConfig",
+    # bon
+    "BonConfig",
+    "BonAlgoConfig",
     "ScoreDataConfig",
     "ScoreConfig",
 ]
