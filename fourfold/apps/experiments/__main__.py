@@ -1,6 +1,6 @@
 """The sweep's subprocess entry point: ``python -m fourfold.apps.experiments evaluate SPEC.json |
-prepare-demo DEMO.yaml | credit SPEC.json | bon-curve SPEC.json | ppo-curve SPEC.json`` (started by :func:`fourfold.apps.experiments.run`, one job at
-a time)."""
+prepare-demo DEMO.yaml | credit SPEC.json | bon-curve SPEC.json | ppo-curve SPEC.json`` (started by
+:func:`fourfold.apps.experiments.run`, one job at a time)."""
 
 from __future__ import annotations
 

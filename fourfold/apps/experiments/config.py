@@ -316,6 +316,8 @@ class ExperimentsConfig:
             require(max(o.bon_prompts, o.curve_prompts) <= self.eval_prompts, "overoptimization.bon_prompts",
                     f"bon_prompts and curve_prompts are taken from the eval prompts: must be <= eval_prompts "
                     f"({self.eval_prompts})")
+            require(min(o.rm_pairs) >= self.demo.reward.batch_size, "overoptimization.rm_pairs",
+                    f"every size must have at least demo.reward.batch_size={self.demo.reward.batch_size} pairs")
         if "ppo-unbiased-rm" in self.arms:
             require(bool(self.unbiased_task_options), "unbiased_task_options",
                     "must change a task option (e.g. {labeler_length_bias: 0})")

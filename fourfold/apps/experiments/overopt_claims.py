@@ -11,9 +11,10 @@ Peaks are read off the mean curve over seeds, in units of the SFT model's per-sa
 
 The claims and their thresholds (``overoptimization.claims``), fixed before the family's first run:
 
-- ``peak``: for each method, at every size, gold peaks before the curve's last point and falls by at
-  least ``fall_min_sd`` from the peak to the last point, while the proxy at the last point is above
-  the proxy at the gold peak (gold peaks and falls while proxy rises).
+- ``peak``: for each method, at every size, gold rises (its peak is after the first point), peaks
+  before the curve's last point and falls by at least ``fall_min_sd`` from the peak to the last
+  point, while the proxy at the last point is above the proxy at the gold peak (gold peaks and
+  falls while proxy rises).
 - ``fit``: each form fits its method: mean R^2 over seeds >= ``r2_min`` at every size.
 - ``size-peak``: the larger reward models have the higher gold peak (strictly increasing in pairs).
 - ``size-beta``: the larger reward models have the smaller fitted beta (strictly decreasing).
@@ -86,14 +87,14 @@ def compute_overopt_claims(summaries: Mapping[str, Mapping[int, Mapping]], defau
         s = summaries[method]
         name = METHOD_NAMES[method]
         falls = {p: s[p]["peak_gain_sd"] - s[p]["last_gain_sd"] for p in have}
-        ok = [s[p]["peak_index"] < s[p]["points"] - 1 and falls[p] >= cc.fall_min_sd
+        ok = [0 < s[p]["peak_index"] < s[p]["points"] - 1 and falls[p] >= cc.fall_min_sd
               and s[p]["proxy_last"] > s[p]["proxy_at_peak"] for p in have]
-        add("peak", f"{name}: gold peaks and falls while the proxy rises",
+        add("peak", f"{name}: gold rises, peaks and falls while the proxy rises",
             "; ".join(f"{p} pairs: peak {signed(s[p]['peak_gain_sd'])} sd at d={fmt(s[p]['peak_d'], 2)}, last "
                       f"{signed(s[p]['last_gain_sd'])} sd at d={fmt(s[p]['last_d'], 2)}, proxy "
                       f"{fmt(s[p]['proxy_at_peak'], 3)} -> {fmt(s[p]['proxy_last'], 3)}" for p in have),
-            f"at every size: peak before the last point, fall >= {cc.fall_min_sd:g} sd, proxy higher at the "
-            "last point than at the gold peak", not missing and all(ok))
+            f"at every size: the peak after the first point and before the last, fall >= {cc.fall_min_sd:g} sd, "
+            "proxy higher at the last point than at the gold peak", not missing and all(ok))
         form = "d (alpha - beta d)" if method == "bon" else "d (alpha - beta log d)"
         add("fit", f"{name}: R = {form} fits (R = gold gain over the SFT model)",
             "; ".join(f"{p} pairs: R^2 {fmt(s[p]['r2'], 3)} (sd {fmt(s[p]['r2_sd'], 3)}), alpha "
