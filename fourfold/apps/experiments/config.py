@@ -193,10 +193,14 @@ class OveroptimizationConfig:
     """Held-out prompts of best-of-n (the first of the family's eval prompts)."""
     curve_prompts: int = 256
     """Held-out prompts each PPO checkpoint is evaluated on (gold, proxy, KL to the SFT model)."""
-    eval_every: int = 5
+    eval_every: int = 3
     """PPO checkpoints evaluated every this many iterations (and at the end)."""
     kl_coef: float = 0.0
     """The KL coefficient of the overoptimizing PPO runs (0: none, the paper's RL curves had small ones)."""
+    lr_multiplier: float = 0.1
+    """The overoptimizing PPO runs' learning rates (policy and critic) are this x demo.ppo's: at the
+    demo's own rate and no KL penalty PPO passes the gold peak within 4 iterations (measured: d = 2.75
+    and gold below SFT's at iteration 4), too fast for a curve of checkpoints to trace."""
     default_kl: bool = True
     """Also run PPO at demo.ppo.kl_coef per size and seed (its final point placed on the curves)."""
     claims: OveroptimizationClaimsConfig = dataclasses.field(default_factory=OveroptimizationClaimsConfig)
@@ -211,6 +215,7 @@ class OveroptimizationConfig:
         require(self.curve_prompts >= 2, f"{prefix}.curve_prompts", "must be >= 2")
         require(self.eval_every >= 1, f"{prefix}.eval_every", "must be >= 1")
         require(self.kl_coef >= 0, f"{prefix}.kl_coef", "must be >= 0")
+        require(self.lr_multiplier > 0, f"{prefix}.lr_multiplier", "must be > 0")
 
 
 @dataclasses.dataclass

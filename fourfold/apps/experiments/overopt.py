@@ -8,9 +8,10 @@ and copied into the others, :func:`~fourfold.apps.experiments.unbiased.seed_sft_
 * best-of-n: ``bon_n`` SFT samples of each of ``bon_prompts`` held-out prompts, scored by every RM
   and by gold, the curve n = 1..N by the unbiased estimator (``bon-curve``,
   :mod:`fourfold.apps.experiments.overopt_eval`); d = sqrt(log n - (n - 1)/n);
-* PPO with ``kl_coef`` (0 by default) against each RM, its checkpoints every ``eval_every``
-  iterations evaluated on ``curve_prompts`` held-out prompts (gold, proxy, d = sqrt of the KL to
-  the SFT model, ``ppo-curve``);
+* PPO with ``kl_coef`` (0 by default) and ``lr_multiplier`` x the demo's learning rates against
+  each RM, its checkpoints every ``eval_every`` iterations evaluated on ``curve_prompts`` held-out
+  prompts (gold, proxy, d = sqrt of the KL to the SFT model, ``ppo-curve``; then all but the last
+  checkpoint deleted);
 * with ``default_kl``, PPO at the demo's kl_coef against each RM, its final policy evaluated alike.
 
 All run as subprocess jobs, ``workers`` at a time, cached and resumable as the other families. The
@@ -49,7 +50,8 @@ OVEROPT_QUICK: dict[str, Any] = {  # --quick: the pipeline end to end on the qui
     "overoptimization.bon_n": 16,
     "overoptimization.bon_prompts": 64,
     "overoptimization.curve_prompts": 64,
-    "overoptimization.eval_every": 4,
+    "overoptimization.eval_every": 2,
+    "overoptimization.lr_multiplier": 0.25,  # 16 iterations at 0.25x: about 4 at the demo's rate, past the gold peak
 }
 DEFAULT_OVEROPT_OUTPUT = "runs/overoptimization"
 DEFAULT_OVEROPT_DEMO = "runs/demo-overopt"
@@ -147,7 +149,9 @@ class Overopt:
         'default' (the demo's kl_coef, the final policy evaluated)."""
         o, cfg = self.cfg.overoptimization, self.cfg
         wcfg = dataclasses.replace(cfg, demo=size_demo(cfg, pairs))
-        arm = (Arm("ppo-overopt", "ppo", f"PPO, beta={o.kl_coef:g}", ppo={"kl_coef": o.kl_coef, "adaptive_kl": False})
+        lrs = {"lr": cfg.demo.ppo.lr * o.lr_multiplier, "critic_lr": cfg.demo.ppo.critic_lr * o.lr_multiplier}
+        arm = (Arm("ppo-overopt", "ppo", f"PPO, beta={o.kl_coef:g}, lr x{o.lr_multiplier:g}",
+                   ppo={"kl_coef": o.kl_coef, "adaptive_kl": False, **lrs})
                if kind == "ppo" else Arm("ppo", "ppo", f"PPO, beta={cfg.demo.ppo.kl_coef:g}"))
         name = f"{kind}/p{pairs}/seed{seed}"
 
@@ -175,10 +179,16 @@ class Overopt:
             ekey = digest({"run": key, "prompts": self.prompts[: o.curve_prompts], "seed": self.sample_seed,
                            **self.gen(), "threads": None})
             dest = rd / "curve.json"
+            if not cmds and (read_json(dest) or {}).get("key") != ekey and (rd / "PRUNED").exists():
+                shutil.rmtree(rd)  # its checkpoints were deleted after another evaluation: train again
+                write_text_atomic(marker, json.dumps({"key": key, "name": name}, sort_keys=True))
+                save_config(rcfg, self.out / "configs" / f"{name.replace('/', '-')}.yaml")
+                cmds.append([self.py, "-m", "fourfold.cli", "ppo", "--config",
+                             str(self.out / "configs" / f"{name.replace('/', '-')}.yaml")])
             if cmds or (read_json(dest) or {}).get("key") != ekey:
                 spec = {"sft": str(self.sft_dir()), "rm": str(self.rm_dir(pairs)), "init": kind == "ppo",
                         "prompts": self.prompts[: o.curve_prompts], "sample_seed": self.sample_seed, **self.gen(),
-                        "run_dir": str(rd), "key": ekey, "out": str(dest)}
+                        "run_dir": str(rd), "key": ekey, "out": str(dest), "prune": kind == "ppo"}
                 cmds.append(self.spec_cmd("ppo-curve", name, spec))
             return cmds
 

@@ -78,7 +78,8 @@ def run_checkpoints(run_dir: Path) -> list[list]:
 def ppo_curve_spec(spec: Mapping[str, Any]) -> dict:
     """Evaluate the checkpoints of the PPO run in ``run_dir`` (with ``init``: all of them, and the SFT
     model as iteration 0; without: the last) on the held-out prompts: proxy (its RM), gold and KL to
-    the SFT model, the same sampling seed at every point. spec: sft, rm, run_dir, init, task_options,
+    the SFT model, the same sampling seed at every point; with ``prune``, then delete all but the last
+    checkpoint. spec: sft, rm, run_dir, init, prune, task_options,
     prompts, sample_seed, max_new_tokens, temperature, out, key, threads."""
     import torch
 
@@ -107,4 +108,10 @@ def ppo_curve_spec(spec: Mapping[str, Any]) -> dict:
         out.append({"iteration": int(it), "d": math.sqrt(max(summary["kl"], 0.0)), **summary})
     result = {"key": spec["key"], "points": out, "seconds": round(time.perf_counter() - t0, 1)}
     write_text_atomic(Path(spec["out"]), json.dumps(result, sort_keys=True))
+    if spec.get("prune"):  # evaluated: the run's finished policy/ stays, and its last checkpoint
+        import shutil
+
+        write_text_atomic(Path(spec["run_dir"]) / "PRUNED", "checkpoints before the last deleted after evaluation\n")
+        for _, path in checkpoints[:-1]:
+            shutil.rmtree(path, ignore_errors=True)
     return result
