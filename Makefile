@@ -1,8 +1,8 @@
 # Two commands do all set-up on a fresh machine with only Python 3.11:
 #   make demo   -> creates .venv, installs fourfold, runs the embedded default (fourfold demo)
 #   make test   -> creates .venv, installs fourfold with its test extras, runs ruff and the suite
-#   make results -> reruns the demo (3 seeds, full and quick), the claims sweep and the horizon family
-#                  (about 2.5 hours on 2 cores), collects results/*.json and rewrites every published
+#   make results -> reruns the demo (3 seeds, full and quick), the claims sweep, the horizon family and
+#                  the overoptimization family (about 3.5 hours on 2 cores), collects results/*.json and rewrites every published
 #                  figure of README.md, docs/demo.md and docs/experiments.md (make publish: the last step only)
 # CPU machines get the pinned CPU wheel of torch (a bare `torch` could pull a multi-GB CUDA
 # build); on a GPU machine install your own torch into .venv first, or set TORCH_SPEC.
@@ -44,6 +44,7 @@ results: $(STAMP)
 	for s in $(SEEDS); do HF_HUB_OFFLINE=1 $(VENV)/bin/fourfold demo --quick --output-dir runs/demo-quick-s$$s --seed $$s || exit 1; done
 	HF_HUB_OFFLINE=1 $(VENV)/bin/fourfold experiments --config examples/experiments.yaml demo.run.output_dir=runs/demo-s0
 	HF_HUB_OFFLINE=1 $(VENV)/bin/fourfold experiments --config examples/horizon.yaml
+	HF_HUB_OFFLINE=1 $(VENV)/bin/fourfold experiments --config examples/overoptimization.yaml
 	$(PY) -m fourfold.apps.publish collect
 	$(PY) -m fourfold.apps.publish render
 

@@ -135,6 +135,14 @@ def test_tiny_family_end_to_end(tmp_path):
     assert set(json.loads((out / "results.json").read_text())["jobs"].values()) == {"cached"}
     assert time.perf_counter() - t0 < 30
 
+    from fourfold.apps import publish
+
+    record = publish.collect_overopt(out)
+    assert set(publish.REQUIRED_KEYS["overoptimization"]) <= set(record)
+    block = publish.overopt_block({"overoptimization": record})
+    assert "| best-of-n | 20 |" in block and "| PPO | 40 |" in block and record["provenance"]["commit"] in block
+    assert "img/overoptimization.png" in block and "No results published yet" in publish.overopt_block({})
+
 
 @pytest.mark.slow
 def test_quick_end_to_end(tmp_path):

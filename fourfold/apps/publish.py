@@ -5,7 +5,8 @@
    ``results.json``, each run's ``provenance.json``: commit, machine, date, command) and writes the
    small summaries that are committed as the source of the published numbers, in ``results/``:
    ``demo.json`` (the full demo and the quick demo, per seed), ``experiments.json`` (the claims
-   sweep: per-arm summaries, claims), ``horizon.json`` (the horizon family) and, untouched,
+   sweep: per-arm summaries, claims), ``horizon.json`` (the horizon family), ``overoptimization.json``
+   (the overoptimization family: fits, peaks, claims) and, untouched,
    ``benchmarks.json`` (the benchmark rows: measured by hand, see docs/benchmarks.md; ``make
    results`` does not rerun them, workload G needs an H200).
 2. ``render`` rewrites, from ``results/*.json`` alone, the marked blocks of README.md (the headline
@@ -35,6 +36,7 @@ from fourfold.errors import DataError, FourfoldError
 REPO = Path(__file__).resolve().parents[2]  # fourfold/apps/publish.py -> the checkout
 RESULTS = "results"
 HORIZON_FIGURE = "docs/img/horizon.png"
+OVEROPT_FIGURE = "docs/img/overoptimization.png"
 MARK = re.compile(r"<!-- publish:(?P<name>[a-z-]+) -->(?P<body>.*?)<!-- /publish:(?P=name) -->", re.S)
 
 
@@ -155,6 +157,23 @@ def collect_horizon(out: Path) -> dict:
                      for w, s in res.get("sft", {}).items()}
     return {**record, "horizons": h.get("horizons"), "arms": h.get("arms"),
             "group_size": res.get("config", {}).get("group_size")}
+
+
+def collect_overopt(out: Path) -> dict:
+    """results/overoptimization.json from the overoptimization family's output directory (its figure
+    copied to the docs by :func:`write_results`): the fits and peaks per method and size, the
+    default-KL points, the claims."""
+    res = read(out / "results.json") or {}
+    cfg = res.get("config", {})
+    o = cfg.get("overoptimization", {})
+    default = {p: {"seeds": len(runs), "d": mean([max(r["kl"], 0.0) ** 0.5 for r in runs]),
+                   "gold": mean([r["gold"] for r in runs]), "proxy": mean([r["proxy"] for r in runs])}
+               for p, runs in res.get("curves", {}).get("default", {}).items()}
+    return {"claims": res.get("claims", []), "summaries": res.get("summaries", {}), "seeds": cfg.get("seeds"),
+            "iterations": cfg.get("iterations"), "rm_pairs": o.get("rm_pairs"), "bon_n": o.get("bon_n"),
+            "kl_coef": o.get("kl_coef"), "lr_multiplier": o.get("lr_multiplier"), "default": default,
+            "default_kl_coef": res.get("default_kl_coef"), "sft_gold_std": res.get("curves", {}).get("sft_gold_std"),
+            "rm": res.get("rm", {}), "wall_s": res.get("wall_s"), "provenance": _provenance(out)}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -331,6 +350,32 @@ def horizon_block(res: Mapping) -> str:
     return "\n".join(lines)
 
 
+def overopt_block(res: Mapping) -> str:
+    o = res.get("overoptimization")
+    if not o:
+        return ("*No results published yet.* `fourfold experiments --config examples/overoptimization.yaml` runs it and "
+                "`python -m fourfold.apps.publish collect` puts its fits, figure and claims here (`make results` too).")
+    lines = [f"`fourfold experiments --config examples/overoptimization.yaml`: {o['wall_s'] / 60:.1f} minutes, "
+             f"{_made(o['provenance'])}; {len(o['seeds'])} seeds; best-of-n up to n = {o['bon_n']}; PPO kl_coef="
+             f"{o['kl_coef']:g} at {o['lr_multiplier']:g}x the demo's learning rates, {o['iterations']} iterations. "
+             "Gold gains in units of the SFT model's per-sample sd; fits per seed, mean ± sd:", "",
+             "| method | RM pairs | alpha | beta | R^2 | gold peak (sd) | at d | last d | gold at last (sd) |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for m, name in (("bon", "best-of-n"), ("ppo", "PPO")):
+        for p, s in sorted(o["summaries"].get(m, {}).items(), key=lambda kv: int(kv[0])):
+            lines.append(f"| {name} | {p} | {_cell(s, 'alpha', 3)} | {_cell(s, 'beta', 3)} | {_cell(s, 'r2', 3)} | "
+                         f"{signed(s['peak_gain_sd'])} | {fmt(s['peak_d'], 2)} | {fmt(s['last_d'], 2)} | "
+                         f"{signed(s['last_gain_sd'])} |")
+    if o["default"]:
+        lines += ["", f"PPO at the demo's default kl_coef={o['default_kl_coef']:g}: "
+                  + "; ".join(f"{p} pairs d = {fmt(v['d'], 2)}" for p, v in sorted(o["default"].items(),
+                                                                                 key=lambda kv: int(kv[0]))) + "."]
+    lines += ["", "![gold and proxy against d = sqrt(KL), per reward-model size](img/overoptimization.png)", "",
+              "| claim | measured | threshold | holds |", "|---|---|---|---|"]
+    lines += [f"| {c['claim']} | {c['measured']} | {c['threshold']} | {c['holds']} |" for c in o["claims"]]
+    return "\n".join(lines)
+
+
 def headline_table(res: Mapping) -> str:
     d, e, h, b = res["demo"]["full"], res["experiments"], res.get("horizon"), res["benchmarks"]
     seeds = _seeds(d)
@@ -356,6 +401,12 @@ def headline_table(res: Mapping) -> str:
         rows.append(f"| when the critic pays: horizons {', '.join(map(str, h['horizons']))} | {held} of {len(h['claims'])} "
                     f"claims hold ({critic}) | `fourfold experiments --config examples/horizon.yaml` | "
                     "[docs/experiments.md](docs/experiments.md#the-horizon-family) |")
+    o = res.get("overoptimization")
+    if o:
+        held = sum(c["holds"] == "yes" for c in o["claims"])
+        rows.append(f"| reward hacking as a law (Gao et al.): best-of-n and PPO at RMs of {', '.join(map(str, o['rm_pairs']))} "
+                    f"pairs | {held} of {len(o['claims'])} claims hold | `fourfold experiments --config "
+                    "examples/overoptimization.yaml` | [docs/experiments.md](docs/experiments.md#the-overoptimization-family) |")
     rows += [f"| {r['what']} | {r['result']} | `{r['command']}` | {r['details']} |" for r in b["rows"]]
     return "\n".join(rows) + f"\n\n(Demo and experiments: {_made(e['provenance'])}; benchmarks: {b['source']}.)"
 
@@ -363,7 +414,8 @@ def headline_table(res: Mapping) -> str:
 BLOCKS: dict[str, dict[str, Callable[[Mapping], str]]] = {
     "README.md": {"headline": headline_table, "quick-demo": quick_demo_text, "machine-spread": machine_spread_text},
     "docs/demo.md": {"demo-seeds": demo_seed_table, "quick-demo": quick_demo_text, "demo-machines": machines_table},
-    "docs/experiments.md": {"experiments-table": experiments_table, "horizon": horizon_block},
+    "docs/experiments.md": {"experiments-table": experiments_table, "horizon": horizon_block,
+                            "overoptimization": overopt_block},
 }
 """Which generator writes each marked block of each file."""
 
@@ -374,6 +426,8 @@ REQUIRED_KEYS = {
                     "dpo_steps", "dpo_batch", "eval_prompts", "wall_s", "provenance"),
     "horizon": ("claims", "summaries", "seeds", "sft", "sentences", "horizons", "iterations", "eval_prompts", "wall_s",
                 "provenance"),
+    "overoptimization": ("claims", "summaries", "seeds", "rm_pairs", "bon_n", "kl_coef", "lr_multiplier", "default",
+                         "default_kl_coef", "iterations", "wall_s", "provenance"),
     "benchmarks": ("rows", "source"),
     "machines": ("machines",),
 }
@@ -381,8 +435,8 @@ REQUIRED_KEYS = {
 
 
 def load_results(root: Path) -> dict:
-    """results/*.json of the checkout ``root`` (horizon and machines: None until made). A missing
-    one (but horizon's), one that does not parse, or one without a key of :data:`REQUIRED_KEYS` is a
+    """results/*.json of the checkout ``root`` (horizon, overoptimization and machines: None until
+    made). A missing one (but those), one that does not parse, or one without a key of :data:`REQUIRED_KEYS` is a
     DataError naming the file."""
     root = Path(root)
     if not root.is_dir():
@@ -391,7 +445,7 @@ def load_results(root: Path) -> dict:
     for name, keys in REQUIRED_KEYS.items():
         path = d / f"{name}.json"
         res[name] = rec = read(path)
-        if rec is None and name not in ("horizon", "machines"):
+        if rec is None and name not in ("horizon", "machines", "overoptimization"):
             raise DataError(f"{path}: missing (is --root {root} a fourfold checkout? `python -m "
                             "fourfold.apps.publish collect` writes it from run outputs)")
         if rec is not None and not isinstance(rec, dict):
@@ -466,8 +520,9 @@ def _read_doc(path: Path) -> str:
 
 
 def write_results(root: Path, demo: Sequence[Path], demo_quick: Sequence[Path], experiments: Path, horizon: Path,
-                  machines_only: bool = False) -> list[str]:
-    """Write each of results/demo.json, experiments.json and horizon.json (and the horizon figure)
+                  machines_only: bool = False, overoptimization: Optional[Path] = None) -> list[str]:
+    """Write each of results/demo.json, experiments.json, horizon.json and overoptimization.json (and
+    the families' figures)
     whose run outputs exist; keep the others; file the demo runs by machine in results/machines.json
     too (with ``machines_only``, there alone: another machine's runs, the published ones kept).
     Returns (and prints) what it did."""
@@ -492,7 +547,11 @@ def write_results(root: Path, demo: Sequence[Path], demo_quick: Sequence[Path], 
     if machines_only:
         print("\n".join(done))
         return done
-    for name, out, fn in (("experiments.json", experiments, collect_experiments), ("horizon.json", horizon, collect_horizon)):
+    overoptimization = overoptimization or root / "runs" / "overoptimization"
+    for name, out, fn in (("experiments.json", experiments, collect_experiments), ("horizon.json", horizon, collect_horizon),
+                          ("overoptimization.json", overoptimization, collect_overopt)):
+        if name == "overoptimization.json" and not (out / "results.json").is_file():
+            continue  # a family not run yet: nothing to say
         if (out / "results.json").is_file():
             write(name, fn(out))
         else:
@@ -501,6 +560,9 @@ def write_results(root: Path, demo: Sequence[Path], demo_quick: Sequence[Path], 
     if (horizon / "horizon.png").is_file():
         shutil.copyfile(horizon / "horizon.png", root / HORIZON_FIGURE)
         done.append(f"wrote {root / HORIZON_FIGURE}")
+    if (overoptimization / "overoptimization.png").is_file():
+        shutil.copyfile(overoptimization / "overoptimization.png", root / OVEROPT_FIGURE)
+        done.append(f"wrote {root / OVEROPT_FIGURE}")
     print("\n".join(done))
     return done
 
@@ -513,6 +575,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--demo-quick", nargs="*", default=["runs/demo-quick-s0", "runs/demo-quick-s1", "runs/demo-quick-s2"])
     p.add_argument("--experiments", default="runs/experiments")
     p.add_argument("--horizon", default="runs/horizon")
+    p.add_argument("--overoptimization", default="runs/overoptimization")
     p.add_argument("--machines-only", action="store_true",
                    help="collect: file the demo runs in results/machines.json alone (another machine's runs)")
     args = p.parse_args(argv)
@@ -530,7 +593,8 @@ def _run(args: argparse.Namespace) -> int:
         raise DataError(f"--root {root}: no such directory (the checkout whose results/ and docs are read)")
     if args.command == "collect":
         write_results(root, [root / r for r in args.demo], [root / r for r in args.demo_quick], root / args.experiments,
-                      root / args.horizon, machines_only=args.machines_only)
+                      root / args.horizon, machines_only=args.machines_only,
+                      overoptimization=root / args.overoptimization)
         return 0
     files = render(root)
     changed = [f for f, text in files.items() if (root / f).read_text(encoding="utf-8") != text]
