@@ -29,6 +29,7 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, Mapping, Optional, Sequence
 
+from fourfold.apps.publish_overopt import overopt_headline, overopt_record, overopt_text
 from fourfold.apps.report_kit import fmt, mean, pct, signed
 from fourfold.atomic import write_text_atomic
 from fourfold.errors import DataError, FourfoldError
@@ -160,20 +161,8 @@ def collect_horizon(out: Path) -> dict:
 
 
 def collect_overopt(out: Path) -> dict:
-    """results/overoptimization.json from the overoptimization family's output directory (its figure
-    copied to the docs by :func:`write_results`): the fits and peaks per method and size, the
-    default-KL points, the claims."""
-    res = read(out / "results.json") or {}
-    cfg = res.get("config", {})
-    o = cfg.get("overoptimization", {})
-    default = {p: {"seeds": len(runs), "d": mean([max(r["kl"], 0.0) ** 0.5 for r in runs]),
-                   "gold": mean([r["gold"] for r in runs]), "proxy": mean([r["proxy"] for r in runs])}
-               for p, runs in res.get("curves", {}).get("default", {}).items()}
-    return {"claims": res.get("claims", []), "summaries": res.get("summaries", {}), "seeds": cfg.get("seeds"),
-            "iterations": cfg.get("iterations"), "rm_pairs": o.get("rm_pairs"), "bon_n": o.get("bon_n"),
-            "kl_coef": o.get("kl_coef"), "lr_multiplier": o.get("lr_multiplier"), "default": default,
-            "default_kl_coef": res.get("default_kl_coef"), "sft_gold_std": res.get("curves", {}).get("sft_gold_std"),
-            "rm": res.get("rm", {}), "wall_s": res.get("wall_s"), "provenance": _provenance(out)}
+    """results/overoptimization.json (:func:`fourfold.apps.publish_overopt.overopt_record`)."""
+    return overopt_record(read(out / "results.json") or {}, _provenance(out))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -351,29 +340,7 @@ def horizon_block(res: Mapping) -> str:
 
 
 def overopt_block(res: Mapping) -> str:
-    o = res.get("overoptimization")
-    if not o:
-        return ("*No results published yet.* `fourfold experiments --config examples/overoptimization.yaml` runs it and "
-                "`python -m fourfold.apps.publish collect` puts its fits, figure and claims here (`make results` too).")
-    lines = [f"`fourfold experiments --config examples/overoptimization.yaml`: {o['wall_s'] / 60:.1f} minutes, "
-             f"{_made(o['provenance'])}; {len(o['seeds'])} seeds; best-of-n up to n = {o['bon_n']}; PPO kl_coef="
-             f"{o['kl_coef']:g} at {o['lr_multiplier']:g}x the demo's learning rates, {o['iterations']} iterations. "
-             "Gold gains in units of the SFT model's per-sample sd; fits per seed, mean ± sd:", "",
-             "| method | RM pairs | alpha | beta | R^2 | gold peak (sd) | at d | last d | gold at last (sd) |",
-             "|---|---|---|---|---|---|---|---|---|"]
-    for m, name in (("bon", "best-of-n"), ("ppo", "PPO")):
-        for p, s in sorted(o["summaries"].get(m, {}).items(), key=lambda kv: int(kv[0])):
-            lines.append(f"| {name} | {p} | {_cell(s, 'alpha', 3)} | {_cell(s, 'beta', 3)} | {_cell(s, 'r2', 3)} | "
-                         f"{signed(s['peak_gain_sd'])} | {fmt(s['peak_d'], 2)} | {fmt(s['last_d'], 2)} | "
-                         f"{signed(s['last_gain_sd'])} |")
-    if o["default"]:
-        lines += ["", f"PPO at the demo's default kl_coef={o['default_kl_coef']:g}: "
-                  + "; ".join(f"{p} pairs d = {fmt(v['d'], 2)}" for p, v in sorted(o["default"].items(),
-                                                                                 key=lambda kv: int(kv[0]))) + "."]
-    lines += ["", "![gold and proxy against d = sqrt(KL), per reward-model size](img/overoptimization.png)", "",
-              "| claim | measured | threshold | holds |", "|---|---|---|---|"]
-    lines += [f"| {c['claim']} | {c['measured']} | {c['threshold']} | {c['holds']} |" for c in o["claims"]]
-    return "\n".join(lines)
+    return overopt_text(res.get("overoptimization"), _made)
 
 
 def headline_table(res: Mapping) -> str:
@@ -401,12 +368,7 @@ def headline_table(res: Mapping) -> str:
         rows.append(f"| when the critic pays: horizons {', '.join(map(str, h['horizons']))} | {held} of {len(h['claims'])} "
                     f"claims hold ({critic}) | `fourfold experiments --config examples/horizon.yaml` | "
                     "[docs/experiments.md](docs/experiments.md#the-horizon-family) |")
-    o = res.get("overoptimization")
-    if o:
-        held = sum(c["holds"] == "yes" for c in o["claims"])
-        rows.append(f"| reward hacking as a law (Gao et al.): best-of-n and PPO at RMs of {', '.join(map(str, o['rm_pairs']))} "
-                    f"pairs | {held} of {len(o['claims'])} claims hold | `fourfold experiments --config "
-                    "examples/overoptimization.yaml` | [docs/experiments.md](docs/experiments.md#the-overoptimization-family) |")
+    rows += overopt_headline(res.get("overoptimization"))
     rows += [f"| {r['what']} | {r['result']} | `{r['command']}` | {r['details']} |" for r in b["rows"]]
     return "\n".join(rows) + f"\n\n(Demo and experiments: {_made(e['provenance'])}; benchmarks: {b['source']}.)"
 
@@ -548,21 +510,18 @@ def write_results(root: Path, demo: Sequence[Path], demo_quick: Sequence[Path], 
         print("\n".join(done))
         return done
     overoptimization = overoptimization or root / "runs" / "overoptimization"
-    for name, out, fn in (("experiments.json", experiments, collect_experiments), ("horizon.json", horizon, collect_horizon),
-                          ("overoptimization.json", overoptimization, collect_overopt)):
-        if name == "overoptimization.json" and not (out / "results.json").is_file():
-            continue  # a family not run yet: nothing to say
+    fams = [("experiments.json", experiments, collect_experiments), ("horizon.json", horizon, collect_horizon)]
+    fams += [("overoptimization.json", overoptimization, collect_overopt)] * (overoptimization / "results.json").is_file()
+    for name, out, fn in fams:
         if (out / "results.json").is_file():
             write(name, fn(out))
         else:
             done.append(f"kept {d / name} (no {out / 'results.json'})" if (d / name).is_file()
                         else f"no {d / name}: no {out / 'results.json'}")
-    if (horizon / "horizon.png").is_file():
-        shutil.copyfile(horizon / "horizon.png", root / HORIZON_FIGURE)
-        done.append(f"wrote {root / HORIZON_FIGURE}")
-    if (overoptimization / "overoptimization.png").is_file():
-        shutil.copyfile(overoptimization / "overoptimization.png", root / OVEROPT_FIGURE)
-        done.append(f"wrote {root / OVEROPT_FIGURE}")
+    for src, dst in ((horizon / "horizon.png", HORIZON_FIGURE), (overoptimization / "overoptimization.png", OVEROPT_FIGURE)):
+        if src.is_file():
+            shutil.copyfile(src, root / dst)
+            done.append(f"wrote {root / dst}")
     print("\n".join(done))
     return done
 
