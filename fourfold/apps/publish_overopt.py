@@ -60,5 +60,7 @@ def overopt_headline(o: Optional[Mapping]) -> list[str]:
         return []
     held = sum(c["holds"] == "yes" for c in o["claims"])
     return [f"| reward hacking as a law (Gao et al.): best-of-n and PPO at RMs of {', '.join(map(str, o['rm_pairs']))} "
-            f"pairs | {held} of {len(o['claims'])} claims hold | `fourfold experiments --config "
+            f"pairs | {held} of {len(o['claims'])} claims hold ({len(o['seeds'])} seed{'s' if len(o['seeds']) > 1 else ''}; "
+            + "; ".join(f"{c['claim']}: {c['holds']}" for c in o["claims"] if c["group"] == "peak")
+            + ") | `fourfold experiments --config "
             "examples/overoptimization.yaml` | [docs/experiments.md](docs/experiments.md#the-overoptimization-family) |"]
