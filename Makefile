@@ -2,9 +2,9 @@
 #   make demo   -> creates .venv, installs fourfold, runs the embedded default (fourfold demo)
 #   make test   -> creates .venv, installs fourfold with its test extras, runs ruff and the suite
 #   make results -> reruns the demo (3 seeds, full and quick), the arithmetic demo (3 seeds), the claims
-#                  sweep and the horizon family (about 2.7 hours on 2 cores), collects results/*.json and
-#                  rewrites every published figure of README.md, docs/demo.md, docs/arithmetic.md and
-#                  docs/experiments.md (make publish: the last step only)
+#                  sweep, the horizon family and the overoptimization family (about 3.7 hours on 2 cores),
+#                  collects results/*.json and rewrites every published figure of README.md, docs/demo.md,
+#                  docs/arithmetic.md and docs/experiments.md (make publish: the last step only)
 # CPU machines get the pinned CPU wheel of torch (a bare `torch` could pull a multi-GB CUDA
 # build); on a GPU machine install your own torch into .venv first, or set TORCH_SPEC.
 PYTHON ?= python3
@@ -46,6 +46,7 @@ results: $(STAMP)
 	for s in $(SEEDS); do HF_HUB_OFFLINE=1 $(VENV)/bin/fourfold demo --task arithmetic --output-dir runs/demo-arithmetic-s$$s --seed $$s || exit 1; done
 	HF_HUB_OFFLINE=1 $(VENV)/bin/fourfold experiments --config examples/experiments.yaml demo.run.output_dir=runs/demo-s0
 	HF_HUB_OFFLINE=1 $(VENV)/bin/fourfold experiments --config examples/horizon.yaml
+	HF_HUB_OFFLINE=1 $(VENV)/bin/fourfold experiments --config examples/overoptimization.yaml
 	$(PY) -m fourfold.apps.publish collect
 	$(PY) -m fourfold.apps.publish render
 

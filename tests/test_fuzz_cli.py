@@ -33,6 +33,7 @@ REQUIRED = {  # the least each stage needs so that only the fuzzed key can be wr
     "dpo": ["model.path=m", "data.train=t.jsonl"],
     "generate": ["model.path=m", "data.prompts=p.jsonl"],
     "score": ["model.reward=rm", "data.rows=r.jsonl"],
+    "bon": ["model.path=m", "scorer.reward=rm", "data.prompts=p.jsonl"],
 }
 
 

@@ -63,7 +63,7 @@ from fourfold.rollout.sampling import decode_responses
 from fourfold.run.common import skipped_lines
 from fourfold.run.scaffold import one_process_start
 
-__all__ = ["generate", "score"]
+__all__ = ["generate", "sample_completions", "score"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -128,11 +128,12 @@ def _check_room(examples, loaded: LoadResult, max_new_tokens: int, n_positions: 
                             f"max_position_embeddings={n_positions}")
 
 
-def generate(cfg: GenerateConfig) -> dict:
-    """Write ``completions.jsonl`` (see the module docstring); returns ``{"output", "completions",
-    "skipped", "finished"}`` (finished: the share of responses that ended with EOS)."""
-    out, device = _prepare(cfg, cfg.run)
-    tok, model = load_generator(cfg, device)
+def sample_completions(cfg, tok, model, device: torch.device, repeat: int = 1) -> tuple[LoadResult, list[dict]]:
+    """(the prompts as loaded, one row per sampled response): ``cfg.data``'s prompts read and tokenised
+    as PPO reads them, each ``repeat`` times in a row, sampled by ``cfg.generation``'s engine in
+    batches of ``data.batch_size`` with one generator seeded with ``cfg.run.seed``. A row holds
+    ``prompt``, ``response``, ``finished``, ``response_tokens``. What `fourfold generate` writes
+    (``repeat`` = 1) and `fourfold bon` draws its candidates from (``repeat`` = bon.n)."""
     data, gen = cfg.data, cfg.generation
     # the prompts, rendered and tokenised as PPO does (chat messages through the chat template)
     loaded = load_prompts(data.prompts, on_error=data.on_error, chat_template=chat_template_renderer(tok))
@@ -141,6 +142,7 @@ def generate(cfg: GenerateConfig) -> dict:
     if not examples:
         raise DataError(f"{loaded.source}: no usable prompts ({loaded.num_skipped} skipped; first: {loaded.skipped[0]})")
     _check_room(examples, loaded, gen.max_new_tokens, _max_positions(model))
+    examples = [e for e in examples for _ in range(repeat)]
     generator = torch.Generator(device=device)
     generator.manual_seed(cfg.run.seed)
     engine = make_engine(gen, max_prompt_len=data.max_prompt_len)
@@ -160,6 +162,15 @@ def generate(cfg: GenerateConfig) -> dict:
         for e, text, done, n in zip(batch, texts, samples.finished.tolist(), lengths):
             rows.append({"prompt": loaded[e.index].prompt, "response": text, "finished": bool(done),
                          "response_tokens": int(n)})
+    return loaded, rows
+
+
+def generate(cfg: GenerateConfig) -> dict:
+    """Write ``completions.jsonl`` (see the module docstring); returns ``{"output", "completions",
+    "skipped", "finished"}`` (finished: the share of responses that ended with EOS)."""
+    out, device = _prepare(cfg, cfg.run)
+    tok, model = load_generator(cfg, device)
+    loaded, rows = sample_completions(cfg, tok, model, device)
     path = out / "completions.jsonl"
     _write_jsonl(path, rows)
     _warn_skipped("generate", loaded)

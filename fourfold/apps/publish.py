@@ -6,7 +6,8 @@
    small summaries that are committed as the source of the published numbers, in ``results/``:
    ``demo.json`` (the full demo and the quick demo, per seed), ``experiments.json`` (the claims
    sweep: per-arm summaries, claims), ``horizon.json`` (the horizon family), ``arithmetic.json``
-   (``fourfold demo --task arithmetic``, per seed) and, untouched,
+   (``fourfold demo --task arithmetic``, per seed), ``overoptimization.json`` (the overoptimization
+   family: fits, peaks, claims) and, untouched,
    ``benchmarks.json`` (the benchmark rows: measured by hand, see docs/benchmarks.md; ``make
    results`` does not rerun them, workload G needs an H200).
 2. ``render`` rewrites, from ``results/*.json`` alone, the marked blocks of README.md (the headline
@@ -32,6 +33,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 
 from fourfold.apps.demo.arithmetic_results import RUNS as ARITHMETIC_RUNS
 from fourfold.apps.demo.arithmetic_results import arithmetic_line, arithmetic_table, collect_arithmetic
+from fourfold.apps.publish_overopt import overopt_headline, overopt_record, overopt_text
 from fourfold.apps.report_kit import fmt, mean, pct, signed
 from fourfold.atomic import write_text_atomic
 from fourfold.errors import DataError, FourfoldError
@@ -39,6 +41,7 @@ from fourfold.errors import DataError, FourfoldError
 REPO = Path(__file__).resolve().parents[2]  # fourfold/apps/publish.py -> the checkout
 RESULTS = "results"
 HORIZON_FIGURE = "docs/img/horizon.png"
+OVEROPT_FIGURE = "docs/img/overoptimization.png"
 MARK = re.compile(r"<!-- publish:(?P<name>[a-z-]+) -->(?P<body>.*?)<!-- /publish:(?P=name) -->", re.S)
 
 
@@ -159,6 +162,11 @@ def collect_horizon(out: Path) -> dict:
                      for w, s in res.get("sft", {}).items()}
     return {**record, "horizons": h.get("horizons"), "arms": h.get("arms"),
             "group_size": res.get("config", {}).get("group_size")}
+
+
+def collect_overopt(out: Path) -> dict:
+    """results/overoptimization.json (:func:`fourfold.apps.publish_overopt.overopt_record`)."""
+    return overopt_record(read(out / "results.json") or {}, _provenance(out))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -335,6 +343,10 @@ def horizon_block(res: Mapping) -> str:
     return "\n".join(lines)
 
 
+def overopt_block(res: Mapping) -> str:
+    return overopt_text(res.get("overoptimization"), _made)
+
+
 def headline_table(res: Mapping) -> str:
     d, e, h, b = res["demo"]["full"], res["experiments"], res.get("horizon"), res["benchmarks"]
     seeds = _seeds(d)
@@ -360,6 +372,7 @@ def headline_table(res: Mapping) -> str:
         rows.append(f"| when the critic pays: horizons {', '.join(map(str, h['horizons']))} | {held} of {len(h['claims'])} "
                     f"claims hold ({critic}) | `fourfold experiments --config examples/horizon.yaml` | "
                     "[docs/experiments.md](docs/experiments.md#the-horizon-family) |")
+    rows += overopt_headline(res.get("overoptimization"))
     rows += [f"| {r['what']} | {r['result']} | `{r['command']}` | {r['details']} |" for r in b["rows"]]
     return "\n".join(rows) + f"\n\n(Demo and experiments: {_made(e['provenance'])}; benchmarks: {b['source']}.)"
 
@@ -369,7 +382,8 @@ BLOCKS: dict[str, dict[str, Callable[[Mapping], str]]] = {
                   "arithmetic-demo": arithmetic_line},
     "docs/arithmetic.md": {"arithmetic-seeds": arithmetic_table},
     "docs/demo.md": {"demo-seeds": demo_seed_table, "quick-demo": quick_demo_text, "demo-machines": machines_table},
-    "docs/experiments.md": {"experiments-table": experiments_table, "horizon": horizon_block},
+    "docs/experiments.md": {"experiments-table": experiments_table, "horizon": horizon_block,
+                            "overoptimization": overopt_block},
 }
 """Which generator writes each marked block of each file."""
 
@@ -380,6 +394,8 @@ REQUIRED_KEYS = {
                     "dpo_steps", "dpo_batch", "eval_prompts", "wall_s", "provenance"),
     "horizon": ("claims", "summaries", "seeds", "sft", "sentences", "horizons", "iterations", "eval_prompts", "wall_s",
                 "provenance"),
+    "overoptimization": ("claims", "summaries", "seeds", "rm_pairs", "bon_n", "kl_coef", "lr_multiplier", "default",
+                         "default_kl_coef", "iterations", "wall_s", "provenance"),
     "benchmarks": ("rows", "source"),
     "machines": ("machines",),
     "arithmetic": ("runs",),
@@ -388,8 +404,8 @@ REQUIRED_KEYS = {
 
 
 def load_results(root: Path) -> dict:
-    """results/*.json of the checkout ``root`` (horizon, machines, arithmetic: None until made). A missing
-    one (but horizon's), one that does not parse, or one without a key of :data:`REQUIRED_KEYS` is a
+    """results/*.json of the checkout ``root`` (horizon, overoptimization, machines, arithmetic: None
+    until made). A missing one (but those), one that does not parse, or one without a key of :data:`REQUIRED_KEYS` is a
     DataError naming the file."""
     root = Path(root)
     if not root.is_dir():
@@ -398,7 +414,7 @@ def load_results(root: Path) -> dict:
     for name, keys in REQUIRED_KEYS.items():
         path = d / f"{name}.json"
         res[name] = rec = read(path)
-        if rec is None and name not in ("horizon", "machines", "arithmetic"):
+        if rec is None and name not in ("horizon", "machines", "arithmetic", "overoptimization"):
             raise DataError(f"{path}: missing (is --root {root} a fourfold checkout? `python -m "
                             "fourfold.apps.publish collect` writes it from run outputs)")
         if rec is not None and not isinstance(rec, dict):
@@ -473,8 +489,10 @@ def _read_doc(path: Path) -> str:
 
 
 def write_results(root: Path, demo: Sequence[Path], demo_quick: Sequence[Path], experiments: Path, horizon: Path,
-                  machines_only: bool = False, arithmetic: Sequence[Path] = ()) -> list[str]:
-    """Write each of results/demo.json, experiments.json and horizon.json (and the horizon figure)
+                  machines_only: bool = False, arithmetic: Sequence[Path] = (),
+                  overoptimization: Optional[Path] = None) -> list[str]:
+    """Write each of results/demo.json, experiments.json, horizon.json, arithmetic.json and
+    overoptimization.json (and the families' figures)
     whose run outputs exist; keep the others; file the demo runs by machine in results/machines.json
     too (with ``machines_only``, there alone: another machine's runs, the published ones kept).
     Returns (and prints) what it did."""
@@ -499,7 +517,10 @@ def write_results(root: Path, demo: Sequence[Path], demo_quick: Sequence[Path], 
     if machines_only:
         print("\n".join(done))
         return done
-    for name, out, fn in (("experiments.json", experiments, collect_experiments), ("horizon.json", horizon, collect_horizon)):
+    overoptimization = overoptimization or root / "runs" / "overoptimization"
+    fams = [("experiments.json", experiments, collect_experiments), ("horizon.json", horizon, collect_horizon)]
+    fams += [("overoptimization.json", overoptimization, collect_overopt)] * (overoptimization / "results.json").is_file()
+    for name, out, fn in fams:
         if (out / "results.json").is_file():
             write(name, fn(out))
         else:
@@ -510,9 +531,10 @@ def write_results(root: Path, demo: Sequence[Path], demo_quick: Sequence[Path], 
         write("arithmetic.json", arith)
     else:
         done.append(f"kept {d / 'arithmetic.json'} (no arithmetic demo run has a result.json)")
-    if (horizon / "horizon.png").is_file():
-        shutil.copyfile(horizon / "horizon.png", root / HORIZON_FIGURE)
-        done.append(f"wrote {root / HORIZON_FIGURE}")
+    for src, dst in ((horizon / "horizon.png", HORIZON_FIGURE), (overoptimization / "overoptimization.png", OVEROPT_FIGURE)):
+        if src.is_file():
+            shutil.copyfile(src, root / dst)
+            done.append(f"wrote {root / dst}")
     print("\n".join(done))
     return done
 
@@ -526,6 +548,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--experiments", default="runs/experiments")
     p.add_argument("--horizon", default="runs/horizon")
     p.add_argument("--arithmetic", nargs="*", default=list(ARITHMETIC_RUNS), help="the `fourfold demo --task arithmetic` runs")
+    p.add_argument("--overoptimization", default="runs/overoptimization")
     p.add_argument("--machines-only", action="store_true",
                    help="collect: file the demo runs in results/machines.json alone (another machine's runs)")
     args = p.parse_args(argv)
@@ -544,7 +567,7 @@ def _run(args: argparse.Namespace) -> int:
     if args.command == "collect":
         write_results(root, [root / r for r in args.demo], [root / r for r in args.demo_quick], root / args.experiments,
                       root / args.horizon, machines_only=args.machines_only,
-                      arithmetic=[root / r for r in args.arithmetic])
+                      arithmetic=[root / r for r in args.arithmetic], overoptimization=root / args.overoptimization)
         return 0
     files = render(root)
     changed = [f for f, text in files.items() if (root / f).read_text(encoding="utf-8") != text]

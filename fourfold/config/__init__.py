@@ -25,12 +25,13 @@ and the initial-model and training-loop sections the reward stage and DPO reuse;
 ``dpo`` (with reward's preference data); ``rewards``: the reward sources of the RL stages and
 ``score`` (``model.reward_fns``, the parts' names); ``ppo``: the language-model sections shared with
 ``reinforce`` and ``demo``; ``reinforce``; ``gym``; ``demo``; ``inference``: ``generate`` and
-``score``). Every name is importable from ``fourfold.config`` itself. The experiments' own
-settings live with them, in ``fourfold.apps.experiments.config``.
+``score``; ``bon``: best-of-n over generate's and score's sections). Every name is importable
+from ``fourfold.config`` itself. The experiments' own settings live with them, in ``fourfold.apps.experiments.config``.
 
 This package imports only the standard library and PyYAML.
 """
 
+from fourfold.config.bon import BonAlgoConfig, BonConfig
 from fourfold.config.demo import (
     DemoConfig,
     DemoEvalConfig,
@@ -140,6 +141,9 @@ __all__ = [
     "GenerateSamplingConfig",
     "GenerateConfig",
     "ScoreModelConfig",
+    # bon
+    "BonConfig",
+    "BonAlgoConfig",
     "ScoreDataConfig",
     "ScoreConfig",
 ]

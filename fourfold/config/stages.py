@@ -72,6 +72,8 @@ STAGES: dict[str, Stage] = {s.name: s for s in (
           "completions of a prompts file with a trained model (JSONL out)"),
     Stage("score", "fourfold.config:ScoreConfig", "fourfold.apps.inference:score",
           "scores of prompt/response rows by a reward model or reward_fn (JSONL out)"),
+    Stage("bon", "fourfold.config:BonConfig", "fourfold.apps.bon:best_of_n",
+          "best-of-n: the highest-scored of n sampled responses per prompt (JSONL out; no training)"),
 )}
 
 

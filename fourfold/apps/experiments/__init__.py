@@ -30,5 +30,10 @@ __all__ = [
 def run(cfg) -> dict:
     """``fourfold experiments``: the family the config names (``family: claims``:
     :func:`~fourfold.apps.experiments.sweep.run_claims`; ``family: horizon``:
-    :func:`~fourfold.apps.experiments.horizon.run_horizon`), run or resumed, its report written."""
+    :func:`~fourfold.apps.experiments.horizon.run_horizon`; ``family: overoptimization``:
+    :func:`~fourfold.apps.experiments.overopt.run_overopt`), run or resumed, its report written."""
+    if cfg.family == "overoptimization":
+        from fourfold.apps.experiments.overopt import run_overopt
+
+        return run_overopt(cfg)
     return run_horizon(cfg) if cfg.family == "horizon" else run_claims(cfg)

@@ -1,6 +1,6 @@
 """The sweep's subprocess entry point: ``python -m fourfold.apps.experiments evaluate SPEC.json |
-prepare-demo DEMO.yaml | credit SPEC.json`` (started by :func:`fourfold.apps.experiments.run`, one job at
-a time)."""
+prepare-demo DEMO.yaml | credit SPEC.json | bon-curve SPEC.json | ppo-curve SPEC.json`` (started by
+:func:`fourfold.apps.experiments.run`, one job at a time)."""
 
 from __future__ import annotations
 
@@ -12,12 +12,13 @@ from typing import Sequence
 from fourfold.apps.experiments.final_eval import evaluate_spec, prepare_demo
 from fourfold.errors import FourfoldError
 
-USAGE = "usage: python -m fourfold.apps.experiments evaluate SPEC.json | prepare-demo DEMO.yaml | credit SPEC.json"
+USAGE = ("usage: python -m fourfold.apps.experiments evaluate SPEC.json | prepare-demo DEMO.yaml | credit SPEC.json"
+         " | bon-curve SPEC.json | ppo-curve SPEC.json")
 
 
 def main(argv: Sequence[str]) -> int:
     """Run one subcommand; prints a one-line JSON summary. Exit status 2 on a usage or fourfold error."""
-    if len(argv) != 2 or argv[0] not in ("evaluate", "prepare-demo", "credit"):
+    if len(argv) != 2 or argv[0] not in ("evaluate", "prepare-demo", "credit", "bon-curve", "ppo-curve"):
         print(USAGE, file=sys.stderr)
         return 2
     try:
@@ -30,6 +31,12 @@ def main(argv: Sequence[str]) -> int:
 
             res = credit_spec(json.loads(Path(argv[1]).read_text(encoding="utf-8")))
             print(json.dumps({"views": [v["label"] for v in res["views"]], "K": res["K"]}))
+        elif argv[0] in ("bon-curve", "ppo-curve"):
+            from fourfold.apps.experiments import overopt_eval
+
+            fn = overopt_eval.bon_curve_spec if argv[0] == "bon-curve" else overopt_eval.ppo_curve_spec
+            res = fn(json.loads(Path(argv[1]).read_text(encoding="utf-8")))
+            print(json.dumps({"seconds": res["seconds"]}))
         else:
             res = prepare_demo(Path(argv[1]))
             print(json.dumps({k: res[k] for k in ("sft", "reward")}))

@@ -158,6 +158,67 @@ class HorizonConfig:
 
 
 @dataclasses.dataclass
+class OveroptimizationClaimsConfig:
+    """Thresholds of the overoptimization family's claims, written before its first run
+    (docs/experiments.md, "The overoptimization family"). Gold is in units of the SFT model's
+    per-sample sd of gold on the family's held-out prompts; curves are means over seeds."""
+
+    fall_min_sd: float = 0.1
+    """'Gold peaks and falls': the gold at the curve's last point is below its peak by at least
+    this many sd (and the peak is not the last point), at every reward-model size."""
+    r2_min: float = 0.8
+    """'Each form fits its method': the fit's R^2 (mean over seeds) at least this, at every size."""
+
+    def validate(self, prefix: str = "overoptimization.claims") -> None:
+        require(self.fall_min_sd >= 0, f"{prefix}.fall_min_sd", "must be >= 0")
+        require(0 < self.r2_min <= 1, f"{prefix}.r2_min", "must be in (0, 1]")
+
+
+@dataclasses.dataclass
+class OveroptimizationConfig:
+    """The overoptimization family (``family: overoptimization``, examples/overoptimization.yaml):
+    Gao et al.'s gold-vs-proxy curves on the demo's world. One demo (pairs, reward model) per
+    reward-model size (number of preference pairs), all over one SFT model; per size: best-of-n for
+    n = 1..bon_n by the unbiased estimator, and PPO with kl_coef (0 by default) evaluated on held-out
+    prompts every eval_every iterations; and PPO at the demo's KL coefficient, to place it on the curves."""
+
+    rm_pairs: list[int] = dataclasses.field(default_factory=lambda: [500, 1500, 4000])
+    """The reward-model sizes: preference pairs each RM is trained on (demo.pairs.pairs), smallest first."""
+    demo_dir: str = "runs/demo-overopt"
+    """Each size's demo stages are cached in '<demo_dir>-p<pairs>' (the SFT stage trained in the first
+    and copied into the others)."""
+    bon_n: int = 64
+    """N: responses sampled per held-out prompt for best-of-n; the estimator gives every n <= N."""
+    bon_prompts: int = 256
+    """Held-out prompts of best-of-n (the first of the family's eval prompts)."""
+    curve_prompts: int = 256
+    """Held-out prompts each PPO checkpoint is evaluated on (gold, proxy, KL to the SFT model)."""
+    eval_every: int = 3
+    """PPO checkpoints evaluated every this many iterations (and at the end)."""
+    kl_coef: float = 0.0
+    """The KL coefficient of the overoptimizing PPO runs (0: none, the paper's RL curves had small ones)."""
+    lr_multiplier: float = 0.1
+    """The overoptimizing PPO runs' learning rates (policy and critic) are this x demo.ppo's: at the
+    demo's own rate and no KL penalty PPO passes the gold peak within 4 iterations (measured: d = 2.75
+    and gold below SFT's at iteration 4), too fast for a curve of checkpoints to trace."""
+    default_kl: bool = True
+    """Also run PPO at demo.ppo.kl_coef per size and seed (its final point placed on the curves)."""
+    claims: OveroptimizationClaimsConfig = dataclasses.field(default_factory=OveroptimizationClaimsConfig)
+    """The claims' thresholds."""
+
+    def validate(self, prefix: str = "overoptimization") -> None:
+        require(len(self.rm_pairs) >= 1 and all(p >= 2 for p in self.rm_pairs), f"{prefix}.rm_pairs",
+                "must list reward-model sizes (preference pairs) >= 2")
+        require(len(set(self.rm_pairs)) == len(self.rm_pairs), f"{prefix}.rm_pairs", "a size is listed twice")
+        require(self.bon_n >= 2, f"{prefix}.bon_n", "must be >= 2")
+        require(self.bon_prompts >= 1, f"{prefix}.bon_prompts", "must be >= 1")
+        require(self.curve_prompts >= 2, f"{prefix}.curve_prompts", "must be >= 2")
+        require(self.eval_every >= 1, f"{prefix}.eval_every", "must be >= 1")
+        require(self.kl_coef >= 0, f"{prefix}.kl_coef", "must be >= 0")
+        require(self.lr_multiplier > 0, f"{prefix}.lr_multiplier", "must be > 0")
+
+
+@dataclasses.dataclass
 class ExperimentsConfig:
     """`fourfold experiments`: every arm x seed on the demo's task at the same sample budget, a
     final evaluation of each saved policy on the same held-out prompts, report.html and summary.md
@@ -216,12 +277,16 @@ class ExperimentsConfig:
     pairs, demo.reward.steps steps of demo.reward.batch_size pairs."""
     dpo_lr: float = 1e-4
     """dpo: peak learning rate (linear warm-up over 5% of the steps, then linear decay)."""
-    family: Literal["claims", "horizon"] = "claims"
-    """Which experiments: 'claims' (the method's claims, the arms above on the demo's task) or 'horizon'
-    (the same trainers at several response lengths gold wants: the horizon section; arms,
-    unbiased_* and the claims section are then not read)."""
+    family: Literal["claims", "horizon", "overoptimization"] = "claims"
+    """Which experiments: 'claims' (the method's claims, the arms above on the demo's task), 'horizon'
+    (the same trainers at several response lengths gold wants: the horizon section) or
+    'overoptimization' (gold and proxy against sqrt(KL) for best-of-n and PPO at several reward-model
+    sizes: the overoptimization section); with the last two, arms, unbiased_* and the claims section
+    are not read."""
     horizon: HorizonConfig = dataclasses.field(default_factory=HorizonConfig)
     """The horizon family's settings (family: horizon)."""
+    overoptimization: OveroptimizationConfig = dataclasses.field(default_factory=OveroptimizationConfig)
+    """The overoptimization family's settings (family: overoptimization)."""
 
     def validate(self, prefix: str = "") -> None:
         for a in self.arms:
@@ -251,6 +316,13 @@ class ExperimentsConfig:
             require(self.demo.model.max_positions >= need, "demo.model.max_positions",
                     f"must hold a 16-token prompt and the longest horizon's responses (horizon.tokens_per_sentence "
                     f"x (k + 1) tokens): >= {need}, got {self.demo.model.max_positions}")
+        if self.family == "overoptimization":
+            o = self.overoptimization
+            require(max(o.bon_prompts, o.curve_prompts) <= self.eval_prompts, "overoptimization.bon_prompts",
+                    f"bon_prompts and curve_prompts are taken from the eval prompts: must be <= eval_prompts "
+                    f"({self.eval_prompts})")
+            require(min(o.rm_pairs) >= self.demo.reward.batch_size, "overoptimization.rm_pairs",
+                    f"every size must have at least demo.reward.batch_size={self.demo.reward.batch_size} pairs")
         if "ppo-unbiased-rm" in self.arms:
             require(bool(self.unbiased_task_options), "unbiased_task_options",
                     "must change a task option (e.g. {labeler_length_bias: 0})")

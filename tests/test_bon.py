@@ -1,0 +1,109 @@
+"""`fourfold bon` on tiny random models: the choice, n = 1 as plain sampling, scores as `fourfold
+score` gives them, the gold columns, the analytic KL in the summary, one-line errors."""
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from fourfold.apps.bon import best_of_n, pick_best
+from fourfold.cli import main
+from fourfold.config import BonConfig, load_config
+
+
+def _rows(path) -> list[dict]:
+    return [json.loads(line) for line in Path(path).read_text().splitlines()]
+
+
+def _cli(stage, args, out, capsys):
+    rc = main([stage, *args, "run.threads=1", "--output-dir", str(out)])
+    cap = capsys.readouterr()
+    return rc, cap.out, cap.err
+
+
+def _base(tiny_lm, *extra):
+    return [f"model.path={tiny_lm / 'sft'}", f"data.prompts={tiny_lm / 'prompts.jsonl'}",
+            "generation.max_new_tokens=5", *extra]
+
+
+def test_pick_best_hand_cases():
+    assert pick_best([0.1, 0.7, 0.3]) == 1
+    assert pick_best([0.5, 0.9, 0.9, 0.2]) == 1  # ties: the first sampled
+    assert pick_best([2.0]) == 0
+    assert pick_best([math.nan, -1.0, math.nan]) == 1  # a nan never wins
+    with pytest.raises(ValueError, match="no candidates"):
+        pick_best([])
+
+
+def test_n1_is_plain_sampling(tiny_lm, tmp_path, capsys):
+    """Same seed and settings: bon with n = 1 writes generate's completions as its responses."""
+    rc, _, err = _cli("generate", _base(tiny_lm, "run.seed=5", "data.batch_size=8"), tmp_path / "g", capsys)
+    assert rc == 0, err
+    rc, out, err = _cli("bon", _base(tiny_lm, "run.seed=5", "data.batch_size=8", "bon.n=1",
+                                     f"scorer.reward_fn={tiny_lm / 'reward_fn.py'}:reward"), tmp_path / "b", capsys)
+    assert rc == 0, err
+    gen, bon = _rows(tmp_path / "g" / "completions.jsonl"), _rows(tmp_path / "b" / "bon.jsonl")
+    assert [(r["prompt"], r["response"], r["finished"]) for r in gen] == \
+        [(r["prompt"], r["response"], r["finished"]) for r in bon]
+    assert all(len(r["candidates"]) == 1 and r["chosen"] == 0 for r in bon)
+    assert "KL = log n - (n-1)/n = 0.0000 nats" in out
+
+
+def test_the_best_is_chosen_and_scored_as_fourfold_score_scores(tiny_lm, tmp_path, capsys):
+    rc, out, err = _cli("bon", _base(tiny_lm, "bon.n=4", "data.batch_size=16", f"scorer.reward={tiny_lm / 'rm'}"),
+                        tmp_path / "b", capsys)
+    assert rc == 0, err
+    rows = _rows(tmp_path / "b" / "bon.jsonl")
+    assert len(rows) == 64 and all(len(r["candidates"]) == 4 for r in rows)
+    for r in rows:
+        scores = [c["score"] for c in r["candidates"]]
+        assert r["chosen"] == scores.index(max(scores)) and r["score"] == max(scores)
+        assert r["response"] == r["candidates"][r["chosen"]]["response"]
+    assert f"KL = log n - (n-1)/n = {math.log(4) - 0.75:.4f} nats" in out
+    # every candidate's score is what `fourfold score` gives the same prompt/response rows
+    flat = [{"prompt": r["prompt"], "response": c["response"], "finished": c["finished"]}
+            for r in rows for c in r["candidates"]]
+    (tmp_path / "cands.jsonl").write_text("".join(json.dumps(x) + "\n" for x in flat))
+    rc, _, err = _cli("score", [f"model.reward={tiny_lm / 'rm'}", f"data.rows={tmp_path / 'cands.jsonl'}"],
+                      tmp_path / "s", capsys)
+    assert rc == 0, err
+    scored = [x["score"] for x in _rows(tmp_path / "s" / "scores.jsonl")]
+    assert [c["score"] for r in rows for c in r["candidates"]] == pytest.approx(scored, abs=1e-5)
+
+
+def test_python_api_gold_and_datasets(tiny_lm, tmp_path, capsys):
+    cfg = load_config(BonConfig, None, _base(tiny_lm, "bon.n=3", "bon.task=review", "run.threads=1",
+                                             f"scorer.reward_fn={tiny_lm / 'reward_fn.py'}:reward",
+                                             f"run.output_dir={tmp_path / 'b'}"))
+    res = best_of_n(cfg)
+    rows = _rows(res["output"])
+    assert res["n"] == 3 and res["kl"] == pytest.approx(math.log(3) - 2 / 3) and res["prompts"] == 64
+    assert all("gold" in c for r in rows for c in r["candidates"])
+    assert res["gold"] == pytest.approx(sum(r["gold"] for r in rows) / 64)
+    assert res["gold_plain"] == pytest.approx(sum(c["gold"] for r in rows for c in r["candidates"]) / 192)
+    assert res["score"] >= res["score_plain"]
+    assert "gold" in capsys.readouterr().out
+    import datasets
+
+    ds = datasets.load_dataset("json", data_files=res["output"], split="train")
+    assert len(ds) == 64 and len(ds[0]["candidates"]) == 3 and set(ds.column_names) >= {"response", "score"}
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["bon.n=0"], "bon.n: must be >= 1"),
+    (["generation.greedy=true", "bon.n=2"], "generation.greedy: greedy decoding gives n identical candidates"),
+    (["bon.task_options={labeler_noise: 0.1}"], "bon.task_options: are options of bon.task"),
+    (["scorer.reward=null"], "scorer.reward: no reward: set scorer.reward"),
+    (["bon.task=nope"], "unknown task 'nope'"),
+])
+def test_bad_input_is_one_line(tiny_lm, tmp_path, capsys, args, needle):
+    rc, _, err = _cli("bon", _base(tiny_lm, f"scorer.reward={tiny_lm / 'rm'}", *args), tmp_path / "b", capsys)
+    assert rc == 2 and needle in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_the_example_loads_and_the_cli_lists_bon():
+    from fourfold.cli import build_parser
+
+    cfg = load_config(BonConfig, Path(__file__).resolve().parents[1] / "examples" / "bon.yaml")
+    assert cfg.bon.n == 8 and cfg.scorer.reward == "path/to/reward/model"
+    assert "best-of-n" in build_parser().format_help()
