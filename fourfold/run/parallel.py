@@ -67,6 +67,12 @@ def rank_slice(n: int) -> slice:
     return dist.shard(n, dist.world())
 
 
+def launched_ranks() -> int:
+    """How many processes the launcher started (torchrun's ``WORLD_SIZE``; 1 without it), known
+    before the process group starts: what a check before the run directory exists can read."""
+    return dist.world_size_from_env()
+
+
 def several_ranks() -> bool:
     """True when more than one process runs the loop: an engine's token loop must then stop only
     when every rank's rows have finished (its ``sync_stop``), and a rollout needs per-row noise."""

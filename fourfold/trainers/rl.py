@@ -39,7 +39,7 @@ from fourfold.rollout.engine import make_engine
 from fourfold.rollout.env import load_env_factory, make_envs
 from fourfold.rollout.noise import RowNoise
 from fourfold.run.export import save_trained
-from fourfold.run.parallel import several_ranks
+from fourfold.run.parallel import launched_ranks, several_ranks
 from fourfold.trainers.env_rollouts import CollectedTurns, collect_turns, turn_sample_rows
 from fourfold.trainers.rollouts import (
     KEY_METRICS,
@@ -62,12 +62,18 @@ class PreparedRewards:
     notes: list = field(default_factory=list)
 
 
+ENV_UNDER_TORCHRUN = ("env.factory: environments under torchrun are not wired yet (each rank its rows' "
+                      "environments); run the stage in one process")
+
+
 def prepare_rewards(stage: str, cfg, prompts: Optional[Sequence[str]] = None,
                     roles: Optional[Roles] = None) -> PreparedRewards:
     """Before anything else of a run (no run directory yet, no model loaded): the config checked,
     each reward function of the plan loaded and its parameters matched against the columns of the
     ``data.prompts`` file (``prompts`` passed as a list carry none), so that a function naming a
     column the file lacks is one ConfigError line. Nothing to prepare when ``roles`` come ready-made."""
+    if getattr(cfg, "env", None) is not None and cfg.env.factory is not None and launched_ranks() > 1:
+        raise ConfigError(ENV_UNDER_TORCHRUN)
     if roles is not None:
         return PreparedRewards()
     validate_tree(cfg)
@@ -99,8 +105,7 @@ class RLSteps:
         """The environment factory (``env.factory`` loaded) of an environment run; None: single turns."""
         if cfg.env.factory is not None:
             if several_ranks():
-                raise ConfigError("env.factory: environments under torchrun are not wired yet (each rank its rows' "
-                                  "environments); run the stage in one process")
+                raise ConfigError(ENV_UNDER_TORCHRUN)
             if probe is not None:
                 raise ConfigError("data.task: a task's probe measures single responses, and env.factory is set; "
                                   "an environment run's measure is its returns (env/return_mean): unset data.task")

@@ -247,6 +247,11 @@ def test_torchrun_and_a_task_probe_are_refused_with_one_line(tiny_lm, files, mon
     monkeypatch.setattr(rl, "several_ranks", lambda: True)
     with pytest.raises(ConfigError, match="^env.factory: environments under torchrun are not wired yet"):
         train(_cfg(tiny_lm, tmp / "ranks", prompts, **over))
+    # launched by torchrun: refused before the run directory exists
+    monkeypatch.setattr(rl, "launched_ranks", lambda: 2)
+    with pytest.raises(ConfigError, match="^env.factory: environments under torchrun are not wired yet"):
+        train(_cfg(tiny_lm, tmp / "launched", prompts, **over))
+    assert not (tmp / "launched").exists()
 
 
 def test_an_environment_run_resumed_is_the_uninterrupted_run(tiny_lm, files):
