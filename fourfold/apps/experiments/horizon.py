@@ -39,7 +39,7 @@ from fourfold.apps.experiments.final_eval import eval_prompts, eval_sample_seed
 from fourfold.apps.experiments.horizon_claims import compute_horizon_claims, world_label
 from fourfold.apps.experiments.horizon_report import write_horizon_report
 from fourfold.apps.experiments.jobs import ExperimentError, Job, run_jobs
-from fourfold.apps.experiments.sweep import Results, Sweep, collect_results, log_claims, open_output, write_outputs
+from fourfold.apps.experiments.sweep import Results, Sweep, collect_results, family_quick_config, log_claims, open_output, write_outputs
 from fourfold.apps.experiments.unbiased import seed_sft_stage, unbiased_demo_config
 from fourfold.apps.provenance import provenance, write_provenance
 from fourfold.atomic import write_text_atomic
@@ -62,13 +62,7 @@ DEFAULT_HORIZON_DEMO = "runs/demo-horizon"
 def horizon_quick_config(cfg: ExperimentsConfig) -> ExperimentsConfig:
     """The --quick settings: the quick demo's budgets (demo.QUICK, applied here), HORIZON_QUICK over
     them, '-quick' on the default output paths."""
-    cfg = dataclasses.replace(cfg, demo=demo.apply_quick(cfg.demo))
-    cfg = demo.apply_quick(cfg, HORIZON_QUICK)
-    if cfg.run.output_dir == DEFAULT_HORIZON_OUTPUT:
-        cfg = demo.apply_quick(cfg, {"run.output_dir": DEFAULT_HORIZON_OUTPUT + "-quick"})
-    if cfg.horizon.demo_dir == DEFAULT_HORIZON_DEMO:
-        cfg = demo.apply_quick(cfg, {"horizon.demo_dir": DEFAULT_HORIZON_DEMO + "-quick"})
-    return cfg
+    return family_quick_config(cfg, HORIZON_QUICK, DEFAULT_HORIZON_OUTPUT, "horizon.demo_dir", DEFAULT_HORIZON_DEMO)
 
 
 def horizon_demo(cfg: ExperimentsConfig, k: int, variant: str = "", extra: Optional[dict] = None) -> DemoConfig:

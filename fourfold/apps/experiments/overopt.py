@@ -37,7 +37,7 @@ from fourfold.apps.experiments.config import ExperimentsConfig
 from fourfold.apps.experiments.final_eval import eval_prompts, eval_sample_seed
 from fourfold.apps.experiments.jobs import ExperimentError, Job, run_jobs
 from fourfold.apps.experiments.overopt_claims import METHODS, compute_overopt_claims, summarize_curves
-from fourfold.apps.experiments.sweep import log_claims, open_output
+from fourfold.apps.experiments.sweep import family_quick_config, log_claims, open_output
 from fourfold.apps.experiments.unbiased import seed_sft_stage
 from fourfold.apps.provenance import provenance, write_provenance
 from fourfold.atomic import write_text_atomic
@@ -59,13 +59,7 @@ DEFAULT_OVEROPT_DEMO = "runs/demo-overopt"
 
 def overopt_quick_config(cfg: ExperimentsConfig) -> ExperimentsConfig:
     """The --quick settings: the quick demo's budgets, OVEROPT_QUICK, '-quick' on default paths."""
-    cfg = dataclasses.replace(cfg, demo=demo.apply_quick(cfg.demo))
-    cfg = demo.apply_quick(cfg, OVEROPT_QUICK)
-    if cfg.run.output_dir == DEFAULT_OVEROPT_OUTPUT:
-        cfg = demo.apply_quick(cfg, {"run.output_dir": DEFAULT_OVEROPT_OUTPUT + "-quick"})
-    if cfg.overoptimization.demo_dir == DEFAULT_OVEROPT_DEMO:
-        cfg = demo.apply_quick(cfg, {"overoptimization.demo_dir": DEFAULT_OVEROPT_DEMO + "-quick"})
-    return cfg
+    return family_quick_config(cfg, OVEROPT_QUICK, DEFAULT_OVEROPT_OUTPUT, "overoptimization.demo_dir", DEFAULT_OVEROPT_DEMO)
 
 
 def size_demo(cfg: ExperimentsConfig, pairs: int) -> DemoConfig:

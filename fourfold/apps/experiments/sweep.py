@@ -50,6 +50,20 @@ def quick_config(cfg: ExperimentsConfig) -> ExperimentsConfig:
     return cfg
 
 
+def family_quick_config(cfg: ExperimentsConfig, table: dict, default_output: str, demo_dir_key: str,
+                        default_demo: str) -> ExperimentsConfig:
+    """A family's --quick settings (the horizon and overoptimization families): the quick demo's
+    budgets (demo.QUICK), ``table`` over them, '-quick' on the default paths of ``run.output_dir``
+    (``default_output``) and ``demo_dir_key`` (``default_demo``)."""
+    cfg = dataclasses.replace(cfg, demo=demo.apply_quick(cfg.demo))
+    cfg = demo.apply_quick(cfg, table)
+    for key, default in (("run.output_dir", default_output), (demo_dir_key, default_demo)):
+        section, name = key.split(".")
+        if getattr(getattr(cfg, section), name) == default:
+            cfg = demo.apply_quick(cfg, {key: default + "-quick"})
+    return cfg
+
+
 @dataclasses.dataclass
 class Sweep:
     """What every job of one invocation shares: settings, directories, the evaluation prompts. (The
