@@ -108,7 +108,7 @@ __all__ = [
     # dpo
     "DPOAlgoConfig",
     "DPOConfig",
-    # env (a multi-turn environment; not wired into a stage yet)
+    # env (a multi-turn environment: the env section of ppo and reinforce)
     "EnvConfig",
     # ppo (and the language-model sections shared with reinforce and demo)
     "LMModelConfig",

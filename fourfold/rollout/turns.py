@@ -12,8 +12,10 @@ first observation | right-padded rest]``, with ``response_mask`` = the policy ma
 turn, the model samples the next turn for the rows still running (the others wait as padding,
 attention 0), and one KV cache is kept across turns: only the new observation tokens (and a
 turn's last token) are prefilled. A row's n-th policy token is picked at column n of its noise,
-so with one turn it samples exactly what :func:`fourfold.rollout.eager.sample` does. Not yet: the
-static engine, ``sync_stop`` under torchrun.
+so with one turn it samples exactly what :func:`fourfold.rollout.eager.sample` does. Under
+torchrun (``sync_stop``) each rank runs its own rows and every rank makes the same forwards (a
+sharded model's forward is a collective): a turn's token loop and the turn loop stop only when
+every rank's rows have. Not yet: the static engine.
 """
 
 from __future__ import annotations
@@ -23,8 +25,9 @@ from typing import Callable, Optional, Sequence
 
 import torch
 
+from fourfold import dist
 from fourfold.errors import ConfigError
-from fourfold.rollout.sampling import Samples, cache_kwarg, choose, output_cache, prefill
+from fourfold.rollout.sampling import Samples, all_finished, cache_kwarg, choose, output_cache, prefill
 
 EncodeNext = Callable[[object, str, bool], list[int]]
 """``encode_next(observation, where, after_eos) -> ids``: a later observation's ids, ``after_eos``
@@ -97,8 +100,8 @@ class TurnBatch:
     trajectories: list[Trajectory]
 
 
-def _pad(rows: Sequence[Sequence], value, left: bool, dtype) -> torch.Tensor:
-    width = max((len(r) for r in rows), default=0)
+def _pad(rows: Sequence[Sequence], value, left: bool, dtype, width: int = 0) -> torch.Tensor:
+    width = max(width, max((len(r) for r in rows), default=0))
     out = torch.full((len(rows), width), value, dtype=dtype)
     for i, r in enumerate(rows):
         if r:
@@ -132,6 +135,14 @@ def stack_trajectories(trajs: Sequence[Trajectory], pad_token_id: int, device=No
             samples.sequences, samples.attention_mask, samples.response_mask, samples.logprobs, samples.finished,
             samples.entropy)))
     return batch
+
+
+def _widest(lengths: Sequence[int], sync: bool) -> int:
+    """The longest of ``lengths`` (0 for none), with ``sync`` over every rank's: each rank then pads
+    its chunk to the width the one-process batch has, so its rows' forwards are computed on the
+    same columns (and round alike)."""
+    n = max(lengths, default=0)
+    return int(dist.all_reduce_max(torch.tensor(n))) if sync else n
 
 
 class _Cache:
@@ -176,10 +187,11 @@ class TurnSettings:
 
 
 def _sample_turn(cache: _Cache, trajs: list[Trajectory], running: torch.Tensor, s: TurnSettings,
-                 noise: Optional[torch.Tensor], used: torch.Tensor):
+                 noise: Optional[torch.Tensor], used: torch.Tensor, sync_stop: bool = False):
     """One turn for the ``running`` rows: ``(ids, logprobs, entropies per row, ended [B], pending
     [B])``; ``pending`` = the row's last token is not in the cache yet (the loop ends without
-    feeding the final step). ``used [B]``: each row's policy tokens so far (its noise column)."""
+    feeding the final step). ``used [B]``: each row's policy tokens so far (its noise column).
+    ``sync_stop``: the loop ends when every rank's rows have finished (finished rows feed padding)."""
     B, device = running.shape[0], running.device
     budget = torch.tensor([min(s.max_new_tokens, s.max_tokens - t.n_tokens) for t in trajs], device=device)
     finished = ~running
@@ -199,7 +211,7 @@ def _sample_turn(cache: _Cache, trajs: list[Trajectory], running: torch.Tensor, 
                 c.finished[b] = True
         ended = ended | (alive & c.finished)
         finished = c.finished | (count >= budget)
-        if bool(finished.all()):
+        if all_finished(finished, sync_stop):
             return toks, lps, ents, ended, alive, used
         cache.feed(c.tokens[:, None], alive[:, None])
     raise AssertionError("unreachable: every row's budget is at most max_new_tokens")
@@ -234,34 +246,40 @@ def _step_envs(envs, trajs: list[Trajectory], running: torch.Tensor, turn: int, 
 
 @torch.no_grad()
 def sample_turns(model: torch.nn.Module, envs: Sequence, first_ids: Sequence[list[int]], s: TurnSettings,
-                 encode_next: EncodeNext, *, noise: Optional[torch.Tensor] = None, device=None) -> TurnBatch:
+                 encode_next: EncodeNext, *, noise: Optional[torch.Tensor] = None, device=None,
+                 sync_stop: bool = False) -> TurnBatch:
     """The batched multi-turn rollout of ``envs`` (:class:`~fourfold.rollout.env.BoundEnv`, one per
     row, already reset) from their first observations' ids ``first_ids``: turns until each row's
     environment says done or a limit truncates it (``max_turns`` turns; ``max_tokens`` tokens in
     all, a turn cut where they run out). ``noise [B, W]``: a row's n-th policy token is picked at
     ``noise[b, n]`` (:meth:`fourfold.rollout.noise.RowNoise.uniforms`, W >= the most policy tokens
-    of a row); without it, ``torch.multinomial`` on ``s.generator``. Returns the :class:`TurnBatch`."""
+    of a row); without it, ``torch.multinomial`` on ``s.generator``. ``sync_stop`` (under torchrun,
+    ``envs`` this rank's rows): every rank makes the same model calls, a turn's token loop ending
+    when every rank's rows have finished it and the turns when every rank's trajectories have
+    ended; a rank whose rows wait feeds padding (attention 0). Returns the :class:`TurnBatch`."""
     device = device or next(model.parameters()).device
     for env, ids in zip(envs, first_ids):
         if len(ids) >= s.max_tokens:
             raise ConfigError(f"env.max_tokens: the first observation of row {env.where} has {len(ids)} tokens, "
                               f"leaving none of the {s.max_tokens} for the policy")
     trajs = [Trajectory(prompt=list(ids)) for ids in first_ids]
-    prompt_ids = _pad(first_ids, s.pad_token_id, True, torch.long).to(device)
-    prompt_mask = _pad([[1] * len(i) for i in first_ids], 0, True, torch.long).to(device)
+    width = _widest([len(i) for i in first_ids], sync_stop)
+    prompt_ids = _pad(first_ids, s.pad_token_id, True, torch.long, width).to(device)
+    prompt_mask = _pad([[1] * len(i) for i in first_ids], 0, True, torch.long, width).to(device)
     cache = _Cache(model, prompt_ids, prompt_mask)
     running = torch.ones(len(trajs), dtype=torch.bool, device=device)
     used = torch.zeros(len(trajs), dtype=torch.long, device=device)
     for turn in range(s.max_turns):
-        toks, lps, ents, ended, last_alive, used = _sample_turn(cache, trajs, running, s, noise, used)
+        toks, lps, ents, ended, last_alive, used = _sample_turn(cache, trajs, running, s, noise, used, sync_stop)
         for b in running.nonzero()[:, 0].tolist():
             trajs[b].add_turn(toks[b], lps[b], ents[b])
             trajs[b].ended = bool(ended[b])
         pending = [toks[b][-1:] if bool(last_alive[b]) else [] for b in range(len(trajs))]
         chunks = _step_envs(envs, trajs, running, turn, s, encode_next, pending)
-        if not bool(running.any()):
+        if all_finished(~running, sync_stop):  # every trajectory (of every rank) has ended
             break
-        ids = _pad(chunks, s.pad_token_id, True, torch.long).to(device)
-        mask = _pad([[1] * len(c) for c in chunks], 0, True, torch.long).to(device)
+        width = max(1, _widest([len(c) for c in chunks], sync_stop))  # rows that wait: padding
+        ids = _pad(chunks, s.pad_token_id, True, torch.long, width).to(device)
+        mask = _pad([[1] * len(c) for c in chunks], 0, True, torch.long, width).to(device)
         cache.feed(ids, mask)
     return stack_trajectories(trajs, s.pad_token_id, device)

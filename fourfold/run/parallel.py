@@ -8,7 +8,8 @@ trained models are FSDP2-sharded (:mod:`fourfold.run.fsdp`) or replicated, both 
   :func:`rank_slice`: this rank's contiguous slice of a global batch of ``n`` rows (a rollout's, a
   minibatch's);
 * :func:`gather_rows`: every rank's rows of a rollout's samples or scores, the whole batch on every
-  rank; :func:`several_ranks`: whether the ranks must stop their token loops together (an engine's
+  rank (:func:`gather_items`: of a list of objects, an environment run's trajectories);
+  :func:`several_ranks`: whether the ranks must stop their token loops together (an engine's
   ``sync_stop``);
 * :meth:`Figures.global_`: a step's figures summed over the ranks (the one ``if distributed``);
 * :func:`loss_scale`: what this rank backpropagates, given its share of the global mean (the rule
@@ -67,12 +68,6 @@ def rank_slice(n: int) -> slice:
     return dist.shard(n, dist.world())
 
 
-def launched_ranks() -> int:
-    """How many processes the launcher started (torchrun's ``WORLD_SIZE``; 1 without it), known
-    before the process group starts: what a check before the run directory exists can read."""
-    return dist.world_size_from_env()
-
-
 def several_ranks() -> bool:
     """True when more than one process runs the loop: an engine's token loop must then stop only
     when every rank's rows have finished (its ``sync_stop``), and a rollout needs per-row noise."""
@@ -94,6 +89,15 @@ def gather_rows(batch):
         return batch
     return replace(batch, **{f.name: _gather(getattr(batch, f.name)) for f in fields(batch)
                              if getattr(batch, f.name) is not None})
+
+
+def gather_items(items: list) -> list:
+    """Every rank's ``items`` (a list of small picklable objects, e.g. an environment run's
+    trajectories) concatenated in rank order (``items`` itself in one process): ranks may hold
+    lists of different lengths and objects of different sizes, which :func:`gather_rows` cannot take."""
+    if not several_ranks():
+        return items
+    return [x for part in dist.all_gather_objects(list(items)) for x in part]
 
 
 def loss_scale(share: float, world: Optional[dist.World] = None) -> float:

@@ -10,7 +10,12 @@ rows (``env.truncation: bootstrap``). :func:`turn_advantages` is ``compute_advan
 policy's tokens (:func:`fourfold.core.turns.policy_advantages`).
 
 ``fourfold ppo`` / ``fourfold reinforce`` call these when ``env.factory`` is set
-(:meth:`fourfold.trainers.rl.RLSteps.rollout`); one process only (no torchrun), the eager engine only.
+(:meth:`fourfold.trainers.rl.RLSteps.rollout`); the eager engine only. Under torchrun each rank
+resets and steps the environments of its contiguous slice of the rows (their own per-row noise,
+so a row's trajectory is the one it has in one process), the trajectories are gathered, and every
+rank scores its slice of the gathered batch and gathers the scores, as
+:func:`~fourfold.trainers.rollouts.collect` does: what follows (rewards, advantages over whole
+groups, metrics) is computed on the whole batch alike on every rank.
 """
 
 from __future__ import annotations
@@ -29,8 +34,8 @@ from fourfold.models.build import Roles
 from fourfold.rollout.env import BoundEnv
 from fourfold.rollout.noise import RowNoise
 from fourfold.rollout.score import Scores
-from fourfold.rollout.turns import TurnBatch, TurnSettings, sample_turns
-from fourfold.run.parallel import several_ranks
+from fourfold.rollout.turns import TurnBatch, TurnSettings, sample_turns, stack_trajectories
+from fourfold.run.parallel import gather_items, gather_rows, rank_slice, several_ranks
 from fourfold.trainers.rollouts import rollout_metrics
 
 FIRST_TOKENS_UNCHECKED = 1 << 30
@@ -56,7 +61,9 @@ class CollectedTurns:
 
 
 def turn_metrics(batch: TurnBatch) -> dict:
-    """The ``env/*`` metrics of a batch (:data:`fourfold.reporting.METRICS`)."""
+    """The ``env/*`` metrics of a batch (:data:`fourfold.reporting.METRICS`): means over its
+    trajectories, and ``env/turn_reward_mean`` over its stepped turns (the whole batch's reward
+    over its turn count: under torchrun, of the gathered batch, never a mean of the ranks' means)."""
     stepped = sum(len(t.turn_rewards) for t in batch.trajectories)
     return {
         "env/turns_mean": float(batch.n_turns.float().mean()),
@@ -72,15 +79,20 @@ def turn_metrics(batch: TurnBatch) -> dict:
 @torch.no_grad()
 def collect_turns(roles: Roles, envs: Sequence[BoundEnv], env: EnvConfig, gen: GenerationConfig, *,
                   kl_coef: float, kl_estimator: str = "k1", noise: Optional[RowNoise] = None,
-                  max_first_tokens: Optional[int] = None) -> CollectedTurns:
+                  max_first_tokens: Optional[int] = None, first_row: int = 0) -> CollectedTurns:
     """Reset ``envs`` (one per row), run their turns with ``roles.policy`` (in eval mode) under the
     ``env`` section's limits and ``gen``'s sampling (``max_new_tokens`` per turn, temperature,
     EOS), then score: reference log-probs and critic values over each whole trajectory, the
     rewards by :func:`fourfold.core.turns.trajectory_rewards`, the bootstrap by ``env.truncation``.
     ``noise``: the iteration's per-row noise (a row's n-th policy token at its n-th uniform);
-    ``max_first_tokens``: a limit of the first observation's own (e.g. ``data.max_prompt_len``)."""
-    if several_ranks():
-        raise NotImplementedError("collect_turns: environments under torchrun are not wired yet")
+    ``max_first_tokens``: a limit of the first observation's own (e.g. ``data.max_prompt_len``).
+
+    Under torchrun ``envs`` are this rank's rows, global rows ``first_row ...`` (its
+    :func:`~fourfold.run.parallel.rank_slice` of the batch; every rank as many) and ``noise`` is
+    required: the trajectories are gathered in rank order, so the batch, its scores and its
+    metrics are the one-process ones on every rank."""
+    if several_ranks() and noise is None:
+        raise ValueError("collect_turns: a rollout over several ranks needs per-row noise")
     tok = roles.tokenizer
     encoder = ObservationEncoder(tok, env.observation_role)
     # a first observation too long for env.max_tokens is refused by sample_turns, naming that key
@@ -89,22 +101,19 @@ def collect_turns(roles: Roles, envs: Sequence[BoundEnv], env: EnvConfig, gen: G
         max_turns=env.max_turns, max_tokens=env.max_tokens, max_new_tokens=gen.max_new_tokens,
         decode=lambda ids: tok.decode(ids, skip_special_tokens=True), temperature=gen.temperature,
         eos_token_id=tok.eos_token_id if gen.stop_at_eos else None, pad_token_id=tok.pad_token_id, stop=tuple(env.stop))
-    uniforms = None if noise is None else noise.uniforms(range(len(envs)), env.max_tokens)
+    uniforms = None if noise is None else noise.uniforms(range(first_row, first_row + len(envs)), env.max_tokens)
     t0 = time.perf_counter()
     roles.policy.eval()
-    batch = sample_turns(roles.policy, envs, first, settings, encoder.next, noise=uniforms)
+    batch = sample_turns(roles.policy, envs, first, settings, encoder.next, noise=uniforms, sync_stop=several_ranks())
     roles.policy.train()
+    if several_ranks():  # every rank's trajectories, in rank order: the one-process batch's layout
+        batch = stack_trajectories(gather_items(batch.trajectories), tok.pad_token_id, batch.samples.sequences.device)
     t_gen = time.perf_counter() - t0
     t0 = time.perf_counter()
     s = batch.samples
     seq, attn, mask, T = s.sequences, s.attention_mask, s.response_mask, s.n_response
-    ref = roles.reference.logprobs(seq, attn, T, gen.temperature) * mask
-    values, final = torch.zeros_like(s.logprobs), None
-    if roles.critic is not None:
-        roles.critic.eval()
-        values = roles.critic.response_values(seq, attn, T) * mask
-        final = roles.critic.score(seq, attn)  # V of the state after the trajectory's last token
-        roles.critic.train()
+    sc = gather_rows(_score_rows(roles, seq, attn, mask, T, gen.temperature, rank_slice(seq.shape[0])))
+    ref, values, final = sc.ref_logprobs, sc.values, (sc.scores if roles.critic is not None else None)
     rewards, kl = trajectory_rewards(batch.turn_rewards.to(seq.device), batch.turn_ids.to(seq.device), s.logprobs, ref,
                                      kl_coef, kl_estimator)
     rollout = Rollout(actions=s.responses, mask=mask, logprobs=s.logprobs, values=values, rewards=rewards,
@@ -116,6 +125,22 @@ def collect_turns(roles: Roles, envs: Sequence[BoundEnv], env: EnvConfig, gen: G
     metrics.update(turn_metrics(batch))
     metrics.update({"time/generate_s": t_gen, "time/score_s": t_score, "time/gen_tokens_per_s": float(mask.sum()) / max(t_gen, 1e-9)})
     return CollectedTurns(rollout, batch, kl, boot, metrics)
+
+
+def _score_rows(roles: Roles, seq: torch.Tensor, attn: torch.Tensor, mask: torch.Tensor, T: int, temperature: float,
+                rows: slice) -> Scores:
+    """This rank's ``rows`` of the batch scored: the reference's log-probs and the critic's values
+    on the policy tokens (zeros without a critic) and, as ``scores``, the critic's value of the state
+    after each trajectory's last token (zeros without one)."""
+    seq, attn, mask = seq[rows], attn[rows], mask[rows]
+    ref = roles.reference.logprobs(seq, attn, T, temperature) * mask
+    values, final = torch.zeros_like(mask), torch.zeros(seq.shape[0], device=seq.device)
+    if roles.critic is not None:
+        roles.critic.eval()
+        values = roles.critic.response_values(seq, attn, T) * mask
+        final = roles.critic.score(seq, attn)  # V of the state after the trajectory's last token
+        roles.critic.train()
+    return Scores(ref, values, final)
 
 
 def turn_advantages(col: CollectedTurns, algo: PPOAlgoConfig) -> Rollout:

@@ -39,7 +39,7 @@ from fourfold.rollout.engine import make_engine
 from fourfold.rollout.env import load_env_factory, make_envs
 from fourfold.rollout.noise import RowNoise
 from fourfold.run.export import save_trained
-from fourfold.run.parallel import launched_ranks, several_ranks
+from fourfold.run.parallel import rank_slice
 from fourfold.trainers.env_rollouts import CollectedTurns, collect_turns, turn_sample_rows
 from fourfold.trainers.rollouts import (
     KEY_METRICS,
@@ -62,18 +62,12 @@ class PreparedRewards:
     notes: list = field(default_factory=list)
 
 
-ENV_UNDER_TORCHRUN = ("env.factory: environments under torchrun are not wired yet (each rank its rows' "
-                      "environments); run the stage in one process")
-
-
 def prepare_rewards(stage: str, cfg, prompts: Optional[Sequence[str]] = None,
                     roles: Optional[Roles] = None) -> PreparedRewards:
     """Before anything else of a run (no run directory yet, no model loaded): the config checked,
     each reward function of the plan loaded and its parameters matched against the columns of the
     ``data.prompts`` file (``prompts`` passed as a list carry none), so that a function naming a
     column the file lacks is one ConfigError line. Nothing to prepare when ``roles`` come ready-made."""
-    if getattr(cfg, "env", None) is not None and cfg.env.factory is not None and launched_ranks() > 1:
-        raise ConfigError(ENV_UNDER_TORCHRUN)
     if roles is not None:
         return PreparedRewards()
     validate_tree(cfg)
@@ -104,8 +98,6 @@ class RLSteps:
         self.env = None
         """The environment factory (``env.factory`` loaded) of an environment run; None: single turns."""
         if cfg.env.factory is not None:
-            if several_ranks():
-                raise ConfigError(ENV_UNDER_TORCHRUN)
             if probe is not None:
                 raise ConfigError("data.task: a task's probe measures single responses, and env.factory is set; "
                                   "an environment run's measure is its returns (env/return_mean): unset data.task")
@@ -166,14 +158,18 @@ class RLSteps:
         """Steps 1-4 of an environment run: the next batch of rows, each on ``k`` consecutive rows
         with its own environment (``make_env(row)`` per trajectory: the group of a group
         estimator), then :func:`~fourfold.trainers.env_rollouts.collect_turns` with the iteration's
-        per-row noise, under the run's autocast."""
+        per-row noise, under the run's autocast. Under torchrun a rank makes the environments of
+        its slice of the rows only (:func:`~fourfold.run.parallel.rank_slice`, as a single-turn
+        rollout samples its slice); collect_turns gathers every rank's trajectories."""
         cfg = self.cfg
         _, rows, wheres = self.stream.next_rows()
         rows, wheres = [r for r in rows for _ in range(k)], [w for w in wheres for _ in range(k)]
-        envs = make_envs(self.env, rows, wheres)
+        mine = rank_slice(len(rows))
+        envs = make_envs(self.env, rows[mine], wheres[mine])
         with autocast_region(cfg.model.precision, self.device.type):
             return collect_turns(self.roles, envs, cfg.env, cfg.generation, kl_coef=kl_coef, kl_estimator=kl_estimator,
-                                 noise=RowNoise(cfg.run.seed, it), max_first_tokens=cfg.data.max_prompt_len)
+                                 noise=RowNoise(cfg.run.seed, it), max_first_tokens=cfg.data.max_prompt_len,
+                                 first_row=mine.start)
 
     def log(self, logger, it: int, metrics: dict, col: Collected | CollectedTurns) -> None:
         """Step 7's log: the metrics row of iteration ``it``, and a few completions of its batch

@@ -221,3 +221,35 @@ class _Long:
 
     def step(self, action):
         return "", 0.0, True
+
+
+def _trajectory(prompt, turns, observations, rewards, done):
+    """A Trajectory of policy ``turns`` (id lists) with ``observations`` between them."""
+    from fourfold.rollout.turns import Trajectory
+
+    t = Trajectory(prompt=list(prompt))
+    for k, ids in enumerate(turns):
+        t.add_turn(ids, [-0.5] * len(ids))
+        if k < len(observations):
+            t.add_observation(observations[k])
+    t.turn_rewards, t.done, t.truncated = list(rewards), done, not done
+    return t
+
+
+def test_turn_metrics_of_two_ranks_rows_weigh_by_counts_not_the_ranks_means():
+    """Two ranks' rows gathered (rank 0: two one-turn rows; rank 1: two three-turn rows): the
+    metrics are those of the 4 rows and 8 stepped turns, by hand. The ranks step different numbers
+    of turns, so the mean reward per turn is 5/8, not the mean of the ranks' own (1/2 + 4/6) / 2."""
+    from fourfold.rollout.turns import stack_trajectories
+    from fourfold.trainers.env_rollouts import turn_metrics
+
+    rank0 = [_trajectory([5, 6], [[7, 8]], [], [1.0], True), _trajectory([5], [[9]], [], [0.0], True)]
+    rank1 = [_trajectory([5, 6, 7], [[7], [8], [9]], [[10, 11], [12]], [0.0, 0.0, 1.0], False),
+             _trajectory([5], [[7, 8], [9], [8, 8]], [[10], [11]], [1.0, 1.0, 1.0], True)]
+    got = turn_metrics(stack_trajectories(rank0 + rank1, pad_token_id=0))
+    assert got == {"env/turns_mean": 2.0, "env/truncated_frac": 0.25, "env/done_frac": 0.75,
+                   "env/observation_tokens_mean": 1.25, "env/policy_tokens_mean": 2.75,
+                   "env/turn_reward_mean": 0.625, "env/return_mean": 1.25}
+    means = [turn_metrics(stack_trajectories(r, pad_token_id=0))["env/turn_reward_mean"] for r in (rank0, rank1)]
+    assert means == [0.5, pytest.approx(4 / 6)] and sum(means) / 2 != pytest.approx(0.625)
+

@@ -236,22 +236,13 @@ def test_the_lookup_examples_load():
     assert load_config(SFTConfig, root / "lookup_sft.yaml", []).data.assistant_turns == "all"
 
 
-def test_torchrun_and_a_task_probe_are_refused_with_one_line(tiny_lm, files, monkeypatch):
-    import fourfold.trainers.rl as rl
+def test_a_task_probe_is_refused_with_one_line(tiny_lm, files):
     from fourfold.trainers.ppo import train
 
     tmp, prompts = files
     over = {"env.factory": f"{tmp / 'envs.py'}:echo", "env.max_tokens": 40}
     with pytest.raises(ConfigError, match="^data.task: a task's probe measures single responses"):
         train(_cfg(tiny_lm, tmp / "probe", prompts, **over), probe=lambda p, r: {})
-    monkeypatch.setattr(rl, "several_ranks", lambda: True)
-    with pytest.raises(ConfigError, match="^env.factory: environments under torchrun are not wired yet"):
-        train(_cfg(tiny_lm, tmp / "ranks", prompts, **over))
-    # launched by torchrun: refused before the run directory exists
-    monkeypatch.setattr(rl, "launched_ranks", lambda: 2)
-    with pytest.raises(ConfigError, match="^env.factory: environments under torchrun are not wired yet"):
-        train(_cfg(tiny_lm, tmp / "launched", prompts, **over))
-    assert not (tmp / "launched").exists()
 
 
 def test_an_environment_run_resumed_is_the_uninterrupted_run(tiny_lm, files):

@@ -1,0 +1,113 @@
+"""Environment runs (issue 31) launched by ``torchrun --nproc-per-node 2`` (gloo on the CPU, the
+policy and the critic FSDP2-sharded) are the 1-process run of the same config: each rank makes and
+steps the environments of its own rows (with their per-row noise), the ranks' token and turn loops
+stop together, the trajectories are gathered before the rewards, advantages and metrics. Rows end
+after different numbers of turns (1, 2, or cut at 3), so the ranks step different numbers of turns:
+a metric that were a mean of the ranks' means would differ. GRPO's groups of 4 straddle the ranks
+(12 rows, rows 4-7 are one group): its advantages need the gathered batch. Metrics (every non-timing
+key) agree to 1e-4 relative and the final weights to 1e-4 absolute, as the single-turn runs'
+(tests/distributed/test_ppo_dist.py). The 1-process runs run in the test's own process."""
+import json
+import random
+
+import pytest
+from disttest_utils import max_relative_diff, max_weight_diff, metric_rows, torchrun
+
+from fourfold.cli import main
+
+ENVS = '''
+class Toy:
+    """The row's prompt, then turns until the row's `limit` (4: cut by env.max_turns = 3). A turn
+    scores the words it shares with the prompt minus 0.1 per word; the reply is a word naming how
+    many words the turn had."""
+
+    def __init__(self, row):
+        self.prompt, self.limit, self.turn = row["prompt"], int(row["limit"]), 0
+
+    def reset(self):
+        return self.prompt
+
+    def step(self, action):
+        self.turn += 1
+        said, known = action.split(), set(self.prompt.split())
+        reward = sum(w in known for w in said) - 0.1 * len(said)
+        return " w%d" % (len(said) % 10), float(reward), self.turn >= self.limit
+
+
+def make_env(row):
+    return Toy(row)
+'''
+
+
+@pytest.fixture(scope="module")
+def env_files(tmp_path_factory):
+    """envs.py and a prompts file of 32 rows whose `limit` is 1, 2 or 4 turns."""
+    root = tmp_path_factory.mktemp("env_dist")
+    (root / "envs.py").write_text(ENVS)
+    rng = random.Random(0)
+    with open(root / "prompts.jsonl", "w") as f:
+        for _ in range(32):
+            words = " ".join(f"w{rng.randrange(60)}" for _ in range(rng.randrange(2, 5)))
+            f.write(json.dumps({"prompt": words, "limit": rng.choice([1, 2, 4])}) + "\n")
+    return root
+
+
+def _overrides(tiny_lm, files, out, **extra) -> list[str]:
+    """3 PPO iterations of 8 trajectories (turns of up to 6 tokens, at most 40 tokens in all) on the
+    tiny random Llama of the suite (hidden 64, 2 layers, 60 words)."""
+    over = {"model.policy": tiny_lm / "sft", "data.prompts": files / "prompts.jsonl",
+            "env.factory": f"{files / 'envs.py'}:make_env", "env.max_turns": 3, "env.max_tokens": 40,
+            "generation.max_new_tokens": 6, "generation.temperature": 1.5, "run.output_dir": out,
+            "run.progress": False, "run.tensorboard": False, "run.device": "cpu", "run.seed": 3,
+            "run.save_every": 0, "run.threads": 1, "run.samples_every": 1, "ppo.iterations": 3,
+            "ppo.rollout_batch_size": 8, "ppo.minibatch_size": 4, "ppo.ppo_epochs": 2, "ppo.lr": 3e-3,
+            "ppo.kl_coef": 0.1}
+    over.update(extra)
+    return [f"{k}={v}" for k, v in over.items()]
+
+
+def _same_run(one, two, models) -> dict:
+    rows_1, rows_2 = metric_rows(one), metric_rows(two)
+    assert len(rows_1) == len(rows_2) == 3
+    figures = {"metric_rel": max_relative_diff(rows_1, rows_2),
+               **{f"{m}_abs": max_weight_diff(one / m, two / m) for m in models}}
+    assert figures["metric_rel"] < 1e-4 and all(v < 1e-4 for v in figures.values()), figures
+    assert any(r["env/truncated_frac"] > 0 for r in rows_2)  # cut trajectories (the bootstrap) are in it
+    return figures
+
+
+def _rank0_turns_differ(out, batch: int) -> bool:
+    """Whether in some iteration rank 0's rows (the first half of the batch: the first samples rows
+    shown, up to 4) took on average another number of turns than the whole batch: then the ranks
+    stepped different numbers of turns."""
+    shown = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
+    rows = {r["step"]: r["env/turns_mean"] for r in metric_rows(out)}
+    differ = False
+    for it, mean in rows.items():
+        mine = [s for s in shown if s.get("step") == it][: min(4, batch // 2)]
+        if mine and abs(sum(len(s["turns"]) for s in mine) / len(mine) - mean) > 1e-9:
+            differ = True
+    return differ
+
+
+def test_ppo_with_the_critic_against_an_environment_two_processes_match_one(tiny_lm, env_files, tmp_path):
+    """GAE over the policy's tokens with the critic (from the policy), truncated rows bootstrapped."""
+    extra = {"model.critic_init": "policy", "ppo.critic_lr": 1e-3}
+    assert main(["ppo", *_overrides(tiny_lm, env_files, tmp_path / "p1", **extra)]) == 0
+    proc = torchrun("ppo", _overrides(tiny_lm, env_files, tmp_path / "p2", **extra))
+    assert proc.stdout.count("fourfold ppo: done") == 1
+    figures = _same_run(tmp_path / "p1", tmp_path / "p2", ("policy", "critic"))
+    assert _rank0_turns_differ(tmp_path / "p2", 8)
+    print(f"env ppo 2 procs = 1 proc: {figures}; 2-process wall {proc.wall_s:.1f} s")
+
+
+@pytest.mark.slow  # one more pair of runs (~50-65 s on 2 shared cores), as test_ppo_dist.py's grpo test
+def test_grpo_against_an_environment_two_processes_match_one(tiny_lm, env_files, tmp_path):
+    """K = 4 trajectories a row, 12 rows: the second group is rows 4-7, half on each rank."""
+    extra = {"ppo.advantage": "grpo", "ppo.samples_per_prompt": 4, "ppo.rollout_batch_size": 12,
+             "ppo.minibatch_size": 6, "ppo.kl_in": "loss"}
+    assert main(["ppo", *_overrides(tiny_lm, env_files, tmp_path / "g1", **extra)]) == 0
+    proc = torchrun("ppo", _overrides(tiny_lm, env_files, tmp_path / "g2", **extra))
+    figures = _same_run(tmp_path / "g1", tmp_path / "g2", ("policy",))
+    assert not (tmp_path / "g2" / "critic").exists()
+    print(f"env grpo 2 procs = 1 proc: {figures}; 2-process wall {proc.wall_s:.1f} s")
