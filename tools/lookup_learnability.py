@@ -10,51 +10,21 @@ digit; one that memorised the pairs it saw does not).
 The runs are ``fourfold sft --config examples/lookup_sft.yaml`` and ``fourfold ppo --config
 examples/lookup_grpo.yaml`` with their paths under ``--out`` (``--hops`` sets the world, and
 env.max_turns = hops + 1). Writes ``data/`` (``sft_train.jsonl``, ``prompts.jsonl``,
-``heldout.jsonl``), ``tokenizer/``, ``sft/``, ``grpo/`` and ``result.json``; prints one JSON line.
+``heldout.jsonl``, ``fresh.jsonl``: :func:`fourfold.apps.experiments.turns_eval.write_lookup_data`),
+``tokenizer/``, ``sft/``, ``grpo/`` and ``result.json``; prints one JSON line.
 """
 from __future__ import annotations
 
 import argparse
 import json
-import random
 import time
 from pathlib import Path
 
 import torch
 
+from fourfold.apps.experiments.turns_eval import lookup_gold, read_rows, write_lookup_data
+
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def write_jsonl(path: Path, rows: list[dict]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in rows))
-
-
-@torch.no_grad()
-def gold(model_dir: str, rows: list[dict], *, greedy: bool, seed: int, max_turns: int, max_tokens: int,
-         max_new_tokens: int) -> dict:
-    """Gold of ``model_dir`` on ``rows``: the share of trajectories answered right, the mean turns."""
-    from fourfold.data.observations import ObservationEncoder
-    from fourfold.models.loading import load_causal_lm, load_tokenizer
-    from fourfold.rollout.env import make_envs
-    from fourfold.rollout.turns import TurnSettings, sample_turns
-    from fourfold.tasks.lookup import LookupTask
-
-    tok, model = load_tokenizer(model_dir), load_causal_lm(model_dir, device="cpu")
-    model.eval()
-    gen = torch.Generator().manual_seed(seed)
-    enc = ObservationEncoder(tok)
-    settings = TurnSettings(max_turns=max_turns, max_tokens=max_tokens, max_new_tokens=max_new_tokens,
-                            decode=lambda ids: tok.decode(ids, skip_special_tokens=True), temperature=1.0,
-                            eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, greedy=greedy, generator=gen)
-    returns, turns = [], []
-    for i in range(0, len(rows), 256):
-        envs = make_envs("fourfold.tasks.lookup:make_env", rows[i:i + 256], [f"heldout:{j + 1}" for j in range(i, i + 256)])
-        first = [enc.first(e.reset(), e.where, max_tokens) for e in envs]
-        batch = sample_turns(model, envs, first, settings, enc.next)
-        returns += batch.turn_rewards.sum(1).tolist()
-        turns += batch.n_turns.tolist()
-    return {"gold": LookupTask.gold(returns), "turns_mean": sum(turns) / len(turns)}
 
 
 def parser() -> argparse.ArgumentParser:
@@ -76,7 +46,6 @@ def parser() -> argparse.ArgumentParser:
 def main(argv=None) -> dict:
     from fourfold.config import PPOConfig, SFTConfig, load_config
     from fourfold.run.common import quiet_transformers
-    from fourfold.tasks import build_word_tokenizer
     from fourfold.tasks.lookup import LookupTask
     from fourfold.trainers import ppo as ppo_trainer
     from fourfold.trainers import sft as sft_trainer
@@ -87,13 +56,9 @@ def main(argv=None) -> dict:
     out, t0 = Path(a.out), time.perf_counter()
     task = LookupTask(hops=a.hops, value_digits=a.value_digits, error_rate=a.error_rate,
                       guess_share=a.guess_share)
+    paths = write_lookup_data(out, task, seed=a.seed, examples=a.examples, prompts=2048, heldout=a.heldout)
     data = out / "data"
-    heldout = task.problems(a.heldout, random.Random(a.seed + 2), split="heldout")
-    fresh = task.problems(a.heldout, random.Random(a.seed + 3))  # training-side chains, rows not in prompts.jsonl
-    write_jsonl(data / "sft_train.jsonl", task.sft_rows(a.examples, random.Random(a.seed)))
-    write_jsonl(data / "prompts.jsonl", task.problems(2048, random.Random(a.seed + 1)))
-    write_jsonl(data / "heldout.jsonl", heldout)
-    build_word_tokenizer(task.tokenizer_corpus(), out / "tokenizer")
+    heldout, fresh = read_rows(paths["heldout"]), read_rows(paths["fresh"])  # fresh: training-side chains, new rows
     if a.data_only:
         print(json.dumps({"data": str(data), "tokenizer": str(out / "tokenizer")}))
         return {}
@@ -108,7 +73,7 @@ def main(argv=None) -> dict:
     sft_dir = str(out / "sft" / "model")
     measure = dict(seed=a.seed, max_turns=turns, max_tokens=tokens, max_new_tokens=5)
     def measured(model_dir: str) -> dict:
-        return {f"{split}_{mode}": gold(model_dir, rows, greedy=mode == "greedy", **measure)
+        return {f"{split}_{mode}": lookup_gold(model_dir, rows, greedy=mode == "greedy", **measure)
                 for split, rows in (("train", fresh), ("heldout", heldout)) for mode in ("greedy", "sampled")}
 
     before = measured(sft_dir)

@@ -7,7 +7,7 @@
    ``demo.json`` (the full demo and the quick demo, per seed), ``experiments.json`` (the claims
    sweep: per-arm summaries, claims), ``horizon.json`` (the horizon family), ``arithmetic.json``
    (``fourfold demo --task arithmetic``, per seed), ``overoptimization.json`` (the overoptimization
-   family: fits, peaks, claims) and, untouched,
+   family: fits, peaks, claims), ``turns.json`` (the turns family: gold per world and arm, claims) and, untouched,
    ``benchmarks.json`` (the benchmark rows: measured by hand, see docs/benchmarks.md; ``make
    results`` does not rerun them, workload G needs an H200).
 2. ``render`` rewrites, from ``results/*.json`` alone, the marked blocks of README.md (the headline
@@ -34,6 +34,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 from fourfold.apps.demo.arithmetic_results import RUNS as ARITHMETIC_RUNS
 from fourfold.apps.demo.arithmetic_results import arithmetic_line, arithmetic_table, collect_arithmetic
 from fourfold.apps.publish_overopt import overopt_headline, overopt_record, overopt_text
+from fourfold.apps.publish_turns import turns_headline, turns_record, turns_text
 from fourfold.apps.report_kit import fmt, mean, pct, signed
 from fourfold.atomic import write_text_atomic
 from fourfold.errors import DataError, FourfoldError
@@ -42,6 +43,7 @@ REPO = Path(__file__).resolve().parents[2]  # fourfold/apps/publish.py -> the ch
 RESULTS = "results"
 HORIZON_FIGURE = "docs/img/horizon.png"
 OVEROPT_FIGURE = "docs/img/overoptimization.png"
+TURNS_FIGURE = "docs/img/turns.png"
 MARK = re.compile(r"<!-- publish:(?P<name>[a-z-]+) -->(?P<body>.*?)<!-- /publish:(?P=name) -->", re.S)
 
 
@@ -347,6 +349,11 @@ def overopt_block(res: Mapping) -> str:
     return overopt_text(res.get("overoptimization"), _made)
 
 
+def collect_turns(out: Path) -> dict:
+    """results/turns.json (:func:`fourfold.apps.publish_turns.turns_record`)."""
+    return turns_record(read(out / "results.json") or {}, _provenance(out))
+
+
 def headline_table(res: Mapping) -> str:
     d, e, h, b = res["demo"]["full"], res["experiments"], res.get("horizon"), res["benchmarks"]
     seeds = _seeds(d)
@@ -373,6 +380,7 @@ def headline_table(res: Mapping) -> str:
                     f"claims hold ({critic}) | `fourfold experiments --config examples/horizon.yaml` | "
                     "[docs/experiments.md](docs/experiments.md#the-horizon-family) |")
     rows += overopt_headline(res.get("overoptimization"))
+    rows += turns_headline(res.get("turns"))
     rows += [f"| {r['what']} | {r['result']} | `{r['command']}` | {r['details']} |" for r in b["rows"]]
     return "\n".join(rows) + f"\n\n(Demo and experiments: {_made(e['provenance'])}; benchmarks: {b['source']}.)"
 
@@ -383,7 +391,8 @@ BLOCKS: dict[str, dict[str, Callable[[Mapping], str]]] = {
     "docs/arithmetic.md": {"arithmetic-seeds": arithmetic_table},
     "docs/demo.md": {"demo-seeds": demo_seed_table, "quick-demo": quick_demo_text, "demo-machines": machines_table},
     "docs/experiments.md": {"experiments-table": experiments_table, "horizon": horizon_block,
-                            "overoptimization": overopt_block},
+                            "overoptimization": overopt_block,
+                            "turns": lambda res: turns_text(res.get("turns"), _made)},
 }
 """Which generator writes each marked block of each file."""
 
@@ -396,6 +405,7 @@ REQUIRED_KEYS = {
                 "provenance"),
     "overoptimization": ("claims", "summaries", "seeds", "rm_pairs", "bon_n", "kl_coef", "lr_multiplier", "default",
                          "default_kl_coef", "iterations", "wall_s", "provenance"),
+    "turns": ("claims", "summaries", "sft", "worlds", "seeds", "iterations", "eval_prompts", "wall_s", "provenance"),
     "benchmarks": ("rows", "source"),
     "machines": ("machines",),
     "arithmetic": ("runs",),
@@ -404,7 +414,7 @@ REQUIRED_KEYS = {
 
 
 def load_results(root: Path) -> dict:
-    """results/*.json of the checkout ``root`` (horizon, overoptimization, machines, arithmetic: None
+    """results/*.json of the checkout ``root`` (horizon, overoptimization, turns, machines, arithmetic: None
     until made). A missing one (but those), one that does not parse, or one without a key of :data:`REQUIRED_KEYS` is a
     DataError naming the file."""
     root = Path(root)
@@ -414,7 +424,7 @@ def load_results(root: Path) -> dict:
     for name, keys in REQUIRED_KEYS.items():
         path = d / f"{name}.json"
         res[name] = rec = read(path)
-        if rec is None and name not in ("horizon", "machines", "arithmetic", "overoptimization"):
+        if rec is None and name not in ("horizon", "machines", "arithmetic", "overoptimization", "turns"):
             raise DataError(f"{path}: missing (is --root {root} a fourfold checkout? `python -m "
                             "fourfold.apps.publish collect` writes it from run outputs)")
         if rec is not None and not isinstance(rec, dict):
@@ -490,9 +500,9 @@ def _read_doc(path: Path) -> str:
 
 def write_results(root: Path, demo: Sequence[Path], demo_quick: Sequence[Path], experiments: Path, horizon: Path,
                   machines_only: bool = False, arithmetic: Sequence[Path] = (),
-                  overoptimization: Optional[Path] = None) -> list[str]:
-    """Write each of results/demo.json, experiments.json, horizon.json, arithmetic.json and
-    overoptimization.json (and the families' figures)
+                  overoptimization: Optional[Path] = None, turns: Optional[Path] = None) -> list[str]:
+    """Write each of results/demo.json, experiments.json, horizon.json, arithmetic.json,
+    overoptimization.json and turns.json (and the families' figures)
     whose run outputs exist; keep the others; file the demo runs by machine in results/machines.json
     too (with ``machines_only``, there alone: another machine's runs, the published ones kept).
     Returns (and prints) what it did."""
@@ -519,7 +529,9 @@ def write_results(root: Path, demo: Sequence[Path], demo_quick: Sequence[Path], 
         return done
     overoptimization = overoptimization or root / "runs" / "overoptimization"
     fams = [("experiments.json", experiments, collect_experiments), ("horizon.json", horizon, collect_horizon)]
+    turns = turns or root / "runs" / "turns"
     fams += [("overoptimization.json", overoptimization, collect_overopt)] * (overoptimization / "results.json").is_file()
+    fams += [("turns.json", turns, collect_turns)] * (turns / "results.json").is_file()
     for name, out, fn in fams:
         if (out / "results.json").is_file():
             write(name, fn(out))
@@ -531,7 +543,8 @@ def write_results(root: Path, demo: Sequence[Path], demo_quick: Sequence[Path], 
         write("arithmetic.json", arith)
     else:
         done.append(f"kept {d / 'arithmetic.json'} (no arithmetic demo run has a result.json)")
-    for src, dst in ((horizon / "horizon.png", HORIZON_FIGURE), (overoptimization / "overoptimization.png", OVEROPT_FIGURE)):
+    for src, dst in ((horizon / "horizon.png", HORIZON_FIGURE), (overoptimization / "overoptimization.png", OVEROPT_FIGURE),
+                     (turns / "turns.png", TURNS_FIGURE)):
         if src.is_file():
             shutil.copyfile(src, root / dst)
             done.append(f"wrote {root / dst}")
@@ -549,6 +562,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--horizon", default="runs/horizon")
     p.add_argument("--arithmetic", nargs="*", default=list(ARITHMETIC_RUNS), help="the `fourfold demo --task arithmetic` runs")
     p.add_argument("--overoptimization", default="runs/overoptimization")
+    p.add_argument("--turns", default="runs/turns")
     p.add_argument("--machines-only", action="store_true",
                    help="collect: file the demo runs in results/machines.json alone (another machine's runs)")
     args = p.parse_args(argv)
@@ -567,7 +581,8 @@ def _run(args: argparse.Namespace) -> int:
     if args.command == "collect":
         write_results(root, [root / r for r in args.demo], [root / r for r in args.demo_quick], root / args.experiments,
                       root / args.horizon, machines_only=args.machines_only,
-                      arithmetic=[root / r for r in args.arithmetic], overoptimization=root / args.overoptimization)
+                      arithmetic=[root / r for r in args.arithmetic], overoptimization=root / args.overoptimization,
+                      turns=root / args.turns)
         return 0
     files = render(root)
     changed = [f for f, text in files.items() if (root / f).read_text(encoding="utf-8") != text]

@@ -4,7 +4,7 @@ Each claim about PPO-based RLHF is an arm (``ppo``, its ablations, the critic-fr
 REINFORCE, DPO, an unbiased reward model) run over seeds on the demo's review task, evaluated
 against its hidden gold reward, and summarised with the claims table. The arms, what runs, the
 output layout and the claims: docs/experiments.md (its section "The code" names the module of
-each room: arms, jobs, final_eval, results, claims, report, sweep, and the horizon family's).
+each room: arms, jobs, final_eval, results, claims, report, sweep, and the horizon, overoptimization and turns families').
 """
 
 from fourfold.apps.experiments.arms import ARM_ORDER, Arm, build_arms, models_in_memory, run_config, run_key
@@ -31,7 +31,12 @@ def run(cfg) -> dict:
     """``fourfold experiments``: the family the config names (``family: claims``:
     :func:`~fourfold.apps.experiments.sweep.run_claims`; ``family: horizon``:
     :func:`~fourfold.apps.experiments.horizon.run_horizon`; ``family: overoptimization``:
-    :func:`~fourfold.apps.experiments.overopt.run_overopt`), run or resumed, its report written."""
+    :func:`~fourfold.apps.experiments.overopt.run_overopt`; ``family: turns``:
+    :func:`~fourfold.apps.experiments.turns.run_turns`), run or resumed, its report written."""
+    if cfg.family == "turns":
+        from fourfold.apps.experiments.turns import run_turns
+
+        return run_turns(cfg)
     if cfg.family == "overoptimization":
         from fourfold.apps.experiments.overopt import run_overopt
 

@@ -1,5 +1,6 @@
 """The sweep's subprocess entry point: ``python -m fourfold.apps.experiments evaluate SPEC.json |
-prepare-demo DEMO.yaml | credit SPEC.json | bon-curve SPEC.json | ppo-curve SPEC.json`` (started by
+prepare-demo DEMO.yaml | credit SPEC.json | bon-curve SPEC.json | ppo-curve SPEC.json | turns-world SPEC.json |
+turns-eval SPEC.json`` (started by
 :func:`fourfold.apps.experiments.run`, one job at a time)."""
 
 from __future__ import annotations
@@ -13,12 +14,13 @@ from fourfold.apps.experiments.final_eval import evaluate_spec, prepare_demo
 from fourfold.errors import FourfoldError
 
 USAGE = ("usage: python -m fourfold.apps.experiments evaluate SPEC.json | prepare-demo DEMO.yaml | credit SPEC.json"
-         " | bon-curve SPEC.json | ppo-curve SPEC.json")
+         " | bon-curve SPEC.json | ppo-curve SPEC.json | turns-world SPEC.json | turns-eval SPEC.json")
 
 
 def main(argv: Sequence[str]) -> int:
     """Run one subcommand; prints a one-line JSON summary. Exit status 2 on a usage or fourfold error."""
-    if len(argv) != 2 or argv[0] not in ("evaluate", "prepare-demo", "credit", "bon-curve", "ppo-curve"):
+    if len(argv) != 2 or argv[0] not in ("evaluate", "prepare-demo", "credit", "bon-curve", "ppo-curve",
+                                             "turns-world", "turns-eval"):
         print(USAGE, file=sys.stderr)
         return 2
     try:
@@ -31,6 +33,12 @@ def main(argv: Sequence[str]) -> int:
 
             res = credit_spec(json.loads(Path(argv[1]).read_text(encoding="utf-8")))
             print(json.dumps({"views": [v["label"] for v in res["views"]], "K": res["K"]}))
+        elif argv[0] in ("turns-world", "turns-eval"):
+            from fourfold.apps.experiments import turns_eval
+
+            fn = turns_eval.world_spec if argv[0] == "turns-world" else turns_eval.eval_spec
+            res = fn(json.loads(Path(argv[1]).read_text(encoding="utf-8")))
+            print(json.dumps({"gold": {m: g["gold"] for m, g in res["gold"].items()}, "seconds": res["seconds"]}))
         elif argv[0] in ("bon-curve", "ppo-curve"):
             from fourfold.apps.experiments import overopt_eval
 

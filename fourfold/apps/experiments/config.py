@@ -218,6 +218,99 @@ class OveroptimizationConfig:
         require(self.lr_multiplier > 0, f"{prefix}.lr_multiplier", "must be > 0")
 
 
+TURNS_ARMS = ("ppo", "ppo-no-critic", "grpo", "rloo")
+"""Arms of the turns family: PPO with a critic (GAE over the policy's tokens), PPO without one
+(whitened returns, reinforce_pp), and the group estimators over the K trajectories of a row."""
+
+
+@dataclasses.dataclass
+class TurnsClaimsConfig:
+    """Thresholds of the turns family's claims, written before its first run (docs/experiments.md,
+    "The turns family"). Gold is the share of held-out rows answered right (an absolute share, not
+    sd units), sampled at temperature 1 from each final policy, one trajectory per row; seeds are
+    paired (same seed: same prompt order and initial state, same evaluation rows)."""
+
+    knob_min_step: float = 0.5
+    """'The turns knob works': the SFT policy's mean turns per held-out trajectory at each hops
+    exceeds the previous hops' by at least this."""
+    learn_min_gain: float = 0.2
+    """'Every arm learns at every turn count': its gold minus the SFT policy's gold, at least this
+    in every seed."""
+    grow_min: float = 0.05
+    """'ppo's gain over an arm grows with the turns': (ppo's gold minus the arm's) at the most
+    turns minus the same at the fewest, paired by seed, at least this (mean over seeds) and above
+    noise_z standard errors (the larger of the seeds' spread and the evaluation's)."""
+    noise_z: float = 2.0
+    """'Beyond noise': this many standard errors."""
+
+    def validate(self, prefix: str = "turns.claims") -> None:
+        require(self.knob_min_step >= 0, f"{prefix}.knob_min_step", "must be >= 0")
+        require(0 <= self.learn_min_gain <= 1, f"{prefix}.learn_min_gain", "must be in [0, 1]")
+        require(self.grow_min >= 0, f"{prefix}.grow_min", "must be >= 0")
+        require(self.noise_z > 0, f"{prefix}.noise_z", "must be > 0")
+
+
+@dataclasses.dataclass
+class TurnsConfig:
+    """The turns family (``family: turns``, examples/turns.yaml): the lookup world
+    (fourfold.tasks.lookup) at several hops (hops + 1 turns of perfect play), its data, tokenizer
+    and SFT model once per hops, and PPO with and without a critic, GRPO and RLOO on each, every
+    final policy's gold measured on the world's held-out chains."""
+
+    hops: list[int] = dataclasses.field(default_factory=lambda: [0, 1, 3])
+    """Lookups before the answer (LookupTaskConfig.hops): 0, 1, 3 = 1, 2, 4 turns."""
+    arms: list[str] = dataclasses.field(default_factory=lambda: list(TURNS_ARMS))
+    """The arms run at every hops: ppo, ppo-no-critic, grpo, rloo."""
+    world_dir: str = "runs/turns-world"
+    """Each hops' data, tokenizer and SFT model are cached in '<world_dir>-h<hops>'."""
+    sft_config: str = "examples/lookup_sft.yaml"
+    """The SFT stage's base config (a path from the working directory, else from the checkout)."""
+    rl_config: str = "examples/lookup_grpo.yaml"
+    """Every arm's base PPOConfig (env.factory, generation, ppo): the arm's settings go over it."""
+    sft_overrides: list[str] = dataclasses.field(default_factory=list)
+    """key=value overrides of the SFT config (paths, seed, lengths are set by the family)."""
+    rl_overrides: list[str] = dataclasses.field(default_factory=list)
+    """key=value overrides of every arm's config (before the arm's own settings)."""
+    value_digits: int = 2
+    """Digits of a chain's value (2: 100 values, too many (key, value) pairs to memorise)."""
+    error_rate: float = 0.6
+    """Share of SFT episodes with one mistake."""
+    guess_share: float = 0.2
+    """Share of those mistakes that guess without looking (hops >= 1)."""
+    sft_examples: int = 4000
+    """SFT episodes (training-side chains)."""
+    prompts: int = 2048
+    """RL prompts-file rows (training-side chains)."""
+    world_seed: int = 0
+    """Seed of the data and of the SFT model (one per hops, shared by every arm and seed)."""
+    sft_steps_per_turn: int = 150
+    """SFT steps = this x (hops + 1): a longer episode needs more (150: 300 steps at 2 turns, the
+    measured recipe of docs/environments.md; at 4 turns 300 steps left the loss still falling)."""
+    tokens_base: int = 20
+    """env.max_tokens = tokens_base + tokens_per_hop x hops (room for perfect play and a mistake)."""
+    tokens_per_hop: int = 12
+    claims: TurnsClaimsConfig = dataclasses.field(default_factory=TurnsClaimsConfig)
+    """The claims' thresholds."""
+
+    def validate(self, prefix: str = "turns") -> None:
+        require(len(self.hops) >= 1 and all(isinstance(h, int) and 0 <= h <= 3 for h in self.hops), f"{prefix}.hops",
+                "must list hops in [0, 3]")
+        require(len(set(self.hops)) == len(self.hops), f"{prefix}.hops", "a hops value is listed twice")
+        bad = [a for a in self.arms if a not in TURNS_ARMS] + [None]
+        require(bad[0] is None, f"{prefix}.arms", f"arm {bad[0]!r} does not run in the turns family; it runs "
+                f"{', '.join(TURNS_ARMS)}")
+        require(len(self.arms) >= 1 and len(set(self.arms)) == len(self.arms), f"{prefix}.arms",
+                "must list arms, each once")
+        require(1 <= self.value_digits <= 3, f"{prefix}.value_digits", "must be in [1, 3]")
+        for key in ("error_rate", "guess_share"):
+            require(0 <= getattr(self, key) <= 1, f"{prefix}.{key}", "must be in [0, 1]")
+        require(self.sft_examples >= 1, f"{prefix}.sft_examples", "must be >= 1")
+        require(self.sft_steps_per_turn >= 1, f"{prefix}.sft_steps_per_turn", "must be >= 1")
+        require(self.prompts >= 1, f"{prefix}.prompts", "must be >= 1")
+        require(self.tokens_base >= 8 and self.tokens_per_hop >= 1, f"{prefix}.tokens_base",
+                "tokens_base must be >= 8 and tokens_per_hop >= 1")
+
+
 @dataclasses.dataclass
 class ExperimentsConfig:
     """`fourfold experiments`: every arm x seed on the demo's task at the same sample budget, a
@@ -277,16 +370,20 @@ class ExperimentsConfig:
     pairs, demo.reward.steps steps of demo.reward.batch_size pairs."""
     dpo_lr: float = 1e-4
     """dpo: peak learning rate (linear warm-up over 5% of the steps, then linear decay)."""
-    family: Literal["claims", "horizon", "overoptimization"] = "claims"
+    family: Literal["claims", "horizon", "overoptimization", "turns"] = "claims"
     """Which experiments: 'claims' (the method's claims, the arms above on the demo's task), 'horizon'
     (the same trainers at several response lengths gold wants: the horizon section) or
     'overoptimization' (gold and proxy against sqrt(KL) for best-of-n and PPO at several reward-model
-    sizes: the overoptimization section); with the last two, arms, unbiased_* and the claims section
-    are not read."""
+    sizes: the overoptimization section) or 'turns' (PPO with and without a critic, GRPO, RLOO on the
+    lookup world at 1, 2 and 4 turns: the turns section); with the last three, arms, unbiased_* and
+    the claims section are not read."""
     horizon: HorizonConfig = dataclasses.field(default_factory=HorizonConfig)
     """The horizon family's settings (family: horizon)."""
     overoptimization: OveroptimizationConfig = dataclasses.field(default_factory=OveroptimizationConfig)
     """The overoptimization family's settings (family: overoptimization)."""
+    turns: TurnsConfig = dataclasses.field(default_factory=TurnsConfig)
+    """The turns family's settings (family: turns; its runs read iterations, seeds, workers,
+    group_size, eval_prompts: the held-out rows of every evaluation)."""
 
     def validate(self, prefix: str = "") -> None:
         for a in self.arms:

@@ -1,0 +1,306 @@
+"""The turns family (``fourfold experiments --config examples/turns.yaml``): does the critic's
+baseline pay more as the turns grow?
+
+The lookup world (:mod:`fourfold.tasks.lookup`: ask a tool, then answer from its reply) at each
+hops of ``turns.hops`` (perfect play takes hops + 1 turns: 0, 1, 3 = 1, 2, 4 turns) is a *world*:
+its data (SFT episodes of imperfect play, RL prompts, rows of held-out chains), its word tokenizer
+and its SFT model (``turns.sft_config``, ``turns.sft_steps_per_turn`` x turns steps), made once per
+hops in ``<turns.world_dir>-h<hops>`` by one job (``python -m fourfold.apps.experiments
+turns-world``, :mod:`fourfold.apps.experiments.turns_eval`) that also measures the SFT model's gold.
+On each world every arm of ``turns.arms`` x seed is ``fourfold ppo`` over ``turns.rl_config`` with
+``env.max_turns = hops + 1``, ``env.max_tokens = tokens_base + tokens_per_hop x hops`` and the same
+trajectories per iteration (ppo.rollout_batch_size) for every arm:
+
+* ``ppo``: a critic (initialised from the policy), GAE over the policy's tokens, one trajectory a row;
+* ``ppo-no-critic``: the same without the critic (whitened returns, reinforce_pp);
+* ``grpo`` / ``rloo``: the group of a row's ``group_size`` trajectories is the baseline;
+
+then its final policy's gold on the world's held-out rows, greedy and sampled (``turns-eval``).
+Jobs run ``workers`` at a time, cached and resumable as the other families'. Claims:
+:func:`fourfold.apps.experiments.turns_claims.compute_turns_claims`; output in ``run.output_dir``:
+``results.json``, ``summary.md``, ``report.html``, ``turns.png`` (:mod:`~fourfold.apps.experiments.turns_report`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import fourfold
+from fourfold.apps.cache import digest, keyed, read_json
+from fourfold.apps.experiments.arms import run_key
+from fourfold.apps.experiments.config import ExperimentsConfig
+from fourfold.apps.experiments.jobs import ExperimentError, Job, run_jobs
+from fourfold.apps.experiments.results import train_seconds
+from fourfold.apps.experiments.sweep import family_quick_config, log_claims, open_output
+from fourfold.apps.experiments.turns_claims import compute_turns_claims, turns_label, turns_of
+from fourfold.apps.provenance import provenance, write_provenance
+from fourfold.apps.report_kit import mean, std
+from fourfold.atomic import write_text_atomic
+from fourfold.checkpoint import checkpoint_dirs
+from fourfold.config import PPOConfig, SFTConfig, config_to_dict, load_config, save_config
+
+TURNS_QUICK: dict[str, Any] = {  # --quick: the pipeline end to end, and the one claim its budget settles
+    "seeds": [0],
+    "iterations": 8,
+    "eval_prompts": 128,
+    "turns.hops": [0, 1],
+    "turns.arms": ["ppo", "grpo"],
+    "turns.sft_examples": 2000,
+}
+DEFAULT_TURNS_OUTPUT = "runs/turns"
+DEFAULT_TURNS_WORLD = "runs/turns-world"
+PROMPT_TOKENS = 16
+"""data.max_prompt_len of every arm (hops 0's prompt, the fact and the request, is 10 tokens with its role word)."""
+EVAL_SEED = 31
+"""The sampling seed of every held-out evaluation (the same for every arm and seed: paired)."""
+ROOT = Path(fourfold.__file__).resolve().parent.parent
+
+
+def turns_quick_config(cfg: ExperimentsConfig) -> ExperimentsConfig:
+    """The --quick settings: TURNS_QUICK, '-quick' on the default output and world paths."""
+    return family_quick_config(cfg, TURNS_QUICK, DEFAULT_TURNS_OUTPUT, "turns.world_dir", DEFAULT_TURNS_WORLD)
+
+
+def base_config(path: str) -> Path:
+    """A base config: ``path`` from the working directory, else from the checkout."""
+    p = Path(path)
+    return p if p.is_file() or p.is_absolute() else ROOT / p
+
+
+def arm_overrides(arm: str, group_size: int) -> list[str]:
+    """How an arm's PPOConfig differs from turns.rl_config's (every arm keeps its rollout_batch_size
+    trajectories per iteration)."""
+    return {
+        "ppo": ["ppo.advantage=gae", "ppo.use_critic=true", "ppo.samples_per_prompt=1", "model.critic_init=policy"],
+        "ppo-no-critic": ["ppo.advantage=gae", "ppo.use_critic=false", "ppo.samples_per_prompt=1"],
+        "grpo": ["ppo.advantage=grpo", f"ppo.samples_per_prompt={group_size}"],
+        "rloo": ["ppo.advantage=rloo", f"ppo.samples_per_prompt={group_size}"],
+    }[arm]
+
+
+ARM_WHAT = {"ppo": "PPO with a critic (init from the policy), GAE over the policy's tokens, 1 trajectory a row",
+            "ppo-no-critic": "PPO without a critic (whitened returns: reinforce_pp), 1 trajectory a row",
+            "grpo": "GRPO: (R - group mean) / group std over a row's K trajectories",
+            "rloo": "RLOO: baseline the mean of the row's other K - 1 trajectories"}
+
+
+def limits(cfg: ExperimentsConfig, hops: int) -> dict:
+    """env.max_turns, env.max_tokens of a world (and the turn length of the RL config)."""
+    t = cfg.turns
+    gen = load_config(PPOConfig, base_config(t.rl_config), list(t.rl_overrides)).generation
+    return {"max_turns": turns_of(hops), "max_tokens": t.tokens_base + t.tokens_per_hop * hops,
+            "max_new_tokens": gen.max_new_tokens}
+
+
+def claim_run_dir(run_dir: Path, key: str, record: dict) -> None:
+    """Keep ``run_dir`` only if its EXPERIMENT.json has ``key`` (another config's run is removed:
+    never resume across configs); write the marker when there is none."""
+    marker = run_dir / "EXPERIMENT.json"
+    rec = read_json(marker)
+    if run_dir.exists() and (not rec or rec.get("key") != key):
+        shutil.rmtree(run_dir)
+        rec = None
+    if rec is None:
+        write_text_atomic(marker, json.dumps({"key": key, **record}, sort_keys=True))
+
+
+@dataclasses.dataclass
+class Turns:
+    """What the family's jobs share."""
+
+    cfg: ExperimentsConfig
+    out: Path
+    log: Callable[..., Any]
+    py: str = sys.executable
+
+    @property
+    def hops(self) -> list[int]:
+        return sorted(self.cfg.turns.hops)
+
+    def world_dir(self, hops: int) -> Path:
+        return Path(f"{self.cfg.turns.world_dir.rstrip('/')}-{turns_label(hops)}").resolve()
+
+    def sft_config(self, hops: int) -> SFTConfig:
+        t, w = self.cfg.turns, self.world_dir(hops)
+        n = limits(self.cfg, hops)["max_tokens"]
+        return load_config(SFTConfig, base_config(t.sft_config), [
+            *t.sft_overrides, f"model.tokenizer={w / 'tokenizer'}", f"data.train={w / 'data' / 'sft_train.jsonl'}",
+            f"run.output_dir={w / 'sft'}", f"run.seed={t.world_seed}", "run.progress=false", "run.tensorboard=false",
+            f"run.threads={self.cfg.run.threads or 1}", f"model.max_positions={n}", f"train.max_len={n}",
+            f"train.max_steps={t.sft_steps_per_turn * turns_of(hops)}"])
+
+    def world_key(self, hops: int) -> str:
+        t = self.cfg.turns
+        sft = config_to_dict(self.sft_config(hops))
+        sft.pop("run", None)  # paths, threads, logging; the seed is world_seed
+        return digest({"task": self.task(hops), "seed": t.world_seed, "examples": t.sft_examples,
+                       "prompts": t.prompts, "heldout": self.cfg.eval_prompts, "sft": sft, "eval": self.eval(hops)})
+
+    def task(self, hops: int) -> dict:
+        t = self.cfg.turns
+        return {"hops": hops, "value_digits": t.value_digits, "error_rate": t.error_rate, "guess_share": t.guess_share}
+
+    def eval(self, hops: int) -> dict:
+        return {**limits(self.cfg, hops), "sample_seed": EVAL_SEED}
+
+    def spec_cmd(self, kind: str, name: str, spec: dict) -> list[str]:
+        p = self.out / "configs" / f"{kind}-{name.replace('/', '-')}.json"
+        write_text_atomic(p, json.dumps(spec, sort_keys=True))
+        return [self.py, "-m", "fourfold.apps.experiments", kind, str(p)]
+
+    def world_job(self, hops: int) -> Job:
+        label, w = turns_label(hops), self.world_dir(hops)
+
+        def prepare() -> list[list[str]]:
+            key = self.world_key(hops)
+            if (read_json(w / "world.json") or {}).get("key") == key and (w / "sft" / "model" / "config.json").is_file():
+                return []
+            p = self.out / "configs" / f"sft-{label}.yaml"
+            save_config(self.sft_config(hops), p)
+            t = self.cfg.turns
+            spec = {"out": str(w), "task": self.task(hops), "seed": t.world_seed, "examples": t.sft_examples,
+                    "prompts": t.prompts, "heldout": self.cfg.eval_prompts, "sft_config": str(p), "key": key,
+                    "threads": self.cfg.run.threads or 1, **self.eval(hops)}
+            return [self.spec_cmd("turns-world", label, spec)]
+
+        return Job(f"world/{label}", prepare)
+
+    def run_dir(self, hops: int, arm: str, seed: int) -> Path:
+        return self.out / "runs" / turns_label(hops) / arm / f"seed{seed}"
+
+    def run_config(self, hops: int, arm: str, seed: int) -> PPOConfig:
+        cfg, t, w = self.cfg, self.cfg.turns, self.world_dir(hops)
+        rd = self.run_dir(hops, arm, seed)
+        resume = bool(checkpoint_dirs(rd))
+        lim = limits(cfg, hops)
+        return load_config(PPOConfig, base_config(t.rl_config), [
+            *t.rl_overrides, f"model.policy={w / 'sft' / 'model'}", f"data.prompts={w / 'data' / 'prompts.jsonl'}",
+            f"data.max_prompt_len={PROMPT_TOKENS}", f"env.max_turns={lim['max_turns']}", f"env.max_tokens={lim['max_tokens']}",
+            f"ppo.iterations={cfg.iterations}", *arm_overrides(arm, cfg.group_size),
+            f"run.output_dir={rd}", f"run.seed={seed}", f"run.threads={cfg.run.threads or 1}", "run.progress=false",
+            "run.tensorboard=false", f"run.save_every={cfg.run.save_every}", "run.keep_checkpoints=1",
+            f"run.resume={str(resume).lower()}", f"run.overwrite={str(not resume).lower()}", "run.samples_every=0"])
+
+    def run_job(self, hops: int, arm: str, seed: int) -> Job:
+        label = turns_label(hops)
+        name = f"{label}/{arm}/seed{seed}"
+        w = self.world_dir(hops)
+
+        def prepare() -> list[list[str]]:
+            rd = self.run_dir(hops, arm, seed)
+            rcfg = self.run_config(hops, arm, seed)
+            wkey = self.world_key(hops)
+            key = digest({"run": run_key(rcfg, "ppo", {"world": wkey}), "env": keyed(rcfg.env)})
+            claim_run_dir(rd, key, {"name": name})
+            cmds = []
+            if not (rd / "policy" / "config.json").is_file():
+                p = self.out / "configs" / f"{name.replace('/', '-')}.yaml"
+                save_config(rcfg, p)
+                cmds.append([self.py, "-m", "fourfold.cli", "ppo", "--config", str(p)])
+            ekey = digest({"run": key, "eval": self.eval(hops), "rows": wkey})
+            dest = rd / "final_eval.json"
+            if cmds or (read_json(dest) or {}).get("key") != ekey:
+                spec = {"policy": str(rd / "policy"), "rows": str(w / "data" / "heldout.jsonl"), "key": ekey,
+                        "out": str(dest), "threads": self.cfg.run.threads or 1, **self.eval(hops)}
+                cmds.append(self.spec_cmd("turns-eval", name, spec))
+            return cmds
+
+        return Job(name, prepare, deps=(f"world/{label}",))
+
+    def jobs(self) -> list[Job]:
+        """The worlds (smallest first), then seed by seed the longest world's arms first."""
+        jobs = [self.world_job(h) for h in self.hops]
+        return jobs + [self.run_job(h, a, s) for s in self.cfg.seeds for h in reversed(self.hops)
+                       for a in self.cfg.turns.arms]
+
+
+def gold_row(gold: dict) -> dict:
+    """One evaluation as a claims row: sampled gold (the claims' gold), greedy beside it."""
+    s, g = gold["sampled"], gold["greedy"]
+    return {"n": s["n"], "gold": s["gold"], "gold_greedy": g["gold"], "turns_mean": s["turns_mean"],
+            "turns_greedy": g["turns_mean"]}
+
+
+def summarize(rows: list[dict], sft: dict) -> dict:
+    """An arm's seeds at one world: means and sds of gold (sampled, greedy), gains over SFT, turns."""
+    out: dict[str, Any] = {"seeds": len(rows)}
+    for k in ("gold", "gold_greedy", "turns_mean", "train_s"):
+        xs = [r[k] for r in rows]
+        out[k], out[k + "_sd"] = mean(xs), std(xs) if len(xs) > 1 else None
+    out["gain"], out["gain_greedy"] = out["gold"] - sft["gold"], out["gold_greedy"] - sft["gold_greedy"]
+    return out
+
+
+def collect(fam: Turns, state: dict[str, str]) -> dict:
+    """{sft: {world: row}, finals: {world: {arm: [rows]}}, curves: {world: {arm: [[return per
+    iteration] per seed]}}, summaries, worlds} of the finished jobs."""
+    from fourfold.reporting import read_metrics
+
+    sft, finals, curves, summaries, worlds = {}, {}, {}, {}, {}
+    for h in fam.hops:
+        label = turns_label(h)
+        rec = read_json(fam.world_dir(h) / "world.json")
+        worlds[label] = {"hops": h, "turns": turns_of(h), "dir": str(fam.world_dir(h)), **fam.eval(h),
+                         "sft_s": (rec or {}).get("sft_s")}
+        if not rec or state.get(f"world/{label}") not in ("done", "cached"):
+            continue
+        sft[label] = gold_row(rec["gold"])
+        for a in fam.cfg.turns.arms:
+            for s in fam.cfg.seeds:
+                rd = fam.run_dir(h, a, s)
+                ev = read_json(rd / "final_eval.json")
+                if not ev or state.get(f"{label}/{a}/seed{s}") not in ("done", "cached"):
+                    continue
+                finals.setdefault(label, {}).setdefault(a, []).append(
+                    {"seed": s, **gold_row(ev["gold"]), "train_s": train_seconds(rd)})
+                m = rd / "metrics.jsonl"
+                curves.setdefault(label, {}).setdefault(a, []).append(
+                    [r.get("env/return_mean") for r in read_metrics(m) if "iteration" in r] if m.is_file() else [])
+            if finals.get(label, {}).get(a):
+                summaries.setdefault(label, {})[a] = summarize(finals[label][a], sft[label])
+    return {"sft": sft, "finals": finals, "curves": curves, "summaries": summaries, "worlds": worlds}
+
+
+def run_turns(cfg: ExperimentsConfig) -> dict:
+    """Run (or resume) the turns family and write its report; returns {output_dir, claims, notes,
+    summaries}."""
+    from fourfold.apps.experiments.turns_report import write_turns_report
+
+    t_start, made = time.perf_counter(), provenance()
+    if cfg.quick:
+        cfg = turns_quick_config(cfg)
+    out, log = open_output(cfg)
+    if cfg.fresh:
+        for name in ("runs", "configs", "logs"):
+            if (out / name).exists():
+                shutil.rmtree(out / name)
+    fam = Turns(cfg, out, log)
+    jobs = fam.jobs()
+    log(f"[bold]fourfold experiments (turns)[/bold]: hops {fam.hops} (turns {[turns_of(h) for h in fam.hops]}), "
+        f"arms {', '.join(cfg.turns.arms)}, {len(cfg.seeds)} seeds, {cfg.iterations} iterations; {len(jobs)} jobs, "
+        f"{cfg.workers} at a time -> {out}")
+    t_jobs = time.perf_counter()
+    state = run_jobs(jobs, workers=cfg.workers, log_dir=out / "logs", threads=cfg.run.threads, log=log)
+    jobs_s = time.perf_counter() - t_jobs
+    res = collect(fam, state)
+    claims, notes = compute_turns_claims(res["finals"], res["sft"], cfg.turns.claims, hops=fam.hops,
+                                         arms=cfg.turns.arms, quick=cfg.quick)
+    failed = {k: v for k, v in state.items() if not v.startswith(("done", "cached"))}
+    notes += [f"{k}: {v}" for k, v in failed.items()]
+    total_s = time.perf_counter() - t_start
+    record = {"config": config_to_dict(cfg), **res, "claims": claims, "notes": notes, "jobs": state,
+              "arms": {a: ARM_WHAT[a] for a in cfg.turns.arms}, "wall_s": round(total_s, 1), "jobs_s": round(jobs_s, 1)}
+    write_text_atomic(out / "results.json", json.dumps(record, indent=1, sort_keys=True, default=str))
+    write_turns_report(out, cfg, record)
+    write_provenance(out, made)
+    log_claims(log, claims, out, total_s)
+    if failed:
+        raise ExperimentError(f"{len(failed)} of {len(jobs)} jobs did not finish ({', '.join(sorted(failed))}); "
+                              f"the report covers the rest; logs in {out / 'logs'}; rerun to resume")
+    return {"output_dir": str(out), "claims": claims, "notes": notes, "summaries": res["summaries"]}
