@@ -165,15 +165,18 @@ class RLSteps:
     def _turns(self, it: int, kl_coef: float, kl_estimator: str, k: int) -> CollectedTurns:
         """Steps 1-4 of an environment run: the next batch of rows, each on ``k`` consecutive rows
         with its own environment (``make_env(row)`` per trajectory: the group of a group
-        estimator), then :func:`~fourfold.trainers.env_rollouts.collect_turns` with the iteration's
-        per-row noise, under the run's autocast."""
+        estimator), then :func:`~fourfold.trainers.env_rollouts.collect_turns` on the run's engine
+        (given the policy's weights after the last update) with the iteration's per-row noise,
+        under the run's autocast."""
         cfg = self.cfg
         _, rows, wheres = self.stream.next_rows()
         rows, wheres = [r for r in rows for _ in range(k)], [w for w in wheres for _ in range(k)]
         envs = make_envs(self.env, rows, wheres)
+        self.engine.sync(self.roles.policy)
         with autocast_region(cfg.model.precision, self.device.type):
             return collect_turns(self.roles, envs, cfg.env, cfg.generation, kl_coef=kl_coef, kl_estimator=kl_estimator,
-                                 noise=RowNoise(cfg.run.seed, it), max_first_tokens=cfg.data.max_prompt_len)
+                                 noise=RowNoise(cfg.run.seed, it), max_first_tokens=cfg.data.max_prompt_len,
+                                 engine=self.engine)
 
     def log(self, logger, it: int, metrics: dict, col: Collected | CollectedTurns) -> None:
         """Step 7's log: the metrics row of iteration ``it``, and a few completions of its batch
