@@ -164,3 +164,25 @@ def test_inductor_compiled_turn_step_gives_the_eager_trajectories(tok):
     for seed in (3, 4):
         assert_same_trajectories(_run(model, tok, engine, eos=eos, seed=seed), _run(model, tok, eos=eos, seed=seed))
     assert engine.compiled_shapes == {(len(PROMPTS), 31)}
+
+
+def test_turns_on_an_inference_copy_follow_each_sync(tok):
+    """generation.weights: copy: the turns run on the synced copy (the eager path's trajectories),
+    and an update reaches them only at the next sync."""
+    from fourfold.rollout.weights import CopiedWeights
+
+    model = _model(tok, "llama")
+    eos = _frequent_token(model, tok)
+    engine = StaticEngine(CopiedWeights())
+    engine.sync(model)
+    before = _run(model, tok, eos=eos)
+    assert_same_trajectories(_run(model, tok, engine, eos=eos), before)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(1.5)
+    assert_same_trajectories(_run(model, tok, engine, eos=eos), before)  # the copy still holds the old weights
+    after = _run(model, tok, eos=eos)
+    assert before.samples.logprobs.shape != after.samples.logprobs.shape or \
+        not torch.allclose(before.samples.logprobs, after.samples.logprobs)
+    engine.sync(model)
+    assert_same_trajectories(_run(model, tok, engine, eos=eos), _run(model, tok, eos=eos))
