@@ -173,7 +173,9 @@ class GenerationConfig:
     token to see whether every row has finished. 'static': a KV cache preallocated for
     data.max_prompt_len + max_new_tokens positions and a one-token step whose tensors never change
     shape (compiled with `compile`), the finished check every stop_check_every tokens. The same
-    tokens from the same seed; log-probs equal up to float rounding (about 1e-6 in float32)."""
+    tokens from the same seed; log-probs equal up to float rounding (about 1e-6 in float32). With
+    env.factory (multi-turn) both keep the KV cache across turns; the static engine's holds
+    env.max_tokens + 1 positions and checks every token (stop strings end turns)."""
     weights: Literal["auto", "live", "gathered", "copy"] = "auto"
     """Where the engine's forwards take the policy's weights from (fourfold.rollout.weights), synced
     once per iteration after the update. 'auto' (the default): 'gathered' when the policy is
@@ -505,13 +507,10 @@ class RolloutStageConfig:
 
 def require_env_fits(model: LMModelConfig, env: EnvConfig, gen: GenerationConfig) -> None:
     """With ``env.factory``: the environment's step is the only reward (no reward model, function or
-    server beside it), the eager engine runs the turns (the static engine has no multi-turn path),
-    no missing-EOS score (a turn's reward is the environment's), and a whole trajectory
+    server beside it), no missing-EOS score (a turn's reward is the environment's), and a whole trajectory
     (``env.max_tokens``) fits every model directory of the run."""
     for _, key in reward_part_names(model):
         require(False, key, "set, and so is env.factory: the environment's step() gives the rewards; remove one")
-    require(gen.engine == "eager", "generation.engine",
-            f"{gen.engine}: environments (env.factory) run on the eager engine only; set generation.engine=eager")
     require(gen.missing_eos_score is None, "generation.missing_eos_score",
             "not applied with env.factory (each turn's reward is the environment's); set it to null")
     require_fits(env.max_tokens, "env.max_tokens",

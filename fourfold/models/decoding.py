@@ -6,6 +6,8 @@ and an inference copy of the policy with the policy's current weights.
   sliding window shorter than ``max_len`` is refused (``sliding_window >= max_len`` attends to
   everything, as the eager forward does). :func:`fill_static_cache` copies a prefill's keys and
   values (a ``DynamicCache``) into its first slots.
+* :class:`RowSlots`: the same cache with each row writing at slots of its own (a multi-turn
+  rollout's, whose rows stand at different positions: slot = position).
 * :func:`decode_mask`: the 4-D mask ``[B, 1, 1, max_len]`` of one decode step from the valid key
   slots ``[B, max_len]``, in the form the model's attention takes (bool for ``sdpa``, additive
   float for ``eager``). A 4-D mask is used by the model as it is (no mask built per step).
@@ -23,6 +25,7 @@ and an inference copy of the policy with the policy's current weights.
 from __future__ import annotations
 
 import contextlib
+import functools
 from typing import Iterator, Optional
 
 import torch
@@ -71,10 +74,52 @@ def fill_static_cache(static, prefill) -> None:
         layer.update(source.keys, source.values)
 
 
+class RowSlots:
+    """A static KV cache whose rows each write at slots of their own (the multi-turn rollout's:
+    rows of one batch stand at different positions). transformers' ``StaticCache`` (its checks:
+    :func:`static_cache`) with every layer's write replaced: the keys and values of a forward's
+    query ``j`` of row ``b`` go to slot ``slots[b, j]`` (:meth:`write_at`, before the forward),
+    whatever the other rows do. ``cache``: what the model's forward takes; ``length``: its slots."""
+
+    def __init__(self, model: nn.Module, max_len: int):
+        self.cache = static_cache(model, max_len)
+        layer = _row_slot_layer()
+        self.cache.layers = [layer(max_cache_len=max_len) for _ in self.cache.layers]
+        self.length = max_len
+
+    def write_at(self, slots: torch.Tensor) -> None:
+        """The next forward's queries ``[B, W]`` write their keys and values at ``slots [B, W]``."""
+        for layer in self.cache.layers:
+            layer.slots = slots
+
+
+@functools.lru_cache(maxsize=None)
+def _row_slot_layer() -> type:
+    """transformers' ``StaticLayer`` writing each row's keys and values at its own ``slots [B, W]``
+    (built on first use: transformers is imported lazily here)."""
+    from transformers.cache_utils import StaticLayer
+
+    class RowSlotLayer(StaticLayer):
+        slots: Optional[torch.Tensor] = None
+
+        def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+            if not self.is_initialized:
+                self.lazy_initialization(key_states, value_states)
+            # an index_put_ (which inductor does in place; a scatter_ it would make a copy of the
+            # whole cache per layer and step): keys[b, :, slots[b, j]] = key_states[b, :, j]
+            rows = torch.arange(self.slots.shape[0], device=self.slots.device)[:, None].expand_as(self.slots)
+            self.keys[rows, :, self.slots] = key_states.transpose(1, 2)  # (B, W, H, D) at (B, W)
+            self.values[rows, :, self.slots] = value_states.transpose(1, 2)
+            return self.keys, self.values
+
+    return RowSlotLayer
+
+
 def decode_mask(valid: torch.Tensor, model: nn.Module, dtype: torch.dtype) -> torch.Tensor:
     """The 4-D attention mask ``[B, 1, 1, L]`` of a one-token step from the valid key slots
-    ``valid [B, L]`` (bool): bool for sdpa, 0 / the dtype's minimum added to the scores for eager."""
-    mask = valid[:, None, None, :]
+    ``valid [B, L]`` (bool), or ``[B, 1, W, L]`` of a chunk of W queries from ``valid [B, W, L]``:
+    bool for sdpa, 0 / the dtype's minimum added to the scores for eager."""
+    mask = valid[:, None, None, :] if valid.dim() == 2 else valid[:, None]
     if getattr(_text_config(inner_model(model)), "_attn_implementation", None) in ("sdpa", DECODE_ATTENTION):
         return mask
     zero = torch.zeros((), dtype=dtype, device=valid.device)

@@ -1,11 +1,13 @@
 """The eager engine (``generation.engine: eager``, the default): batched sampling with Hugging
 Face forwards and a KV cache that grows by one position per token, from left-padded prompts; the
-loop stops as soon as every row has finished (on every rank, when asked).
+loop stops as soon as every row has finished (on every rank, when asked). :class:`EagerTurnCache` is
+its cache kept across the turns of a multi-turn rollout (:meth:`EagerEngine.turns`).
 """
 
 from __future__ import annotations
 
-from typing import Optional
+import contextlib
+from typing import Iterator, Optional
 
 import torch
 from torch import nn
@@ -75,3 +77,42 @@ class EagerEngine:
     def __call__(self, model: nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, **kw) -> Samples:
         with self.weights.model(model) as m:
             return sample(m, prompt_ids, prompt_mask, **kw)
+
+    @contextlib.contextmanager
+    def turns(self, model: nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, *,
+              max_tokens: int) -> Iterator["EagerTurnCache"]:
+        """The cache of a multi-turn rollout (:func:`fourfold.rollout.turns.sample_turns`) over
+        ``weights``, the first observations prefilled: an :class:`EagerTurnCache` (``max_tokens``, the
+        most tokens of a row, is not needed: the cache grows)."""
+        with self.weights.model(model) as m:
+            yield EagerTurnCache(m, prompt_ids, prompt_mask)
+
+
+class EagerTurnCache:
+    """The eager engine's KV cache of a batch kept across turns (a transformers ``DynamicCache``
+    that grows by a column per fed position, every row alike). ``feed(ids [B, W], mask [B, W])``
+    appends a left-padded chunk (mask 0 = padding, never attended to, no position used),
+    ``step(tokens [B], alive [B])`` one token per row (the rows not ``alive`` fed as padding), and
+    ``logits [B, V]`` holds each row's float32 next-token logits after its last real token.
+    A :class:`fourfold.rollout.engine.TurnCache`, as the static engine's (``StaticEngine.turns``)."""
+
+    def __init__(self, model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor):
+        self.model, self.kw = model, cache_kwarg(model)
+        out, pos = prefill(model, prompt_ids, prompt_mask)
+        self.cache, self.attn = output_cache(out, self.kw), prompt_mask.long()
+        self.next_pos = pos[:, -1] + 1  # (B,)
+        self.logits = out.logits[:, -1, :].float()
+
+    def feed(self, ids: torch.Tensor, mask: torch.Tensor) -> None:
+        mask = mask.long()
+        self.attn = torch.cat([self.attn, mask], dim=1)
+        pos = self.next_pos[:, None] + (mask.cumsum(1) - 1).clamp(min=0)  # (B, W)
+        out = self.model(input_ids=ids, attention_mask=self.attn, position_ids=pos, use_cache=True,
+                         **{self.kw: self.cache})
+        self.cache = output_cache(out, self.kw)
+        self.next_pos = self.next_pos + mask.sum(1)
+        last_real = mask[:, -1].bool()  # chunks are left-padded: a row with any real token ends with one
+        self.logits = torch.where(last_real[:, None], out.logits[:, -1, :].float(), self.logits)
+
+    def step(self, tokens: torch.Tensor, alive: torch.Tensor) -> None:
+        self.feed(tokens[:, None], alive[:, None])

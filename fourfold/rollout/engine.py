@@ -6,7 +6,11 @@ weights in the form it samples from fastest: :mod:`fourfold.rollout.weights`), a
 pad_token_id, noise, sync_stop, greedy, generator) -> Samples`` (:class:`Engine`: per-row
 ``noise`` for the training rollouts, else greedy or ``torch.multinomial`` on ``generator``).
 :class:`EagerEngine` (``eager``, the default) and :class:`StaticEngine` (``static``, a preallocated
-KV cache and one fixed-shape, compilable step per token) give the same tokens. :func:`make_engine`
+KV cache and one fixed-shape, compilable step per token) give the same tokens. A multi-turn
+rollout (:func:`fourfold.rollout.turns.sample_turns`) runs its turn loop over ``engine.turns(model,
+prompt_ids, prompt_mask, *, max_tokens)``: a context whose turn cache (:class:`TurnCache`) keeps the
+KV cache across turns; the picks, stop checks and environments are the loop's, the same code for
+every engine. :func:`make_engine`
 builds the engine of a generation config; every sampler goes through it: the PPO and REINFORCE
 rollouts, the held-out evaluation, the demo's preference pairs and ``fourfold generate``. The
 interface in full (what a server engine would implement), the engines, their keys and
@@ -15,7 +19,7 @@ guarantees: docs/engines.md.
 
 from __future__ import annotations
 
-from typing import Optional, Protocol
+from typing import ContextManager, Optional, Protocol
 
 import torch
 from torch import nn
@@ -28,6 +32,21 @@ from fourfold.rollout.weights import make_weights
 ENGINES = ("eager", "static")
 
 
+class TurnCache(Protocol):
+    """A batch's KV cache kept across the turns of a multi-turn rollout: ``logits [B, V]`` (each
+    row's float32 next-token logits after its last fed token), ``feed(ids [B, W], mask [B, W])``
+    (a left-padded chunk: the first observations, then each turn's last token and observation;
+    mask 0 = padding, never attended to), ``step(tokens [B], alive [B])`` (one token per row, the
+    rows not ``alive`` as padding). :class:`fourfold.rollout.eager.EagerTurnCache`,
+    :class:`fourfold.rollout.static.StaticTurnCache`."""
+
+    logits: torch.Tensor
+
+    def feed(self, ids: torch.Tensor, mask: torch.Tensor) -> None: ...
+
+    def step(self, tokens: torch.Tensor, alive: torch.Tensor) -> None: ...
+
+
 class Engine(Protocol):
     """A rollout engine: ``sync(policy)`` before each rollout, then calls that sample a batch of
     prompts (the contract is the module docstring's)."""
@@ -38,6 +57,9 @@ class Engine(Protocol):
                  max_new_tokens: int, temperature: float, eos_token_id: Optional[int], pad_token_id: int,
                  noise: Optional[torch.Tensor], sync_stop: bool, greedy: bool = False,
                  generator: Optional[torch.Generator] = None) -> Samples: ...
+
+    def turns(self, model: nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, *,
+              max_tokens: int) -> ContextManager[TurnCache]: ...
 
 
 def make_engine(gen, *, precision: str = "fp32", max_prompt_len: Optional[int] = None):

@@ -1,6 +1,13 @@
 """The static engine (``generation.engine: static``): the prompt's forward as the eager engine makes
 it, its keys and values copied into a KV cache preallocated for ``cache_len`` positions, then one
 fixed-shape step per token that ``torch.compile`` can capture (see :mod:`fourfold.rollout.engine`).
+
+Multi-turn rollouts (:meth:`StaticEngine.turns`, :class:`StaticTurnCache`): a cache of
+``env.max_tokens`` + 1 slots kept across turns in which each row writes at its own positions
+(slot = position: the first observation at 0.., then every token the row is fed), so the cache's
+length is fixed before the rollout by ``env.max_tokens`` whatever the turns do; the observations'
+chunks (and the first observations) are prefilled into it by plain forwards, the tokens of a
+turn by one fixed-shape step (``[B]`` tokens against ``[B, L]`` slots), compiled once per shape.
 """
 
 from __future__ import annotations
@@ -8,14 +15,14 @@ from __future__ import annotations
 import contextlib
 import warnings
 from dataclasses import dataclass
-from typing import Optional
+from typing import Iterator, Optional
 
 import torch
 from torch import nn
 
 from fourfold import dist
 from fourfold.errors import ConfigError
-from fourfold.models.decoding import attention_for_decoding, decode_mask, fill_static_cache, static_cache
+from fourfold.models.decoding import RowSlots, attention_for_decoding, decode_mask, fill_static_cache, static_cache
 from fourfold.rollout.sampling import (
     Choice,
     Samples,
@@ -87,6 +94,37 @@ class StaticEngine:
                                 dict(temperature=temperature, greedy=greedy, eos_token_id=eos_token_id,
                                      pad_token_id=pad_token_id), generator)
 
+    @contextlib.contextmanager
+    def turns(self, model: nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, *,
+              max_tokens: int) -> Iterator["StaticTurnCache"]:
+        """The cache of a multi-turn rollout (:func:`fourfold.rollout.turns.sample_turns`) over
+        ``weights``: a :class:`StaticTurnCache` of ``max_tokens`` + 1 slots (reused while the shape
+        repeats), the first observations prefilled; the model attends with
+        :func:`~fourfold.models.decoding.decode_attention` inside."""
+        with self.weights.model(model) as m:
+            B, device = prompt_ids.shape[0], prompt_ids.device
+            L = max_tokens + 1
+            dtype = next((p.dtype for p in m.parameters() if p.is_floating_point()), torch.float32)
+            key = (id(m), B, L, dtype, device, "rows")
+            if self._cache is None or self._cache[0] != key:
+                self._cache = None  # the old cache's memory goes before the new one is allocated
+                self._cache = (key, RowSlots(m, L))
+            step = self._compiled_or_plain(self._turn_logits, m, B, L, device)
+            with attention_for_decoding(m):
+                yield StaticTurnCache(m, self._cache[1], step, prompt_ids, prompt_mask,
+                                      graphs=self.compile and device.type == "cuda",
+                                      compiled=step != self._turn_logits)
+
+    def _turn_logits(self, r: "StaticTurnCache", tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """A multi-turn rollout's one-token step: ``tokens [B]`` at ``positions [B, 1]`` (each row's
+        keys and values written at slot = its position: :meth:`StaticTurnCache.step`), each query
+        attending to its row's slots up to its position; the float32 logits ``[B, V]``."""
+        valid = r.slot_index[None, :] <= positions  # (B, L)
+        mask = decode_mask(valid, r.model, torch.float32)
+        out = r.model(input_ids=tokens[:, None], attention_mask=mask, position_ids=positions, use_cache=True,
+                      logits_to_keep=1, **{cache_kwarg(r.model): r.rows.cache})
+        return out.logits[:, -1, :].float()
+
     def _length(self, P: int, T: int) -> int:
         if self.cache_len is not None and self.cache_len >= P + T:
             return self.cache_len
@@ -106,7 +144,11 @@ class StaticEngine:
     def _step_fn(self, model: nn.Module, B: int, L: int, device: torch.device, pick_outside: bool):
         """The one-token step for this shape: compiled (up to :data:`MAX_COMPILED_SHAPES` shapes) or
         plain; the forward alone (:meth:`_logits`) when the pick runs outside it (``pick_outside``)."""
-        plain = self._logits if pick_outside else self._step
+        return self._compiled_or_plain(self._logits if pick_outside else self._step, model, B, L, device)
+
+    def _compiled_or_plain(self, plain, model: nn.Module, B: int, L: int, device: torch.device):
+        """``plain`` compiled for this shape (up to :data:`MAX_COMPILED_SHAPES` shapes, every step
+        kind together), or ``plain`` itself without ``compile`` or past that many shapes."""
         if not self.compile:
             return plain
         if fsdp_units(model):
@@ -183,6 +225,59 @@ class StaticEngine:
         if generator is not None:
             generator.set_state(states[n - 1])  # the draws past the eager engine's last step taken back
         return stack_samples(prompt_ids, prompt_mask, steps[:n], steps[n - 1].finished)
+
+
+class StaticTurnCache:
+    """The static engine's KV cache of a batch kept across turns (the contract of
+    :class:`fourfold.rollout.eager.EagerTurnCache`: ``feed``, ``step``, ``logits``) over ``rows``
+    (:class:`~fourfold.models.decoding.RowSlots`, L slots). Row ``b`` writes its n-th real token
+    at slot n, so every slot below its ``next_pos[b]`` holds its own tokens and a query at position
+    q attends to slots <= q (a causal mask by position: no per-slot bookkeeping). A row fed as
+    padding writes nothing it will read: a step's padding row writes at its next slot (written
+    again by its next real token before any query reads it), a chunk's padding at the last slot,
+    L - 1, which no real token reaches (L = ``max_tokens`` + 1 and a row never feeds more than
+    ``max_tokens``). ``step``: the one-token forward (:meth:`StaticEngine._turn_logits`, compiled
+    or plain)."""
+
+    def __init__(self, model: nn.Module, rows: RowSlots, step, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
+                 *, graphs: bool = False, compiled: bool = False):
+        B, device = prompt_ids.shape[0], prompt_ids.device
+        self.model, self.rows, self._step_fn, self.graphs, self.compiled = model, rows, step, graphs, compiled
+        self.slot_index = torch.arange(rows.length, device=device)  # (L,)
+        self.next_pos = torch.zeros(B, dtype=torch.long, device=device)  # each row's next slot = position
+        self.logits: Optional[torch.Tensor] = None  # (B, V) after the first observations' prefill
+        self._steps = 0
+        self.feed(prompt_ids, prompt_mask)
+
+    def feed(self, ids: torch.Tensor, mask: torch.Tensor) -> None:
+        """A left-padded chunk ``ids [B, W]`` (``mask`` 0 = padding) prefilled by one plain forward."""
+        mask = mask.bool()
+        pos = self.next_pos[:, None] + (mask.long().cumsum(1) - 1).clamp(min=0)  # (B, W)
+        slots = torch.where(mask, pos, torch.full_like(pos, self.rows.length - 1))
+        valid = self.slot_index[None, None, :] <= slots[:, :, None]  # (B, W, L)
+        self.rows.write_at(slots)
+        out = self.model(input_ids=ids, attention_mask=decode_mask(valid, self.model, torch.float32), position_ids=pos,
+                         use_cache=True, logits_to_keep=1, **{cache_kwarg(self.model): self.rows.cache})
+        self.next_pos = self.next_pos + mask.sum(1)
+        last_real = mask[:, -1]  # chunks are left-padded: a row with any real token ends with one
+        logits = out.logits[:, -1, :].float()
+        self.logits = logits if self.logits is None else torch.where(last_real[:, None], logits, self.logits)
+
+    def step(self, tokens: torch.Tensor, alive: torch.Tensor) -> None:
+        """One token per row at its next position (the rows not ``alive`` write there too, unread)."""
+        positions = self.next_pos[:, None]  # (B, 1)
+        self.rows.write_at(positions)
+        if self.graphs:
+            torch.compiler.cudagraph_mark_step_begin()
+        # the rollout's first step reads every guard (and compiles a new shape); the later ones run
+        # the same step on the same objects and shapes
+        with _guards_checked(not self.compiled or self._steps == 0):
+            logits = self._step_fn(self, tokens, positions)
+        if self.graphs:
+            logits = logits.clone()  # CUDA graphs reuse their outputs
+        self._steps += 1
+        self.next_pos = self.next_pos + alive.long()
+        self.logits = torch.where(alive[:, None], logits, self.logits)
 
 
 @dataclass

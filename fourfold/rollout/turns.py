@@ -1,4 +1,4 @@
-"""Multi-turn trajectories, token in and token out, and their batched rollout on the eager path
+"""Multi-turn trajectories, token in and token out, and their batched rollout on either engine
 (docs/environments.md).
 
 :class:`Trajectory` is one row's trajectory as ids: the first observation (the prompt), then the
@@ -12,10 +12,12 @@ first observation | right-padded rest]``, with ``response_mask`` = the policy ma
 turn, the model samples the next turn for the rows still running (the others wait as padding,
 attention 0), and one KV cache is kept across turns: only the new observation tokens (and a
 turn's last token) are prefilled. A row's n-th policy token is picked at column n of its noise,
-so with one turn it samples exactly what :func:`fourfold.rollout.eager.sample` does. Under
+so with one turn it samples exactly what :func:`fourfold.rollout.eager.sample` does. The KV cache
+is the engine's (``engine.turns``: the eager engine's growing cache, or the static engine's
+preallocated one of ``max_tokens`` + 1 slots); the turn loop here is the same for both. Under
 torchrun (``sync_stop``) each rank runs its own rows and every rank makes the same forwards (a
 sharded model's forward is a collective): a turn's token loop and the turn loop stop only when
-every rank's rows have. Not yet: the static engine.
+every rank's rows have.
 """
 
 from __future__ import annotations
@@ -27,7 +29,8 @@ import torch
 
 from fourfold import dist
 from fourfold.errors import ConfigError
-from fourfold.rollout.sampling import Samples, all_finished, cache_kwarg, choose, output_cache, prefill
+from fourfold.rollout.eager import EagerEngine
+from fourfold.rollout.sampling import Samples, all_finished, choose
 
 EncodeNext = Callable[[object, str, bool], list[int]]
 """``encode_next(observation, where, after_eos) -> ids``: a later observation's ids, ``after_eos``
@@ -145,30 +148,6 @@ def _widest(lengths: Sequence[int], sync: bool) -> int:
     return int(dist.all_reduce_max(torch.tensor(n))) if sync else n
 
 
-class _Cache:
-    """The KV cache of a batch kept across turns: ``feed(ids [B, L], mask [B, L])`` appends a
-    chunk (mask 0 = padding, never attended to, no position used), and ``logits [B, V]`` holds
-    each row's next-token logits after its last real token."""
-
-    def __init__(self, model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor):
-        self.model, self.kw = model, cache_kwarg(model)
-        out, pos = prefill(model, prompt_ids, prompt_mask)
-        self.cache, self.attn = output_cache(out, self.kw), prompt_mask.long()
-        self.next_pos = pos[:, -1] + 1  # (B,)
-        self.logits = out.logits[:, -1, :].float()
-
-    def feed(self, ids: torch.Tensor, mask: torch.Tensor) -> None:
-        mask = mask.long()
-        self.attn = torch.cat([self.attn, mask], dim=1)
-        pos = self.next_pos[:, None] + (mask.cumsum(1) - 1).clamp(min=0)  # (B, L)
-        out = self.model(input_ids=ids, attention_mask=self.attn, position_ids=pos, use_cache=True,
-                         **{self.kw: self.cache})
-        self.cache = output_cache(out, self.kw)
-        self.next_pos = self.next_pos + mask.sum(1)
-        last_real = mask[:, -1].bool()  # chunks are left-padded: a row with any real token ends with one
-        self.logits = torch.where(last_real[:, None], out.logits[:, -1, :].float(), self.logits)
-
-
 @dataclass
 class TurnSettings:
     """How the turns of :func:`sample_turns` run: the ``env`` section's limits, the engine's
@@ -186,7 +165,7 @@ class TurnSettings:
     generator: Optional[torch.Generator] = None
 
 
-def _sample_turn(cache: _Cache, trajs: list[Trajectory], running: torch.Tensor, s: TurnSettings,
+def _sample_turn(cache, trajs: list[Trajectory], running: torch.Tensor, s: TurnSettings,
                  noise: Optional[torch.Tensor], used: torch.Tensor, sync_stop: bool = False):
     """One turn for the ``running`` rows: ``(ids, logprobs, entropies per row, ended [B], pending
     [B])``; ``pending`` = the row's last token is not in the cache yet (the loop ends without
@@ -213,7 +192,7 @@ def _sample_turn(cache: _Cache, trajs: list[Trajectory], running: torch.Tensor, 
         finished = c.finished | (count >= budget)
         if all_finished(finished, sync_stop):
             return toks, lps, ents, ended, alive, used
-        cache.feed(c.tokens[:, None], alive[:, None])
+        cache.step(c.tokens, alive)
     raise AssertionError("unreachable: every row's budget is at most max_new_tokens")
 
 
@@ -247,13 +226,16 @@ def _step_envs(envs, trajs: list[Trajectory], running: torch.Tensor, turn: int, 
 @torch.no_grad()
 def sample_turns(model: torch.nn.Module, envs: Sequence, first_ids: Sequence[list[int]], s: TurnSettings,
                  encode_next: EncodeNext, *, noise: Optional[torch.Tensor] = None, device=None,
-                 sync_stop: bool = False) -> TurnBatch:
+                 engine=None, sync_stop: bool = False) -> TurnBatch:
     """The batched multi-turn rollout of ``envs`` (:class:`~fourfold.rollout.env.BoundEnv`, one per
     row, already reset) from their first observations' ids ``first_ids``: turns until each row's
     environment says done or a limit truncates it (``max_turns`` turns; ``max_tokens`` tokens in
     all, a turn cut where they run out). ``noise [B, W]``: a row's n-th policy token is picked at
     ``noise[b, n]`` (:meth:`fourfold.rollout.noise.RowNoise.uniforms`, W >= the most policy tokens
-    of a row); without it, ``torch.multinomial`` on ``s.generator``. ``sync_stop`` (under torchrun,
+    of a row); without it, ``torch.multinomial`` on ``s.generator``. ``engine``: the rollout
+    engine whose turn cache (``engine.turns``) holds the KV cache across turns (None: the eager
+    engine over ``model`` itself); the picks, the stop checks and the environments are the same
+    code for every engine. ``sync_stop`` (under torchrun,
     ``envs`` this rank's rows): every rank makes the same model calls, a turn's token loop ending
     when every rank's rows have finished it and the turns when every rank's trajectories have
     ended; a rank whose rows wait feeds padding (attention 0). Returns the :class:`TurnBatch`."""
@@ -266,20 +248,20 @@ def sample_turns(model: torch.nn.Module, envs: Sequence, first_ids: Sequence[lis
     width = _widest([len(i) for i in first_ids], sync_stop)
     prompt_ids = _pad(first_ids, s.pad_token_id, True, torch.long, width).to(device)
     prompt_mask = _pad([[1] * len(i) for i in first_ids], 0, True, torch.long, width).to(device)
-    cache = _Cache(model, prompt_ids, prompt_mask)
     running = torch.ones(len(trajs), dtype=torch.bool, device=device)
     used = torch.zeros(len(trajs), dtype=torch.long, device=device)
-    for turn in range(s.max_turns):
-        toks, lps, ents, ended, last_alive, used = _sample_turn(cache, trajs, running, s, noise, used, sync_stop)
-        for b in running.nonzero()[:, 0].tolist():
-            trajs[b].add_turn(toks[b], lps[b], ents[b])
-            trajs[b].ended = bool(ended[b])
-        pending = [toks[b][-1:] if bool(last_alive[b]) else [] for b in range(len(trajs))]
-        chunks = _step_envs(envs, trajs, running, turn, s, encode_next, pending)
-        if all_finished(~running, sync_stop):  # every trajectory (of every rank) has ended
-            break
-        width = max(1, _widest([len(c) for c in chunks], sync_stop))  # rows that wait: padding
-        ids = _pad(chunks, s.pad_token_id, True, torch.long, width).to(device)
-        mask = _pad([[1] * len(c) for c in chunks], 0, True, torch.long, width).to(device)
-        cache.feed(ids, mask)
+    with (engine or EagerEngine()).turns(model, prompt_ids, prompt_mask, max_tokens=s.max_tokens) as cache:
+        for turn in range(s.max_turns):
+            toks, lps, ents, ended, last_alive, used = _sample_turn(cache, trajs, running, s, noise, used, sync_stop)
+            for b in running.nonzero()[:, 0].tolist():
+                trajs[b].add_turn(toks[b], lps[b], ents[b])
+                trajs[b].ended = bool(ended[b])
+            pending = [toks[b][-1:] if bool(last_alive[b]) else [] for b in range(len(trajs))]
+            chunks = _step_envs(envs, trajs, running, turn, s, encode_next, pending)
+            if all_finished(~running, sync_stop):  # every trajectory (of every rank) has ended
+                break
+            width = max(1, _widest([len(c) for c in chunks], sync_stop))  # rows that wait: padding
+            ids = _pad(chunks, s.pad_token_id, True, torch.long, width).to(device)
+            mask = _pad([[1] * len(c) for c in chunks], 0, True, torch.long, width).to(device)
+            cache.feed(ids, mask)
     return stack_trajectories(trajs, s.pad_token_id, device)

@@ -1,7 +1,7 @@
 """A batch of environments -> a scored :class:`~fourfold.core.Rollout` over the policy's tokens,
 the multi-turn counterpart of :func:`fourfold.trainers.rollouts.collect` (docs/environments.md).
 
-:func:`collect_turns` resets each row's environment, runs the turns on the eager path
+:func:`collect_turns` resets each row's environment, runs the turns on the rollout engine
 (:func:`fourfold.rollout.turns.sample_turns`), scores the whole trajectories with the frozen
 reference and the critic, and builds the per-token rewards by the three rules: the KL penalty on
 policy tokens only, each turn's reward on its last policy token, ``mask`` = the policy mask. The
@@ -10,7 +10,8 @@ rows (``env.truncation: bootstrap``). :func:`turn_advantages` is ``compute_advan
 policy's tokens (:func:`fourfold.core.turns.policy_advantages`).
 
 ``fourfold ppo`` / ``fourfold reinforce`` call these when ``env.factory`` is set
-(:meth:`fourfold.trainers.rl.RLSteps.rollout`); the eager engine only. Under torchrun each rank
+(:meth:`fourfold.trainers.rl.RLSteps.rollout`) with the run's rollout engine (``generation.engine``:
+eager or static, whose cache is kept across turns). Under torchrun each rank
 resets and steps the environments of its contiguous slice of the rows (their own per-row noise,
 so a row's trajectory is the one it has in one process), the trajectories are gathered, and every
 rank scores its slice of the gathered batch and gathers the scores, as
@@ -79,13 +80,15 @@ def turn_metrics(batch: TurnBatch) -> dict:
 @torch.no_grad()
 def collect_turns(roles: Roles, envs: Sequence[BoundEnv], env: EnvConfig, gen: GenerationConfig, *,
                   kl_coef: float, kl_estimator: str = "k1", noise: Optional[RowNoise] = None,
-                  max_first_tokens: Optional[int] = None, first_row: int = 0) -> CollectedTurns:
+                  max_first_tokens: Optional[int] = None, first_row: int = 0, engine=None) -> CollectedTurns:
     """Reset ``envs`` (one per row), run their turns with ``roles.policy`` (in eval mode) under the
     ``env`` section's limits and ``gen``'s sampling (``max_new_tokens`` per turn, temperature,
     EOS), then score: reference log-probs and critic values over each whole trajectory, the
     rewards by :func:`fourfold.core.turns.trajectory_rewards`, the bootstrap by ``env.truncation``.
     ``noise``: the iteration's per-row noise (a row's n-th policy token at its n-th uniform);
-    ``max_first_tokens``: a limit of the first observation's own (e.g. ``data.max_prompt_len``).
+    ``max_first_tokens``: a limit of the first observation's own (e.g. ``data.max_prompt_len``);
+    ``engine``: the rollout engine, already synced with the policy
+    (:func:`fourfold.rollout.engine.make_engine`; None: the eager engine over the policy itself).
 
     Under torchrun ``envs`` are this rank's rows, global rows ``first_row ...`` (its
     :func:`~fourfold.run.parallel.rank_slice` of the batch; every rank as many) and ``noise`` is
@@ -104,7 +107,8 @@ def collect_turns(roles: Roles, envs: Sequence[BoundEnv], env: EnvConfig, gen: G
     uniforms = None if noise is None else noise.uniforms(range(first_row, first_row + len(envs)), env.max_tokens)
     t0 = time.perf_counter()
     roles.policy.eval()
-    batch = sample_turns(roles.policy, envs, first, settings, encoder.next, noise=uniforms, sync_stop=several_ranks())
+    batch = sample_turns(roles.policy, envs, first, settings, encoder.next, noise=uniforms, engine=engine,
+                         sync_stop=several_ranks())
     roles.policy.train()
     if several_ranks():  # every rank's trajectories, in rank order: the one-process batch's layout
         batch = stack_trajectories(gather_items(batch.trajectories), tok.pad_token_id, batch.samples.sequences.device)

@@ -157,8 +157,9 @@ class RLSteps:
     def _turns(self, it: int, kl_coef: float, kl_estimator: str, k: int) -> CollectedTurns:
         """Steps 1-4 of an environment run: the next batch of rows, each on ``k`` consecutive rows
         with its own environment (``make_env(row)`` per trajectory: the group of a group
-        estimator), then :func:`~fourfold.trainers.env_rollouts.collect_turns` with the iteration's
-        per-row noise, under the run's autocast. Under torchrun a rank makes the environments of
+        estimator), then :func:`~fourfold.trainers.env_rollouts.collect_turns` on the run's engine
+        (given the policy's weights after the last update) with the iteration's per-row noise,
+        under the run's autocast. Under torchrun a rank makes the environments of
         its slice of the rows only (:func:`~fourfold.run.parallel.rank_slice`, as a single-turn
         rollout samples its slice); collect_turns gathers every rank's trajectories."""
         cfg = self.cfg
@@ -166,10 +167,11 @@ class RLSteps:
         rows, wheres = [r for r in rows for _ in range(k)], [w for w in wheres for _ in range(k)]
         mine = rank_slice(len(rows))
         envs = make_envs(self.env, rows[mine], wheres[mine])
+        self.engine.sync(self.roles.policy)
         with autocast_region(cfg.model.precision, self.device.type):
             return collect_turns(self.roles, envs, cfg.env, cfg.generation, kl_coef=kl_coef, kl_estimator=kl_estimator,
                                  noise=RowNoise(cfg.run.seed, it), max_first_tokens=cfg.data.max_prompt_len,
-                                 first_row=mine.start)
+                                 first_row=mine.start, engine=self.engine)
 
     def log(self, logger, it: int, metrics: dict, col: Collected | CollectedTurns) -> None:
         """Step 7's log: the metrics row of iteration ``it``, and a few completions of its batch
