@@ -44,6 +44,11 @@ class Arm:
     what: str
     ppo: dict = dataclasses.field(default_factory=dict)
     """PPOAlgoConfig fields changed from demo.ppo (ppo arms)."""
+    model: dict = dataclasses.field(default_factory=dict)
+    """LMModelConfig fields changed from the sweep's model section (policy = the SFT model, reward =
+    the arm's RM, critic_init 'reward'): e.g. precision, critic_init (ppo and reinforce arms)."""
+    generation: dict = dataclasses.field(default_factory=dict)
+    """GenerationConfig fields changed from demo.generation: e.g. weights (ppo and reinforce arms)."""
     lr_multiplier: float = 1.0
     """REINFORCE: learning rate = this x demo.ppo.lr."""
     rm: str = "biased"
@@ -53,6 +58,40 @@ class Arm:
     def model_dir(self) -> str:
         """The run directory's subdirectory holding the final model ('model' for dpo, else 'policy')."""
         return "model" if self.stage == "dpo" else "policy"
+
+
+PRACTICE_ARMS = ("ppo-critic-policy-init", "ppo-critic-warmup", "ppo-beta0-dual-clip", "ppo-bf16-copy",
+                 "ppo-bf16-copy-recompute", "ppo-bf16-copy-tis")
+"""The arms of issue 32's questions of practice (docs/correction.md, "Sweep arms"; the 'practice'
+claims): the critic's bad start and its warm-up, dual-clip under beta = 0, the bf16 copy's mismatch
+and its corrections."""
+DUAL_CLIP = 3.0
+"""ppo-beta0-dual-clip's ppo.dual_clip (docs/correction.md)."""
+
+
+def critic_warmup_iterations(cfg: ExperimentsConfig) -> int:
+    """ppo-critic-warmup's ppo.critic_warmup: iterations // 10 (6 of the sweep's 60)."""
+    return cfg.iterations // 10
+
+
+def _practice_arm(name: str, cfg: ExperimentsConfig) -> Arm:
+    """One arm of :data:`PRACTICE_ARMS`: the demo's PPO with the change docs/correction.md gives it."""
+    bf16 = {"model": {"precision": "bf16-mixed"}, "generation": {"weights": "copy"}}
+    return {
+        "ppo-critic-policy-init": Arm(name, "ppo", "PPO, critic from the policy (a fresh zero value head)",
+                                      model={"critic_init": "policy"}),
+        "ppo-critic-warmup": Arm(name, "ppo", f"PPO, critic from the policy, {critic_warmup_iterations(cfg)} "
+                                              "critic-only warm-up iterations", model={"critic_init": "policy"},
+                                 ppo={"critic_warmup": critic_warmup_iterations(cfg)}),
+        "ppo-beta0-dual-clip": Arm(name, "ppo", f"PPO, beta=0, dual-clip c={DUAL_CLIP:g}",
+                                   ppo={"kl_coef": 0.0, "adaptive_kl": False, "dual_clip": DUAL_CLIP}),
+        "ppo-bf16-copy": Arm(name, "ppo", "PPO under bf16-mixed, sampling from the bf16 copy, pi_old the engine's",
+                             ppo={"old_logprobs": "engine"}, **bf16),
+        "ppo-bf16-copy-recompute": Arm(name, "ppo", "PPO under bf16-mixed, the bf16 copy, pi_old recomputed",
+                                       ppo={"old_logprobs": "recompute"}, **bf16),
+        "ppo-bf16-copy-tis": Arm(name, "ppo", "PPO under bf16-mixed, the bf16 copy, pi_old recomputed, token TIS",
+                                 ppo={"old_logprobs": "recompute", "rollout_correction": "token_tis"}, **bf16),
+    }[name]
 
 
 def _mult(m: float) -> str:
@@ -66,6 +105,8 @@ def _arms_named(name: str, cfg: ExperimentsConfig) -> list[Arm]:
     if name == "reinforce":
         return [Arm(f"reinforce-lr{_mult(m)}", "reinforce", f"naive REINFORCE, lr={m:g}x PPO's ({ppo.lr * m:g})",
                     lr_multiplier=m) for m in cfg.reinforce_lr_multipliers]
+    if name in PRACTICE_ARMS:
+        return [_practice_arm(name, cfg)]
     if name == "ppo-beta-high":
         b = beta * cfg.beta_high_multiplier
         return [Arm(name, "ppo", f"PPO, beta={b:g} ({cfg.beta_high_multiplier:g}x)",
@@ -140,26 +181,42 @@ def run_config(cfg: ExperimentsConfig, arm: Arm, seed: int, *, sft: Path, rm: Pa
     if arm.stage == "dpo":
         return _dpo_config(cfg, run, sft, sft.parent / "data")
     data = PromptDataConfig(task="review", max_prompt_len=16, task_options=dict(d.task_options))
+    generation = dataclasses.replace(d.generation, **arm.generation)
     if arm.stage == "ppo":
         algo = dataclasses.replace(d.ppo, iterations=cfg.iterations, **arm.ppo)
-        return PPOConfig(model=LMModelConfig(policy=str(sft), reward=str(rm), critic_init="reward"),
-                         data=data, generation=d.generation, ppo=algo, run=run)
+        model = LMModelConfig(policy=str(sft), reward=str(rm), critic_init="reward")
+        return PPOConfig(model=dataclasses.replace(model, **arm.model), data=data, generation=generation,
+                         ppo=algo, run=run)
     algo = ReinforceAlgoConfig(
         iterations=cfg.iterations, rollout_batch_size=d.ppo.rollout_batch_size, lr=d.ppo.lr * arm.lr_multiplier,
         kl_coef=d.ppo.kl_coef, kl_estimator=d.ppo.kl_estimator, baseline="none", max_grad_norm=None,
         lr_schedule=d.ppo.lr_schedule)
-    return ReinforceConfig(model=LMModelConfig(policy=str(sft), reward=str(rm)), data=data,
-                           generation=d.generation, reinforce=algo, run=run)
+    return ReinforceConfig(model=LMModelConfig(policy=str(sft), reward=str(rm), **arm.model), data=data,
+                           generation=generation, reinforce=algo, run=run)
+
+
+MODEL_PATH_KEYS = ("policy", "reference", "reward", "critic", "tokenizer")
+"""Model-section keys :func:`run_key` does not count: where the models are (the demo stages they come
+from are counted by their keys)."""
 
 
 def run_key(run_cfg, stage: str, demo_keys: Mapping[str, Any]) -> str:
     """What a run's result depends on: its algorithm/generation/data settings, its seed and the demo
-    stages its models come from (paths, device, threads and logging do not count)."""
+    stages its models come from (paths, device, threads and logging do not count). The model section
+    counts by critic_init and by every other key an arm changes from LMModelConfig's defaults (e.g.
+    precision); a key at its default is left out, so the keys of arms that change none stay as they
+    were before the model section was counted (the cache of their results stays valid)."""
     d = config_to_dict(run_cfg)
     if stage == "dpo":
         return digest({"stage": stage, "algo": d["dpo"], "train": d["train"], "seed": d["run"]["seed"],
                        "demo": demo_keys})
     algo = run_cfg.ppo if stage == "ppo" else run_cfg.reinforce
-    return digest({"stage": stage, "algo": keyed(algo), "generation": keyed(run_cfg.generation),
-                   "data": keyed(run_cfg.data), "critic_init": d["model"].get("critic_init"), "seed": d["run"]["seed"],
-                   "demo": demo_keys})
+    key = {"stage": stage, "algo": keyed(algo), "generation": keyed(run_cfg.generation),
+           "data": keyed(run_cfg.data), "critic_init": d["model"].get("critic_init"), "seed": d["run"]["seed"],
+           "demo": demo_keys}
+    default = config_to_dict(LMModelConfig())
+    model = {k: v for k, v in d["model"].items()
+             if k not in MODEL_PATH_KEYS and k != "critic_init" and v != default.get(k)}
+    if model:
+        key["model"] = model
+    return digest(key)

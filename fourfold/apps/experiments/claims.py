@@ -1,5 +1,6 @@
 """The claims, computed from the final evaluations (:func:`compute_claims`), with their statistics:
-per-seed pairing of arms, standard errors of an evaluation mean, differences in SFT sd units.
+per-seed pairing of arms, standard errors of an evaluation mean, differences in SFT sd units. The
+'practice' group also reads the runs' per-iteration metrics (their curves, by seed).
 
 Each claim group (``claims.groups``) has its own function; a group whose arms did not run (or share
 no seed) is not checked and says why in the notes.
@@ -16,7 +17,7 @@ import dataclasses
 import math
 from typing import Mapping, Sequence
 
-from fourfold.apps.experiments.config import CLAIM_GROUPS, GROUP_ARMS, ExperimentsClaimsConfig
+from fourfold.apps.experiments.config import DEFAULT_CLAIM_GROUPS, GROUP_ARMS, ExperimentsClaimsConfig
 from fourfold.apps.report_kit import fmt, mean, signed, std
 
 QUICK_CLAIMS = ("beta0.hack", "beta0.drift", "beta0.degeneration", "dpo.length")
@@ -39,6 +40,8 @@ GROUP_CLAIMS = {
                    "reinforce-pp raise gold",
     "baseline": "a group baseline (grpo, rloo) beats naive REINFORCE on gold at the same samples",
     "dpo": "DPO raises gold over SFT; DPO inherits the labelers' length bias",
+    "practice": "a critic from the policy starts badly and warm-up fixes it; dual-clip under beta = 0; the bf16 "
+                "copy's mismatch, recompute and token TIS",
 }
 """What each claim group says, for the notes of the groups a sweep leaves out."""
 
@@ -46,6 +49,19 @@ CRITIC_FREE_ARMS = ("grpo", "rloo", "reinforce-pp")
 """The PPO arms without a critic the 'critic-free' claims compare with ppo."""
 GROUP_BASELINE_ARMS = GROUP_ARMS
 """The arms whose baseline is the group of K samples of a prompt ('baseline' claims)."""
+
+PRACTICE = {
+    "bad_start_max_ev": 0.1,
+    "warmup_min_ev": 0.3,
+    "warmup_gold_margin_sd": 0.1,
+    "dual_clip_max_kl_ratio": 0.8,
+    "bf16_min_token_diff": 1e-4,
+    "recompute_gold_margin_sd": 0.1,
+    "tis_gold_margin_sd": 0.05,
+    "tis_max_truncated_share": 0.01,
+}
+"""The 'practice' claims' thresholds, as docs/correction.md ("Sweep arms, written before any run")
+fixed them before the first run: not settings (a threshold moved after seeing results is no test)."""
 
 
 def _by_seed(rows: Sequence[Mapping]) -> dict[int, Mapping]:
@@ -97,6 +113,10 @@ class _Table:
     notes: list[str] = dataclasses.field(default_factory=list)
     full_only: list[str] = dataclasses.field(default_factory=list)
     """Claims of a checked group that claims.quick leaves to the full sweep."""
+    curves: Mapping[str, Mapping[int, Mapping]] = dataclasses.field(default_factory=dict)
+    """{arm: {seed: per-iteration series}} (the 'practice' claims)."""
+    critic_warmup: int = 0
+    """ppo-critic-warmup's warm-up iterations (its first policy iteration is this + 1)."""
 
     @property
     def gsd(self) -> float:
@@ -323,19 +343,112 @@ def _length_claims(t: _Table) -> None:
           all(ok))
 
 
+def _series(t: _Table, arm: str, seed: int, key: str) -> list[float]:
+    """``arm``'s per-iteration ``key`` in ``seed``'s run (empty when it has no curves)."""
+    return list(t.curves.get(arm, {}).get(seed, {}).get(key, []))
+
+
+def _at_iteration(t: _Table, arm: str, seed: int, key: str, it: int) -> float:
+    """``key`` of iteration ``it`` in ``arm``'s run of ``seed`` (nan when not logged)."""
+    c = t.curves.get(arm, {}).get(seed, {})
+    for i, v in zip(c.get("iteration", []), c.get(key, [])):
+        if int(i) == it:
+            return float(v)
+    return math.nan
+
+
+def _sci(xs: Sequence[float]) -> str:
+    return ", ".join(f"{x:.2e}" if math.isfinite(x) else "n/a" for x in xs)
+
+
+def _seeds(t: _Table, *arms: str) -> list[int]:
+    return [s for s, _ in paired(t.finals, *arms)]
+
+
+def _every_iteration(xs: Sequence[float], ok) -> bool:
+    """``ok(x)`` for every iteration's value, at least one logged (nan fails)."""
+    return bool(xs) and all(math.isfinite(x) and ok(x) for x in xs)
+
+
+def _practice_claims(t: _Table) -> None:
+    """The practice arms' six claims (docs/correction.md, "Sweep arms"): one row per arm, each over
+    every seed the arms share, the per-iteration ones from the runs' curves."""
+    p, g = PRACTICE, "practice"
+    if t.need(g, "ppo-critic-policy-init"):
+        seeds = _seeds(t, "ppo-critic-policy-init")
+        ev = [_at_iteration(t, "ppo-critic-policy-init", s, "value/explained_variance", 1) for s in seeds]
+        ok = [x < p["bad_start_max_ev"] for x in ev]
+        t.add(g, "a critic started from the policy (a fresh zero value head) starts badly (ppo-critic-policy-init)",
+              f"value/explained_variance at iteration 1 {fmt_list(ev)} ({seeds_txt(ok)})",
+              f"< {p['bad_start_max_ev']:g} in every seed", all(ok), key="bad-start")
+    if t.need(g, "ppo-critic-warmup", "ppo"):
+        pairs, first = paired(t.finals, "ppo-critic-warmup", "ppo"), t.critic_warmup + 1
+        ev = [_at_iteration(t, "ppo-critic-warmup", s, "value/explained_variance", first) for s, _ in pairs]
+        d = [(w["gold"] - r["gold"]) / t.gsd for _, (w, r) in pairs]
+        ok = [x >= p["warmup_min_ev"] and y >= -p["warmup_gold_margin_sd"] for x, y in zip(ev, d)]
+        t.add(g, f"{t.critic_warmup} critic-only warm-up iterations fix the bad start (ppo-critic-warmup)",
+              f"value/explained_variance at iteration {first} (the first policy iteration) {fmt_list(ev)}; "
+              f"gold minus ppo's {fmt_list(d)} sd ({seeds_txt(ok)})",
+              f"explained variance >= {p['warmup_min_ev']:g} and gold >= ppo's - {p['warmup_gold_margin_sd']:g} sd, "
+              "in every seed", all(ok), key="warmup")
+    if t.need(g, "ppo-beta0-dual-clip", "ppo-beta0"):
+        pairs = paired(t.finals, "ppo-beta0-dual-clip", "ppo-beta0")
+        r = [a["kl"] / b["kl"] if b["kl"] > 0 else math.inf for _, (a, b) in pairs]
+        ok = [x <= p["dual_clip_max_kl_ratio"] for x in r]
+        t.add(g, "dual-clip tames beta = 0's drift (ppo-beta0-dual-clip vs ppo-beta0)",
+              f"KL {fmt_list([a['kl'] for _, (a, b) in pairs], 1, False)} vs ppo-beta0 "
+              f"{fmt_list([b['kl'] for _, (a, b) in pairs], 1, False)} nats (ratio {fmt_list(r, 2, False)}; "
+              f"{seeds_txt(ok)})", f"<= {p['dual_clip_max_kl_ratio']:g} x ppo-beta0's in every seed", all(ok),
+              key="dual-clip")
+    if t.need(g, "ppo-bf16-copy"):
+        seeds = _seeds(t, "ppo-bf16-copy")
+        xs = [_series(t, "ppo-bf16-copy", s, "mismatch/token_abs_diff_mean") for s in seeds]
+        ok = [_every_iteration(x, lambda v: v > p["bf16_min_token_diff"]) for x in xs]
+        t.add(g, "the bf16 copy's log-probs are not the trainer's (ppo-bf16-copy)",
+              f"mismatch/token_abs_diff_mean smallest over iterations {_sci([min(x, default=math.nan) for x in xs])}"
+              f", over {fmt_list([len(x) for x in xs], 0, False)} iterations ({seeds_txt(ok)})",
+              f"> {p['bf16_min_token_diff']:g} every iteration, in every seed", all(ok), key="bf16-mismatch")
+    if t.need(g, "ppo-bf16-copy-recompute", "ppo-bf16-copy"):
+        pairs = paired(t.finals, "ppo-bf16-copy-recompute", "ppo-bf16-copy")
+        xs = [_series(t, "ppo-bf16-copy-recompute", s, "policy/first_ratio_abs_dev") for s, _ in pairs]
+        d = [(a["gold"] - b["gold"]) / t.gsd for _, (a, b) in pairs]
+        ok = [_every_iteration(x, lambda v: v == 0) and y >= -p["recompute_gold_margin_sd"] for x, y in zip(xs, d)]
+        t.add(g, "recomputing pi_old makes the first ratio exactly 1 and costs no gold (ppo-bf16-copy-recompute)",
+              f"policy/first_ratio_abs_dev largest over iterations {_sci([max(x, default=math.nan) for x in xs])}; "
+              f"gold minus ppo-bf16-copy's {fmt_list(d)} sd ({seeds_txt(ok)})",
+              f"first ratio deviation == 0 every iteration and gold >= ppo-bf16-copy's - "
+              f"{p['recompute_gold_margin_sd']:g} sd, in every seed", all(ok), key="recompute")
+    if t.need(g, "ppo-bf16-copy-tis", "ppo-bf16-copy"):
+        pairs = paired(t.finals, "ppo-bf16-copy-tis", "ppo-bf16-copy")
+        xs = [_series(t, "ppo-bf16-copy-tis", s, "mismatch/is_truncated_share") for s, _ in pairs]
+        share = [mean(x) if x and all(math.isfinite(v) for v in x) else math.nan for x in xs]
+        d = [(a["gold"] - b["gold"]) / t.gsd for _, (a, b) in pairs]
+        ok = [y >= -p["tis_gold_margin_sd"] and sh < p["tis_max_truncated_share"] for y, sh in zip(d, share)]
+        t.add(g, "token TIS costs no gold and rarely truncates (ppo-bf16-copy-tis vs ppo-bf16-copy)",
+              f"gold minus ppo-bf16-copy's {fmt_list(d)} sd; mismatch/is_truncated_share, mean over iterations, "
+              f"{fmt_list(share, 4, False)} ({seeds_txt(ok)})",
+              f"gold >= ppo-bf16-copy's - {p['tis_gold_margin_sd']:g} sd and truncated share "
+              f"< {p['tis_max_truncated_share']:.0%}, in every seed", all(ok), key="tis")
+
+
 def compute_claims(finals: Mapping[str, Sequence[Mapping]], sft: Mapping, claims: ExperimentsClaimsConfig, *,
                    kl_coef: float, ppo_epochs: int = 4,
-                   proxy_sft: Mapping[str, Mapping] | None = None) -> tuple[list[dict], list[str]]:
+                   proxy_sft: Mapping[str, Mapping] | None = None,
+                   curves: Mapping[str, Mapping[int, Mapping]] | None = None,
+                   critic_warmup: int = 0) -> tuple[list[dict], list[str]]:
     """The claims table from the final evaluations.
 
     finals: {arm: [per-seed summary]} with keys seed, n, proxy, gold, kl, length, well_formed,
     repetition, gold_std, length_std; sft: the SFT model's summary on the same prompts (plus
     proxy_std); proxy_sft: {arm: SFT summary under that arm's RM} (default: sft) for proxy units;
-    kl_coef, ppo_epochs: ppo's beta and epochs. Returns (rows, notes): rows have claim, measured,
+    kl_coef, ppo_epochs: ppo's beta and epochs; curves: {arm: {seed: per-iteration series}}
+    (:func:`~fourfold.apps.experiments.results.read_curves`), which the 'practice' claims read;
+    critic_warmup: ppo-critic-warmup's warm-up iterations. Returns (rows, notes): rows have claim, measured,
     threshold, holds ('yes' or 'no') and group; notes say which claim groups could not be checked
     and why, and under claims.quick which claims need the full sweep.
     """
-    t = _Table(finals, sft, claims, proxy_sft or {}, kl_coef, ppo_epochs)
+    t = _Table(finals, sft, claims, proxy_sft or {}, kl_coef, ppo_epochs, curves=curves or {},
+               critic_warmup=critic_warmup)
     if t.need("ppo", "ppo"):
         _ppo_claims(t)
     if t.need("beta0", "ppo", "ppo-beta0"):
@@ -367,6 +480,7 @@ def compute_claims(finals: Mapping[str, Sequence[Mapping]], sft: Mapping, claims
                                     f"(REINFORCE at its best learning rate tried, {best})", arm, best)
     if t.need("dpo", "dpo"):
         _dpo_claims(t)
+    _practice_claims(t)
     if claims.quick:
         _quick_notes(t)
     return t.rows, t.notes
@@ -375,7 +489,7 @@ def compute_claims(finals: Mapping[str, Sequence[Mapping]], sft: Mapping, claims
 def _quick_notes(t: _Table) -> None:
     """claims.quick: the claims left to the full sweep, by group (those left out of claims.groups)
     and one by one (those of a checked group that QUICK_CLAIMS does not list)."""
-    for group in CLAIM_GROUPS:
+    for group in DEFAULT_CLAIM_GROUPS:
         if group not in t.c.groups:
             t.notes.append(f"needs the full sweep: claims '{group}' ({GROUP_CLAIMS[group]})")
     t.notes += [f"needs the full sweep: {claim}" for claim in t.full_only]

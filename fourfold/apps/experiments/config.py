@@ -12,13 +12,20 @@ from fourfold.config.loader import require
 from fourfold.config.run import MAX_SEED, RunConfig
 
 EXPERIMENT_ARMS = ("ppo", "ppo-beta0", "ppo-beta-high", "ppo-1epoch", "ppo-no-critic", "grpo", "rloo", "reinforce-pp",
-                   "reinforce", "dpo", "ppo-unbiased-rm", "ppo-adaptive-kl")
+                   "reinforce", "dpo", "ppo-unbiased-rm", "ppo-adaptive-kl", "ppo-critic-policy-init",
+                   "ppo-critic-warmup", "ppo-beta0-dual-clip", "ppo-bf16-copy", "ppo-bf16-copy-recompute",
+                   "ppo-bf16-copy-tis")
 """Arms `fourfold experiments` knows (see docs/experiments.md); 'reinforce' runs once per entry
-of reinforce_lr_multipliers (as reinforce-lr1x, reinforce-lr3x, ...)."""
+of reinforce_lr_multipliers (as reinforce-lr1x, reinforce-lr3x, ...). The last six are the
+practice arms (docs/correction.md, "Sweep arms"; examples/practice.yaml runs them)."""
 
-CLAIM_GROUPS = ("ppo", "beta0", "beta-high", "epochs", "reinforce", "critic", "length", "critic-free", "baseline",
-                "dpo")
-"""Groups of claims `fourfold experiments` checks; a group whose arms did not run is left out."""
+DEFAULT_CLAIM_GROUPS = ("ppo", "beta0", "beta-high", "epochs", "reinforce", "critic", "length", "critic-free",
+                        "baseline", "dpo")
+"""The claim groups of the default sweep (examples/experiments.yaml)."""
+CLAIM_GROUPS = DEFAULT_CLAIM_GROUPS + ("practice",)
+"""Groups of claims `fourfold experiments` checks; a group whose arms did not run is left out.
+'practice' (the practice arms' claims, examples/practice.yaml) is not a default group: its arms
+are not default arms."""
 
 
 @dataclasses.dataclass
@@ -27,9 +34,9 @@ class ExperimentsClaimsConfig:
     the SFT model's per-sample standard deviation (sd) on the evaluation prompts; "in every seed"
     compares arms seed by seed (same seed = same prompt order)."""
 
-    groups: list[str] = dataclasses.field(default_factory=lambda: list(CLAIM_GROUPS))
+    groups: list[str] = dataclasses.field(default_factory=lambda: list(DEFAULT_CLAIM_GROUPS))
     """Claim groups to check: ppo, beta0, beta-high, epochs, reinforce, critic, length, critic-free,
-    baseline, dpo."""
+    baseline, dpo; practice (not a default: the practice arms' claims, examples/practice.yaml)."""
     ppo_min_gold_gain_sd: float = 0.3
     """ppo: final gold above SFT's by at least this many sd, in every seed."""
     ppo_min_well_formed_ratio: float = 0.9
@@ -333,7 +340,9 @@ class ExperimentsConfig:
         "ppo", "ppo-beta0", "ppo-beta-high", "ppo-1epoch", "ppo-no-critic", "grpo", "rloo", "reinforce-pp",
         "reinforce", "dpo", "ppo-unbiased-rm"])
     """Arms to run: ppo, ppo-beta0, ppo-beta-high, ppo-1epoch, ppo-no-critic, grpo, rloo, reinforce-pp,
-    reinforce, dpo, ppo-unbiased-rm, ppo-adaptive-kl (optional: demo.ppo.kl_target as the target)."""
+    reinforce, dpo, ppo-unbiased-rm, ppo-adaptive-kl (optional: demo.ppo.kl_target as the target);
+    the practice arms (optional, examples/practice.yaml): ppo-critic-policy-init, ppo-critic-warmup,
+    ppo-beta0-dual-clip, ppo-bf16-copy, ppo-bf16-copy-recompute, ppo-bf16-copy-tis."""
     seeds: list[int] = dataclasses.field(default_factory=lambda: [0, 1, 2])
     """Seeds of every arm (run.seed of each run)."""
     iterations: int = 60
@@ -396,6 +405,9 @@ class ExperimentsConfig:
         require(len(set(self.seeds)) == len(self.seeds), "seeds", "a seed is listed twice")
         require(all(0 <= s <= MAX_SEED for s in self.seeds), "seeds", "each seed must be an integer in [0, 2**63 - 1]")
         require(self.iterations >= 1, "iterations", "must be >= 1")
+        if "ppo-critic-warmup" in self.arms:
+            require(self.iterations >= 10, "iterations", "must be >= 10 with arm ppo-critic-warmup (its "
+                    f"critic_warmup is iterations // 10 and must be >= 1), got {self.iterations}")
         require(self.workers >= 1, "workers", "must be >= 1")
         if "reinforce" in self.arms:
             require(len(self.reinforce_lr_multipliers) >= 1, "reinforce_lr_multipliers", "must list at least one")

@@ -9,7 +9,12 @@ from typing import Any, Mapping, Sequence
 
 from fourfold.apps.report_kit import mean, std
 
-CURVE_KEYS = ("reward/gold_mean", "reward/score_mean", "kl/k1", "rollout/response_length")
+CURVE_KEYS = ("reward/gold_mean", "reward/score_mean", "kl/k1", "rollout/response_length",
+              "value/explained_variance", "mismatch/token_abs_diff_mean", "policy/first_ratio_abs_dev",
+              "mismatch/is_truncated_share")
+"""The per-iteration metrics a run's curves keep: the report's curves and the 'practice' claims'
+(the critic's explained variance, the engine-trainer mismatch, the first ratio, the correction's
+truncated share; nan in the iterations, or runs, that do not log them)."""
 
 
 def read_curves(run_dir: Path) -> dict[str, list[float]]:

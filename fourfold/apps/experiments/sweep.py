@@ -13,7 +13,14 @@ from typing import Any, Callable
 
 from fourfold.apps.cache import digest, done_key, read_json
 from fourfold.apps.demo import pipeline as demo
-from fourfold.apps.experiments.arms import Arm, build_arms, models_in_memory, run_config, run_key
+from fourfold.apps.experiments.arms import (
+    Arm,
+    build_arms,
+    critic_warmup_iterations,
+    models_in_memory,
+    run_config,
+    run_key,
+)
 from fourfold.apps.experiments.claims import compute_claims
 from fourfold.apps.experiments.config import ExperimentsConfig
 from fourfold.apps.experiments.final_eval import eval_prompts, eval_sample_seed
@@ -232,6 +239,7 @@ def collect_results(sw: Sweep, state: dict[str, str]) -> Results:
     finals: dict[str, list[dict]] = {}
     rows_by_arm: dict[str, list[dict]] = {}
     curves: dict[str, list[dict]] = {}
+    curves_by_seed: dict[str, dict[int, dict]] = {}
     costs: dict[str, list[dict]] = {}
     proxy_sft: dict[str, dict] = {}
     for arm in sw.arms:
@@ -246,6 +254,7 @@ def collect_results(sw: Sweep, state: dict[str, str]) -> Results:
                 rows_by_arm[arm.name] = rec["rows"]
             if arm.stage != "dpo":  # dpo logs steps over pairs, no sampled batches
                 curves.setdefault(arm.name, []).append(read_curves(rd))
+                curves_by_seed.setdefault(arm.name, {})[seed] = curves[arm.name][-1]
             peak = read_json(rd / "peak_memory.json") or {}
             costs.setdefault(arm.name, []).append({"peak_rss_mb": peak.get("peak_rss_mb"), "train_s": train_seconds(rd)})
     summaries = {}
@@ -255,7 +264,8 @@ def collect_results(sw: Sweep, state: dict[str, str]) -> Results:
             summaries[arm.name] = {**summarize_arm(finals[arm.name], curves.get(arm.name, []), sft, proxy_sft[arm.name]),
                                    **summarize_costs(costs[arm.name]), "models": f"{trained + frozen} ({trained}+{frozen})"}
     claims, notes = compute_claims(finals, sft, sw.cfg.claims, kl_coef=sw.cfg.demo.ppo.kl_coef,
-                                   ppo_epochs=sw.cfg.demo.ppo.ppo_epochs, proxy_sft=proxy_sft)
+                                   ppo_epochs=sw.cfg.demo.ppo.ppo_epochs, proxy_sft=proxy_sft,
+                                   curves=curves_by_seed, critic_warmup=critic_warmup_iterations(sw.cfg))
     failed = {k: v for k, v in state.items() if not v.startswith(("done", "cached"))}
     for name, why in failed.items():
         notes.append(f"{name}: {why}")
