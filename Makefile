@@ -4,7 +4,7 @@
 #   make results -> reruns the demo (3 seeds, full and quick), the arithmetic demo (3 seeds), the claims
 #                  sweep, the horizon family and the overoptimization family (about 3.7 hours on 2 cores),
 #                  collects results/*.json and rewrites every published figure of README.md, docs/demo.md,
-#                  docs/arithmetic.md and docs/experiments.md (make publish: the last step only)
+#                  docs/arithmetic.md, docs/experiments.md and docs/correction.md (make publish: the last step only)
 # CPU machines get the pinned CPU wheel of torch (a bare `torch` could pull a multi-GB CUDA
 # build); on a GPU machine install your own torch into .venv first, or set TORCH_SPEC.
 PYTHON ?= python3

@@ -81,7 +81,7 @@ def test_collect_and_render_from_fixture_outputs(tmp_path):
     """Run outputs in, results/*.json out, every block rendered from them into a copy of the docs,
     with the commit and machine the outputs record."""
     root = tmp_path / "repo"
-    for f in ("README.md", "docs/demo.md", "docs/experiments.md", "docs/arithmetic.md"):
+    for f in ("README.md", "docs/demo.md", "docs/experiments.md", "docs/arithmetic.md", "docs/correction.md"):
         (root / f).parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(ROOT / f, root / f)
     (root / "results").mkdir()
@@ -205,9 +205,9 @@ def test_the_machine_names_torchs_cpu_kernels():
 
 
 def _checkout_copy(tmp_path) -> Path:
-    """README.md, the two docs and results/ of this checkout, in ``tmp_path/repo``."""
+    """README.md, the published docs and results/ of this checkout, in ``tmp_path/repo``."""
     root = tmp_path / "repo"
-    for f in ("README.md", "docs/demo.md", "docs/experiments.md", "docs/arithmetic.md"):
+    for f in ("README.md", "docs/demo.md", "docs/experiments.md", "docs/arithmetic.md", "docs/correction.md"):
         (root / f).parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(ROOT / f, root / f)
     shutil.copytree(ROOT / "results", root / "results")

@@ -3,22 +3,21 @@
 
 1. ``collect`` reads the run outputs (the demo's ``eval.json`` and stage records, the sweeps'
    ``results.json``, each run's ``provenance.json``: commit, machine, date, command) and writes the
-   small summaries that are committed as the source of the published numbers, in ``results/``:
-   ``demo.json`` (the full demo and the quick demo, per seed), ``experiments.json`` (the claims
-   sweep: per-arm summaries, claims), ``horizon.json`` (the horizon family), ``arithmetic.json``
-   (``fourfold demo --task arithmetic``, per seed), ``overoptimization.json`` (the overoptimization
-   family: fits, peaks, claims), ``turns.json`` (the turns family: gold per world and arm, claims) and, untouched,
-   ``benchmarks.json`` (the benchmark rows: measured by hand, see docs/benchmarks.md; ``make
-   results`` does not rerun them, workload G needs an H200).
+   small summaries committed as the source of the published numbers, in ``results/``: ``demo.json``
+   (the full and the quick demo, per seed), ``experiments.json`` (the claims sweep: per-arm
+   summaries, claims), ``horizon.json``, ``overoptimization.json``, ``turns.json`` (those families),
+   ``practice.json`` (the practice sweep, examples/practice.yaml), ``arithmetic.json`` (``fourfold
+   demo --task arithmetic``, per seed) and, untouched, ``benchmarks.json`` (measured by hand, see
+   docs/benchmarks.md; ``make results`` does not rerun them, workload G needs an H200).
 2. ``render`` rewrites, from ``results/*.json`` alone, the marked blocks of README.md (the headline
    table, the quick demo's numbers, the arithmetic demo's line), docs/arithmetic.md (its seeds),
-   docs/demo.md (the seed table, the quick demo) and docs/experiments.md (the full sweep's table
-   and claims count, the horizon family's table, figure and claims): the text between
-   ``<!-- publish:NAME -->`` and ``<!-- /publish:NAME -->``. Each block says on which commit and
-   machine its numbers were made.
+   docs/demo.md (the seed table, the quick demo), docs/experiments.md (the full sweep's table and
+   claims count, the families' tables, figures and claims) and docs/correction.md (the practice
+   sweep's): the text between ``<!-- publish:NAME -->`` and ``<!-- /publish:NAME -->``. Each block
+   says on which commit and machine its numbers were made.
 3. ``check`` renders to memory and exits 1 when a file differs (the test suite runs it).
 
-Nothing here imports torch or runs a model.
+Nothing here runs a model.
 """
 
 from __future__ import annotations
@@ -34,6 +33,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 from fourfold.apps.demo.arithmetic_results import RUNS as ARITHMETIC_RUNS
 from fourfold.apps.demo.arithmetic_results import arithmetic_line, arithmetic_table, collect_arithmetic
 from fourfold.apps.publish_overopt import overopt_headline, overopt_record, overopt_text
+from fourfold.apps.publish_practice import practice_record, practice_text
 from fourfold.apps.publish_turns import turns_headline, turns_record, turns_text
 from fourfold.apps.report_kit import fmt, mean, pct, signed
 from fourfold.atomic import write_text_atomic
@@ -65,8 +65,7 @@ def read(path: Path) -> Any:
 
 
 def _provenance(run: Path) -> dict:
-    return read(run / "provenance.json") or {"commit": "unknown", "machine": "unknown", "date": "unknown",
-                                             "command": "unknown"}
+    return read(run / "provenance.json") or dict.fromkeys(("commit", "machine", "date", "command"), "unknown")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -82,8 +81,7 @@ def collect_demo_run(run: Path) -> dict:
     rm = (read(run / "stages" / "reward" / "DONE") or {}).get("result", {})
     cfg_text = (run / "config.yaml").read_text(encoding="utf-8") if (run / "config.yaml").is_file() else ""
     prompts = re.search(r"^eval:\n  prompts: (\d+)", cfg_text, re.M)
-    walls = [(read(run / "stages" / s / "DONE") or {}).get("result", {}).get("wall_s") for s in ("sft", "pairs",
-                                                                                              "reward", "ppo", "eval")]
+    walls = [(read(run / "stages" / s / "DONE") or {}).get("result", {}).get("wall_s") for s in ("sft", "pairs", "reward", "ppo", "eval")]
     b, a = ev["sft"], ev["ppo"]
     return {"provenance": _provenance(run), "eval_prompts": int(prompts.group(1)) if prompts else None,
             **{k: [b[k], a[k]] for k in ("proxy", "gold", "length", "well_formed", "repetition")},
@@ -162,8 +160,7 @@ def collect_horizon(out: Path) -> dict:
                            for w, arms in finals.items()}
     record["sft"] = {w: {k: s.get(k) for k in ("gold_std", "length", "sentences", "well_formed")}
                      for w, s in res.get("sft", {}).items()}
-    return {**record, "horizons": h.get("horizons"), "arms": h.get("arms"),
-            "group_size": res.get("config", {}).get("group_size")}
+    return {**record, "horizons": h.get("horizons"), "arms": h.get("arms"), "group_size": res.get("config", {}).get("group_size")}
 
 
 def collect_overopt(out: Path) -> dict:
@@ -354,6 +351,11 @@ def collect_turns(out: Path) -> dict:
     return turns_record(read(out / "results.json") or {}, _provenance(out))
 
 
+def collect_practice(out: Path) -> dict:
+    """results/practice.json (:func:`fourfold.apps.publish_practice.practice_record`)."""
+    return practice_record(collect_experiments(out), read(out / "results.json"), out)
+
+
 def headline_table(res: Mapping) -> str:
     d, e, h, b = res["demo"]["full"], res["experiments"], res.get("horizon"), res["benchmarks"]
     seeds = _seeds(d)
@@ -390,9 +392,9 @@ BLOCKS: dict[str, dict[str, Callable[[Mapping], str]]] = {
                   "arithmetic-demo": arithmetic_line},
     "docs/arithmetic.md": {"arithmetic-seeds": arithmetic_table},
     "docs/demo.md": {"demo-seeds": demo_seed_table, "quick-demo": quick_demo_text, "demo-machines": machines_table},
-    "docs/experiments.md": {"experiments-table": experiments_table, "horizon": horizon_block,
-                            "overoptimization": overopt_block,
+    "docs/experiments.md": {"experiments-table": experiments_table, "horizon": horizon_block, "overoptimization": overopt_block,
                             "turns": lambda res: turns_text(res.get("turns"), _made)},
+    "docs/correction.md": {"practice": lambda res: practice_text(res.get("practice"), _made)},
 }
 """Which generator writes each marked block of each file."""
 
@@ -401,11 +403,11 @@ REQUIRED_KEYS = {
     "demo": ("full", "quick"),
     "experiments": ("claims", "summaries", "seeds", "sft", "rm", "labels", "iterations", "rollout_batch_size",
                     "dpo_steps", "dpo_batch", "eval_prompts", "wall_s", "provenance"),
-    "horizon": ("claims", "summaries", "seeds", "sft", "sentences", "horizons", "iterations", "eval_prompts", "wall_s",
-                "provenance"),
+    "horizon": ("claims", "summaries", "seeds", "sft", "sentences", "horizons", "iterations", "eval_prompts", "wall_s", "provenance"),
     "overoptimization": ("claims", "summaries", "seeds", "rm_pairs", "bon_n", "kl_coef", "lr_multiplier", "default",
                          "default_kl_coef", "iterations", "wall_s", "provenance"),
     "turns": ("claims", "summaries", "sft", "worlds", "seeds", "iterations", "eval_prompts", "wall_s", "provenance"),
+    "practice": ("claims", "summaries", "arms", "metrics", "notes", "critic_warmup", "seeds", "wall_s", "provenance"),
     "benchmarks": ("rows", "source"),
     "machines": ("machines",),
     "arithmetic": ("runs",),
@@ -414,7 +416,7 @@ REQUIRED_KEYS = {
 
 
 def load_results(root: Path) -> dict:
-    """results/*.json of the checkout ``root`` (horizon, overoptimization, turns, machines, arithmetic: None
+    """results/*.json of the checkout ``root`` (horizon, overoptimization, turns, practice, machines, arithmetic: None
     until made). A missing one (but those), one that does not parse, or one without a key of :data:`REQUIRED_KEYS` is a
     DataError naming the file."""
     root = Path(root)
@@ -424,7 +426,7 @@ def load_results(root: Path) -> dict:
     for name, keys in REQUIRED_KEYS.items():
         path = d / f"{name}.json"
         res[name] = rec = read(path)
-        if rec is None and name not in ("horizon", "machines", "arithmetic", "overoptimization", "turns"):
+        if rec is None and name not in ("horizon", "machines", "arithmetic", "overoptimization", "turns", "practice"):
             raise DataError(f"{path}: missing (is --root {root} a fourfold checkout? `python -m "
                             "fourfold.apps.publish collect` writes it from run outputs)")
         if rec is not None and not isinstance(rec, dict):
@@ -500,12 +502,11 @@ def _read_doc(path: Path) -> str:
 
 def write_results(root: Path, demo: Sequence[Path], demo_quick: Sequence[Path], experiments: Path, horizon: Path,
                   machines_only: bool = False, arithmetic: Sequence[Path] = (),
-                  overoptimization: Optional[Path] = None, turns: Optional[Path] = None) -> list[str]:
-    """Write each of results/demo.json, experiments.json, horizon.json, arithmetic.json,
-    overoptimization.json and turns.json (and the families' figures)
-    whose run outputs exist; keep the others; file the demo runs by machine in results/machines.json
-    too (with ``machines_only``, there alone: another machine's runs, the published ones kept).
-    Returns (and prints) what it did."""
+                  overoptimization: Optional[Path] = None, turns: Optional[Path] = None,
+                  practice: Optional[Path] = None) -> list[str]:
+    """Write each results/*.json of the module's list (and the families' figures) whose run outputs exist; keep the
+    others; file the demo runs by machine in results/machines.json too (with ``machines_only``, there alone: another
+    machine's runs, the published ones kept). Returns (and prints) what it did."""
     d = root / RESULTS
     done = []
 
@@ -527,11 +528,11 @@ def write_results(root: Path, demo: Sequence[Path], demo_quick: Sequence[Path], 
     if machines_only:
         print("\n".join(done))
         return done
-    overoptimization = overoptimization or root / "runs" / "overoptimization"
+    overoptimization, turns = overoptimization or root / "runs" / "overoptimization", turns or root / "runs" / "turns"
     fams = [("experiments.json", experiments, collect_experiments), ("horizon.json", horizon, collect_horizon)]
-    turns = turns or root / "runs" / "turns"
-    fams += [("overoptimization.json", overoptimization, collect_overopt)] * (overoptimization / "results.json").is_file()
-    fams += [("turns.json", turns, collect_turns)] * (turns / "results.json").is_file()
+    fams += [f for f in (("overoptimization.json", overoptimization, collect_overopt), ("turns.json", turns, collect_turns),
+                         ("practice.json", practice or root / "runs" / "experiments-practice", collect_practice))
+             if (f[1] / "results.json").is_file()]
     for name, out, fn in fams:
         if (out / "results.json").is_file():
             write(name, fn(out))
@@ -558,11 +559,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--root", default=str(REPO), help="the checkout whose results/ and docs are read and written")
     p.add_argument("--demo", nargs="*", default=["runs/demo-s0", "runs/demo-s1", "runs/demo-s2"])
     p.add_argument("--demo-quick", nargs="*", default=["runs/demo-quick-s0", "runs/demo-quick-s1", "runs/demo-quick-s2"])
-    p.add_argument("--experiments", default="runs/experiments")
-    p.add_argument("--horizon", default="runs/horizon")
+    for name, default in (("experiments", "experiments"), ("horizon", "horizon"), ("overoptimization", "overoptimization"),
+                          ("turns", "turns"), ("practice", "experiments-practice")):  # each sweep's output directory
+        p.add_argument(f"--{name}", default=f"runs/{default}")
     p.add_argument("--arithmetic", nargs="*", default=list(ARITHMETIC_RUNS), help="the `fourfold demo --task arithmetic` runs")
-    p.add_argument("--overoptimization", default="runs/overoptimization")
-    p.add_argument("--turns", default="runs/turns")
     p.add_argument("--machines-only", action="store_true",
                    help="collect: file the demo runs in results/machines.json alone (another machine's runs)")
     args = p.parse_args(argv)
@@ -582,7 +582,7 @@ def _run(args: argparse.Namespace) -> int:
         write_results(root, [root / r for r in args.demo], [root / r for r in args.demo_quick], root / args.experiments,
                       root / args.horizon, machines_only=args.machines_only,
                       arithmetic=[root / r for r in args.arithmetic], overoptimization=root / args.overoptimization,
-                      turns=root / args.turns)
+                      turns=root / args.turns, practice=root / args.practice)
         return 0
     files = render(root)
     changed = [f for f, text in files.items() if (root / f).read_text(encoding="utf-8") != text]
