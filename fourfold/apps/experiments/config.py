@@ -314,8 +314,13 @@ class TurnsConfig:
         require(self.sft_examples >= 1, f"{prefix}.sft_examples", "must be >= 1")
         require(self.sft_steps_per_turn >= 1, f"{prefix}.sft_steps_per_turn", "must be >= 1")
         require(self.prompts >= 1, f"{prefix}.prompts", "must be >= 1")
-        require(self.tokens_base >= 8 and self.tokens_per_hop >= 1, f"{prefix}.tokens_base",
-                "tokens_base must be >= 8 and tokens_per_hop >= 1")
+        require(self.tokens_base >= 8, f"{prefix}.tokens_base", "must be >= 8")
+        require(self.tokens_per_hop >= 1, f"{prefix}.tokens_per_hop", "must be >= 1")
+        require(isinstance(self.world_seed, int) and self.world_seed >= 0, f"{prefix}.world_seed",
+                "must be an integer >= 0")
+        for key in ("sft_overrides", "rl_overrides"):
+            bad = [o for o in getattr(self, key) if not (isinstance(o, str) and "=" in o and o.split("=", 1)[0].strip())]
+            require(not bad, f"{prefix}.{key}", f"each entry must be 'key=value' (got {bad[0]!r})" if bad else "")
 
 
 @dataclasses.dataclass
