@@ -137,7 +137,9 @@ def _checkout_copy(tmp_path) -> Path:
 
 def test_collect_from_a_sweep_directory_then_render(tmp_path, capsys):
     root = _checkout_copy(tmp_path)
-    assert not (root / "results" / "practice.json").exists()
+    (root / "results" / "practice.json").unlink(missing_ok=True)  # the checkout may hold a published sweep
+    assert publish.main(["render", "--root", str(root)]) == 0
+    assert NOT_YET in (root / "docs" / "correction.md").read_text()
     assert publish.main(["check", "--root", str(root)]) == 0  # not run yet: the block says so
     out = tmp_path / "prac" / "out"
     _fake_sweep(out)
