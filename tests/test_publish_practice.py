@@ -8,7 +8,7 @@ import shutil
 from pathlib import Path
 
 from fourfold.apps import publish
-from fourfold.apps.publish_practice import NOT_YET, practice_text, run_metrics
+from fourfold.apps.publish_practice import NOT_YET, practice_headline, practice_text, run_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ("README.md", "docs/demo.md", "docs/experiments.md", "docs/arithmetic.md", "docs/correction.md")
@@ -69,6 +69,17 @@ def test_block_from_a_hand_made_record():
     assert "| ppo | 3 | +0.55 | 4.0 | - |" in text and "| +0.50 | - | - | - |" in text
     assert not text.splitlines()[-1].startswith("- ")
     assert _block(None) == NOT_YET == practice_text(None, str) and "\n" not in NOT_YET
+
+
+def test_headline_row_from_a_hand_made_record():
+    assert practice_headline(None) == []
+    assert practice_headline(_record()) == [
+        "| PPO as practised now: critic warm-up, dual-clip, the bf16 copy with and without correction | 1 of 2 checked "
+        "claims hold (3 seeds; token TIS costs no gold: yes; warm-up fixes the bad start: no) | `fourfold experiments "
+        "--config examples/practice.yaml` | [docs/correction.md](docs/correction.md#results) |"]
+    table = publish.headline_table(publish.load_results(ROOT))  # the README's table has the row once published
+    assert (practice_headline(json.loads((ROOT / "results" / "practice.json").read_text()))[0] in table.splitlines()
+            if (ROOT / "results" / "practice.json").exists() else "practice.yaml" not in table)
 
 
 def test_run_metrics_read_the_curves_as_the_claims_do():

@@ -33,7 +33,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 from fourfold.apps.demo.arithmetic_results import RUNS as ARITHMETIC_RUNS
 from fourfold.apps.demo.arithmetic_results import arithmetic_line, arithmetic_table, collect_arithmetic
 from fourfold.apps.publish_overopt import overopt_headline, overopt_record, overopt_text
-from fourfold.apps.publish_practice import practice_record, practice_text
+from fourfold.apps.publish_practice import practice_headline, practice_record, practice_text
 from fourfold.apps.publish_turns import turns_headline, turns_record, turns_text
 from fourfold.apps.report_kit import fmt, mean, pct, signed
 from fourfold.atomic import write_text_atomic
@@ -381,8 +381,7 @@ def headline_table(res: Mapping) -> str:
         rows.append(f"| when the critic pays: horizons {', '.join(map(str, h['horizons']))} | {held} of {len(h['claims'])} "
                     f"claims hold ({critic}) | `fourfold experiments --config examples/horizon.yaml` | "
                     "[docs/experiments.md](docs/experiments.md#the-horizon-family) |")
-    rows += overopt_headline(res.get("overoptimization"))
-    rows += turns_headline(res.get("turns"))
+    rows += overopt_headline(res.get("overoptimization")) + turns_headline(res.get("turns")) + practice_headline(res.get("practice"))
     rows += [f"| {r['what']} | {r['result']} | `{r['command']}` | {r['details']} |" for r in b["rows"]]
     return "\n".join(rows) + f"\n\n(Demo and experiments: {_made(e['provenance'])}; benchmarks: {b['source']}.)"
 

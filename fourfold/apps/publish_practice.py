@@ -107,5 +107,16 @@ def practice_text(r: Optional[Mapping], made: Callable[[Mapping], str]) -> str:
     return "\n".join(lines)
 
 
+def practice_headline(r: Optional[Mapping]) -> list[str]:
+    """The README headline table's row ([] until the sweep is published)."""
+    if not r:
+        return []
+    held = sum(c["holds"] == "yes" for c in r["claims"])
+    each = "; ".join(f"{c['claim'].split(' (')[0]}: {c['holds']}" for c in r["claims"])
+    return [f"| PPO as practised now: critic warm-up, dual-clip, the bf16 copy with and without correction | {held} of "
+            f"{len(r['claims'])} checked claims hold ({len(r['seeds'])} seeds; {each or 'none checked'}) | `fourfold "
+            "experiments --config examples/practice.yaml` | [docs/correction.md](docs/correction.md#results) |"]
+
+
 def _finite(s: Mapping, key: str) -> bool:
     return isinstance(s.get(key), (int, float)) and math.isfinite(s[key])
