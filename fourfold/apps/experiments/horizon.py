@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import shutil
 import sys
 import time
 from pathlib import Path
@@ -38,7 +37,7 @@ from fourfold.apps.experiments.config import GROUP_ARMS, ExperimentsConfig
 from fourfold.apps.experiments.final_eval import eval_prompts, eval_sample_seed
 from fourfold.apps.experiments.horizon_claims import compute_horizon_claims, world_label
 from fourfold.apps.experiments.horizon_report import write_horizon_report
-from fourfold.apps.experiments.jobs import ExperimentError, Job, run_jobs
+from fourfold.apps.experiments.jobs import ExperimentError, Job, clear_dirs, failed_notes, raise_unfinished, run_family_jobs
 from fourfold.apps.experiments.sweep import Results, Sweep, collect_results, family_quick_config, log_claims, open_output, write_outputs
 from fourfold.apps.experiments.unbiased import seed_sft_stage, unbiased_demo_config
 from fourfold.apps.provenance import provenance, write_provenance
@@ -201,10 +200,8 @@ def _start(cfg: ExperimentsConfig) -> tuple[ExperimentsConfig, Path, Callable[..
     if cfg.quick:
         cfg = horizon_quick_config(cfg)
     out, log = open_output(cfg)
-    if cfg.fresh:
-        for d in [out / "logs", out / "configs"] + [p for p in out.iterdir() if (p / "runs").is_dir()]:
-            if d.exists():
-                shutil.rmtree(d)
+    if cfg.fresh:  # the logs, the configs and every world's directory (each one holding runs/)
+        clear_dirs(out, ["logs", "configs"] + [p.name for p in out.iterdir() if (p / "runs").is_dir()])
     return cfg, out, log
 
 
@@ -238,15 +235,12 @@ def run_horizon(cfg: ExperimentsConfig) -> dict:
     log(f"[bold]fourfold experiments (horizon)[/bold]: horizons {sorted(cfg.horizon.horizons)}, {len(worlds)} "
         f"worlds, {len(cfg.seeds)} seeds, {cfg.iterations} iterations x {cfg.demo.ppo.rollout_batch_size} samples; "
         f"{len(jobs)} jobs, {cfg.workers} at a time -> {out}")
-    t_jobs = time.perf_counter()
-    state = run_jobs(jobs, workers=cfg.workers, log_dir=out / "logs", threads=cfg.run.threads, log=log)
-    jobs_s = time.perf_counter() - t_jobs
+    state, jobs_s = run_family_jobs(cfg, out, log, jobs)
     results, notes = _world_results(worlds, state, time.perf_counter() - t_start, jobs_s, made)
     finals = {label: r.finals for label, r in results.items()}
     sft = {label: r.sft for label, r in results.items()}
     claims, claim_notes = compute_horizon_claims(finals, sft, cfg.horizon, group_size=cfg.group_size, quick=cfg.quick)
-    failed = {k: v for k, v in state.items() if not v.startswith(("done", "cached"))}
-    notes = claim_notes + notes + [f"{k}: {v}" for k, v in failed.items()]
+    notes = claim_notes + notes + failed_notes(state)
     total_s = time.perf_counter() - t_start
     record = {"config": config_to_dict(cfg), "worlds": {w.label: {"horizon": w.horizon, "what": w.what,
                                                                  "demo": str(w.demo_dir)} for w in worlds},
@@ -257,8 +251,6 @@ def run_horizon(cfg: ExperimentsConfig) -> dict:
     write_horizon_report(out, cfg, record, read_json(out / "credit.json"))
     write_provenance(out, made)
     log_claims(log, claims, out, total_s)
-    if failed:
-        raise ExperimentError(f"{len(failed)} of {len(jobs)} jobs did not finish ({', '.join(sorted(failed))}); "
-                              f"the report covers the rest; logs in {out / 'logs'}; rerun to resume")
+    raise_unfinished(state, len(jobs), out / "logs")
     return {"output_dir": str(out), "claims": claims, "notes": notes,
             "worlds": {label: r.summaries for label, r in results.items()}}

@@ -3,17 +3,22 @@
 Every run and evaluation of the sweep is a subprocess (``python -m fourfold.cli ppo ...``,
 ``python -m fourfold.apps.experiments evaluate ...``), so that a crash or a kill of one loses nothing
 else. A failed job fails nothing but the jobs that depend on it.
+
+The tail every family's runner shares: :func:`clear_dirs` (``--fresh``), :func:`run_family_jobs`,
+:func:`failed_notes` and :func:`raise_unfinished`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
+import shutil
 import subprocess
 import time
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
+from fourfold.apps.experiments.config import ExperimentsConfig
 from fourfold.apps.report_kit import duration
 from fourfold.errors import FourfoldError
 
@@ -208,3 +213,38 @@ def run_jobs(jobs: Sequence[Job], *, workers: int, log_dir: Path, threads: int |
         pool.terminate()
         raise
     return pool.state
+
+
+def clear_dirs(out: Path, names: Iterable[str]) -> None:
+    """Remove each directory ``out / name`` that exists (what a family's ``--fresh`` starts over)."""
+    for name in names:
+        if (out / name).exists():
+            shutil.rmtree(out / name)
+
+
+def run_family_jobs(cfg: ExperimentsConfig, out: Path, log: Callable[[str], None],
+                    jobs: Sequence[Job]) -> tuple[dict[str, str], float]:
+    """:func:`run_jobs` with the config's workers and threads, the jobs' logs in ``out / "logs"``;
+    returns its state and the wall seconds it took."""
+    t0 = time.perf_counter()
+    state = run_jobs(jobs, workers=cfg.workers, log_dir=out / "logs", threads=cfg.run.threads, log=log)
+    return state, time.perf_counter() - t0
+
+
+def unfinished(state: dict[str, str]) -> dict[str, str]:
+    """The jobs of a :func:`run_jobs` state that did not finish: {name: 'failed: ...' | 'skipped: ...'}."""
+    return {k: v for k, v in state.items() if not v.startswith(("done", "cached"))}
+
+
+def failed_notes(state: dict[str, str]) -> list[str]:
+    """One note per job of ``state`` that did not finish: ``"<name>: <why>"``, in the state's order."""
+    return [f"{k}: {v}" for k, v in unfinished(state).items()]
+
+
+def raise_unfinished(state: dict[str, str], n_jobs: int, log_dir: Path) -> None:
+    """Raise :class:`ExperimentError` naming the jobs of ``state`` that did not finish (a runner calls
+    it once its report is written: the report covers the rest); nothing when every job finished."""
+    failed = unfinished(state)
+    if failed:
+        raise ExperimentError(f"{len(failed)} of {n_jobs} jobs did not finish ({', '.join(sorted(failed))}); "
+                              f"the report covers the rest; logs in {log_dir}; rerun to resume")

@@ -35,7 +35,7 @@ from fourfold.apps.demo import pipeline as demo
 from fourfold.apps.experiments.arms import Arm, run_config, run_key
 from fourfold.apps.experiments.config import ExperimentsConfig
 from fourfold.apps.experiments.final_eval import eval_prompts, eval_sample_seed
-from fourfold.apps.experiments.jobs import ExperimentError, Job, run_jobs
+from fourfold.apps.experiments.jobs import Job, clear_dirs, failed_notes, raise_unfinished, run_family_jobs
 from fourfold.apps.experiments.overopt_claims import METHODS, compute_overopt_claims, summarize_curves
 from fourfold.apps.experiments.sweep import family_quick_config, log_claims, open_output
 from fourfold.apps.experiments.unbiased import seed_sft_stage
@@ -238,24 +238,19 @@ def run_overopt(cfg: ExperimentsConfig) -> dict:
         cfg = overopt_quick_config(cfg)
     out, log = open_output(cfg)
     if cfg.fresh:
-        for name in ("runs", "bon", "configs", "logs"):
-            if (out / name).exists():
-                shutil.rmtree(out / name)
+        clear_dirs(out, ("runs", "bon", "configs", "logs"))
     fam = Overopt(cfg, out, log, eval_prompts(cfg), eval_sample_seed(cfg))
     jobs = fam.jobs()
     log(f"[bold]fourfold experiments (overoptimization)[/bold]: RM sizes {fam.sizes} pairs, {len(cfg.seeds)} seeds, "
         f"best-of-{cfg.overoptimization.bon_n}, PPO {cfg.iterations} iterations; {len(jobs)} jobs, {cfg.workers} at a "
         f"time -> {out}")
-    t_jobs = time.perf_counter()
-    state = run_jobs(jobs, workers=cfg.workers, log_dir=out / "logs", threads=cfg.run.threads, log=log)
-    jobs_s = time.perf_counter() - t_jobs
+    state, jobs_s = run_family_jobs(cfg, out, log, jobs)
     curves = collect(fam, state)
     sd = curves["sft_gold_std"] or 1.0
     summaries = {m: {p: summarize_curves(c, m, sd) for p, c in curves[m].items()} for m in METHODS}
     claims, notes = compute_overopt_claims(summaries, curves["default"], cfg.overoptimization.claims,
                                            expected_sizes=fam.sizes)
-    failed = {k: v for k, v in state.items() if not v.startswith(("done", "cached"))}
-    notes += [f"{k}: {v}" for k, v in failed.items()]
+    notes += failed_notes(state)
     total_s = time.perf_counter() - t_start
     record = {"config": config_to_dict(cfg), "curves": curves, "summaries": summaries, "claims": claims,
               "notes": notes, "jobs": state, "wall_s": round(total_s, 1), "jobs_s": round(jobs_s, 1),
@@ -265,8 +260,6 @@ def run_overopt(cfg: ExperimentsConfig) -> dict:
     write_overopt_report(out, cfg, record)
     write_provenance(out, made)
     log_claims(log, claims, out, total_s)
-    if failed:
-        raise ExperimentError(f"{len(failed)} of {len(jobs)} jobs did not finish ({', '.join(sorted(failed))}); "
-                              f"the report covers the rest; logs in {out / 'logs'}; rerun to resume")
+    raise_unfinished(state, len(jobs), out / "logs")
     return {"output_dir": str(out), "claims": claims, "notes": notes, "summaries": summaries}
 

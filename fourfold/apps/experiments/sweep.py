@@ -24,7 +24,7 @@ from fourfold.apps.experiments.arms import (
 from fourfold.apps.experiments.claims import compute_claims
 from fourfold.apps.experiments.config import ExperimentsConfig
 from fourfold.apps.experiments.final_eval import eval_prompts, eval_sample_seed
-from fourfold.apps.experiments.jobs import ExperimentError, Finished, Job, run_jobs
+from fourfold.apps.experiments.jobs import ExperimentError, Finished, Job, clear_dirs, failed_notes, raise_unfinished, run_family_jobs
 from fourfold.apps.experiments.report import summary_header, write_report, write_summary_md
 from fourfold.apps.experiments.results import read_curves, summarize_arm, summarize_costs, train_seconds
 from fourfold.apps.experiments.unbiased import seed_sft_stage, unbiased_demo_config
@@ -217,7 +217,6 @@ class Results:
     summaries: dict[str, dict]
     claims: list[dict]
     notes: list[str]
-    failed: dict[str, str]
 
     @property
     def sft(self) -> dict:
@@ -266,10 +265,7 @@ def collect_results(sw: Sweep, state: dict[str, str]) -> Results:
     claims, notes = compute_claims(finals, sft, sw.cfg.claims, kl_coef=sw.cfg.demo.ppo.kl_coef,
                                    ppo_epochs=sw.cfg.demo.ppo.ppo_epochs, proxy_sft=proxy_sft,
                                    curves=curves_by_seed, critic_warmup=critic_warmup_iterations(sw.cfg))
-    failed = {k: v for k, v in state.items() if not v.startswith(("done", "cached"))}
-    for name, why in failed.items():
-        notes.append(f"{name}: {why}")
-    return Results(base, finals, rows_by_arm, curves, summaries, claims, notes, failed)
+    return Results(base, finals, rows_by_arm, curves, summaries, claims, notes + failed_notes(state))
 
 
 def write_outputs(sw: Sweep, res: Results, d_res: dict, state: dict, *, total_s: float, jobs_s: float,
@@ -315,9 +311,7 @@ def _start(cfg: ExperimentsConfig) -> tuple[ExperimentsConfig, Path, Callable[..
         cfg = dataclasses.replace(cfg, demo=demo.apply_quick(cfg.demo))
     out, log = open_output(cfg)
     if cfg.fresh:
-        for name in ("runs", "baseline", "configs", "logs"):
-            if (out / name).exists():
-                shutil.rmtree(out / name)
+        clear_dirs(out, ("runs", "baseline", "configs", "logs"))
     return cfg, out, log
 
 
@@ -348,9 +342,7 @@ def run_claims(cfg: ExperimentsConfig) -> dict:
     # 2. the jobs: every arm x seed trained and evaluated in subprocesses, `workers` at a time
     jobs = sw.jobs()
     log(f"[bold]2/4 runs[/bold] {len(jobs)} jobs, {cfg.workers} at a time (logs in {out / 'logs'})")
-    t_jobs = time.perf_counter()
-    state = run_jobs(jobs, workers=cfg.workers, log_dir=out / "logs", threads=cfg.run.threads, log=log)
-    jobs_s = time.perf_counter() - t_jobs
+    state, jobs_s = run_family_jobs(cfg, out, log, jobs)
 
     # 3. collect the final evaluations and curves; the claims
     log("[bold]3/4 results[/bold]")
@@ -361,9 +353,6 @@ def run_claims(cfg: ExperimentsConfig) -> dict:
     total_s = time.perf_counter() - t_start
     write_outputs(sw, res, d_res, state, total_s=total_s, jobs_s=jobs_s, made=made)
     log_claims(log, res.claims, out, total_s)
-    if res.failed:
-        raise ExperimentError(f"{len(res.failed)} of {len(jobs)} jobs did not finish "
-                              f"({', '.join(sorted(res.failed))}); the report covers the rest; "
-                              f"logs in {out / 'logs'}; rerun to resume")
+    raise_unfinished(state, len(jobs), out / "logs")
     return {"output_dir": str(out), "claims": res.claims, "summaries": res.summaries, "notes": res.notes}
 

@@ -35,7 +35,7 @@ import fourfold
 from fourfold.apps.cache import digest, keyed, read_json
 from fourfold.apps.experiments.arms import run_key
 from fourfold.apps.experiments.config import ExperimentsConfig
-from fourfold.apps.experiments.jobs import ExperimentError, Job, run_jobs
+from fourfold.apps.experiments.jobs import Job, clear_dirs, failed_notes, raise_unfinished, run_family_jobs
 from fourfold.apps.experiments.results import train_seconds
 from fourfold.apps.experiments.sweep import family_quick_config, log_claims, open_output
 from fourfold.apps.experiments.turns_claims import compute_turns_claims, turns_label, turns_of
@@ -277,22 +277,17 @@ def run_turns(cfg: ExperimentsConfig) -> dict:
         cfg = turns_quick_config(cfg)
     out, log = open_output(cfg)
     if cfg.fresh:
-        for name in ("runs", "configs", "logs"):
-            if (out / name).exists():
-                shutil.rmtree(out / name)
+        clear_dirs(out, ("runs", "configs", "logs"))
     fam = Turns(cfg, out, log)
     jobs = fam.jobs()
     log(f"[bold]fourfold experiments (turns)[/bold]: hops {fam.hops} (turns {[turns_of(h) for h in fam.hops]}), "
         f"arms {', '.join(cfg.turns.arms)}, {len(cfg.seeds)} seeds, {cfg.iterations} iterations; {len(jobs)} jobs, "
         f"{cfg.workers} at a time -> {out}")
-    t_jobs = time.perf_counter()
-    state = run_jobs(jobs, workers=cfg.workers, log_dir=out / "logs", threads=cfg.run.threads, log=log)
-    jobs_s = time.perf_counter() - t_jobs
+    state, jobs_s = run_family_jobs(cfg, out, log, jobs)
     res = collect(fam, state)
     claims, notes = compute_turns_claims(res["finals"], res["sft"], cfg.turns.claims, hops=fam.hops,
                                          arms=cfg.turns.arms, quick=cfg.quick)
-    failed = {k: v for k, v in state.items() if not v.startswith(("done", "cached"))}
-    notes += [f"{k}: {v}" for k, v in failed.items()]
+    notes += failed_notes(state)
     total_s = time.perf_counter() - t_start
     record = {"config": config_to_dict(cfg), **res, "claims": claims, "notes": notes, "jobs": state,
               "arms": {a: ARM_WHAT[a] for a in cfg.turns.arms}, "wall_s": round(total_s, 1), "jobs_s": round(jobs_s, 1)}
@@ -300,7 +295,5 @@ def run_turns(cfg: ExperimentsConfig) -> dict:
     write_turns_report(out, cfg, record)
     write_provenance(out, made)
     log_claims(log, claims, out, total_s)
-    if failed:
-        raise ExperimentError(f"{len(failed)} of {len(jobs)} jobs did not finish ({', '.join(sorted(failed))}); "
-                              f"the report covers the rest; logs in {out / 'logs'}; rerun to resume")
+    raise_unfinished(state, len(jobs), out / "logs")
     return {"output_dir": str(out), "claims": claims, "notes": notes, "summaries": res["summaries"]}
