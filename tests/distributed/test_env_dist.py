@@ -66,6 +66,22 @@ def _overrides(tiny_lm, files, out, **extra) -> list[str]:
     return [f"{k}={v}" for k, v in over.items()]
 
 
+def test_the_comparison_floors_rounding_and_catches_a_real_difference():
+    """max_relative_diff by hand: iteration 1's KL is rounding on either side of 0 (the policy is the
+    reference; seen on an Intel Xeon: -1.2e-7 vs -4.8e-7, 0.36 'relative'), a 1e-3 change of a
+    metric of 2 is 5e-4, and a rounding key over 1e-5 fails."""
+    a = [{"step": 1, "kl/k1": -1.19e-7, "policy/loss": 2.0, "mismatch/token_abs_diff_max": 4e-7}]
+    b = [{"step": 1, "kl/k1": -4.77e-7, "policy/loss": 2.0, "mismatch/token_abs_diff_max": 5e-7}]
+    assert max_relative_diff(a, b) == 0.0
+    b[0]["policy/loss"] = 2.001
+    assert max_relative_diff(a, b) == pytest.approx(5e-4)
+    b[0]["kl/k1"] = 3e-6  # above the floor: relative to max(|a|, 1e-6)
+    assert max_relative_diff(a, b) == pytest.approx(3.119e-6 / 1e-6)
+    b[0]["mismatch/token_abs_diff_max"] = 2e-5
+    with pytest.raises(AssertionError):
+        max_relative_diff(a, b)
+
+
 def _same_run(one, two, models) -> dict:
     rows_1, rows_2 = metric_rows(one), metric_rows(two)
     assert len(rows_1) == len(rows_2) == 3
