@@ -5,8 +5,10 @@ Every stage takes a YAML config and dotted overrides (``ppo.kl_coef=0.02``); see
 a model that cannot be loaded) print one line and exit with status 2.
 
 Under ``torchrun`` (``torchrun --nproc-per-node N -m fourfold.cli sft --config CFG``) every rank
-runs the same stage; such an error is printed by rank 0 alone (every rank meets the same ones),
-except that a rank whose peer died says so itself (:class:`fourfold.dist.PeerLostError`).
+runs the same stage; such an error is printed by rank 0 alone (every rank meets the same ones:
+an environment's error on one rank is raised on every rank, :func:`fourfold.dist.raise_first_error`,
+with the user's traceback under rank 0's line), except that a rank whose peer died says so itself
+(:class:`fourfold.dist.PeerLostError`).
 """
 
 from __future__ import annotations
@@ -15,19 +17,16 @@ import argparse
 import importlib
 import json
 import sys
-import traceback
 from typing import Callable, Sequence
 
 from fourfold import __version__, dist
 from fourfold.config.stages import STAGES, rollout_stages
-from fourfold.errors import FourfoldError, UserCodeError
+from fourfold.errors import FourfoldError, user_traceback
 
 
 def _print_user_traceback(error: BaseException) -> None:
-    """The traceback of an exception raised in the user's own code, from the user's frame on (the
-    first frame, fourfold's call into the user's function, is left out)."""
-    tb = error.__traceback__.tb_next if error.__traceback__ is not None else None
-    print("".join(traceback.format_exception(type(error), error, tb or error.__traceback__)), end="", file=sys.stderr)
+    """Under a UserCodeError's line, the traceback of the user's code (nothing for another error)."""
+    print(user_traceback(error), end="", file=sys.stderr)
 
 
 def _resolve(spec: str) -> Callable:
@@ -227,8 +226,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return serve_reward(args)
         except FourfoldError as e:
             print(f"fourfold serve-reward: error: {e}", file=sys.stderr)
-            if isinstance(e, UserCodeError) and e.__cause__ is not None:
-                _print_user_traceback(e.__cause__)
+            _print_user_traceback(e)
             return 2
     stage = STAGES[args.stage].for_task(getattr(args, "task", None))
     overrides = list(args.overrides)
@@ -257,8 +255,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except FourfoldError as e:
         if dist.world().is_main or isinstance(e, dist.PeerLostError):
             print(f"fourfold {args.stage}: error: {e}", file=sys.stderr)
-            if isinstance(e, UserCodeError) and e.__cause__ is not None:
-                _print_user_traceback(e.__cause__)
+            _print_user_traceback(e)
         return 2
     except KeyboardInterrupt as e:
         if dist.world().is_main:  # how the run stopped, on stdout with the rest of what it said

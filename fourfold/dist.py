@@ -9,6 +9,14 @@ trainer calls the same functions either way::
     total = dist.all_reduce_sum(t)        # a sum over every rank (t itself in one process)
     everything = dist.all_gather_rows(t)  # rank 0's rows, then rank 1's, ... (same shapes)
     parts = dist.all_gather_objects(x)    # every rank's picklable x, in rank order
+    n, = dist.all_reduce_checked([k], e)  # a sum carrying this rank's error e (None: none) as a
+                                          # flag: any rank's error is raised on every rank
+
+An error met on one rank only (a user's environment, which each rank steps for its own rows) must
+stop every rank, or the others wait in their next collective until the group's timeout: the rank
+keeps the error, joins the next collective every rank makes anyway with a flag added to it
+(:func:`all_reduce_checked`), and when a flag is up every rank raises the lowest failing rank's
+error (:func:`raise_first_error`: one more collective, on failure only).
 
 Backend: NCCL when the run's device is CUDA, gloo otherwise. On CPU the device mesh is built on
 ``"cpu"`` explicitly (a GPU machine running a gloo group otherwise crashes: pytorch#132471).
@@ -20,12 +28,12 @@ import gc
 import os
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 import torch
 import torch.distributed as tdist
 
-from fourfold.errors import ConfigError, FourfoldError
+from fourfold.errors import ConfigError, FourfoldError, UserCodeError, user_traceback
 
 TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 
@@ -219,3 +227,65 @@ def barrier() -> None:
     """Wait for every rank (nothing in one process)."""
     if world().distributed:
         tdist.barrier()
+
+
+def all_reduce_checked(values: Sequence[int], error: Optional[BaseException], op: str = "SUM") -> list[int]:
+    """``values`` (integers) reduced over every rank by ``op`` ("SUM" or "MAX") with this rank's
+    ``error`` (None: none) riding on the same all-reduce as one more element: when some rank has one,
+    every rank raises the first failing rank's error (:func:`raise_first_error`) instead of returning.
+    In one process: ``error`` raised if given, else ``values`` as a list."""
+    if not world().distributed:
+        if error is not None:
+            raise error
+        return list(values)
+    cuda = tdist.get_backend() == "nccl"  # NCCL reduces CUDA tensors only, gloo CPU ones
+    out = torch.tensor([*values, int(error is not None)], dtype=torch.long,
+                       device=torch.device("cuda", torch.cuda.current_device()) if cuda else "cpu")
+    tdist.all_reduce(out, op=getattr(tdist.ReduceOp, op))
+    *reduced, failed = out.tolist()
+    if failed:
+        raise_first_error(error)
+    return reduced
+
+
+def _portable(error: Optional[BaseException]) -> Optional[tuple]:
+    """What another rank needs to raise ``error`` again: (its class when it is fourfold's own, else
+    None; its message; the user's traceback under it, as text)."""
+    if error is None:
+        return None
+    if isinstance(error, FourfoldError):
+        return type(error), str(error), user_traceback(error)
+    return None, f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}", ""
+
+
+def _copy(kind: Optional[type], message: str, text: str, rank: int) -> BaseException:
+    """Rank ``rank``'s error raised again here: the same class and message (a UserCodeError with its
+    user's traceback as text); an error that is not fourfold's own is said to be that rank's."""
+    if kind is not None:
+        try:
+            error = kind(message)
+        except Exception:  # a class that takes other arguments: said as below
+            error = None
+        if isinstance(error, FourfoldError):
+            if isinstance(error, UserCodeError):
+                error.traceback_text = text
+            return error
+    return PeerLostError(f"rank {rank} of {world().world_size} raised {message} (its traceback is in that rank's "
+                         "output), so this one stops")
+
+
+def raise_first_error(error: Optional[BaseException]) -> None:
+    """Raise, on every rank, the error of the lowest rank that has one: every rank calls it once a
+    collective they all made has said some rank failed (:func:`all_reduce_checked`); ``error``:
+    this rank's (None: none). That rank raises its own exception (its cause and traceback kept); the
+    others a copy of the same class and message, so every rank stops with the line
+    one process would have printed. One all_gather_object of the ranks' messages."""
+    if not world().distributed:
+        if error is not None:
+            raise error
+        return
+    parts = all_gather_objects(_portable(error))
+    rank = next(r for r, part in enumerate(parts) if part is not None)
+    if rank == world().rank and error is not None:
+        raise error
+    raise _copy(*parts[rank], rank=rank)

@@ -86,3 +86,50 @@ def test_fsdp_units_are_the_decoder_layers():
     lm, rm = random_causal_lm(cfg, seed=0), ScalarModel(random_scalar_model(cfg, seed=0))
     for model, layers in ((lm, lm.model.layers), (rm, rm.hf.model.layers)):
         assert decoder_layers(model) == list(layers)
+
+
+
+def _as_rank(monkeypatch, rank: int, gathered) -> None:
+    """This process as rank ``rank`` of 2, whose all_gather_objects gives ``gathered(mine)``."""
+    monkeypatch.setattr(dist, "world", lambda: dist.World(rank, 2, rank))
+    monkeypatch.setattr(dist, "all_gather_objects", gathered)
+
+
+def test_an_error_of_one_rank_is_raised_on_every_rank_with_its_message(monkeypatch):
+    """raise_first_error / all_reduce_checked: in one process the error itself (or the sum); under
+    torchrun (simulated: rank 1 sends, rank 0 gets what rank 1 sent) rank 1 raises its own
+    exception and rank 0 a copy: a UserCodeError's class and message with the user's traceback as
+    text, or for an error that is not fourfold's own one line naming rank 1; when both ranks have
+    one, rank 0's."""
+    from fourfold.errors import ConfigError, UserCodeError, user_traceback
+
+    assert dist.all_reduce_checked((3, 4), None) == [3, 4]
+    with pytest.raises(ConfigError, match="^env.factory: bad$"):
+        dist.all_reduce_checked([3], ConfigError("env.factory: bad"))
+    try:
+        try:
+            raise ValueError("the board has no square z9")
+        except ValueError as inner:
+            raise UserCodeError("env.factory: make_env: step() of turn 0 of the environment of row p.jsonl:23") from inner
+    except UserCodeError as e:
+        user = e
+    text = user_traceback(user)
+    assert text.startswith("Traceback") and text.endswith("ValueError: the board has no square z9\n")
+    for error in (user, KeyError("no such move")):
+        sent: list = []
+        _as_rank(monkeypatch, 1, lambda mine: sent.append(mine) or [None, mine])
+        with pytest.raises(type(error)) as own:
+            dist.raise_first_error(error)
+        assert own.value is error  # the failing rank: its own exception, cause and traceback kept
+        _as_rank(monkeypatch, 0, lambda mine: [mine, sent[0]])
+        with pytest.raises(dist.FourfoldError) as copy:
+            dist.raise_first_error(None)
+        if error is user:
+            assert type(copy.value) is UserCodeError and str(copy.value) == str(user)
+            assert copy.value.__cause__ is None and user_traceback(copy.value) == text
+        else:
+            assert type(copy.value) is dist.PeerLostError
+            assert str(copy.value) == ("rank 1 of 2 raised KeyError: 'no such move' (its traceback is in that rank's "
+                                       "output), so this one stops")
+        with pytest.raises(ConfigError, match="^rank 0's$"):  # both ranks failed: the lowest rank's
+            dist.raise_first_error(ConfigError("rank 0's"))

@@ -17,7 +17,8 @@ is the engine's (``engine.turns``: the eager engine's growing cache, or the stat
 preallocated one of ``max_tokens`` + 1 slots); the turn loop here is the same for both. Under
 torchrun (``sync_stop``) each rank runs its own rows and every rank makes the same forwards (a
 sharded model's forward is a collective): a turn's token loop and the turn loop stop only when
-every rank's rows have.
+every rank's rows have, and an environment's error on one rank is raised on every rank at the
+turn's sync (its flag on the same all-reduce).
 """
 
 from __future__ import annotations
@@ -140,12 +141,20 @@ def stack_trajectories(trajs: Sequence[Trajectory], pad_token_id: int, device=No
     return batch
 
 
-def _widest(lengths: Sequence[int], sync: bool) -> int:
+def _widest(lengths: Sequence[int], sync: bool, error: Optional[BaseException] = None) -> int:
     """The longest of ``lengths`` (0 for none), with ``sync`` over every rank's: each rank then pads
     its chunk to the width the one-process batch has, so its rows' forwards are computed on the
-    same columns (and round alike)."""
+    same columns (and round alike). ``error``: this rank's, raised on every rank with any other's
+    (:func:`fourfold.dist.all_reduce_checked`: the same all-reduce)."""
     n = max(lengths, default=0)
-    return int(dist.all_reduce_max(torch.tensor(n))) if sync else n
+    return dist.all_reduce_checked([n], error, "MAX")[0] if sync else n
+
+
+def _all_ended(running: torch.Tensor, sync: bool, error: Optional[BaseException] = None) -> bool:
+    """Whether no row is running (with ``sync``: on any rank); ``error``, this rank's environments'
+    (None: none), rides on the same all-reduce, and any rank's is raised on every rank."""
+    alive = int(running.sum())
+    return (dist.all_reduce_checked([alive], error)[0] if sync else alive) == 0
 
 
 @dataclass
@@ -226,7 +235,7 @@ def _step_envs(envs, trajs: list[Trajectory], running: torch.Tensor, turn: int, 
 @torch.no_grad()
 def sample_turns(model: torch.nn.Module, envs: Sequence, first_ids: Sequence[list[int]], s: TurnSettings,
                  encode_next: EncodeNext, *, noise: Optional[torch.Tensor] = None, device=None,
-                 engine=None, sync_stop: bool = False) -> TurnBatch:
+                 engine=None, sync_stop: bool = False, failed: Optional[BaseException] = None) -> TurnBatch:
     """The batched multi-turn rollout of ``envs`` (:class:`~fourfold.rollout.env.BoundEnv`, one per
     row, already reset) from their first observations' ids ``first_ids``: turns until each row's
     environment says done or a limit truncates it (``max_turns`` turns; ``max_tokens`` tokens in
@@ -238,14 +247,21 @@ def sample_turns(model: torch.nn.Module, envs: Sequence, first_ids: Sequence[lis
     code for every engine. ``sync_stop`` (under torchrun,
     ``envs`` this rank's rows): every rank makes the same model calls, a turn's token loop ending
     when every rank's rows have finished it and the turns when every rank's trajectories have
-    ended; a rank whose rows wait feeds padding (attention 0). Returns the :class:`TurnBatch`."""
+    ended; a rank whose rows wait feeds padding (attention 0). An error of this rank's (a first
+    observation too long, ``failed``: one met preparing its rows, an environment's in a turn) is
+    then kept until the next all-reduce every rank makes anyway, which carries its flag: every
+    rank raises the first failing rank's error there (:func:`fourfold.dist.all_reduce_checked`),
+    none waits for the others in a collective until the group's timeout. Returns the :class:`TurnBatch`."""
     device = device or next(model.parameters()).device
+    error = failed
     for env, ids in zip(envs, first_ids):
-        if len(ids) >= s.max_tokens:
-            raise ConfigError(f"env.max_tokens: the first observation of row {env.where} has {len(ids)} tokens, "
-                              f"leaving none of the {s.max_tokens} for the policy")
+        if error is None and len(ids) >= s.max_tokens:
+            error = ConfigError(f"env.max_tokens: the first observation of row {env.where} has {len(ids)} tokens, "
+                                f"leaving none of the {s.max_tokens} for the policy")
+    if error is not None and not sync_stop:
+        raise error
     trajs = [Trajectory(prompt=list(ids)) for ids in first_ids]
-    width = _widest([len(i) for i in first_ids], sync_stop)
+    width = _widest([len(i) for i in first_ids], sync_stop, error)  # any rank's error: raised here
     prompt_ids = _pad(first_ids, s.pad_token_id, True, torch.long, width).to(device)
     prompt_mask = _pad([[1] * len(i) for i in first_ids], 0, True, torch.long, width).to(device)
     running = torch.ones(len(trajs), dtype=torch.bool, device=device)
@@ -257,8 +273,14 @@ def sample_turns(model: torch.nn.Module, envs: Sequence, first_ids: Sequence[lis
                 trajs[b].add_turn(toks[b], lps[b], ents[b])
                 trajs[b].ended = bool(ended[b])
             pending = [toks[b][-1:] if bool(last_alive[b]) else [] for b in range(len(trajs))]
-            chunks = _step_envs(envs, trajs, running, turn, s, encode_next, pending)
-            if all_finished(~running, sync_stop):  # every trajectory (of every rank) has ended
+            error = None
+            try:
+                chunks = _step_envs(envs, trajs, running, turn, s, encode_next, pending)
+            except Exception as e:  # one rank's environment: every rank raises it at the sync below
+                if not sync_stop:
+                    raise
+                error = e
+            if _all_ended(running, sync_stop, error):  # every trajectory (of every rank) has ended
                 break
             width = max(1, _widest([len(c) for c in chunks], sync_stop))  # rows that wait: padding
             ids = _pad(chunks, s.pad_token_id, True, torch.long, width).to(device)

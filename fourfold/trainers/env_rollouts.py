@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence, Union
 
 import torch
 
@@ -78,13 +78,14 @@ def turn_metrics(batch: TurnBatch) -> dict:
 
 
 @torch.no_grad()
-def collect_turns(roles: Roles, envs: Sequence[BoundEnv], env: EnvConfig, gen: GenerationConfig, *,
-                  kl_coef: float, kl_estimator: str = "k1", noise: Optional[RowNoise] = None,
+def collect_turns(roles: Roles, envs: Union[Sequence[BoundEnv], Callable[[], Sequence[BoundEnv]]], env: EnvConfig,
+                  gen: GenerationConfig, *, kl_coef: float, kl_estimator: str = "k1", noise: Optional[RowNoise] = None,
                   max_first_tokens: Optional[int] = None, first_row: int = 0, engine=None) -> CollectedTurns:
-    """Reset ``envs`` (one per row), run their turns with ``roles.policy`` (in eval mode) under the
-    ``env`` section's limits and ``gen``'s sampling (``max_new_tokens`` per turn, temperature,
-    EOS), then score: reference log-probs and critic values over each whole trajectory, the
-    rewards by :func:`fourfold.core.turns.trajectory_rewards`, the bootstrap by ``env.truncation``.
+    """Reset ``envs`` (one per row, or a function making them: called here), run their turns with
+    ``roles.policy`` (in eval mode) under the ``env`` section's limits and ``gen``'s sampling
+    (``max_new_tokens`` per turn, temperature, EOS), then score: reference log-probs and critic
+    values over each whole trajectory, the rewards by :func:`fourfold.core.turns.trajectory_rewards`,
+    the bootstrap by ``env.truncation``.
     ``noise``: the iteration's per-row noise (a row's n-th policy token at its n-th uniform);
     ``max_first_tokens``: a limit of the first observation's own (e.g. ``data.max_prompt_len``);
     ``engine``: the rollout engine, already synced with the policy
@@ -93,13 +94,23 @@ def collect_turns(roles: Roles, envs: Sequence[BoundEnv], env: EnvConfig, gen: G
     Under torchrun ``envs`` are this rank's rows, global rows ``first_row ...`` (its
     :func:`~fourfold.run.parallel.rank_slice` of the batch; every rank as many) and ``noise`` is
     required: the trajectories are gathered in rank order, so the batch, its scores and its
-    metrics are the one-process ones on every rank."""
+    metrics are the one-process ones on every rank. An error of this rank's environments (making
+    them, when ``envs`` is a function, resetting them, stepping them) is raised on every rank at
+    the rollout's next all-reduce (:func:`~fourfold.rollout.turns.sample_turns`), with the message
+    one process gives: every rank stops at once, none waits in a collective for the one that failed."""
     if several_ranks() and noise is None:
         raise ValueError("collect_turns: a rollout over several ranks needs per-row noise")
     tok = roles.tokenizer
     encoder = ObservationEncoder(tok, env.observation_role)
     # a first observation too long for env.max_tokens is refused by sample_turns, naming that key
-    first = [encoder.first(e.reset(), e.where, max_first_tokens or FIRST_TOKENS_UNCHECKED) for e in envs]
+    failed = None
+    try:
+        envs = list(envs() if callable(envs) else envs)
+        first = [encoder.first(e.reset(), e.where, max_first_tokens or FIRST_TOKENS_UNCHECKED) for e in envs]
+    except Exception as e:  # under torchrun: raised on every rank at sample_turns' first all-reduce
+        if not several_ranks():
+            raise
+        envs, first, failed = [], [], e
     settings = TurnSettings(
         max_turns=env.max_turns, max_tokens=env.max_tokens, max_new_tokens=gen.max_new_tokens,
         decode=lambda ids: tok.decode(ids, skip_special_tokens=True), temperature=gen.temperature,
@@ -108,7 +119,7 @@ def collect_turns(roles: Roles, envs: Sequence[BoundEnv], env: EnvConfig, gen: G
     t0 = time.perf_counter()
     roles.policy.eval()
     batch = sample_turns(roles.policy, envs, first, settings, encoder.next, noise=uniforms, engine=engine,
-                         sync_stop=several_ranks())
+                         sync_stop=several_ranks(), failed=failed)
     roles.policy.train()
     if several_ranks():  # every rank's trajectories, in rank order: the one-process batch's layout
         batch = stack_trajectories(gather_items(batch.trajectories), tok.pad_token_id, batch.samples.sequences.device)

@@ -161,15 +161,16 @@ class RLSteps:
         (given the policy's weights after the last update) with the iteration's per-row noise,
         under the run's autocast. Under torchrun a rank makes the environments of
         its slice of the rows only (:func:`~fourfold.run.parallel.rank_slice`, as a single-turn
-        rollout samples its slice); collect_turns gathers every rank's trajectories."""
+        rollout samples its slice), inside collect_turns, which gathers every rank's trajectories
+        and raises an error of one rank's environments on every rank."""
         cfg = self.cfg
         _, rows, wheres = self.stream.next_rows()
         rows, wheres = [r for r in rows for _ in range(k)], [w for w in wheres for _ in range(k)]
         mine = rank_slice(len(rows))
-        envs = make_envs(self.env, rows[mine], wheres[mine])
-        self.engine.sync(self.roles.policy)
+        self.engine.sync(self.roles.policy)  # its collectives before any of the user's code runs
+        make = lambda: make_envs(self.env, rows[mine], wheres[mine])  # called by collect_turns
         with autocast_region(cfg.model.precision, self.device.type):
-            return collect_turns(self.roles, envs, cfg.env, cfg.generation, kl_coef=kl_coef, kl_estimator=kl_estimator,
+            return collect_turns(self.roles, make, cfg.env, cfg.generation, kl_coef=kl_coef, kl_estimator=kl_estimator,
                                  noise=RowNoise(cfg.run.seed, it), max_first_tokens=cfg.data.max_prompt_len,
                                  first_row=mine.start, engine=self.engine)
 

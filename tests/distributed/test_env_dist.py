@@ -6,13 +6,16 @@ after different numbers of turns (1, 2, or cut at 3), so the ranks step differen
 a metric that were a mean of the ranks' means would differ. GRPO's groups of 4 straddle the ranks
 (12 rows, rows 4-7 are one group): its advantages need the gathered batch. Metrics (every non-timing
 key) agree to 1e-4 relative and the final weights to 1e-4 absolute, as the single-turn runs'
-(tests/distributed/test_ppo_dist.py). The 1-process runs run in the test's own process."""
+(tests/distributed/test_ppo_dist.py). The 1-process runs run in the test's own process. An
+environment that raises on one rank's row stops both ranks with the one-process run's line."""
 import json
 import random
+import re
 
 import pytest
 from disttest_utils import max_relative_diff, max_weight_diff, metric_rows, torchrun
 
+from fourfold.checkpoint import latest_checkpoint
 from fourfold.cli import main
 
 ENVS = '''
@@ -23,11 +26,16 @@ class Toy:
 
     def __init__(self, row):
         self.prompt, self.limit, self.turn = row["prompt"], int(row["limit"]), 0
+        self.boom = row.get("boom")  # "reset" or "step": that call raises (an environment failing on one rank)
 
     def reset(self):
+        if self.boom == "reset":
+            raise ValueError("the board has no square z9")
         return self.prompt
 
     def step(self, action):
+        if self.boom == "step":
+            raise ValueError("the board has no square z9")
         self.turn += 1
         said, known = action.split(), set(self.prompt.split())
         reward = sum(w in known for w in said) - 0.1 * len(said)
@@ -127,3 +135,55 @@ def test_grpo_against_an_environment_two_processes_match_one(tiny_lm, env_files,
     figures = _same_run(tmp_path / "g1", tmp_path / "g2", ("policy",))
     assert not (tmp_path / "g2" / "critic").exists()
     print(f"env grpo 2 procs = 1 proc: {figures}; 2-process wall {proc.wall_s:.1f} s")
+
+
+def _boom_prompts(files, out, call: str) -> tuple:
+    """The prompts file with ``boom: call`` on one row of iteration 2's batch that rank 1 owns (the
+    batch's rows 4-7 of 8, in the order of the run's EpochSampler, seeded by run.seed = 3): (the
+    file, the row's line)."""
+    from fourfold.data.collate import EpochSampler
+
+    rows = [json.loads(line) for line in (files / "prompts.jsonl").read_text().splitlines()]
+    batches = EpochSampler(len(rows), 8, seed=3, drop_last=True).batches()
+    next(batches)
+    boom = next(batches)[5]  # iteration 2, rank 1's second row
+    rows[boom]["boom"] = call
+    path = out / "boom.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path, boom + 1
+
+
+@pytest.mark.parametrize("call", ["step", pytest.param("reset", marks=pytest.mark.slow)])
+def test_an_environment_failing_on_one_rank_stops_every_rank_with_the_one_process_line(
+        tiny_lm, env_files, tmp_path, capsys, call):
+    """Iteration 2's step() (reset()) raises on a row of rank 1's slice only. Rank 1 keeps the error
+    until the next all-reduce every rank makes (the turn's end; for reset, the first observations'
+    width), which carries its flag: both ranks stop there, rank 0 on its own (exit 2: neither
+    killed by torchrun nor stuck until gloo's timeout, which the launch's 120 s timeout would turn
+    into a failure), and rank 0 prints rank 1's line, the one the one-process run prints, once,
+    with the user's traceback under it once (before, rank 0 said only that a peer was gone). Iteration 1's checkpoint and metrics row are kept, those of the
+    one-process run."""
+    prompts, line = _boom_prompts(env_files, tmp_path, call)
+    extra = {"data.prompts": prompts, "run.save_every": 1, "model.critic_init": "policy", "ppo.critic_lr": 1e-3}
+    capsys.readouterr()
+    assert main(["ppo", *_overrides(tiny_lm, env_files, tmp_path / "one", **extra)]) == 2
+    err_1 = capsys.readouterr().err
+    (expected,) = [x for x in err_1.splitlines() if x.startswith("fourfold ppo: error:")]
+    turn = " of turn 0" if call == "step" else ""
+    assert expected == (f"fourfold ppo: error: env.factory: make_env: {call}(){turn} of the "
+                        f"environment of row {prompts}:{line} raised ValueError: the board has no square z9 (the "
+                        "traceback of the user's code follows)")
+    assert err_1.splitlines()[-1] == "ValueError: the board has no square z9"  # the user's traceback under it
+
+    proc = torchrun("ppo", _overrides(tiny_lm, env_files, tmp_path / "two", **extra), timeout=120, check=False)
+    err = proc.stderr
+    assert proc.returncode != 0 and [x for x in err.splitlines() if x.startswith("fourfold ppo: error:")] == [expected], \
+        err[-3000:]
+    assert err.count("\nValueError: the board has no square z9\n") == 1  # the user's traceback, once (rank 0's copy)
+    exits = dict(re.findall(r"rank +: (\d+) \(local_rank.*\n +exitcode +: (-?\d+)", err))  # torchrun's summary
+    assert exits["0"] == "2", err[-3000:]  # rank 0 stopped by itself with the error (rank 1 may be SIGTERMed on its way out)
+    for out in ("one", "two"):  # iteration 1 kept: its checkpoint, its metrics row (the same in both runs)
+        assert latest_checkpoint(tmp_path / out).name == "step-00000001"
+    assert len(metric_rows(tmp_path / "two")) == 1
+    assert max_relative_diff(metric_rows(tmp_path / "one"), metric_rows(tmp_path / "two")) < 1e-4
+    print(f"env {call} failing on rank 1: 2-process wall {proc.wall_s:.1f} s")
