@@ -6,8 +6,10 @@ after different numbers of turns (1, 2, or cut at 3), so the ranks step differen
 a metric that were a mean of the ranks' means would differ. GRPO's groups of 4 straddle the ranks
 (12 rows, rows 4-7 are one group): its advantages need the gathered batch. Metrics (every non-timing
 key) agree to 1e-4 relative and the final weights to 1e-4 absolute, as the single-turn runs'
-(tests/distributed/test_ppo_dist.py). The 1-process runs run in the test's own process. An
-environment that raises on one rank's row stops both ranks with the one-process run's line."""
+(tests/distributed/test_ppo_dist.py). The same with the static engine (generation.engine=static,
+uncompiled: its preallocated turn cache), whose 1-process run is also the eager engine's. The
+1-process runs run in the test's own process. An environment that raises on one rank's row stops
+both ranks with the one-process run's line."""
 import json
 import random
 import re
@@ -114,15 +116,58 @@ def _rank0_turns_differ(out, batch: int) -> bool:
     return differ
 
 
-def test_ppo_with_the_critic_against_an_environment_two_processes_match_one(tiny_lm, env_files, tmp_path):
+CRITIC = {"model.critic_init": "policy", "ppo.critic_lr": 1e-3}
+"""PPO's GAE over the policy's tokens with the critic (from the policy), truncated rows bootstrapped."""
+
+
+@pytest.fixture(scope="module")
+def eager_one(tiny_lm, env_files, tmp_path_factory):
+    """The 1-process PPO + critic run with the eager engine (the default): its output directory."""
+    out = tmp_path_factory.mktemp("env_eager") / "p1"
+    assert main(["ppo", *_overrides(tiny_lm, env_files, out, **CRITIC)]) == 0
+    return out
+
+
+def test_ppo_with_the_critic_against_an_environment_two_processes_match_one(tiny_lm, env_files, eager_one, tmp_path):
     """GAE over the policy's tokens with the critic (from the policy), truncated rows bootstrapped."""
-    extra = {"model.critic_init": "policy", "ppo.critic_lr": 1e-3}
-    assert main(["ppo", *_overrides(tiny_lm, env_files, tmp_path / "p1", **extra)]) == 0
-    proc = torchrun("ppo", _overrides(tiny_lm, env_files, tmp_path / "p2", **extra))
+    proc = torchrun("ppo", _overrides(tiny_lm, env_files, tmp_path / "p2", **CRITIC))
     assert proc.stdout.count("fourfold ppo: done") == 1
-    figures = _same_run(tmp_path / "p1", tmp_path / "p2", ("policy", "critic"))
+    figures = _same_run(eager_one, tmp_path / "p2", ("policy", "critic"))
     assert _rank0_turns_differ(tmp_path / "p2", 8)
     print(f"env ppo 2 procs = 1 proc: {figures}; 2-process wall {proc.wall_s:.1f} s")
+
+
+def _sampled(out) -> list[dict]:
+    """samples.jsonl's rows: the first 4 trajectories of each iteration (prompt, each turn's action
+    and observation text and reward, return, done, truncated)."""
+    return [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
+
+
+def test_static_engine_against_an_environment_two_processes_match_one(tiny_lm, env_files, eager_one, tmp_path):
+    """The same PPO + critic run with generation.engine=static (uncompiled): its cache of
+    env.max_tokens + 1 slots kept across turns, each turn's chunk padded to the widest row of every
+    rank, the token and turn loops stopping together. 2 processes = 1 process (as above), and the
+    1-process run samples what the eager engine's does (the same per-row noise): the same env/*
+    metrics every iteration and the same shown trajectories (with a word-level tokenizer the
+    actions' text is their ids, EOS aside), and its metrics and weights are the eager run's within
+    the tolerances above."""
+    extra = {**CRITIC, "generation.engine": "static", "generation.compile": False}
+    assert main(["ppo", *_overrides(tiny_lm, env_files, tmp_path / "s1", **extra)]) == 0
+    proc = torchrun("ppo", _overrides(tiny_lm, env_files, tmp_path / "s2", **extra))
+    assert proc.stdout.count("fourfold ppo: done") == 1
+    figures = _same_run(tmp_path / "s1", tmp_path / "s2", ("policy", "critic"))
+    assert _rank0_turns_differ(tmp_path / "s2", 8)
+    static, eager = metric_rows(tmp_path / "s1"), metric_rows(eager_one)
+    env_keys = [k for k in eager[0] if k.startswith("env/")]
+    assert env_keys
+    assert [{k: r[k] for k in env_keys} for r in static] == [{k: r[k] for k in env_keys} for r in eager]
+    assert _sampled(tmp_path / "s1") == _sampled(eager_one)
+    # and the whole run follows: the engine's log-probs (pi_old) are the eager engine's up to rounding
+    against_eager = {"metric_rel": max_relative_diff(static, eager),
+                     **{f"{m}_abs": max_weight_diff(tmp_path / "s1" / m, eager_one / m) for m in ("policy", "critic")}}
+    assert all(v < 1e-4 for v in against_eager.values()), against_eager
+    figures["static_vs_eager"] = against_eager
+    print(f"env ppo, static engine, 2 procs = 1 proc: {figures}; 2-process wall {proc.wall_s:.1f} s")
 
 
 @pytest.mark.slow  # one more pair of runs (~50-65 s on 2 shared cores), as test_ppo_dist.py's grpo test
