@@ -44,16 +44,17 @@ def _text_config(model: nn.Module):
     return config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
 
 
-def static_cache(model: nn.Module, max_len: int):
+def static_cache(model: nn.Module, max_len: int, what: str = "prompt + response"):
     """transformers' ``StaticCache`` for ``model`` (a causal LM, or a role over one) holding
-    ``max_len`` positions; ConfigError when a layer would not attend to all of them."""
+    ``max_len`` positions; ConfigError when a layer would not attend to all of them (``what``:
+    what the error says those positions are)."""
     from transformers import StaticCache
 
     config = _text_config(inner_model(model))
     window = getattr(config, "sliding_window", None)
     if window is not None and getattr(config, "use_sliding_window", True) is not False and window < max_len:
         raise ConfigError(f"generation.engine: static: {type(config).__name__} attends through a sliding window of "
-                          f"{window} tokens, shorter than prompt + response ({max_len}); use generation.engine=eager")
+                          f"{window} tokens, shorter than {what} ({max_len}); use generation.engine=eager")
     kinds = set(getattr(config, "layer_types", None) or ["full_attention"])
     if not kinds <= {"full_attention", "sliding_attention"}:
         raise ConfigError(f"generation.engine: static: {type(config).__name__} has layers of kind "
@@ -82,7 +83,7 @@ class RowSlots:
     whatever the other rows do. ``cache``: what the model's forward takes; ``length``: its slots."""
 
     def __init__(self, model: nn.Module, max_len: int):
-        self.cache = static_cache(model, max_len)
+        self.cache = static_cache(model, max_len, "env.max_tokens + 1")
         layer = _row_slot_layer()
         self.cache.layers = [layer(max_cache_len=max_len) for _ in self.cache.layers]
         self.length = max_len

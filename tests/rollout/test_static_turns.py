@@ -186,3 +186,18 @@ def test_turns_on_an_inference_copy_follow_each_sync(tok):
         not torch.allclose(before.samples.logprobs, after.samples.logprobs)
     engine.sync(model)
     assert_same_trajectories(_run(model, tok, engine, eos=eos), _run(model, tok, eos=eos))
+
+
+def test_a_sliding_window_shorter_than_the_turn_cache_names_env_max_tokens(tok):
+    """The static turn cache holds env.max_tokens + 1 positions; a window of 8 under 31 is refused,
+    naming that key (a single-turn rollout's error names prompt + response: tests/rollout/test_engine.py)."""
+    from transformers import AutoModelForCausalLM, MistralConfig
+
+    from fourfold.errors import ConfigError
+
+    model = AutoModelForCausalLM.from_config(MistralConfig(
+        vocab_size=len(tok), hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        intermediate_size=48, max_position_embeddings=128, sliding_window=8, pad_token_id=tok.pad_token_id)).eval()
+    with pytest.raises(ConfigError, match=r"sliding window of 8 tokens, shorter than env.max_tokens \+ 1 \(31\); use "
+                                          r"generation.engine=eager"):
+        _run(model, tok, StaticEngine())
