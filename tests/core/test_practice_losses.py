@@ -2,13 +2,16 @@
 rollout correction's token weights) against values computed by hand, and one update's loss and
 gradient against TRL's GRPOTrainer formula.
 
-TRL is not a dependency: ``trl_grpo_loss`` below is a line-by-line transcription of
-``GRPOTrainer._compute_loss`` (huggingface/trl at f2cd577, 2026-07-24, VERSION 1.10.0.dev0, the
-snapshot the field notes read; grpo_trainer.py lines ~3040-3170 there: the importance weights
-of ``importance_sampling_level``, ``loss_type`` grpo / bnpo / dapo / cispo, ``epsilon_high``, the
-vLLM importance-sampling ratio multiplied into the per-token loss, and ``mask_truncated_completions``
-as a zeroed completion mask), with beta = 0, no entropy terms, one process and no gradient
-accumulation.
+TRL is not a dependency: the ``trl_*`` functions below are a line-by-line transcription of TRL
+1.12.0 (the wheel trl-1.12.0-py3-none-any.whl from PyPI), trl/trainer/grpo_trainer.py:
+``GRPOTrainer._compute_loss`` (lines 3109-3379: the importance weights of
+``importance_sampling_level``, ``loss_type`` grpo / bnpo / dr_grpo / dapo / cispo, ``epsilon_high``,
+the two-sided clip ``delta``, the vLLM importance-sampling ratio multiplied into the per-token loss,
+the normalizers) and the two blocks of ``_generate_and_score_completions`` that feed it
+(lines 2505-2516: ``mask_truncated_completions`` zeroes the completion mask, ``num_items_in_batch``;
+lines 2677-2725: the vLLM IS ratio of ``vllm_importance_sampling_mode``), with beta = 0, no
+entropy terms, one process and no gradient accumulation (steps_per_generation 1).
+tools/trl_grpo_check.py runs TRL 1.12.0's own code on this file's batch and cases (not in the suite).
 """
 import math
 
@@ -88,7 +91,9 @@ def test_default_options_leave_the_loss_unchanged():
 
 
 @settings(max_examples=40, deadline=None)
-@given(st.lists(st.floats(-2, 2), min_size=4, max_size=4), st.lists(st.floats(-2, 2), min_size=4, max_size=4),
+# advantages without float32 subnormals: CISPO's gradient A w / 4 of A = 1.4e-45 underflows to 0
+@given(st.lists(st.floats(-2, 2), min_size=4, max_size=4),
+       st.lists(st.floats(-2, 2, width=32, allow_subnormal=False), min_size=4, max_size=4),
        st.sampled_from(["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"]))
 def test_properties_of_the_newer_losses(log_ratios, advs, agg):
     """A one-token response's sequence ratio is its token ratio; dual-clip never makes the loss
@@ -111,15 +116,37 @@ def test_properties_of_the_newer_losses(log_ratios, advs, agg):
     assert bool((torch.sign(x.grad[nonzero]) == -torch.sign(adv[nonzero])).all())
 
 
-# ---- TRL's formula, transcribed ----------------------------------------------------------------
+# ---- TRL 1.12.0's formula, transcribed --------------------------------------------------------
 
-def trl_grpo_loss(per_token_logps, old_per_token_logps, advantages, completion_mask, *, loss_type, level,
-                  epsilon_low, epsilon_high, importance_sampling_ratio=None, truncated=None):
-    """TRL's GRPOTrainer._compute_loss (see the module docstring), beta = 0."""
-    mask = completion_mask
-    if truncated is not None:  # mask_truncated_completions: the completion mask zeroed for them
-        mask = mask * (~truncated).unsqueeze(1).int()
-    advantages = advantages.unsqueeze(1)
+def trl_loss_mask(completion_mask, truncated):
+    """_generate_and_score_completions with mask_truncated_completions: the completion mask zeroed
+    for truncated completions, and num_items_in_batch (gathered over 1 process)."""
+    completion_mask = completion_mask * (~truncated).unsqueeze(1).int()
+    return completion_mask, completion_mask.sum()
+
+
+def trl_importance_sampling_ratio(old_per_token_logps, sampling_per_token_logps, mask, mode, clip_max, clip_min=None):
+    """_generate_and_score_completions: the vLLM IS ratio, [B, T] (token_*) or [B, 1] (sequence_*)."""
+    per_token_logps_diff = torch.nan_to_num((old_per_token_logps - sampling_per_token_logps) * mask, nan=0.0)
+    if mode in ["sequence_mask", "sequence_truncate"]:
+        logps_diff = per_token_logps_diff.sum(dim=-1, keepdim=True)
+    else:
+        logps_diff = per_token_logps_diff
+    ratio = torch.exp(logps_diff)
+    if mode in ["sequence_truncate", "token_truncate"]:
+        return torch.clamp(ratio, min=clip_min, max=clip_max)
+    min_val = clip_min if clip_min is not None else -math.inf
+    max_val = clip_max if clip_max is not None else math.inf
+    return ratio.masked_fill((ratio < min_val) | (ratio > max_val), value=0.0)
+
+
+def trl_grpo_loss(per_token_logps, old_per_token_logps, advantages, mask, *, loss_type, level, epsilon_low,
+                  epsilon_high, delta=None, importance_sampling_ratio=None, num_items_in_batch=None,
+                  max_completion_length=None, gradient_accumulation_steps=1, steps_per_generation=1, num_processes=1):
+    """GRPOTrainer._compute_loss (see the module docstring), beta = 0, in train mode; ``mask`` is
+    the completion mask after trl_loss_mask."""
+    if advantages.dim() == 1:
+        advantages = advantages.unsqueeze(1)
     log_ratio = per_token_logps - old_per_token_logps
     if level == "token":
         log_importance_weights = log_ratio
@@ -130,69 +157,125 @@ def trl_grpo_loss(per_token_logps, old_per_token_logps, advantages, completion_m
     if loss_type == "cispo":
         clamped_ratios = torch.clamp(coef_1, max=epsilon_high).detach()
         per_token_loss = -clamped_ratios * advantages * per_token_logps
-    else:
+    else:  # grpo, bnpo, dr_grpo, dapo
         coef_2 = torch.clamp(coef_1, 1 - epsilon_low, 1 + epsilon_high)
+        if delta is not None:  # two-sided clipping
+            coef_1 = torch.clamp(coef_1, max=delta)
         per_token_loss = -torch.min(coef_1 * advantages, coef_2 * advantages)
-    if importance_sampling_ratio is not None:
+    if importance_sampling_ratio is not None:  # use_vllm and vllm_importance_sampling_correction
         per_token_loss = per_token_loss * importance_sampling_ratio
     if loss_type == "grpo":
-        return ((per_token_loss * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).mean()
+        loss = ((per_token_loss * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).mean()
+        return loss / gradient_accumulation_steps
     if loss_type == "bnpo":
-        return (per_token_loss * mask).sum() / mask.sum().clamp(min=1.0)
-    # dapo, cispo: normalizer = num_items_in_batch (the batch's valid tokens) / num_processes (1)
-    return (per_token_loss * mask).sum() / mask.sum().clamp(min=1.0)
+        return (per_token_loss * mask).sum() / mask.sum().clamp(min=1.0) / gradient_accumulation_steps
+    if loss_type == "dr_grpo":
+        loss = (per_token_loss * mask).sum() / (per_token_loss.size(0) * max_completion_length)
+        return loss / gradient_accumulation_steps
+    # dapo, cispo: num_items_in_batch spans the generation batch, rescaled to one accumulation window
+    normalizer = num_items_in_batch.clamp(min=1.0) / num_processes
+    normalizer = normalizer * gradient_accumulation_steps / steps_per_generation
+    return (per_token_loss * mask).sum() / normalizer
 
 
-def _batch(seed=0):
+# ---- the fixed batch and the cases ---------------------------------------------------------------
+
+CAP = 1.5  # the IS cap (TRL's vllm_importance_sampling_clip_max), low enough to bind on this batch
+EPS_LOW, EPS_HIGH, DELTA = 0.2, 0.28, 1.5
+# (TRL loss_type, fourfold agg, importance_sampling_level / ratio_level, TRL delta / fourfold dual_clip)
+CASES = [
+    ("grpo", "seq-mean-token-mean", "token", None), ("bnpo", "token-mean", "token", None),
+    ("dr_grpo", "seq-mean-token-sum", "token", None), ("dapo", "token-mean", "token", None),
+    ("dapo", "token-mean", "sequence", None), ("grpo", "seq-mean-token-mean", "sequence", None),
+    ("cispo", "token-mean", "token", None), ("dapo", "token-mean", "token", DELTA),
+]
+# fourfold's rollout_correction mode -> TRL's vllm_importance_sampling_mode
+IS_MODES = {None: None, "token_tis": "token_truncate", "token_mis": "token_mask", "seq_tis": "sequence_truncate",
+            "seq_mis": "sequence_mask"}
+
+
+def fixed_batch(seed=14):
+    """6 responses of lengths 7, 3, 5, 1, 6, 4 (the 1st and 4th truncated): new, old and engine
+    (sampler) log-probs [6, 7], advantages [6], the completion mask [6, 7] (int) and truncated [6].
+    Seed 14: the first whose batch reaches every bound (test_the_fixed_batch_reaches_every_bound)."""
     g = torch.Generator().manual_seed(seed)
     B, T = 6, 7
     lengths = torch.tensor([7, 3, 5, 1, 6, 4])
     mask = (torch.arange(T)[None, :] < lengths[:, None]).int()
     old = -torch.rand(B, T, generator=g) * 3
     new = old + 0.3 * torch.randn(B, T, generator=g)
-    engine = old + 0.05 * torch.randn(B, T, generator=g)
+    engine = old + 0.3 * torch.randn(B, T, generator=g)
     adv = torch.randn(B, generator=g)
     truncated = torch.tensor([True, False, False, True, False, False])
     return new, old, engine, adv, mask, truncated
 
 
-@pytest.mark.parametrize("loss_type, agg, level", [
-    ("grpo", "seq-mean-token-mean", "token"), ("bnpo", "token-mean", "token"), ("dapo", "token-mean", "token"),
-    ("dapo", "token-mean", "sequence"), ("grpo", "seq-mean-token-mean", "sequence"), ("cispo", "token-mean", "token"),
-])
-@pytest.mark.parametrize("with_is", [None, "token_tis", "seq_mis"])
-def test_one_update_equals_trls_formula(loss_type, agg, level, with_is):
-    """Loss and gradient of one update on a fixed batch, fourfold's against TRL's transcribed
-    formula: clip-higher (0.2 / 0.28), truncated completions masked, and TRL's vLLM IS ratio
-    (token_truncate / sequence_mask, cap 3) against fourfold's rollout_correction (token_tis /
-    seq_mis). TRL's cispo clamps the ratio at epsilon_high itself: fourfold's 1 + clip_eps_high."""
-    new, old, engine, adv, mask, truncated = _batch()
-    cap = 3.0
-    is_ratio = None
-    if with_is == "token_tis":
-        is_ratio = torch.clamp(torch.exp((old - engine) * mask), max=cap)
-    elif with_is == "seq_mis":
-        r = torch.exp(((old - engine) * mask).sum(-1, keepdim=True))
-        is_ratio = r.masked_fill(r > cap, 0.0)
-    eps_high = 0.28
-    ours_lp = new.clone().requires_grad_(True)
-    trl_lp = new.clone().requires_grad_(True)
-    trl = trl_grpo_loss(trl_lp, old, adv, mask, loss_type=loss_type, level=level, epsilon_low=0.2,
-                        epsilon_high=1 + eps_high if loss_type == "cispo" else eps_high,
-                        importance_sampling_ratio=is_ratio, truncated=truncated)
+def fourfold_update(loss_type, agg, level, delta, with_is, batch=None):
+    """fourfold's loss on the fixed batch with the two rescalings that map it onto TRL's (the grpo
+    and dr_grpo denominators, see test_one_update_equals_trls_formula), and d loss / d new."""
+    new, old, engine, adv, mask, truncated = fixed_batch() if batch is None else batch
+    lp = new.clone().requires_grad_(True)
     kept = mask.float() * (~truncated).float()[:, None]  # fourfold's ppo.mask_truncated
-    weights = None
-    if with_is is not None:
-        weights, _ = rollout_correction_weights(old, engine, mask, with_is, cap)
-    ours, _ = ppo_policy_loss(ours_lp, old, adv[:, None].expand_as(new), kept, 0.2, clip_eps_high=eps_high, agg=agg,
+    weights = None if with_is is None else rollout_correction_weights(old, engine, mask, with_is, CAP)[0]
+    loss, _ = ppo_policy_loss(lp, old, adv[:, None].expand_as(new), kept, EPS_LOW, clip_eps_high=EPS_HIGH, agg=agg,
                               ratio_level=level, kind="cispo" if loss_type == "cispo" else "clip",
-                              token_weights=weights)
-    if loss_type == "grpo":
-        # one difference, by design: TRL's grpo mean over sequences counts a masked (truncated)
-        # completion as a 0 in its .mean() over all B rows; fourfold's seq-mean-token-mean averages
-        # over the rows with a valid token (aggregate_loss), here 4 of 6
-        ours = ours * float(kept.any(-1).sum()) / kept.shape[0]
-    assert float(ours.detach()) == pytest.approx(float(trl.detach()), rel=1e-6, abs=1e-7)
-    ours.backward()
-    trl.backward()
-    torch.testing.assert_close(ours_lp.grad, trl_lp.grad, rtol=1e-5, atol=1e-7)
+                              token_weights=weights, dual_clip=delta)
+    rows = float(kept.any(-1).sum())
+    if loss_type == "grpo":  # TRL: .mean() over all B rows, a masked (truncated) row a 0
+        loss = loss * rows / kept.shape[0]
+    elif loss_type == "dr_grpo":  # TRL: / (B * max_completion_length); fourfold's seq-mean-token-sum: / rows
+        loss = loss * rows / (kept.shape[0] * kept.shape[1])
+    loss.backward()
+    return loss.detach(), lp.grad
+
+
+def trl_formula_update(loss_type, agg, level, delta, with_is, batch=None):
+    """The transcription's loss on the fixed batch and d loss / d new. TRL's cispo clamps the ratio
+    at epsilon_high itself: fourfold's 1 + clip_eps_high."""
+    new, old, engine, adv, mask, truncated = fixed_batch() if batch is None else batch
+    lp = new.clone().requires_grad_(True)
+    loss_mask, num_items = trl_loss_mask(mask, truncated)
+    is_ratio = None
+    if with_is is not None:
+        is_ratio = trl_importance_sampling_ratio(old, engine, loss_mask, IS_MODES[with_is], CAP)
+    loss = trl_grpo_loss(lp, old, adv, loss_mask, loss_type=loss_type, level=level, epsilon_low=EPS_LOW,
+                         epsilon_high=1 + EPS_HIGH if loss_type == "cispo" else EPS_HIGH, delta=delta,
+                         importance_sampling_ratio=is_ratio, num_items_in_batch=num_items,
+                         max_completion_length=mask.shape[1])
+    loss.backward()
+    return loss.detach(), lp.grad
+
+
+def test_the_fixed_batch_reaches_every_bound():
+    """Not vacuous: the kept tokens have advantages of both signs, some ratio passes each clip bound
+    and delta with A < 0, and the IS cap binds per token and per response (not on every one)."""
+    new, old, engine, adv, mask, truncated = fixed_batch()
+    kept = mask.bool() & ~truncated[:, None]
+    r = torch.exp(new - old)[kept]
+    a = adv[:, None].expand_as(new)[kept]
+    assert bool((a > 0).any()) and bool((a < 0).any())
+    assert bool((r > 1 + EPS_HIGH).any()) and bool((r < 1 - EPS_LOW).any())
+    assert bool(((r > DELTA) & (a < 0)).any())
+    assert bool((torch.exp(old - engine)[kept] > CAP).any())
+    seq = torch.exp(((old - engine) * kept).sum(-1))[kept.any(-1)]
+    assert bool((seq > CAP).any()) and bool((seq <= CAP).any())
+
+
+@pytest.mark.parametrize("loss_type, agg, level, delta", CASES)
+@pytest.mark.parametrize("with_is", list(IS_MODES))
+def test_one_update_equals_trls_formula(loss_type, agg, level, delta, with_is):
+    """Loss and gradient of one update on the fixed batch, fourfold's against TRL 1.12.0's
+    transcribed formula: clip-higher (0.2 / 0.28), truncated completions masked, TRL's two-sided
+    clip delta as fourfold's dual_clip, and TRL's vLLM IS ratio (token_truncate / token_mask /
+    sequence_truncate / sequence_mask, cap 1.5) against fourfold's rollout_correction (token_tis /
+    token_mis / seq_tis / seq_mis).
+
+    Two denominators differ, by design, and fourfold_update rescales them: TRL's grpo mean over
+    sequences counts a masked (truncated) completion as a 0 in its .mean() over all B rows, where
+    fourfold's seq-mean-token-mean averages over the rows with a valid token (aggregate_loss), here
+    4 of 6; TRL's dr_grpo divides the token sum by B * max_completion_length (6 * 7), fourfold's
+    seq-mean-token-sum by those 4 rows."""
+    ours, ours_grad = fourfold_update(loss_type, agg, level, delta, with_is)
+    trl, trl_grad = trl_formula_update(loss_type, agg, level, delta, with_is)
+    assert float(ours) == pytest.approx(float(trl), rel=1e-6, abs=1e-7)
+    torch.testing.assert_close(ours_grad, trl_grad, rtol=1e-5, atol=1e-7)
