@@ -249,3 +249,31 @@ def test_the_default_engine_weights_are_counted_as_they_resolve(dirs, tmp_path):
     assert estimate_line("ppo", cfg, 4).endswith("; generation.weights: auto = gathered")  # the run's first line
     assert estimate_line("ppo", cfg, 1).endswith("; generation.weights: auto = live")
     assert "generation.weights" not in estimate_line("ppo", load_config(PPOConfig, path, ["generation.weights=copy"]))
+
+
+def test_an_environment_config_is_estimated_over_its_trajectories(dirs, tmp_path, capsys):
+    """env.factory set: the workload carries env.max_tokens and generation.engine, the estimate's
+    training forwards run over env.max_tokens tokens (env.max_tokens - data.max_prompt_len of them
+    scored) and its table and first line say so; env.factory null keeps the single-turn workload."""
+    path = tmp_path / "env.yaml"
+    path.write_text(f"model:\n  policy: {dirs / 'sft'}\n  critic_init: policy\ndata:\n  prompts: p.jsonl\n"
+                    "  max_prompt_len: 16\ngeneration:\n  max_new_tokens: 8\nenv:\n  factory: envs.py:make_env\n"
+                    "  max_tokens: 64\n" + PPO)
+    cfg = load_config(PPOConfig, str(path), [])
+    w = workload_of("ppo", cfg)
+    assert (w.env_max_tokens, w.engine, w.prompt_tokens, w.response_tokens, w.seq_len, w.kv_positions) == (
+        64, "eager", 16, 48, 64, 64)
+    static = workload_of("ppo", load_config(PPOConfig, str(path), ["generation.engine=static"]))
+    assert (static.engine, static.kv_positions) == ("static", 65)
+    plan = plan_roles("ppo", cfg)
+    assert plan.role("reward") is None
+    one_turn = Workload(rollout_batch_size=8, minibatch_size=4, max_prompt_len=16, max_new_tokens=48)
+    est, single = estimate_config("ppo", cfg), estimate(plan, one_turn)
+    assert est.train == single.train and est.generate == single.generate  # 16 + 48 = env.max_tokens, eager
+    assert est.description == "full fine-tuning, fp32, 1 device, trajectories of 64 tokens (env.max_tokens; eager engine)"
+    rc, out, _ = run(["estimate", "--config", str(path), "generation.engine=static"], capsys)
+    assert rc == 0 and out.startswith("fourfold estimate: full fine-tuning, fp32, 1 device, trajectories of 64 tokens "
+                                      "(env.max_tokens; KV cache 65 slots, static engine)\n")
+    assert "trajectories of 64 tokens" in estimate_line("ppo", cfg)
+    single_turn = load_config(PPOConfig, write_config(tmp_path / "ppo.yaml", dirs, PPO), [])
+    assert workload_of("ppo", single_turn).env_max_tokens is None

@@ -428,3 +428,67 @@ def test_the_training_breakdown_says_where_the_peak_falls():
     assert est.train_notes == ["the policy's peak is in the last micro-batch's backward (the earlier micro-batches' "
                                "gradients, its activations)"]
     assert sum(est.train.values()) == est.train_peak_bytes  # the notes are no terms
+
+
+KV_MODEL = dict(vocab_size=1000, hidden_size=256, num_hidden_layers=24, num_attention_heads=8, num_key_value_heads=4,
+                intermediate_size=512)
+SAMPLING = "sampling (KV cache, logits)"
+
+
+def test_an_environment_runs_kv_cache_holds_the_whole_trajectory():
+    """With env.max_tokens M the KV cache is 2 * layers * B * M * kv_heads * head_dim * bytes on the
+    eager engine and M + 1 slots on the static one (its turn cache), plus one layer's worth while it
+    grows; the rest of the sampling term (the first observation's prefill, one step's logits per
+    row) is the single-turn run's."""
+    cfg = LlamaConfig(**KV_MODEL)
+    shape = dict(rollout_batch_size=32, max_prompt_len=64, max_new_tokens=32)
+    single = estimate_of(cfg, critic=False, workload=Workload(**shape)).generate[SAMPLING]
+    kv_single = 2 * 24 * 32 * (64 + 32) * 4 * 32 * 4
+    rest = single - kv_single - kv_single // 24
+    for engine, slots in (("eager", 1024), ("static", 1025)):
+        w = Workload(**shape, env_max_tokens=1024, engine=engine)
+        assert (w.prompt_tokens, w.response_tokens, w.seq_len, w.kv_positions) == (64, 960, 1024, slots)
+        kv = 2 * 24 * 32 * slots * 4 * 32 * 4
+        assert estimate_of(cfg, critic=False, workload=w).generate[SAMPLING] == kv + kv // 24 + rest
+    short = Workload(**shape, env_max_tokens=40)  # the first observation leaves the policy a token
+    assert (short.prompt_tokens, short.response_tokens, short.seq_len) == (39, 1, 40)
+    with pytest.raises(ValueError, match="env_max_tokens"):
+        estimate_of(cfg, critic=False, workload=Workload(env_max_tokens=1))
+    with pytest.raises(ValueError, match="engine"):
+        estimate_of(cfg, critic=False, workload=Workload(engine="vllm"))
+
+
+def test_the_static_engines_turn_cache_is_the_estimated_size():
+    """What the static engine allocates for a multi-turn rollout (StaticEngine.turns: RowSlots of
+    env.max_tokens + 1 slots), in bytes, is the KV cache the estimate counts (fp32)."""
+    from fourfold.rollout.static import StaticEngine
+
+    config = LlamaConfig(**SMALL, num_key_value_heads=2, intermediate_size=48)
+    model = AutoModelForCausalLM.from_config(config).eval()
+    B, P, M = 3, 5, 20
+    ids, mask = torch.randint(2, 97, (B, P)), torch.ones(B, P, dtype=torch.long)
+    with torch.no_grad(), StaticEngine().turns(model, ids, mask, max_tokens=M) as cache:
+        allocated = sum(layer.keys.nbytes + layer.values.nbytes for layer in cache.rows.cache.layers)
+    w = Workload(rollout_batch_size=B, max_prompt_len=P, env_max_tokens=M, engine="static")
+    assert allocated == 2 * 2 * B * w.kv_positions * 2 * 8 * 4 == 2 * 2 * B * (M + 1) * 2 * 8 * 4
+
+
+def test_an_environment_run_of_the_single_turn_length_is_the_single_turn_estimate():
+    """env.max_tokens = P + T: every term is the single-turn run's (the training forwards over the same
+    P + T tokens, T of them scored) but the static engine's spare slot (one position of KV cache and
+    its one-layer share); the description says the trajectory's length."""
+    cfg = LlamaConfig(**KV_MODEL)
+    shape = dict(rollout_batch_size=16, minibatch_size=8, micro_batch_size=4, max_prompt_len=48, max_new_tokens=80)
+    for overrides in ((), ("model.precision=bf16-mixed", "model.gradient_checkpointing=true")):
+        single = estimate_of(cfg, *overrides, critic=False, workload=Workload(**shape))
+        for engine in ("eager", "static"):
+            env = estimate_of(cfg, *overrides, critic=False, workload=Workload(**shape, env_max_tokens=128, engine=engine))
+            assert env.train == single.train and env.roles == single.roles and env.train_notes == single.train_notes
+            c = 2 if overrides else 4
+            position = 2 * 24 * 16 * 4 * 32 * c  # one position of KV cache for the batch
+            slot = position + position // 24 if engine == "static" else 0
+            assert {k: v for k, v in env.generate.items() if k != SAMPLING} == {
+                k: v for k, v in single.generate.items() if k != SAMPLING}
+            assert env.generate[SAMPLING] - single.generate[SAMPLING] == slot
+            cache = "KV cache 129 slots, static engine" if engine == "static" else "eager engine"
+            assert env.description == single.description + f", trajectories of 128 tokens (env.max_tokens; {cache})"

@@ -19,7 +19,8 @@ from fourfold.models.plan import FULL, plan_roles
 
 def workload_of(stage: str, cfg, nproc: int = 1) -> Workload:
     """The :class:`~fourfold.models.estimate.settings.Workload` of a ``ppo`` or ``reinforce`` config run
-    on ``nproc`` devices: its batch sizes and lengths and ``generation.weights``."""
+    on ``nproc`` devices: its batch sizes and lengths, ``generation.weights`` and ``.engine``, and with
+    ``env.factory`` set (a multi-turn environment run) ``env.max_tokens``."""
     if stage == "ppo":
         algo = cfg.ppo
         batch = dict(rollout_batch_size=algo.rollout_batch_size, minibatch_size=algo.minibatch_size,
@@ -30,8 +31,10 @@ def workload_of(stage: str, cfg, nproc: int = 1) -> Workload:
     plan = plan_roles(stage, cfg)
     policy = plan.role("policy")  # auto: gathered for a policy FSDP shards itself (a LoRA policy's base is not its own)
     weights = resolve_weights(cfg.generation.weights, nproc > 1 and policy.form == FULL and policy.placement == "fsdp")
+    env = getattr(cfg, "env", None)
+    env_max_tokens = env.max_tokens if env is not None and env.factory is not None else None
     return Workload(nproc=nproc, max_prompt_len=cfg.data.max_prompt_len, max_new_tokens=cfg.generation.max_new_tokens,
-                    engine_weights=weights, **batch)
+                    engine_weights=weights, env_max_tokens=env_max_tokens, engine=cfg.generation.engine, **batch)
 
 
 def estimate_config(stage: str, cfg, nproc: int = 1) -> Estimate:

@@ -12,7 +12,9 @@ Parameter counts are exact (:mod:`fourfold.models.estimate.params`: each model b
 ``config.json`` on the meta device, LoRA adapters as peft creates them); bytes follow the plan's
 dtypes and precision (``fp32``, ``bf16-mixed``, ``bf16``); a shared LoRA base is counted once; FSDP
 divides what the plan places ``fsdp`` by the number of devices and adds its gather buffers; the
-rollout engine's inference copy of the policy (``engine_weights``) is resident in both phases. The
+rollout engine's inference copy of the policy (``engine_weights``) is resident in both phases. An
+environment run (``Workload.env_max_tokens``) has its KV cache and training forwards over the whole
+trajectory (``Workload.seq_len``, ``kv_positions``) in place of the prompt and one response. The
 model in full, term by term (with what it leaves out: the allocator's caching, CUDA workspaces, the
 tokenizer, the rollout buffers), is in docs/estimate.md.
 """
@@ -117,8 +119,7 @@ def _train_terms(role: RoleCost, s: EstimateInput) -> dict:
     shape, n = role.shape, s.nproc
     micro = math.ceil((s.workload.micro_batch_size or s.workload.minibatch_size) / n)
     n_micro = math.ceil(math.ceil(s.workload.minibatch_size / n) / micro)
-    T = s.workload.max_new_tokens
-    seq = s.workload.max_prompt_len + T
+    T, seq = s.workload.response_tokens, s.workload.seq_len  # P + T, or env.max_tokens in an environment run
     tokens = micro * seq
     h, L = shape.hidden, shape.layers
     autocast_fp32 = s.precision == "bf16-mixed" and role.res_bytes == 4  # casts of fp32 activations
@@ -179,8 +180,7 @@ def _forward_bytes(role: RoleCost, b: int, seq: int, c: int) -> int:
 
 def _scoring_bytes(roles: dict[str, Optional[RoleCost]], s: EstimateInput, b: int) -> int:
     """The largest scoring pass (reference with its logits and log-prob blocks; reward; critic)."""
-    T = s.workload.max_new_tokens
-    seq = s.workload.max_prompt_len + T
+    T, seq = s.workload.response_tokens, s.workload.seq_len
     passes = {}
     for name in ("reference", "reward", "critic"):
         role = roles[name]
@@ -197,11 +197,13 @@ def _scoring_bytes(roles: dict[str, Optional[RoleCost]], s: EstimateInput, b: in
 
 
 def _sampling_bytes(policy: RoleCost, s: EstimateInput, b: int) -> int:
-    """KV cache (plus one layer while it grows) + the larger of the prefill and a sampling step."""
+    """KV cache (plus one layer while it grows) + the larger of the (first observation's) prefill and
+    a sampling step: the cache holds ``kv_positions`` per row (P + T; an environment run's
+    env.max_tokens, + 1 slot on the static engine)."""
     sh = policy.shape
     c = _compute_bytes(policy, s)
-    kv = 2 * sh.layers * b * (s.workload.max_prompt_len + s.workload.max_new_tokens) * sh.kv_heads * sh.head_dim * c
-    prefill = _forward_bytes(policy, b, s.workload.max_prompt_len, c) + b * sh.vocab * c
+    kv = 2 * sh.layers * b * s.workload.kv_positions * sh.kv_heads * sh.head_dim * c
+    prefill = _forward_bytes(policy, b, s.workload.prompt_tokens, c) + b * sh.vocab * c
     step = b * sh.vocab * (c + 16)
     return kv + kv // sh.layers + max(prefill, step)
 
@@ -284,4 +286,13 @@ def _describe(s: EstimateInput) -> str:
         f", {' and '.join(replicated)} replicated" if replicated else "")
     devices = f"{s.nproc} device" + ("s" + placed if s.nproc > 1 else "")
     ckpt = ", gradient checkpointing" if plan.gradient_checkpointing else ""
-    return f"{mode}, {s.precision}{ckpt}, {devices}"
+    return f"{mode}, {s.precision}{ckpt}, {devices}{_env_length(s.workload)}"
+
+
+def _env_length(w: Workload) -> str:
+    """An environment run's lengths, e.g. ``, trajectories of 512 tokens (env.max_tokens; KV cache 513
+    slots, static engine)``; "" for a single-turn run (its lengths are the config's P + T)."""
+    if w.env_max_tokens is None:
+        return ""
+    cache = f"KV cache {w.kv_positions} slots, static engine" if w.engine == "static" else "eager engine"
+    return f", trajectories of {w.seq_len} tokens (env.max_tokens; {cache})"

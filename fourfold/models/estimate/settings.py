@@ -17,6 +17,7 @@ import torch
 from fourfold.models.plan import FULL, FUNCTION, RolePlan, RoleSpec
 
 ENGINE_WEIGHTS = ("live", "gathered", "copy")
+ENGINES = ("eager", "static")
 DTYPE_BYTES = {torch.float32: 4, torch.bfloat16: 2, torch.float16: 2}
 ESTIMATED_STAGES = ("ppo", "reinforce")
 
@@ -46,15 +47,54 @@ class Workload:
     the rollout (with ``nproc`` > 1: its whole weights on every device while sampling); ``copy``, a
     resident inference copy (bf16 under bf16-mixed and bf16, else the policy's weights dtype; a LoRA
     policy's copy is its base with the adapter merged)."""
+    env_max_tokens: Optional[int] = None
+    """``env.max_tokens`` of a multi-turn environment run (``env.factory`` set): the most tokens of
+    one trajectory (the first observation, the policy's turns, the later observations), the length
+    the rollout's KV cache and the training forwards run over; None = a single-turn run."""
+    engine: str = "eager"
+    """``generation.engine``: with ``env_max_tokens``, the static engine's turn cache holds
+    ``env_max_tokens + 1`` slots, the eager engine's grows to the trajectory's length (a
+    single-turn run's cache is ``P + T`` positions on either)."""
+
+    @property
+    def prompt_tokens(self) -> int:
+        """The first observation's tokens: P (``max_prompt_len``); in an environment run at most
+        ``env_max_tokens - 1`` (a first observation must leave the policy a token)."""
+        return self.max_prompt_len if self.env_max_tokens is None else min(self.max_prompt_len, self.env_max_tokens - 1)
+
+    @property
+    def response_tokens(self) -> int:
+        """The positions after the first observation that the training forwards score (the LM head's
+        ``T``): ``max_new_tokens``; in an environment run the rest of the trajectory,
+        ``env_max_tokens - prompt_tokens`` (the policy's turns and the later observations)."""
+        return self.max_new_tokens if self.env_max_tokens is None else self.env_max_tokens - self.prompt_tokens
+
+    @property
+    def seq_len(self) -> int:
+        """Tokens of one row of the rollout and of the training forwards: ``P + T``, or
+        ``env_max_tokens`` in an environment run."""
+        return self.prompt_tokens + self.response_tokens
+
+    @property
+    def kv_positions(self) -> int:
+        """Positions of the rollout's KV cache per row: ``seq_len``, plus the static engine's spare
+        slot in an environment run (its turn cache is ``env_max_tokens + 1`` slots)."""
+        spare = self.env_max_tokens is not None and self.engine == "static"
+        return self.seq_len + int(spare)
 
     def validate(self) -> None:
-        """Raise ValueError on a size below 1 or an unknown ``engine_weights``."""
+        """Raise ValueError on a size below 1, an ``env_max_tokens`` below 2 or an unknown
+        ``engine_weights`` or ``engine``."""
         sizes = (self.rollout_batch_size, self.minibatch_size, self.micro_batch_size or 1, self.max_prompt_len,
                  self.max_new_tokens, self.nproc)
         if min(sizes) < 1:
             raise ValueError("batch sizes, lengths and nproc must be >= 1")
+        if self.env_max_tokens is not None and self.env_max_tokens < 2:
+            raise ValueError(f"env_max_tokens must be >= 2, got {self.env_max_tokens}")
         if self.engine_weights not in ENGINE_WEIGHTS:
             raise ValueError(f"engine_weights {self.engine_weights!r}: expected one of {', '.join(ENGINE_WEIGHTS)}")
+        if self.engine not in ENGINES:
+            raise ValueError(f"engine {self.engine!r}: expected one of {', '.join(ENGINES)}")
 
 
 def dtype_bytes(dtype: Optional[torch.dtype]) -> int:
@@ -121,4 +161,4 @@ class EstimateInput:
         return self.nproc > 1 and self.placement(spec) == "fsdp"
 
 
-__all__ = ["DTYPE_BYTES", "ENGINE_WEIGHTS", "EstimateInput", "Workload", "dtype_bytes"]
+__all__ = ["DTYPE_BYTES", "ENGINES", "ENGINE_WEIGHTS", "EstimateInput", "Workload", "dtype_bytes"]
