@@ -241,7 +241,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         overrides.insert(0, "quick=true")
     if getattr(args, "fresh", False):
         overrides.append("fresh=true")
-    finished, cfg = False, None
+    finished, together, cfg = False, False, None
     try:
         from fourfold.config import load_config
 
@@ -254,8 +254,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         finished = True
     except FourfoldError as e:
         if dist.world().is_main or isinstance(e, dist.PeerLostError):
-            print(f"fourfold {args.stage}: error: {e}", file=sys.stderr)
+            print(f"fourfold {args.stage}: error: {e}", file=sys.stderr, flush=True)
             _print_user_traceback(e)
+        together = dist.raised_on_every_rank(e)  # every rank alive: none exits before rank 0 has said it
         return 2
     except KeyboardInterrupt as e:
         if dist.world().is_main:  # how the run stopped, on stdout with the rest of what it said
@@ -269,7 +270,7 @@ def main(argv: Sequence[str] | None = None) -> int:
               "(killed or crashed; torchrun names it), so this one stops", file=sys.stderr)
         return 2
     finally:
-        dist.shutdown(sync=finished)
+        dist.shutdown(sync=finished, settle=together)
     return 0
 
 

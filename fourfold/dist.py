@@ -123,11 +123,13 @@ def started() -> bool:
     return tdist.is_available() and tdist.is_initialized()
 
 
-def shutdown(*, sync: bool = False) -> None:
+def shutdown(*, sync: bool = False, settle: bool = False) -> None:
     """Destroy the process group if one was started (end of a run). ``sync`` (a run that ended well
     on every rank): wait for every rank first, so no rank tears its connections down while a peer
     still uses them (gloo then aborts the peer: "terminate called without an active exception").
-    Without ``sync`` (an error, a lost peer) nothing waits.
+    Without ``sync`` (an error, a lost peer) nothing waits. ``settle`` (an error raised on every rank
+    at once, :func:`raised_on_every_rank`): wait for every rank as ``sync`` does, so rank 0 has
+    printed it before any rank exits, but a peer gone meanwhile ends the wait, not the process.
 
     Before the group goes, a garbage collection: the run's sharded modules sit in reference cycles
     (module <-> hooks <-> FSDP state) that keep references to the group and its work objects, so
@@ -137,6 +139,11 @@ def shutdown(*, sync: bool = False) -> None:
     if tdist.is_available() and tdist.is_initialized():
         if sync:
             tdist.barrier()
+        elif settle:
+            try:
+                tdist.barrier()
+            except Exception:  # a peer that exited meanwhile: the error is said; nothing to wait for
+                pass
         gc.collect()
         tdist.destroy_process_group()
 
@@ -286,6 +293,14 @@ def raise_first_error(error: Optional[BaseException]) -> None:
         return
     parts = all_gather_objects(_portable(error))
     rank = next(r for r, part in enumerate(parts) if part is not None)
-    if rank == world().rank and error is not None:
-        raise error
-    raise _copy(*parts[rank], rank=rank)
+    raised = error if rank == world().rank and error is not None else _copy(*parts[rank], rank=rank)
+    if parts[rank][0] is not None and isinstance(raised, parts[rank][0]):  # fourfold's own on every rank
+        raised.on_every_rank = True  # all alive, all stopping with it: see raised_on_every_rank
+    raise raised
+
+
+def raised_on_every_rank(error: BaseException) -> bool:
+    """Whether ``error`` (fourfold's own) was raised on every rank at once (:func:`raise_first_error`):
+    then every rank is alive and stops with it, and may wait for the others at :func:`shutdown`
+    (``settle``), so that no rank exits, and torchrun stops the rest, before rank 0 has printed it."""
+    return bool(getattr(error, "on_every_rank", False))

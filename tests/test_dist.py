@@ -127,7 +127,9 @@ def test_an_error_of_one_rank_is_raised_on_every_rank_with_its_message(monkeypat
         if error is user:
             assert type(copy.value) is UserCodeError and str(copy.value) == str(user)
             assert copy.value.__cause__ is None and user_traceback(copy.value) == text
+            assert dist.raised_on_every_rank(copy.value) and dist.raised_on_every_rank(own.value)  # both settle
         else:
+            assert not dist.raised_on_every_rank(copy.value)  # rank 1's KeyError escapes its CLI: no wait for it
             assert type(copy.value) is dist.PeerLostError
             assert str(copy.value) == ("rank 1 of 2 raised KeyError: 'no such move' (its traceback is in that rank's "
                                        "output), so this one stops")

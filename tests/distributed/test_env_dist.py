@@ -226,7 +226,9 @@ def test_an_environment_failing_on_one_rank_stops_every_rank_with_the_one_proces
         err[-3000:]
     assert err.count("\nValueError: the board has no square z9\n") == 1  # the user's traceback, once (rank 0's copy)
     exits = dict(re.findall(r"rank +: (\d+) \(local_rank.*\n +exitcode +: (-?\d+)", err))  # torchrun's summary
-    assert exits["0"] == "2", err[-3000:]  # rank 0 stopped by itself with the error (rank 1 may be SIGTERMed on its way out)
+    # every rank stopped with the error (2) after rank 0 printed it (the ranks wait for each other at
+    # shutdown); torchrun SIGTERMs (-15) a rank still exiting when the first is gone
+    assert set(exits) == {"0", "1"} and set(exits.values()) <= {"2", "-15"} and "2" in exits.values(), err[-3000:]
     for out in ("one", "two"):  # iteration 1 kept: its checkpoint, its metrics row (the same in both runs)
         assert latest_checkpoint(tmp_path / out).name == "step-00000001"
     assert len(metric_rows(tmp_path / "two")) == 1

@@ -124,7 +124,10 @@ def test_a_stop_signal_to_one_rank_stops_every_rank_at_one_checkpoint(stopped):
     said = stopped["stdout"].count(f"fourfold sft: interrupted after step {stopped['step']}; kept checkpoint ")
     assert said == 1, stopped["stdout"][-3000:] + stopped["stderr"][-3000:]  # on stdout, with the run's lines
     assert "exitcode  : 130" in stopped["stderr"] and "fourfold sft: error" not in stopped["stderr"]
-    assert metric_rows(stopped["out"])[-1]["step"] == stopped["step"] > 4
+    # >= 4: the signal is sent once step 4's checkpoint directory exists; one that lands while that
+    # checkpoint is being finished stops at step 4 (the flag is read again after a checkpoint),
+    # which a loaded machine makes likely (seen once: step 4)
+    assert metric_rows(stopped["out"])[-1]["step"] == stopped["step"] >= 4
 
 
 def test_resume_after_the_stop_continues_exactly(dist_data, stopped, clean, tmp_path):
