@@ -18,8 +18,19 @@ figures are those of the last one (AdamW state allocated). Beside them, what
   measured 210-218 MiB in two runs).
 * CUDA: ``torch.cuda.max_memory_allocated`` per phase (reset before each).
 
+``--env``: an environment run (``env.factory`` set) through the trainer's functions for it
+(collect_turns -> turn_advantages -> ppo_update, as ``fourfold ppo`` calls them): one toy
+environment per row (:class:`FixedObservations`) whose first observation is ``--prompt-len``
+tokens (BOS + words of a word-level tokenizer over the model's vocabulary) and whose every later
+observation is ``--obs-len`` tokens, never done; turns of ``--response-len`` tokens (EOS off), so
+every trajectory reaches ``--env-max-tokens`` (default: 3 turns and 2 observations after the
+prompt). The estimate is the one of the same run's ``env.max_tokens`` (``Workload.env_max_tokens``,
+eager engine); the JSON line adds an ``env`` object (its settings and the trajectory lengths
+measured, min and max).
+
     python benchmarks/estimate_vs_measured.py                   # workload W, fp32 on CPU
     python benchmarks/estimate_vs_measured.py --hidden 512 --layers 8 --heads 8
+    python benchmarks/estimate_vs_measured.py --env                             # W as an environment run
     python benchmarks/estimate_vs_measured.py --device cuda --precision bf16-mixed --hidden 896 --layers 24 \
         --heads 14 --intermediate 4864 --vocab 32000 --batch 64 --prompt-len 64 --response-len 128 --minibatch 16
 """
@@ -89,9 +100,52 @@ def parse(argv):
     p.add_argument("--precision", default="fp32", choices=["fp32", "bf16", "bf16-mixed"])
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     p.add_argument("--temperature", type=float, default=0.7)
+    p.add_argument("--env", action="store_true", help="an environment run (collect_turns) of fixed-length observations")
+    p.add_argument("--obs-len", type=int, default=8, help="--env: tokens of each later observation")
+    p.add_argument("--env-max-tokens", type=int, default=None,
+                   help="--env: env.max_tokens (default: prompt + 3 turns + 2 observations)")
     add_mode_args(p)  # --lora, --critic-mode, --reward-mode, --grad-ckpt, --frozen-dtype
     p.set_defaults(concurrent=False)
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.env and args.env_max_tokens is None:
+        args.env_max_tokens = args.prompt_len + 3 * args.response_len + 2 * args.obs_len
+    if not args.env:
+        args.env_max_tokens = None  # single-turn: model_config's and estimate_of's lengths are P + T
+    return args
+
+
+class FixedObservations:
+    """A toy environment: ``reset()`` is ``first`` (a text), every ``step()`` answers ``obs`` with
+    reward 1.0 and is never done, so a trajectory ends at env.max_tokens (or env.max_turns)."""
+
+    def __init__(self, first: str, obs: str):
+        self.first, self.obs = first, obs
+
+    def reset(self) -> str:
+        return self.first
+
+    def step(self, action: str):
+        return self.obs, 1.0, False
+
+
+def env_setup(args, roles):
+    """(env config, environments maker, tokenizer) of ``--env``: a word-level tokenizer whose ids are
+    the model's vocabulary (pad 0, BOS 1, EOS 2, unk 3, then words), the first observation BOS +
+    ``prompt_len - 1`` words, each later one ``obs_len`` words."""
+    from fourfold.config import EnvConfig
+    from fourfold.rollout.env import BoundEnv
+    from fourfold.tasks.tokenizer import build_word_tokenizer
+
+    words = [f"w{i}" for i in range(4, args.vocab)]
+    tok = build_word_tokenizer(words)
+    if len(tok) != args.vocab or args.prompt_len < 2 or args.obs_len < 1:
+        raise SystemExit("--env: needs --vocab > 4, --prompt-len >= 2 and --obs-len >= 1")
+    first = " ".join(words[i % len(words)] for i in range(args.prompt_len - 1))
+    obs = " ".join(words[-1 - i % len(words)] for i in range(args.obs_len))
+    env = EnvConfig(factory="benchmark:FixedObservations", max_turns=args.env_max_tokens,
+                    max_tokens=args.env_max_tokens, truncation="bootstrap")
+    make = lambda: [BoundEnv(FixedObservations(first, obs), "FixedObservations", f"row {i}") for i in range(args.batch)]
+    return env, make, tok
 
 
 def build(args, device):
@@ -110,14 +164,16 @@ def build(args, device):
     return cfg, roles, algo, gen, make_optim(roles, algo)
 
 
-def run_iterations(args, device, phase) -> object:
+def run_iterations(args, device, phase, lengths: list | None = None) -> object:
     """Build the workload and run its iterations; ``phase(name)`` is a context manager around the
-    generation (collect + advantages) and the training (ppo_update) of each. Returns the config."""
+    generation (collect + advantages; ``--env``: collect_turns + turn_advantages) and the training
+    (ppo_update) of each; ``lengths`` gets the last iteration's row lengths. Returns the config."""
     import torch
 
     from fourfold.rollout.eager import EagerEngine
     from fourfold.rollout.noise import RowNoise
     from fourfold.run.optim import NonFiniteGuard
+    from fourfold.trainers.env_rollouts import collect_turns, turn_advantages
     from fourfold.trainers.ppo import compute_advantages, ppo_update
     from fourfold.trainers.rollouts import collect
 
@@ -131,11 +187,21 @@ def run_iterations(args, device, phase) -> object:
     cfg, roles, algo, gen, opt = build(args, device)
     guard = NonFiniteGuard(limit=10**9)
     prompts = torch.randint(2, args.vocab, (args.batch, args.prompt_len), device=device)
+    if args.env_max_tokens is not None:
+        env, make_envs, tok = env_setup(args, roles)
+        roles.tokenizer = tok
     for it in range(args.iterations):
         with phase("generate_peak_mib"), autocast(cache=True):
-            col = collect(roles, [""] * args.batch, prompts, torch.ones_like(prompts), gen, engine=EagerEngine(),
-                          kl_coef=algo.kl_coef, noise=RowNoise(0, it + 1))  # the trainer's sampling
-            rollout = compute_advantages(col.rollout, algo)
+            if args.env_max_tokens is not None:  # RLSteps._turns' call, on the eager engine
+                col = collect_turns(roles, make_envs, env, gen, kl_coef=algo.kl_coef, noise=RowNoise(0, it + 1),
+                                    max_first_tokens=args.prompt_len, engine=EagerEngine())
+                rollout = turn_advantages(col, algo)
+            else:
+                col = collect(roles, [""] * args.batch, prompts, torch.ones_like(prompts), gen, engine=EagerEngine(),
+                              kl_coef=algo.kl_coef, noise=RowNoise(0, it + 1))  # the trainer's sampling
+                rollout = compute_advantages(col.rollout, algo)
+        if lengths is not None:
+            lengths[:] = rollout.context["attention_mask"].sum(1).tolist()
         with phase("train_peak_mib"), autocast(cache=False):
             ppo_update(roles, rollout, algo, opt, gen.temperature, guard, it)
     return cfg
@@ -145,19 +211,22 @@ def predict(args, cfg) -> dict:
     """The estimate for the workload's settings, in MiB."""
     from ppo_iteration import estimate_of
 
-    est = estimate_of(args, cfg)
+    est = estimate_of(args, cfg, env_max_tokens=args.env_max_tokens)
     return {"generate_peak_mib": est.generate_peak_bytes / MiB, "train_peak_mib": est.train_peak_bytes / MiB,
             "peak_mib": est.peak_bytes / MiB}
 
 
-def measure(args, device) -> tuple[dict, dict, object]:
-    """(baselines, measured peaks above the baseline, the workload's config); sizes in MiB."""
+def measure(args, device, lengths: list | None = None) -> tuple[dict, dict, object]:
+    """(baselines, measured peaks above the baseline, the workload's config); sizes in MiB;
+    ``lengths``: gets the last iteration's row lengths."""
     import torch
 
     cuda = device.type == "cuda"
     imports = rss_bytes()
     tiny = {"hidden": 32, "layers": 1, "heads": 2, "intermediate": None, "vocab": 64, "batch": 4, "prompt_len": 4,
             "response_len": 4, "minibatch": 2, "micro_batch": None, "iterations": 1}
+    if args.env:  # the environment path's imports and set-up belong to the baseline too
+        tiny |= {"obs_len": 2, "env_max_tokens": 4 + 4 + 2 + 4}
     run_iterations(argparse.Namespace(**{**vars(args), **tiny}), device, lambda name: contextlib.nullcontext())
     baseline = torch.cuda.memory_allocated(device) if cuda else rss_bytes()
     sampler = None if cuda else RssSampler()
@@ -176,7 +245,7 @@ def measure(args, device) -> tuple[dict, dict, object]:
         peak = torch.cuda.max_memory_allocated(device) if cuda else sampler.read()
         measured[name] = (peak - baseline) / MiB  # the last iteration's
 
-    cfg = run_iterations(args, device, phase)
+    cfg = run_iterations(args, device, phase, lengths)
     if cuda:
         measured["peak_mib"] = max(measured.values())
     else:
@@ -197,7 +266,8 @@ def main(argv=None) -> dict:
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     t0 = time.perf_counter()
-    baselines, measured, cfg = measure(args, torch.device(args.device))
+    lengths: list = []
+    baselines, measured, cfg = measure(args, torch.device(args.device), lengths)
     predicted = predict(args, cfg)
     ratio = predicted["peak_mib"] / measured["peak_mib"] if measured["peak_mib"] > 0 else None  # tiny runs: noise
     result = {
@@ -214,6 +284,9 @@ def main(argv=None) -> dict:
                                                     "micro_batch", "iterations", "precision", "grad_ckpt", "device",
                                                     "lora", "critic_mode", "reward_mode", "frozen_dtype")}
                     | {"threads": torch.get_num_threads()},
+        **({"env": {"max_tokens": args.env_max_tokens, "obs_len": args.obs_len, "turn_len": args.response_len,
+                    "max_turns": args.env_max_tokens, "engine": "eager", "stop_at_eos": False,
+                    "trajectory_tokens": [min(lengths), max(lengths)]}} if args.env else {}),
         "allocator_env": allocator_env(args),
         "torch": torch.__version__,
         "python": platform.python_version(),

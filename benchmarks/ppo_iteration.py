@@ -58,7 +58,8 @@ def model_config(args):
     from fourfold.models.factory import llama_config
 
     return llama_config(args.vocab, args.hidden, args.layers, args.heads, args.intermediate,
-                        max_positions=args.prompt_len + args.response_len + 8, pad_token_id=0, eos_token_id=1)
+                        max_positions=max(args.prompt_len + args.response_len, getattr(args, "env_max_tokens", None) or 0) + 8,
+                        pad_token_id=0, eos_token_id=1)
 
 
 def workload_plan(args):
@@ -159,15 +160,17 @@ def collectives(prof, iterations: int) -> dict:
             for k, v in sorted(out.items())}
 
 
-def estimate_of(args, cfg, nproc: int = 1):
-    """What :mod:`fourfold.models.estimate.memory` predicts for the workload's plan on ``nproc`` devices."""
+def estimate_of(args, cfg, nproc: int = 1, env_max_tokens: int | None = None):
+    """What :mod:`fourfold.models.estimate.memory` predicts for the workload's plan on ``nproc`` devices
+    (``env_max_tokens``: an environment run's env.max_tokens, on the eager engine)."""
     from fourfold.config.ppo import resolve_weights
     from fourfold.models.estimate.memory import Workload, estimate
 
     weights = resolve_weights(getattr(args, "weights", "auto"), nproc > 1 and getattr(args, "fsdp", False) and not args.lora)
     workload = Workload(rollout_batch_size=args.batch, minibatch_size=args.minibatch,
                         micro_batch_size=getattr(args, "micro_batch", None), max_prompt_len=args.prompt_len,
-                        max_new_tokens=args.response_len, nproc=nproc, engine_weights=weights)
+                        max_new_tokens=args.response_len, nproc=nproc, engine_weights=weights,
+                        env_max_tokens=env_max_tokens, engine="eager")
     return estimate(workload_plan(args), workload, {SYNTHETIC: cfg})
 
 

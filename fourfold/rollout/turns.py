@@ -91,8 +91,8 @@ class TurnBatch:
     """A batch of trajectories as tensors. ``samples``: the single-turn layout (``response_mask``
     = policy mask over the rest, ``attention_mask`` 1 on every real token, ``finished`` = the last
     turn ended by EOS or a stop string); ``turn_ids [B, T]`` (-1 off the policy tokens);
-    ``turn_rewards [B, N]`` (0 past a row's stepped turns); ``done``, ``truncated`` ``[B]`` bool;
-    ``n_turns [B]``; ``observation_tokens [B]`` (the later observations' tokens)."""
+    ``turn_rewards [B, N]`` (N: the most turns of a row, stepped or not; 0 past a row's stepped
+    turns); ``done``, ``truncated`` ``[B]`` bool; ``n_turns [B]``; ``observation_tokens [B]`` (the later observations' tokens)."""
 
     samples: Samples
     turn_ids: torch.Tensor
@@ -127,7 +127,8 @@ def stack_trajectories(trajs: Sequence[Trajectory], pad_token_id: int, device=No
         sequences=torch.cat([prompt, rest], 1), attention_mask=torch.cat([prompt_mask, real], 1),
         response_mask=policy.float(), logprobs=_pad([t.logprobs for t in trajs], 0.0, False, torch.float32),
         finished=torch.tensor([t.ended for t in trajs]), entropy=_pad([t.entropy for t in trajs], 0.0, False, torch.float32))
-    n_max = max((len(t.turn_rewards) for t in trajs), default=0)
+    # every turn has a column, a last one cut by max_tokens (never stepped: no reward) too
+    n_max = max((max(len(t.turn_rewards), t.n_turns) for t in trajs), default=0)
     batch = TurnBatch(
         samples=samples, turn_ids=_pad([t.turn for t in trajs], -1, False, torch.long),
         turn_rewards=_pad([t.turn_rewards + [0.0] * (n_max - len(t.turn_rewards)) for t in trajs], 0.0, False, torch.float32),

@@ -180,6 +180,26 @@ def test_truncation_by_max_turns_and_by_max_tokens(model, tok):
         _run(model, tok, turns=1, max_tokens=5)
 
 
+def test_every_row_s_last_turn_cut_by_max_tokens_still_has_its_reward_column():
+    """A batch whose every row ends in a turn cut by max_tokens (not stepped: no reward) stacks to
+    ``turn_rewards`` with a column per turn (0 on the cut one), so rule 3 can place them."""
+    from fourfold.core.turns import place_turn_rewards
+
+    rows = []
+    for r in (0.5, -1.0):
+        traj = Trajectory(prompt=[1, 5])
+        traj.add_turn([6, 7], [-0.1, -0.2])
+        traj.turn_rewards.append(r)
+        traj.add_observation([8])
+        traj.add_turn([9], [-0.3])  # cut: never stepped
+        traj.truncated = True
+        rows.append(traj)
+    batch = stack_trajectories(rows, 0)
+    assert batch.turn_rewards.tolist() == [[0.5, 0.0], [-1.0, 0.0]] and batch.n_turns.tolist() == [2, 2]
+    placed = place_turn_rewards(batch.turn_rewards, batch.turn_ids)
+    assert placed.tolist() == [[0.0, 0.5, 0.0, 0.0], [0.0, -1.0, 0.0, 0.0]]  # over ids: turn 0 ends at 1
+
+
 def test_one_turn_is_the_plain_rollout_scored_by_the_reward_function(model, tok):
     """A single-turn environment whose reward is a reward function: the same tokens, masks,
     log-probs, entropies and scores as the plain eager rollout scored by that function."""
