@@ -246,10 +246,9 @@ def all_reduce_checked(values: Sequence[int], error: Optional[BaseException], op
             raise error
         return list(values)
     cuda = tdist.get_backend() == "nccl"  # NCCL reduces CUDA tensors only, gloo CPU ones
-    out = torch.tensor([*values, int(error is not None)], dtype=torch.long,
-                       device=torch.device("cuda", torch.cuda.current_device()) if cuda else "cpu")
-    tdist.all_reduce(out, op=getattr(tdist.ReduceOp, op))
-    *reduced, failed = out.tolist()
+    flagged = torch.tensor([*values, int(error is not None)], dtype=torch.long,
+                           device=torch.device("cuda", torch.cuda.current_device()) if cuda else "cpu")
+    *reduced, failed = _all_reduce(flagged, op).tolist()
     if failed:
         raise_first_error(error)
     return reduced
