@@ -88,7 +88,6 @@ def test_fsdp_units_are_the_decoder_layers():
         assert decoder_layers(model) == list(layers)
 
 
-
 def _as_rank(monkeypatch, rank: int, gathered) -> None:
     """This process as rank ``rank`` of 2, whose all_gather_objects gives ``gathered(mine)``."""
     monkeypatch.setattr(dist, "world", lambda: dist.World(rank, 2, rank))
