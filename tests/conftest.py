@@ -47,3 +47,23 @@ def _write_tiny_lm(root, vocab_words=60, hidden=64, layers=2, heads=4):
 def tiny_lm(tmp_path_factory):
     """Directory with sft/, rm/, prompts.jsonl and reward_fn.py (tiny random models, no downloads)."""
     return _write_tiny_lm(tmp_path_factory.mktemp("tiny_lm"))
+
+
+def _assert_seq_ratios_within_token_bound(row: dict, max_tokens: int) -> None:
+    """What the method guarantees of a low-precision copy's sequence ratios rho_i = exp(sum_t d_t)
+    (``mismatch/seq_ratio_*`` of a metrics ``row``): some row's moves off 1 (the copy's rounding
+    reaches the sequences) and none further than its tokens allow, |log rho_i| <= ``max_tokens`` x
+    the largest token difference. Not their direction: whether some ratio lies above 1 and some below
+    is one CPU's rounding (on an AVX2-only AMD EPYC every one of a bf16 run's is below 1)."""
+    import math
+
+    lo, hi = math.log(row["mismatch/seq_ratio_min"]), math.log(row["mismatch/seq_ratio_max"])
+    bound = max_tokens * row["mismatch/token_abs_diff_max"] * (1 + 1e-5)
+    assert lo <= hi and max(-lo, hi) > 1e-6, (lo, hi)
+    assert -bound <= lo and hi <= bound, (lo, hi, bound)
+
+
+@pytest.fixture
+def seq_ratios_within_token_bound():
+    """:func:`_assert_seq_ratios_within_token_bound`, for the tests of a bf16 copy's mismatch."""
+    return _assert_seq_ratios_within_token_bound

@@ -152,7 +152,8 @@ def test_ppo_two_processes_with_the_static_engine_match_one_eager_process(ppo_ru
 
 
 # one 2-process PPO run (~8-16 s on 2 shared cores, as the replicated test above): default tier
-def test_bf16_copy_recompute_under_two_processes_makes_the_first_ratio_one(tiny_lm, tmp_path):
+def test_bf16_copy_recompute_under_two_processes_makes_the_first_ratio_one(tiny_lm, tmp_path,
+                                                                           seq_ratios_within_token_bound):
     """bf16-mixed with the engine's bf16 copy (gathered from the FSDP shards): auto = recompute, said
     once (rank 0); the mismatch is measured (~1.5e-3 per token at most) and the first minibatch's
     ratio is exactly 1 every iteration: the recompute forward is the first minibatch's own, shards
@@ -165,6 +166,6 @@ def test_bf16_copy_recompute_under_two_processes_makes_the_first_ratio_one(tiny_
     for r in rows:
         assert r["policy/first_ratio_abs_dev"] == 0.0
         assert r["mismatch/token_abs_diff_max"] > 1e-4 and r["mismatch/token_abs_diff_mean"] > 1e-5
-        assert r["mismatch/seq_ratio_min"] < 1 < r["mismatch/seq_ratio_max"]
+        seq_ratios_within_token_bound(r, max_tokens=8)  # not the direction: one CPU's rounding
     print(f"ppo bf16-mixed copy 2 procs: token_abs_diff_max {[r['mismatch/token_abs_diff_max'] for r in rows]}; "
           f"2-process wall {proc.wall_s:.1f} s")

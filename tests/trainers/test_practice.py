@@ -37,13 +37,30 @@ def _assert_float_rounding(rows) -> None:
         assert r["policy/first_ratio_abs_dev"] < 2e-6
 
 
-def test_bf16_copy_mismatch_is_measured_and_recompute_makes_the_first_ratio_one(tiny_lm, tmp_path, capsys):
+def test_the_sequence_ratio_check_holds_either_direction_and_fails_on_none_or_too_far(seq_ratios_within_token_bound):
+    """The bf16 tests' check of mismatch/seq_ratio_*: every ratio below 1 passes (an AVX2-only CPU's
+    rounding), as does one on each side; no move at all, or a move past max_tokens x the token
+    maximum, fails."""
+    import math
+
+    row = lambda lo, hi, tok: {"mismatch/seq_ratio_min": lo, "mismatch/seq_ratio_max": hi,
+                               "mismatch/token_abs_diff_max": tok}
+    seq_ratios_within_token_bound(row(0.99924, 0.99990, 4e-3), max_tokens=6)
+    seq_ratios_within_token_bound(row(0.995, 1.004, 4e-3), max_tokens=6)
+    seq_ratios_within_token_bound(row(math.exp(-0.024), 1.0, 4e-3), max_tokens=6)  # exactly at the bound
+    for bad in (row(1.0, 1.0, 4e-3), row(0.97, 1.0, 4e-3), row(1.0, 1.03, 4e-3), row(1.01, 0.99, 4e-3)):
+        with pytest.raises(AssertionError):
+            seq_ratios_within_token_bound(bad, max_tokens=6)
+
+
+def test_bf16_copy_mismatch_is_measured_and_recompute_makes_the_first_ratio_one(tiny_lm, tmp_path, capsys,
+                                                                                   seq_ratios_within_token_bound):
     bf16 = {"model.precision": "bf16-mixed", "generation.weights": "copy"}
     rows = _run(tiny_lm, tmp_path / "auto", **bf16)  # auto = recompute under bf16-mixed
     assert "ppo.old_logprobs: auto = recompute (model.precision bf16-mixed" in capsys.readouterr().out
     for r in rows:
         assert r["mismatch/token_abs_diff_max"] > 1e-4 and r["mismatch/token_abs_diff_mean"] > 0
-        assert r["mismatch/seq_ratio_min"] < 1 < r["mismatch/seq_ratio_max"]
+        seq_ratios_within_token_bound(r, max_tokens=6)  # not the direction: one CPU's rounding
         assert r["policy/first_ratio_abs_dev"] == 0.0  # exactly: pi_old is the first minibatch's own forward
     engine = _run(tiny_lm, tmp_path / "engine", **bf16, **{"ppo.old_logprobs": "engine"})
     assert engine[0]["policy/first_ratio_abs_dev"] > 1e-5  # the clip would act on bf16 rounding
