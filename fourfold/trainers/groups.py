@@ -17,7 +17,8 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from fourfold.core import Rollout, group_keep, zero_std_groups
+from fourfold.config import PPOAlgoConfig
+from fourfold.core import Rollout, frac_zero_std, group_keep, zero_std_groups
 from fourfold.trainers.rollouts import Collected
 
 
@@ -98,3 +99,18 @@ def fill_groups(first: Collected, draw: Callable[[int], Collected], group_size: 
     rows = (groups[:, None] * group_size + torch.arange(group_size)).reshape(-1)
     metrics = {"reward/filtered_groups": float(dropped.sum()), "reward/filter_batches": float(len(parts))}
     return select_collected(col, rows), metrics
+
+
+def collect_groups(rl, it: int, algo: PPOAlgoConfig, kl_ctl, concurrent: bool) -> tuple:
+    """Steps 1-4 of iteration ``it`` (the loop's :meth:`~fourfold.trainers.rl.RLSteps.rollout`, ``rl``)
+    and, with ``filter_groups``, DAPO's dynamic sampling (:func:`fill_groups`): ``(collected, metrics)``."""
+    def draw(d: int):
+        return rl.rollout(it, kl_coef=kl_ctl.value if algo.kl_in == "reward" else 0.0, kl_estimator=algo.kl_estimator,
+                          samples_per_prompt=algo.samples_per_prompt, concurrent=concurrent, draw=d)
+
+    col = draw(0)
+    if not algo.filter_groups:
+        return col, {}
+    batch, metrics = fill_groups(col, draw, algo.samples_per_prompt, algo.filter_groups_max_batches,
+                                 rl.roles.tokenizer.pad_token_id)
+    return batch, {**metrics, "reward/frac_zero_std": frac_zero_std(col.rollout.scores, algo.samples_per_prompt)}

@@ -44,41 +44,34 @@ from typing import Callable, Optional, Sequence
 
 import torch
 
-from fourfold.checkpoint.format import latest_checkpoint
-from fourfold.checkpoint.plain import load_checkpoint
 from fourfold.config import PPOAlgoConfig, PPOConfig
-from fourfold.config.ppo import resolve_old_logprobs
 from fourfold.core import (
     AdaptiveKLController,
     AdvantageInputs,
     FixedKLController,
     Rollout,
     aggregate_loss,
-    aggregation_units,
     dense_logprobs,
     explained_variance,
-    frac_zero_std,
     gae,
     get_advantage_estimator,
     kl_loss,
-    last_valid_index,
     masked_mean,
     masked_var,
     masked_whiten,
-    mismatch_stats,
-    overlong_penalty,
     ppo_policy_loss,
-    rollout_correction_weights,
     value_loss,
 )
 from fourfold.errors import ConfigError
 from fourfold.models.build import Roles
 from fourfold.models.roles import ScalarModel, response_logits, response_logprobs
 from fourfold.run.optim import NonFiniteGuard, guarded_step, make_optimizer, make_schedule
-from fourfold.run.parallel import global_sum, loss_scale, rank_slice, several_ranks, sum_over_ranks
+from fourfold.run.parallel import global_sum, loss_scale, sum_over_ranks
 from fourfold.run.scaffold import RunScaffold
+from fourfold.trainers.batches import Minibatch, micro_batches, minibatches
 from fourfold.trainers.env_rollouts import turn_advantages
-from fourfold.trainers.groups import fill_groups
+from fourfold.trainers.groups import collect_groups
+from fourfold.trainers.practice import mask_truncated, prepare_old_logprobs, said_old_logprobs, shape_scores, warm_start_critic
 from fourfold.trainers.prelude import stage_roles
 from fourfold.trainers.rl import RLSteps, prepare_rewards
 from fourfold.trainers.rollouts import Probe, score_quantity
@@ -104,75 +97,6 @@ def compute_advantages(rollout: Rollout, algo: PPOAlgoConfig) -> Rollout:
         _, returns = gae(rewards, rollout.values, mask, algo.gamma, algo.critic_lam)
     rollout.advantages, rollout.returns = advantages, returns
     return rollout
-
-
-def trim(mb: Rollout) -> Rollout:
-    """Drop columns that are padding in every row of a minibatch (left of the prompts, right of the
-    longest response): same result, less compute."""
-    ids, attn = mb.context["input_ids"], mb.context["attention_mask"]
-    T = mb.mask.shape[1]
-    P = ids.shape[1] - T
-    t_keep = int(mb.mask.sum(0).nonzero().max()) + 1 if bool(mb.mask.any()) else 1
-    p_first = int(attn[:, :P].sum(0).nonzero().min()) if bool(attn[:, :P].any()) else 0
-    cols = slice(p_first, P + t_keep)
-    return mb.map(lambda x: x, steps=lambda x: x[:, :t_keep], context=lambda x: x[:, cols])
-
-
-@dataclass
-class Minibatch:
-    """This rank's share of one global minibatch: its rows (a contiguous 1/W of the minibatch) and
-    the whole minibatch's counts, which normalise every rank's loss alike."""
-
-    where: str  # for the non-finite guard's events, e.g. "iteration 3 epoch 0 minibatch 1"
-    rows: Rollout
-    units: float  # aggregation units of the whole minibatch under ppo.loss_agg (aggregation_units)
-    tokens: float  # valid tokens of the whole minibatch
-
-
-def minibatches(rollout: Rollout, algo: PPOAlgoConfig, perms: list[torch.Tensor], iteration: int) -> list[Minibatch]:
-    """The minibatches of ``ppo_epochs`` passes: epoch ``e`` takes rows ``perms[e]`` in slices of
-    ``minibatch_size``, and this rank the contiguous 1/W of each slice
-    (:func:`~fourfold.run.parallel.rank_slice`; ``perms`` and ``rollout`` are the same on every rank)."""
-    out = []
-    for e, perm in enumerate(perms):
-        for i in range(0, len(perm), algo.minibatch_size):
-            idx = perm[i : i + algo.minibatch_size]
-            mask = rollout.mask[idx]
-            out.append(Minibatch(f"iteration {iteration} epoch {e} minibatch {i // algo.minibatch_size}",
-                                 rollout.select(idx[rank_slice(len(idx))]),
-                                 float(aggregation_units(mask, algo.loss_agg)), float(mask.sum())))
-    return out
-
-
-def micro_groups(rows: Rollout, algo: PPOAlgoConfig) -> list:
-    """How a minibatch's rows split into micro-batches: slices of ``micro_batch_size`` rows in order
-    (all of them when null), or with ``micro_batch_tokens`` the rows sorted by length and grouped so
-    that each group, padded to its own longest row, holds at most that many tokens (a row longer
-    than the budget alone): no compute on padding beyond each group's longest row."""
-    n = rows.batch_size
-    if algo.micro_batch_tokens is None:
-        size = algo.micro_batch_size or n
-        return [slice(i, i + size) for i in range(0, n, size)]
-    lengths = rows.context["attention_mask"].sum(1)  # (n,) valid prompt + response tokens
-    order = torch.argsort(lengths, stable=True).tolist()
-    groups, group = [], []
-    for i in order:  # ascending: the row joining a group is its longest
-        if group and (len(group) + 1) * int(lengths[i]) > algo.micro_batch_tokens:
-            groups.append(torch.tensor(group))
-            group = []
-        group.append(i)
-    return groups + [torch.tensor(group)]
-
-
-def _micro(rows: Rollout, algo: PPOAlgoConfig, agg: str, total_units: float):
-    """The micro-batches of a minibatch's rows (:func:`micro_groups`, each trimmed), each with its
-    weight aggregation_units(part) / ``total_units`` (the whole minibatch's, for the loss
-    aggregation ``agg``: tokens for token-mean, responses for the seq-mean modes): the weighted sum
-    of every rank's parts' aggregates is the minibatch's."""
-    total = max(total_units, 1.0)
-    for rows_of_part in micro_groups(rows, algo):
-        part = trim(rows.select(rows_of_part))
-        yield part, float(aggregation_units(part.mask, agg)) / total
 
 
 def policy_loss(policy, part: Rollout, algo: PPOAlgoConfig, temperature: float, dense: bool = False
@@ -267,7 +191,7 @@ def policy_step(policy, mb: Minibatch, algo: PPOAlgoConfig, opt: Optim, temperat
     total_tokens = max(mb.tokens, 1.0)
 
     def micro_losses():
-        for part, weight in _micro(mb.rows, algo, algo.loss_agg, mb.units):
+        for part, weight in micro_batches(mb.rows, algo, algo.loss_agg, mb.units):
             loss, stats = opt.policy_loss(policy, part, algo, temperature)
             yield loss * loss_scale(weight), {"policy_loss": global_sum(loss.detach())}
             stats_sum["loss"] = stats_sum.get("loss", 0.0) + float(loss.detach()) * weight
@@ -294,7 +218,7 @@ def critic_step(critic: ScalarModel, mb: Minibatch, algo: PPOAlgoConfig, opt: Op
     stats_sum: dict[str, float] = {}
 
     def micro_losses():
-        for part, weight in _micro(mb.rows, algo, "token-mean", mb.tokens):
+        for part, weight in micro_batches(mb.rows, algo, "token-mean", mb.tokens):
             loss, stats = opt.critic_loss(critic, part, algo)
             yield loss * loss_scale(weight), {"value_loss": global_sum(loss.detach())}
             for k, v in {"loss": loss.detach(), "clipfrac": stats["clipfrac"]}.items():
@@ -310,50 +234,6 @@ def critic_step(critic: ScalarModel, mb: Minibatch, algo: PPOAlgoConfig, opt: Op
 RANK_INDEPENDENT = ("policy/grad_norm", "value/grad_norm")
 """Update statistics that are already global on every rank (the norm of the all-reduced gradient);
 the others are each rank's share, summed over ranks."""
-
-
-def trainer_logprobs(policy, rollout: Rollout, algo: PPOAlgoConfig, perm: torch.Tensor, temperature: float
-                     ) -> torch.Tensor:
-    """Step 6a: the training forward's log-probs ``[B, T]`` of the rollout's tokens (no grad), over
-    the very micro-batches of the first epoch (order ``perm``: this rank's share of each
-    minibatch, :func:`micro_groups`, each trimmed, as :func:`policy_step` runs them), so that as
-    pi_old they make the first minibatch's ratio exactly 1. Under torchrun each rank computes its
-    rows and the sum over ranks gives every rank the whole batch."""
-    out = torch.zeros_like(rollout.logprobs)
-    with torch.no_grad():
-        for i in range(0, len(perm), algo.minibatch_size):
-            idx = perm[i : i + algo.minibatch_size]
-            mine = idx[rank_slice(len(idx))]
-            rows = rollout.select(mine)
-            for group in micro_groups(rows, algo):
-                part = trim(rows.select(group))
-                ids, attn, T = part.context["input_ids"], part.context["attention_mask"], part.mask.shape[1]
-                logprobs, _ = response_logprobs(policy, ids, attn, T, temperature)
-                out[mine[group], :T] = logprobs.to(out.dtype)
-    out = out * rollout.mask.to(out.dtype)
-    return global_sum(out) if several_ranks() else out
-
-
-def prepare_old_logprobs(policy, rollout: Rollout, algo: PPOAlgoConfig, perm: torch.Tensor, temperature: float,
-                         old_logprobs: str, measure: bool) -> tuple[Rollout, dict]:
-    """Step 6a: with ``old_logprobs`` 'recompute', ``measure`` or a ``rollout_correction``, the
-    training forward's log-probs of the rollout (:func:`trainer_logprobs`) against the engine's:
-    the ``mismatch/*`` metrics, the correction's weights (``rollout.is_weights``) and, under
-    'recompute', pi_old replaced by them. Returns the rollout (a copy when changed) and metrics."""
-    correct = algo.rollout_correction != "none"
-    if old_logprobs != "recompute" and not measure and not correct:
-        return rollout, {}
-    engine_lp = rollout.logprobs
-    train_lp = trainer_logprobs(policy, rollout, algo, perm, temperature)
-    metrics = {f"mismatch/{k}": float(v) for k, v in mismatch_stats(train_lp, engine_lp, rollout.mask).items()}
-    rollout = rollout.map(lambda x: x)
-    if correct:
-        rollout.is_weights, stats = rollout_correction_weights(train_lp, engine_lp, rollout.mask,
-                                                               algo.rollout_correction, algo.correction_cap)
-        metrics.update({f"mismatch/is_{k}": float(v) for k, v in stats.items()})
-    if old_logprobs == "recompute":
-        rollout.logprobs = train_lp
-    return rollout, metrics
 
 
 def ppo_update(roles: Roles, rollout: Rollout, algo: PPOAlgoConfig, opt: Optim, temperature: float,
@@ -445,76 +325,6 @@ def value_metrics(rollout: Rollout) -> dict:
             "value/error": float(masked_mean((v - R) ** 2, m)),
             "value/returns_mean": float(masked_mean(R, m)),
             "value/returns_std": float(masked_var(R, m).clamp(min=0).sqrt()) if float(m.sum()) > 1 else 0.0}
-
-
-def shape_scores(rollout: Rollout, algo: PPOAlgoConfig, max_new_tokens: int) -> tuple[Rollout, dict]:
-    """Step 4b: DAPO's soft overlong punishment (``overlong_buffer``: the penalty added to each
-    response's score and to its last valid token's reward) and the share of groups whose scores
-    have zero spread (``reward/frac_zero_std``, group estimators: ``samples_per_prompt`` > 1).
-    A copy of the rollout when changed."""
-    metrics = {}
-    if algo.overlong_buffer is not None:
-        penalty = overlong_penalty(rollout.mask.sum(1), max_new_tokens, algo.overlong_buffer, algo.overlong_penalty)
-        penalty = penalty.to(rollout.rewards.dtype)
-        rollout = rollout.map(lambda x: x)
-        rows = torch.arange(rollout.batch_size)
-        last = last_valid_index(rollout.mask)
-        rewards = rollout.rewards.clone()
-        rewards[rows, last] += torch.where(rollout.mask.sum(1) > 0, penalty, torch.zeros_like(penalty))
-        rollout.rewards, rollout.scores = rewards, rollout.scores + penalty.to(rollout.scores.dtype)
-        metrics["reward/overlong_penalty_mean"] = float(penalty.mean())
-    if algo.samples_per_prompt > 1:
-        metrics["reward/frac_zero_std"] = frac_zero_std(rollout.scores, algo.samples_per_prompt)
-    return rollout, metrics
-
-
-def mask_truncated(rollout: Rollout, finished: torch.Tensor) -> tuple[Rollout, dict]:
-    """Step 5b (``mask_truncated``): the rows without EOS (``finished`` False) leave the losses
-    (their mask 0 after the advantages, which saw the whole batch)."""
-    keep = finished.to(rollout.mask.dtype)[:, None]
-    out = rollout.map(lambda x: x)
-    out.mask = rollout.mask * keep
-    return out, {"rollout/masked_truncated_share": float(1.0 - keep.mean())}
-
-
-def warm_start_critic(critic, path: str) -> None:
-    """``ppo.critic_from``: the critic's weights (modules/critic) of a plain checkpoint directory,
-    or of the newest checkpoint of a run directory; no optimiser, no schedule, no RNG state."""
-    from pathlib import Path
-
-    ckpt = Path(path)
-    if (ckpt / "checkpoints").is_dir():
-        found = latest_checkpoint(ckpt)
-        if found is None:
-            raise ConfigError(f"ppo.critic_from: {path} holds no complete checkpoint")
-        ckpt = found
-    if not ckpt.is_dir():
-        raise ConfigError(f"ppo.critic_from: {path} is not a directory (a checkpoints/step-N one, or a run's)")
-    load_checkpoint(ckpt, modules={"critic": critic}, restore_rng=False)
-
-
-def collect_groups(rl: RLSteps, it: int, algo: PPOAlgoConfig, kl_ctl, concurrent: bool) -> tuple:
-    """Steps 1-4 of iteration ``it`` (:meth:`RLSteps.rollout`) and, with ``filter_groups``, DAPO's
-    dynamic sampling (:func:`~fourfold.trainers.groups.fill_groups`): ``(collected, metrics)``."""
-    def draw(d: int):
-        return rl.rollout(it, kl_coef=kl_ctl.value if algo.kl_in == "reward" else 0.0, kl_estimator=algo.kl_estimator,
-                          samples_per_prompt=algo.samples_per_prompt, concurrent=concurrent, draw=d)
-
-    col = draw(0)
-    if not algo.filter_groups:
-        return col, {}
-    batch, metrics = fill_groups(col, draw, algo.samples_per_prompt, algo.filter_groups_max_batches,
-                                 rl.roles.tokenizer.pad_token_id)
-    return batch, {**metrics, "reward/frac_zero_std": frac_zero_std(col.rollout.scores, algo.samples_per_prompt)}
-
-
-def said_old_logprobs(run, algo: PPOAlgoConfig, precision: str) -> str:
-    """The run's pi_old (:func:`~fourfold.config.ppo.resolve_old_logprobs`), said in its first
-    lines (rank 0) when it is the trainer's recompute."""
-    old_logprobs, why = resolve_old_logprobs(algo, precision)
-    if old_logprobs == "recompute" and run.is_main:
-        print(f"fourfold ppo: {why}", flush=True)
-    return old_logprobs
 
 
 def train(cfg: PPOConfig, *, prompts: Optional[Sequence[str]] = None, probe: Optional[Probe] = None,

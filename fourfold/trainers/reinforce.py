@@ -25,9 +25,7 @@ from fourfold.core import (
     Rollout,
     discounted_returns,
     masked_mean,
-    mismatch_stats,
     reinforce_loss,
-    rollout_correction_weights,
 )
 from fourfold.models.build import Roles
 from fourfold.models.roles import response_logprobs
@@ -35,6 +33,7 @@ from fourfold.run.optim import guarded_step, make_optimizer, make_schedule
 from fourfold.run.parallel import global_sum, loss_scale, rank_slice, several_ranks
 from fourfold.run.scaffold import RunScaffold
 from fourfold.trainers.env_rollouts import turn_returns
+from fourfold.trainers.practice import mismatch_and_weights
 from fourfold.trainers.prelude import stage_roles
 from fourfold.trainers.rl import RLSteps, prepare_rewards
 from fourfold.trainers.rollouts import Probe, score_quantity
@@ -58,11 +57,8 @@ def rank_loss(policy, r: Rollout, returns: Tensor, baseline: Optional[Tensor], t
         train_lp = torch.zeros_like(r.logprobs)
         train_lp[rows] = logprobs.detach().to(train_lp.dtype) * mine.mask
         train_lp = global_sum(train_lp) if several_ranks() else train_lp
-        found = {f"mismatch/{k}": float(v) for k, v in mismatch_stats(train_lp, r.logprobs, r.mask).items()}
-        if correction != "none":
-            w, stats = rollout_correction_weights(train_lp, r.logprobs, r.mask, correction, cap)
-            weights = w[rows]
-            found.update({f"mismatch/is_{k}": float(v) for k, v in stats.items()})
+        w, found = mismatch_and_weights(train_lp, r.logprobs, r.mask, correction, cap)
+        weights = None if w is None else w[rows]
         if metrics is not None:
             metrics.update(found)
     local, _ = reinforce_loss(logprobs, returns[rows], mine.mask, baseline, weights=weights)

@@ -180,7 +180,7 @@ def test_critic_warm_start_loads_weights_only(tiny_lm, tmp_path, monkeypatch):
     from fourfold.checkpoint.plain import save_checkpoint
     from fourfold.models.build import load_roles
     from fourfold.run.optim import make_optimizer
-    from fourfold.trainers import ppo
+    from fourfold.trainers import ppo, practice
 
     cfg = load_config(PPOConfig, None, _over(tiny_lm, tmp_path / "a"))
     donor = load_roles("ppo", cfg, torch.device("cpu"))
@@ -206,7 +206,7 @@ def test_critic_warm_start_loads_weights_only(tiny_lm, tmp_path, monkeypatch):
     ppo.train(load_config(PPOConfig, None, _over(tiny_lm, tmp_path / "b", **{"ppo.critic_from": tmp_path / "old"})))
     assert seen == [(True, 0)]
     with pytest.raises(ConfigError, match="ppo.critic_from"):
-        ppo.warm_start_critic(donor.critic, str(tmp_path / "missing"))
+        practice.warm_start_critic(donor.critic, str(tmp_path / "missing"))
 
 
 def test_critic_lam_sets_the_value_targets_only():

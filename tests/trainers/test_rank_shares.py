@@ -39,7 +39,8 @@ def _ranks(setup, step, model_of, world_size, **algo_changes):
     shares are summed here)."""
     from fourfold.models.build import Roles
     from fourfold.run.optim import NonFiniteGuard
-    from fourfold.trainers.ppo import make_optim, minibatches
+    from fourfold.trainers.batches import minibatches
+    from fourfold.trainers.ppo import make_optim
 
     roles, rollout, algo = setup
     algo = dataclasses.replace(algo, **algo_changes)

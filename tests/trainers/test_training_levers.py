@@ -24,7 +24,8 @@ def setup(mixed_rollout):
 def _step(setup, compiled: bool = False, **algo_changes):
     """(statistics, gradients) of one policy step and one critic step on the whole rollout."""
     from fourfold.run.optim import NonFiniteGuard
-    from fourfold.trainers.ppo import critic_step, make_optim, minibatches, policy_step
+    from fourfold.trainers.batches import minibatches
+    from fourfold.trainers.ppo import critic_step, make_optim, policy_step
 
     roles, rollout, algo = setup
     algo = dataclasses.replace(algo, **algo_changes)
@@ -50,7 +51,7 @@ def _close(a, b, tol):
 
 
 def test_micro_batches_by_tokens_group_sorted_rows_within_the_budget(setup):
-    from fourfold.trainers.ppo import micro_groups
+    from fourfold.trainers.batches import micro_groups
 
     _, rollout, algo = setup
     lengths = rollout.context["attention_mask"].sum(1)  # prompt + response: 11, 5, 7, 4, 9, 5, 8, 6

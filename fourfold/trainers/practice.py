@@ -1,0 +1,143 @@
+"""PPO as practised now, the trainer's half, used by PPO and REINFORCE alike (docs/correction.md):
+pi_old from the engine or recomputed by the training forward (:func:`prepare_old_logprobs`), the
+engine-trainer mismatch measured and the rollout correction's weights (:func:`mismatch_and_weights`),
+the scores shaped before the advantages (DAPO's overlong punishment, :func:`shape_scores`) and the
+truncated responses left out of the losses after them (:func:`mask_truncated`), the critic's warm
+start (:func:`warm_start_critic`). DAPO's group filter is :mod:`fourfold.trainers.groups`."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from fourfold.checkpoint.format import latest_checkpoint
+from fourfold.checkpoint.plain import load_checkpoint
+from fourfold.config import PPOAlgoConfig
+from fourfold.config.ppo import resolve_old_logprobs
+from fourfold.core import (
+    Rollout,
+    frac_zero_std,
+    last_valid_index,
+    mismatch_stats,
+    overlong_penalty,
+    rollout_correction_weights,
+)
+from fourfold.errors import ConfigError
+from fourfold.models.roles import response_logprobs
+from fourfold.run.parallel import global_sum, rank_slice, several_ranks
+from fourfold.trainers.batches import micro_groups, trim
+
+
+def mismatch_and_weights(train_lp: torch.Tensor, engine_lp: torch.Tensor, mask: torch.Tensor, correction: str,
+                         cap: float) -> tuple[Optional[torch.Tensor], dict]:
+    """The trainer half of the engine-trainer mismatch, for PPO and REINFORCE alike: the
+    ``mismatch/*`` metrics of the training forward's log-probs ``train_lp [B, T]`` against the
+    engine's ``engine_lp`` (:func:`fourfold.core.mismatch_stats`) and, with a ``correction`` mode
+    other than 'none', its per-token weights ``[B, T]`` (cap ``cap``,
+    :func:`fourfold.core.rollout_correction_weights`) and their ``mismatch/is_*`` statistics;
+    ``(None, metrics)`` without one."""
+    metrics = {f"mismatch/{k}": float(v) for k, v in mismatch_stats(train_lp, engine_lp, mask).items()}
+    if correction == "none":
+        return None, metrics
+    weights, stats = rollout_correction_weights(train_lp, engine_lp, mask, correction, cap)
+    metrics.update({f"mismatch/is_{k}": float(v) for k, v in stats.items()})
+    return weights, metrics
+
+
+def trainer_logprobs(policy, rollout: Rollout, algo: PPOAlgoConfig, perm: torch.Tensor, temperature: float
+                     ) -> torch.Tensor:
+    """Step 6a: the training forward's log-probs ``[B, T]`` of the rollout's tokens (no grad), over
+    the very micro-batches of the first epoch (order ``perm``: this rank's share of each
+    minibatch, :func:`micro_groups`, each trimmed, as :func:`policy_step` runs them), so that as
+    pi_old they make the first minibatch's ratio exactly 1. Under torchrun each rank computes its
+    rows and the sum over ranks gives every rank the whole batch."""
+    out = torch.zeros_like(rollout.logprobs)
+    with torch.no_grad():
+        for i in range(0, len(perm), algo.minibatch_size):
+            idx = perm[i : i + algo.minibatch_size]
+            mine = idx[rank_slice(len(idx))]
+            rows = rollout.select(mine)
+            for group in micro_groups(rows, algo):
+                part = trim(rows.select(group))
+                ids, attn, T = part.context["input_ids"], part.context["attention_mask"], part.mask.shape[1]
+                logprobs, _ = response_logprobs(policy, ids, attn, T, temperature)
+                out[mine[group], :T] = logprobs.to(out.dtype)
+    out = out * rollout.mask.to(out.dtype)
+    return global_sum(out) if several_ranks() else out
+
+
+def prepare_old_logprobs(policy, rollout: Rollout, algo: PPOAlgoConfig, perm: torch.Tensor, temperature: float,
+                         old_logprobs: str, measure: bool) -> tuple[Rollout, dict]:
+    """Step 6a: with ``old_logprobs`` 'recompute', ``measure`` or a ``rollout_correction``, the
+    training forward's log-probs of the rollout (:func:`trainer_logprobs`) against the engine's:
+    the ``mismatch/*`` metrics, the correction's weights (``rollout.is_weights``) and, under
+    'recompute', pi_old replaced by them. Returns the rollout (a copy when changed) and metrics."""
+    correct = algo.rollout_correction != "none"
+    if old_logprobs != "recompute" and not measure and not correct:
+        return rollout, {}
+    engine_lp = rollout.logprobs
+    train_lp = trainer_logprobs(policy, rollout, algo, perm, temperature)
+    weights, metrics = mismatch_and_weights(train_lp, engine_lp, rollout.mask, algo.rollout_correction,
+                                            algo.correction_cap)
+    rollout = rollout.map(lambda x: x)
+    if correct:
+        rollout.is_weights = weights
+    if old_logprobs == "recompute":
+        rollout.logprobs = train_lp
+    return rollout, metrics
+
+
+def shape_scores(rollout: Rollout, algo: PPOAlgoConfig, max_new_tokens: int) -> tuple[Rollout, dict]:
+    """Step 4b: DAPO's soft overlong punishment (``overlong_buffer``: the penalty added to each
+    response's score and to its last valid token's reward) and the share of groups whose scores
+    have zero spread (``reward/frac_zero_std``, group estimators: ``samples_per_prompt`` > 1).
+    A copy of the rollout when changed."""
+    metrics = {}
+    if algo.overlong_buffer is not None:
+        penalty = overlong_penalty(rollout.mask.sum(1), max_new_tokens, algo.overlong_buffer, algo.overlong_penalty)
+        penalty = penalty.to(rollout.rewards.dtype)
+        rollout = rollout.map(lambda x: x)
+        rows = torch.arange(rollout.batch_size)
+        last = last_valid_index(rollout.mask)
+        rewards = rollout.rewards.clone()
+        rewards[rows, last] += torch.where(rollout.mask.sum(1) > 0, penalty, torch.zeros_like(penalty))
+        rollout.rewards, rollout.scores = rewards, rollout.scores + penalty.to(rollout.scores.dtype)
+        metrics["reward/overlong_penalty_mean"] = float(penalty.mean())
+    if algo.samples_per_prompt > 1:
+        metrics["reward/frac_zero_std"] = frac_zero_std(rollout.scores, algo.samples_per_prompt)
+    return rollout, metrics
+
+
+def mask_truncated(rollout: Rollout, finished: torch.Tensor) -> tuple[Rollout, dict]:
+    """Step 5b (``mask_truncated``): the rows without EOS (``finished`` False) leave the losses
+    (their mask 0 after the advantages, which saw the whole batch)."""
+    keep = finished.to(rollout.mask.dtype)[:, None]
+    out = rollout.map(lambda x: x)
+    out.mask = rollout.mask * keep
+    return out, {"rollout/masked_truncated_share": float(1.0 - keep.mean())}
+
+
+def warm_start_critic(critic, path: str) -> None:
+    """``ppo.critic_from``: the critic's weights (modules/critic) of a plain checkpoint directory,
+    or of the newest checkpoint of a run directory; no optimiser, no schedule, no RNG state."""
+    from pathlib import Path
+
+    ckpt = Path(path)
+    if (ckpt / "checkpoints").is_dir():
+        found = latest_checkpoint(ckpt)
+        if found is None:
+            raise ConfigError(f"ppo.critic_from: {path} holds no complete checkpoint")
+        ckpt = found
+    if not ckpt.is_dir():
+        raise ConfigError(f"ppo.critic_from: {path} is not a directory (a checkpoints/step-N one, or a run's)")
+    load_checkpoint(ckpt, modules={"critic": critic}, restore_rng=False)
+
+
+def said_old_logprobs(run, algo: PPOAlgoConfig, precision: str) -> str:
+    """The run's pi_old (:func:`~fourfold.config.ppo.resolve_old_logprobs`), said in its first
+    lines (rank 0) when it is the trainer's recompute."""
+    old_logprobs, why = resolve_old_logprobs(algo, precision)
+    if old_logprobs == "recompute" and run.is_main:
+        print(f"fourfold ppo: {why}", flush=True)
+    return old_logprobs
