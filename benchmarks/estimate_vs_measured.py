@@ -19,7 +19,7 @@ figures are those of the last one (AdamW state allocated). Beside them, what
 * CUDA: ``torch.cuda.max_memory_allocated`` per phase (reset before each).
 
 ``--env``: an environment run (``env.factory`` set) through the trainer's functions for it
-(collect_turns -> turn_advantages -> ppo_update, as ``fourfold ppo`` calls them): one toy
+(collect_turns -> compute_advantages -> ppo_update, as ``fourfold ppo`` calls them): one toy
 environment per row (:class:`FixedObservations`) whose first observation is ``--prompt-len``
 tokens (BOS + words of a word-level tokenizer over the model's vocabulary) and whose every later
 observation is ``--obs-len`` tokens, never done; turns of ``--response-len`` tokens (EOS off), so
@@ -166,14 +166,14 @@ def build(args, device):
 
 def run_iterations(args, device, phase, lengths: list | None = None) -> object:
     """Build the workload and run its iterations; ``phase(name)`` is a context manager around the
-    generation (collect + advantages; ``--env``: collect_turns + turn_advantages) and the training
+    generation (collect + advantages; ``--env``: collect_turns + compute_advantages over the policy's tokens) and the training
     (ppo_update) of each; ``lengths`` gets the last iteration's row lengths. Returns the config."""
     import torch
 
     from fourfold.rollout.eager import EagerEngine
     from fourfold.rollout.noise import RowNoise
     from fourfold.run.optim import NonFiniteGuard
-    from fourfold.trainers.env_rollouts import collect_turns, turn_advantages
+    from fourfold.trainers.env_rollouts import collect_turns
     from fourfold.trainers.ppo import compute_advantages, ppo_update
     from fourfold.trainers.rollouts import collect
 
@@ -192,10 +192,10 @@ def run_iterations(args, device, phase, lengths: list | None = None) -> object:
         roles.tokenizer = tok
     for it in range(args.iterations):
         with phase("generate_peak_mib"), autocast(cache=True):
-            if args.env_max_tokens is not None:  # RLSteps._turns' call, on the eager engine
+            if args.env_max_tokens is not None:  # EnvSource.collect's call, on the eager engine
                 col = collect_turns(roles, make_envs, env, gen, kl_coef=algo.kl_coef, noise=RowNoise(0, it + 1),
                                     max_first_tokens=args.prompt_len, engine=EagerEngine())
-                rollout = turn_advantages(col, algo)
+                rollout = compute_advantages(col.rollout, algo, col.bootstrap)
             else:
                 col = collect(roles, [""] * args.batch, prompts, torch.ones_like(prompts), gen, engine=EagerEngine(),
                               kl_coef=algo.kl_coef, noise=RowNoise(0, it + 1))  # the trainer's sampling

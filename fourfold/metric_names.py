@@ -11,7 +11,10 @@ METRICS: dict[str, str] = {
     "iteration": "PPO/REINFORCE iteration (one rollout batch + its updates), 1-based.",
     "samples": "Responses (LM: prompts x ppo.samples_per_prompt) or environment steps (gym) consumed so far.",
     # reward
-    "reward/score_mean": "Mean reward-model score of the sampled responses (before KL penalty).",
+    "reward/score_mean": ("Mean reward-model score of the sampled responses (before KL penalty); under ppo.filter_groups "
+                          "the kept batch's (as are score_std/min/max), the first rollout's is reward/first_score_mean."),
+    "reward/first_score_mean": ("Under ppo.filter_groups: the mean score of the iteration's first rollout, before "
+                                "groups of equal scores were dropped and refilled (reward/score_mean is the kept batch's)."),
     "reward/score_std": "Standard deviation of the reward-model scores in the batch.",
     "reward/score_min": "Smallest reward-model score in the batch.",
     "reward/score_max": "Largest reward-model score in the batch.",

@@ -60,7 +60,7 @@ def test_a_missing_column_is_one_line_and_nothing_is_written(tmp_path, capsys):
 def test_chat_rows_need_a_tokenizer_and_are_rendered_as_ppo_renders_them(tiny_lm, tmp_path, capsys):
     from fourfold.config import PPOConfig, load_config
     from fourfold.models.loading import load_tokenizer
-    from fourfold.trainers.rollouts import PromptStream
+    from fourfold.trainers.prompts import PromptStream
 
     tok = load_tokenizer(str(tiny_lm / "sft"))
     tok.chat_template = "{% for m in messages %}<{{ m['role'] }}> {{ m['content'] }} {% endfor %}"

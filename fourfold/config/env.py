@@ -44,6 +44,12 @@ class EnvConfig:
     ('user', 'tool') = as one chat message of that role, through the tokenizer's chat template
     (observations given as message lists always go through it)."""
 
+    def policy_token_budget(self, max_new_tokens: int) -> int:
+        """The most policy tokens one trajectory can hold: ``max_new_tokens`` (the generation's, per
+        turn) over ``max_turns`` turns, never more than ``max_tokens`` (the whole trajectory's). DAPO's
+        overlong punishment (ppo.overlong_buffer) measures an environment run's lengths against it."""
+        return min(max_new_tokens * self.max_turns, self.max_tokens)
+
     def validate(self, prefix: str = "env") -> None:
         if self.factory is not None:
             target, _, name = self.factory.rpartition(":")

@@ -528,15 +528,18 @@ class PPOConfig(RolloutStageConfig):
     def validate(self, prefix: str = "") -> None:
         super().validate(prefix)
         buffer = self.ppo.overlong_buffer
-        require(buffer is None or buffer <= self.generation.max_new_tokens, "ppo.overlong_buffer",
-                f"{buffer} is more than generation.max_new_tokens={self.generation.max_new_tokens}")
-        require(not self.ppo.mask_truncated or self.generation.stop_at_eos, "ppo.mask_truncated",
+        gen = self.generation
+        if self.env.factory is None:
+            limit, what = gen.max_new_tokens, f"generation.max_new_tokens={gen.max_new_tokens}"
+        else:  # an environment run's lengths are its trajectories' policy tokens
+            limit = self.env.policy_token_budget(gen.max_new_tokens)
+            what = (f"the trajectory budget {limit} (generation.max_new_tokens x env.max_turns, at most "
+                    f"env.max_tokens)")
+        require(buffer is None or buffer <= limit, "ppo.overlong_buffer", f"{buffer} is more than {what}")
+        require(not self.ppo.mask_truncated or gen.stop_at_eos, "ppo.mask_truncated",
                 "a truncated response is one without EOS: it needs generation.stop_at_eos true")
         require(self.ppo.critic_from is None or self.model.critic is None, "ppo.critic_from",
                 "model.critic is set too: keep one source of the critic's weights")
-        for key in ("filter_groups", "overlong_buffer", "mask_truncated"):  # single-turn responses' shaping
-            require(self.env.factory is None or getattr(self.ppo, key) in (None, False), f"ppo.{key}",
-                    "works on single-turn responses; an environment run (env.factory) does not take it yet")
         if self.env.factory is not None and self.ppo.loads_critic and self.model.critic is None:
             require(self.model.critic_init == "policy", "model.critic_init",
                     "'reward' needs model.reward, which an environment run has none of; use critic_init=policy")

@@ -186,6 +186,14 @@ def policy_gae(
     return from_policy_steps(adv, policy_mask), from_policy_steps(ret, policy_mask)
 
 
+def policy_returns(rewards: Tensor, policy_mask: Tensor, gamma: float = 1.0) -> Tensor:
+    """Returns-to-go over the policy's tokens: at each policy token the (``gamma``-discounted) sum of
+    the rewards on it and on the later policy tokens of its row; observations and padding read
+    nothing, 0 there. :func:`policy_gae` with V = 0 and lam = 1; on a left-aligned mask (a single
+    turn) :func:`fourfold.core.advantages.discounted_returns`. Shapes ``[B, T]``."""
+    return policy_gae(rewards, torch.zeros_like(rewards), policy_mask, gamma, 1.0)[1]
+
+
 def policy_advantages(
     estimator: Estimator, inputs: AdvantageInputs, *, bootstrap: Optional[Tensor] = None
 ) -> tuple[Tensor, Tensor]:

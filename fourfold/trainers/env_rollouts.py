@@ -1,64 +1,46 @@
-"""A batch of environments -> a scored :class:`~fourfold.core.Rollout` over the policy's tokens,
-the multi-turn counterpart of :func:`fourfold.trainers.rollouts.collect` (docs/environments.md).
+"""A batch of environments -> a scored trajectory batch (:class:`~fourfold.trainers.rollouts.Collected`,
+the one result type of :mod:`fourfold.trainers.rollouts`) over the policy's tokens (docs/environments.md).
 
 :func:`collect_turns` resets each row's environment, runs the turns on the rollout engine
 (:func:`fourfold.rollout.turns.sample_turns`), scores the whole trajectories with the frozen
 reference and the critic, and builds the per-token rewards by the three rules: the KL penalty on
 policy tokens only, each turn's reward on its last policy token, ``mask`` = the policy mask. The
 critic's value of the state each trajectory ends in (its last position) is kept for truncated
-rows (``env.truncation: bootstrap``). :func:`turn_advantages` is ``compute_advantages`` over the
-policy's tokens (:func:`fourfold.core.turns.policy_advantages`).
+rows (``env.truncation: bootstrap``) as the batch's ``bootstrap``. What follows (shaping,
+advantages over the policy's tokens, the update, the sample rows) is the single-turn run's.
 
-``fourfold ppo`` / ``fourfold reinforce`` call these when ``env.factory`` is set
-(:meth:`fourfold.trainers.rl.RLSteps.rollout`) with the run's rollout engine (``generation.engine``:
-eager or static, whose cache is kept across turns). Under torchrun each rank
-resets and steps the environments of its contiguous slice of the rows (their own per-row noise,
-so a row's trajectory is the one it has in one process), the trajectories are gathered, and every
-rank scores its slice of the gathered batch and gathers the scores, as
-:func:`~fourfold.trainers.rollouts.collect` does: what follows (rewards, advantages over whole
-groups, metrics) is computed on the whole batch alike on every rank.
+:class:`EnvSource` is a run's environment rollout (``env.factory`` set), :func:`rollout_source`
+the one place that picks it or the single-turn :class:`~fourfold.trainers.rollouts.PromptSource`.
+Under torchrun each rank resets and steps the environments of its contiguous slice of the rows
+(their own per-row noise, so a row's trajectory is the one it has in one process), the
+trajectories are gathered, and every rank scores its slice of the gathered batch and gathers the
+scores, as :func:`~fourfold.trainers.rollouts.collect` does: what follows (rewards, advantages over
+whole groups, metrics) is computed on the whole batch alike on every rank.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
 from typing import Callable, Optional, Sequence, Union
 
 import torch
 
-from fourfold.config import EnvConfig, GenerationConfig, PPOAlgoConfig
-from fourfold.core import AdvantageInputs, Rollout, get_advantage_estimator, masked_whiten
-from fourfold.core.turns import bootstrap_values, policy_advantages, policy_gae, trajectory_rewards
+from fourfold.config import EnvConfig, GenerationConfig
+from fourfold.core import Rollout
+from fourfold.core.turns import bootstrap_values, trajectory_rewards
 from fourfold.data.observations import ObservationEncoder
+from fourfold.errors import ConfigError
 from fourfold.models.build import Roles
-from fourfold.rollout.env import BoundEnv
+from fourfold.rollout.env import BoundEnv, load_env_factory, make_envs
 from fourfold.rollout.noise import RowNoise
 from fourfold.rollout.score import Scores
 from fourfold.rollout.turns import TurnBatch, TurnSettings, sample_turns, stack_trajectories
 from fourfold.run.parallel import gather_items, gather_rows, rank_slice, several_ranks
-from fourfold.trainers.rollouts import rollout_metrics
+from fourfold.trainers.rollouts import Collected, Probe, PromptSource, rollout_metrics
 
 FIRST_TOKENS_UNCHECKED = 1 << 30
 """The first observation's length limit handed to the encoder when no ``max_first_tokens`` is
 given: none (``env.max_tokens`` bounds it, checked with its own message)."""
-
-
-@dataclass
-class CollectedTurns:
-    """A scored multi-turn rollout: ``rollout`` (``mask`` = policy mask, ``scores`` = the sum of
-    each row's turn rewards), the ``batch`` it came from, ``kl [B, T]`` (0 off the policy tokens),
-    ``bootstrap [B]`` (what each row's last policy token bootstraps with) and the ``metrics``: the
-    single-turn rollout's (:func:`fourfold.trainers.rollouts.rollout_metrics`, ``reward/score_*``
-    the returns) and the ``env/*`` ones."""
-
-    rollout: Rollout
-    batch: TurnBatch
-    kl: torch.Tensor
-    bootstrap: torch.Tensor
-    metrics: dict = field(default_factory=dict)
-    parts: dict = field(default_factory=dict)
-    """A weighted reward's parts, as :class:`fourfold.trainers.rollouts.Collected`'s: none here."""
 
 
 def turn_metrics(batch: TurnBatch) -> dict:
@@ -80,7 +62,7 @@ def turn_metrics(batch: TurnBatch) -> dict:
 @torch.no_grad()
 def collect_turns(roles: Roles, envs: Union[Sequence[BoundEnv], Callable[[], Sequence[BoundEnv]]], env: EnvConfig,
                   gen: GenerationConfig, *, kl_coef: float, kl_estimator: str = "k1", noise: Optional[RowNoise] = None,
-                  max_first_tokens: Optional[int] = None, first_row: int = 0, engine=None) -> CollectedTurns:
+                  max_first_tokens: Optional[int] = None, first_row: int = 0, engine=None) -> Collected:
     """Reset ``envs`` (one per row, or a function making them: called here), run their turns with
     ``roles.policy`` (in eval mode) under the ``env`` section's limits and ``gen``'s sampling
     (``max_new_tokens`` per turn, temperature, EOS), then score: reference log-probs and critic
@@ -139,7 +121,8 @@ def collect_turns(roles: Roles, envs: Union[Sequence[BoundEnv], Callable[[], Seq
     metrics = rollout_metrics(s, Scores(ref, values, scores), rewards, torch.zeros_like(s.finished))
     metrics.update(turn_metrics(batch))
     metrics.update({"time/generate_s": t_gen, "time/score_s": t_score, "time/gen_tokens_per_s": float(mask.sum()) / max(t_gen, 1e-9)})
-    return CollectedTurns(rollout, batch, kl, boot, metrics)
+    return Collected(rollout, s, [], [], kl, metrics, bootstrap=boot, trajectories=list(batch.trajectories),
+                     length_limit=env.policy_token_budget(gen.max_new_tokens))
 
 
 def _score_rows(roles: Roles, seq: torch.Tensor, attn: torch.Tensor, mask: torch.Tensor, T: int, temperature: float,
@@ -158,58 +141,38 @@ def _score_rows(roles: Roles, seq: torch.Tensor, attn: torch.Tensor, mask: torch
     return Scores(ref, values, final)
 
 
-def turn_advantages(col: CollectedTurns, algo: PPOAlgoConfig) -> Rollout:
-    """Step 5 over the policy's tokens: the estimator ``algo.estimator`` run by
-    :func:`fourfold.core.turns.policy_advantages` with the rows' bootstrap values, and the reward
-    and advantage whitening of ``fourfold.trainers.ppo.compute_advantages`` over the policy mask."""
-    rollout = col.rollout
-    mask, rewards = rollout.mask, rollout.rewards
-    if algo.whiten_rewards:
-        rewards = masked_whiten(rewards, mask, shift_mean=False)
-    estimator = get_advantage_estimator(algo.estimator)
-    values = rollout.values if estimator.needs_critic else None
-    advantages, returns = policy_advantages(
-        estimator, AdvantageInputs(rewards, mask, values, algo.samples_per_prompt, algo.gamma, algo.lam),
-        bootstrap=col.bootstrap if estimator.needs_critic else None)
-    if algo.whiten_advantages and estimator.needs_critic:
-        advantages = masked_whiten(advantages, mask)
-    if algo.critic_lam is not None and estimator.needs_critic:  # the value targets at their own lambda
-        _, returns = policy_advantages(
-            estimator, AdvantageInputs(rewards, mask, values, algo.samples_per_prompt, algo.gamma, algo.critic_lam),
-            bootstrap=col.bootstrap)
-    rollout.advantages, rollout.returns = advantages, returns
-    return rollout
+class EnvSource:
+    """A run's environment rollout (``env.factory``): the next batch of the prompt ``stream``'s rows,
+    each on ``samples_per_prompt`` consecutive rows with its own environment (``make_env(row)`` per
+    trajectory: the group of a group estimator), then :func:`collect_turns` on the run's engine with
+    the iteration's per-row noise (seed ``cfg.run.seed + draw``). Under torchrun a rank makes the
+    environments of its slice of the rows only (:func:`~fourfold.run.parallel.rank_slice`, as a
+    single-turn rollout samples its slice), inside collect_turns, which gathers every rank's
+    trajectories and raises an error of one rank's environments on every rank."""
+
+    def __init__(self, cfg, stream):
+        self.cfg, self.stream = cfg, stream
+        self.factory = load_env_factory(cfg.env.factory)[0]
+
+    def collect(self, roles: Roles, engine, it: int, *, kl_coef: float, kl_estimator: str,
+                samples_per_prompt: int = 1, concurrent: bool = False, draw: int = 0) -> Collected:
+        cfg, k = self.cfg, samples_per_prompt
+        _, rows, wheres = self.stream.next_rows()
+        rows, wheres = [r for r in rows for _ in range(k)], [w for w in wheres for _ in range(k)]
+        mine = rank_slice(len(rows))
+        make = lambda: make_envs(self.factory, rows[mine], wheres[mine])  # called by collect_turns
+        return collect_turns(roles, make, cfg.env, cfg.generation, kl_coef=kl_coef, kl_estimator=kl_estimator,
+                             noise=RowNoise(cfg.run.seed + draw, it), max_first_tokens=cfg.data.max_prompt_len,
+                             first_row=mine.start, engine=engine)
 
 
-def turn_returns(rollout: Rollout) -> torch.Tensor:
-    """REINFORCE's returns-to-go (gamma = 1) over the policy's tokens: at each policy token the sum
-    of the rewards on it and on the later policy tokens of its row (observations read nothing)."""
-    rewards = rollout.rewards
-    return policy_gae(rewards, torch.zeros_like(rewards), rollout.mask, 1.0, 1.0)[1]
-
-
-def turn_sample_rows(col: CollectedTurns, tokenizer, n: int = 4) -> list[dict]:
-    """The first ``n`` trajectories as ``samples.jsonl`` rows: ``prompt`` (the first observation's
-    text), ``turns`` (per policy turn: its ``action`` text, its ``reward`` when it was stepped, and
-    the ``observation`` text appended after it, if any), ``return``, ``done``, ``truncated``."""
-    rows = []
-    for traj in col.batch.trajectories[:n]:
-        turns, pos = [], 0
-        for k in range(traj.n_turns):  # turn k's ids, then the observation after it
-            action = []
-            while pos < len(traj.ids) and traj.turn[pos] == k:
-                action.append(traj.ids[pos])
-                pos += 1
-            after = []
-            while pos < len(traj.ids) and traj.turn[pos] < 0:
-                after.append(traj.ids[pos])
-                pos += 1
-            entry = {"action": tokenizer.decode(action, skip_special_tokens=True)}
-            if k < len(traj.turn_rewards):
-                entry["reward"] = traj.turn_rewards[k]
-            if after:
-                entry["observation"] = tokenizer.decode(after, skip_special_tokens=True)
-            turns.append(entry)
-        rows.append({"prompt": tokenizer.decode(traj.prompt, skip_special_tokens=True), "turns": turns,
-                     "return": float(sum(traj.turn_rewards)), "done": traj.done, "truncated": traj.truncated})
-    return rows
+def rollout_source(cfg, stream, probe: Optional[Probe], device: torch.device) -> Union[PromptSource, EnvSource]:
+    """A run's rollout: an environment per row when ``env.factory`` is set (:class:`EnvSource`;
+    a task's ``probe`` measures single responses, so it is refused there), else the prompts'
+    single turns (:class:`~fourfold.trainers.rollouts.PromptSource`)."""
+    if cfg.env.factory is None:
+        return PromptSource(cfg, stream, probe, device)
+    if probe is not None:
+        raise ConfigError("data.task: a task's probe measures single responses, and env.factory is set; "
+                          "an environment run's measure is its returns (env/return_mean): unset data.task")
+    return EnvSource(cfg, stream)

@@ -6,7 +6,9 @@ groups of some spread, the batch is completed with dropped groups (advantage 0: 
 gradient, only the KL and entropy terms), so its size stays ``rollout_batch_size``.
 
 Several rollouts join into one by padding: prompts on the left, responses on the right, to the
-widest of them (:func:`concat_collected`); the loop's minibatches trim the padding again.
+widest of them (:func:`concat_collected`); the loop's minibatches trim the padding again. An
+environment run's batches join alike (first observations on the left, the rest of the trajectory
+on the right), with their trajectories and bootstrap values.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import torch.nn.functional as F
 
 from fourfold.config import PPOAlgoConfig
 from fourfold.core import Rollout, frac_zero_std, group_keep, zero_std_groups
-from fourfold.trainers.rollouts import Collected
+from fourfold.trainers.rollouts import Collected, score_metrics
 
 
 def _pad_steps(x: torch.Tensor, T: int, value=0) -> torch.Tensor:
@@ -60,8 +62,11 @@ def concat_collected(parts: list[Collected], pad_id: int) -> Collected:
         entropy=None if s0.entropy is None else torch.cat([_pad_steps(p.samples.entropy, T) for p in parts]))
     responses = [r for p in parts for r in p.responses] if all(p.responses for p in parts) else []
     named = {k: torch.cat([p.parts[k] for p in parts]) for k in parts[0].parts}  # a weighted reward's parts
+    boot = None if parts[0].bootstrap is None else torch.cat([p.bootstrap for p in parts])
     return Collected(joined, samples, [t for p in parts for t in p.prompts], responses,
-                     torch.cat([_pad_steps(p.kl, T) for p in parts]), dict(parts[0].metrics), named)
+                     torch.cat([_pad_steps(p.kl, T) for p in parts]), dict(parts[0].metrics), named,
+                     bootstrap=boot, trajectories=[t for p in parts for t in p.trajectories],
+                     length_limit=parts[0].length_limit)
 
 
 def select_collected(col: Collected, rows: torch.Tensor) -> Collected:
@@ -70,9 +75,12 @@ def select_collected(col: Collected, rows: torch.Tensor) -> Collected:
                                                   for f in dataclasses.fields(col.samples)
                                                   if getattr(col.samples, f.name) is not None})
     idx = rows.tolist()
-    return Collected(col.rollout.select(rows), samples, [col.prompts[i] for i in idx],
+    return Collected(col.rollout.select(rows), samples, [col.prompts[i] for i in idx] if col.prompts else [],
                      [col.responses[i] for i in idx] if col.responses else [], col.kl[rows], col.metrics,
-                     {k: v[rows] for k, v in col.parts.items()})
+                     {k: v[rows] for k, v in col.parts.items()},
+                     bootstrap=None if col.bootstrap is None else col.bootstrap[rows],
+                     trajectories=[col.trajectories[i] for i in idx] if col.trajectories else [],
+                     length_limit=col.length_limit)
 
 
 def fill_groups(first: Collected, draw: Callable[[int], Collected], group_size: int, max_batches: int,
@@ -103,7 +111,10 @@ def fill_groups(first: Collected, draw: Callable[[int], Collected], group_size: 
 
 def collect_groups(rl, it: int, algo: PPOAlgoConfig, kl_ctl, concurrent: bool) -> tuple:
     """Steps 1-4 of iteration ``it`` (the loop's :meth:`~fourfold.trainers.rl.RLSteps.rollout`, ``rl``)
-    and, with ``filter_groups``, DAPO's dynamic sampling (:func:`fill_groups`): ``(collected, metrics)``."""
+    and, with ``filter_groups``, DAPO's dynamic sampling (:func:`fill_groups`): ``(collected, metrics)``.
+    The metrics' ``reward/score_*`` are then the kept batch's (what the update trains on), the first
+    rollout's mean is ``reward/first_score_mean``; the batch's other rollout metrics (KL, lengths,
+    entropy, ``env/*``) stay the first rollout's."""
     def draw(d: int):
         return rl.rollout(it, kl_coef=kl_ctl.value if algo.kl_in == "reward" else 0.0, kl_estimator=algo.kl_estimator,
                           samples_per_prompt=algo.samples_per_prompt, concurrent=concurrent, draw=d)
@@ -113,4 +124,7 @@ def collect_groups(rl, it: int, algo: PPOAlgoConfig, kl_ctl, concurrent: bool) -
         return col, {}
     batch, metrics = fill_groups(col, draw, algo.samples_per_prompt, algo.filter_groups_max_batches,
                                  rl.roles.tokenizer.pad_token_id)
-    return batch, {**metrics, "reward/frac_zero_std": frac_zero_std(col.rollout.scores, algo.samples_per_prompt)}
+    # the scores logged are the kept batch's, the one the update trains on (the first rollout's mean beside)
+    kept = score_metrics(batch.rollout.scores) if len(batch.rollout.scores) else {}
+    return batch, {**metrics, "reward/frac_zero_std": frac_zero_std(col.rollout.scores, algo.samples_per_prompt),
+                   "reward/first_score_mean": col.metrics["reward/score_mean"], **kept}

@@ -35,10 +35,9 @@ adapter (and head) only.
 
 from __future__ import annotations
 
-import functools
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from functools import partial
 from typing import Callable, Optional, Sequence
 
@@ -53,7 +52,6 @@ from fourfold.core import (
     aggregate_loss,
     dense_logprobs,
     explained_variance,
-    gae,
     get_advantage_estimator,
     kl_loss,
     masked_mean,
@@ -62,6 +60,7 @@ from fourfold.core import (
     ppo_policy_loss,
     value_loss,
 )
+from fourfold.core.turns import policy_advantages
 from fourfold.errors import ConfigError
 from fourfold.models.build import Roles
 from fourfold.models.roles import ScalarModel, response_logits, response_logprobs
@@ -69,7 +68,6 @@ from fourfold.run.optim import NonFiniteGuard, guarded_step, make_optimizer, mak
 from fourfold.run.parallel import global_sum, loss_scale, sum_over_ranks
 from fourfold.run.scaffold import RunScaffold
 from fourfold.trainers.batches import Minibatch, micro_batches, minibatches
-from fourfold.trainers.env_rollouts import turn_advantages
 from fourfold.trainers.groups import collect_groups
 from fourfold.trainers.practice import mask_truncated, prepare_old_logprobs, said_old_logprobs, shape_scores, warm_start_critic
 from fourfold.trainers.prelude import stage_roles
@@ -77,9 +75,13 @@ from fourfold.trainers.rl import RLSteps, prepare_rewards
 from fourfold.trainers.rollouts import Probe, score_quantity
 
 
-def compute_advantages(rollout: Rollout, algo: PPOAlgoConfig) -> Rollout:
+def compute_advantages(rollout: Rollout, algo: PPOAlgoConfig, bootstrap: Optional[torch.Tensor] = None) -> Rollout:
     """Step 5: advantages and returns by the estimator registered under ``algo.estimator`` (GAE
-    with the critic by default; ``use_critic: false`` is reinforce_pp, the whitened returns).
+    with the critic by default; ``use_critic: false`` is reinforce_pp, the whitened returns), over
+    the policy's tokens (:func:`fourfold.core.turns.policy_advantages`: the rollout's ``mask``; on a
+    single-turn batch, a left-aligned mask, that is the estimator on the tensors as they are), each
+    row's last policy reward plus ``gamma * bootstrap`` when given (an environment run's cut
+    trajectories, with a critic).
 
     ``whiten_rewards`` and ``whiten_advantages`` apply around an estimator that needs a critic
     (gae); the critic-free ones normalise their own advantages, and the K samples of a prompt are
@@ -89,12 +91,16 @@ def compute_advantages(rollout: Rollout, algo: PPOAlgoConfig) -> Rollout:
     if algo.whiten_rewards:
         rewards = masked_whiten(rewards, mask, shift_mean=False)
     estimator = get_advantage_estimator(algo.estimator)
-    advantages, returns = estimator(AdvantageInputs(rewards, mask, rollout.values, algo.samples_per_prompt,
-                                                    algo.gamma, algo.lam))
+    values = rollout.values if estimator.needs_critic else None
+    boot = bootstrap if estimator.needs_critic else None
+    advantages, returns = policy_advantages(
+        estimator, AdvantageInputs(rewards, mask, values, algo.samples_per_prompt, algo.gamma, algo.lam), bootstrap=boot)
     if algo.whiten_advantages and estimator.needs_critic:
         advantages = masked_whiten(advantages, mask)
     if algo.critic_lam is not None and estimator.needs_critic:  # the value targets at their own lambda
-        _, returns = gae(rewards, rollout.values, mask, algo.gamma, algo.critic_lam)
+        _, returns = policy_advantages(
+            estimator, AdvantageInputs(rewards, mask, values, algo.samples_per_prompt, algo.gamma, algo.critic_lam),
+            bootstrap=boot)
     rollout.advantages, rollout.returns = advantages, returns
     return rollout
 
@@ -297,22 +303,15 @@ def checked_roles(roles: Optional[Roles], algo: PPOAlgoConfig) -> Optional[Roles
 
 
 def finite_advantages(rollout: Rollout, algo: PPOAlgoConfig, guard: NonFiniteGuard, it: int,
-                      scores_name: str = "reward_score",
-                      compute: Optional[Callable[[Rollout], Rollout]] = None) -> Optional[Rollout]:
+                      scores_name: str = "reward_score", bootstrap: Optional[torch.Tensor] = None) -> Optional[Rollout]:
     """Step 5 of iteration ``it``: the rollout with its advantages and returns
-    (:func:`compute_advantages`, or ``compute``: an environment run's, over the policy's tokens),
-    or None when its scores or its advantages are not finite (the guard records which, the scores
-    as ``scores_name``: the iteration is then skipped)."""
+    (:func:`compute_advantages`, with the batch's ``bootstrap``), or None when its scores or its
+    advantages are not finite (the guard records which, the scores as ``scores_name``: the
+    iteration is then skipped)."""
     if not guard.ok(scores_name, rollout.scores, f"iteration {it}"):
         return None
-    rollout = compute(rollout) if compute is not None else compute_advantages(rollout, algo)
+    rollout = compute_advantages(rollout, algo, bootstrap)
     return rollout if guard.ok("advantages", rollout.advantages, f"iteration {it}") else None
-
-
-def turn_advantages_of(col, algo: PPOAlgoConfig, rollout: Rollout) -> Rollout:
-    """:func:`~fourfold.trainers.env_rollouts.turn_advantages` of an environment run's ``col`` (its
-    ``rollout``), as :func:`finite_advantages` calls it."""
-    return turn_advantages(replace(col, rollout=rollout), algo)  # rollout: after step 4b's shaping
 
 
 def value_metrics(rollout: Rollout) -> dict:
@@ -361,12 +360,11 @@ def train(cfg: PPOConfig, *, prompts: Optional[Sequence[str]] = None, probe: Opt
             # reward), per-token rewards
             col, shaped = collect_groups(rl, it, algo, kl_ctl, concurrent)
             # 4b. overlong shaping, the groups' zero spread
-            rollout, more = shape_scores(col.rollout, algo, cfg.generation.max_new_tokens)
+            rollout, more = shape_scores(col.rollout, algo, col.length_limit)
             shaped = {**more, **shaped}  # frac_zero_std: of the first rollout under filter_groups
             # 5. advantages and returns; when the scores or the advantages are not finite the iteration
             # is skipped: nothing touched the weights, so a stuck run keeps iteration it - 1's
-            over_turns = functools.partial(turn_advantages_of, col, algo) if rl.env is not None else None
-            rollout = finite_advantages(rollout, algo, guard, it, score_quantity(col), over_turns)
+            rollout = finite_advantages(rollout, algo, guard, it, score_quantity(col), col.bootstrap)
             if rollout is None:
                 run.log_skips(it)
                 run.stop_if_stuck(it - 1)

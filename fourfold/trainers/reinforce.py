@@ -6,7 +6,8 @@ gradient step per batch. The loss is ``-mean_t(log pi(a_t|s_t) * (G_t - b))`` wi
 return-to-go of the token rewards and ``b`` = 0 or the batch-mean return.
 
 1. sample prompts; 2-4. generate, score, per-token rewards (as PPO);
-5. returns-to-go (gamma = 1; against an environment over the policy's tokens), optional mean baseline;
+5. returns-to-go (gamma = 1) over the policy's tokens (an environment's observations read nothing),
+   optional mean baseline;
 6. one gradient step (its forward against the engine's log-probs: ``mismatch/*``; each token
    weighted by ``rollout_correction``'s weights when set); 7. log, checkpoint.
 """
@@ -23,16 +24,15 @@ from fourfold.config import ReinforceConfig
 from fourfold.core import (
     FixedKLController,
     Rollout,
-    discounted_returns,
     masked_mean,
     reinforce_loss,
 )
+from fourfold.core.turns import policy_returns
 from fourfold.models.build import Roles
 from fourfold.models.roles import response_logprobs
 from fourfold.run.optim import guarded_step, make_optimizer, make_schedule
 from fourfold.run.parallel import global_sum, loss_scale, rank_slice, several_ranks
 from fourfold.run.scaffold import RunScaffold
-from fourfold.trainers.env_rollouts import turn_returns
 from fourfold.trainers.practice import mismatch_and_weights
 from fourfold.trainers.prelude import stage_roles
 from fourfold.trainers.rl import RLSteps, prepare_rewards
@@ -92,7 +92,7 @@ def train(cfg: ReinforceConfig, *, prompts: Optional[Sequence[str]] = None, prob
             col = rl.rollout(it, kl_coef=kl_ctl.value, kl_estimator=algo.kl_estimator)
             r = col.rollout
             # 5. returns-to-go and the optional baseline
-            returns = discounted_returns(r.rewards, r.mask, 1.0) if rl.env is None else turn_returns(r)
+            returns = policy_returns(r.rewards, r.mask)  # over the policy's tokens, single turns or not
             baseline = None
             if algo.baseline == "mean":
                 baseline = masked_mean(returns, r.mask)

@@ -14,10 +14,12 @@ its algorithm (steps 5-6: advantages or returns, the update) and its metrics::
         rl.export()                                          # the final models
     return rl.finish(last)                                   # the summary line and dict
 
-The rollout itself (one call from a batch of prompts to a scored
-:class:`~fourfold.core.Rollout`) is :func:`fourfold.trainers.rollouts.collect`; with ``env.factory``
-set it is :func:`fourfold.trainers.env_rollouts.collect_turns` on one environment per row
-(docs/environments.md), and the loops take their advantages over the policy's tokens.
+The rollout itself (one call from the next batch to a scored trajectory batch,
+:class:`~fourfold.trainers.rollouts.Collected`) is the run's source
+(:func:`fourfold.trainers.env_rollouts.rollout_source`): the prompts' single turns
+(:func:`fourfold.trainers.rollouts.collect`), or with ``env.factory`` one environment per row
+(:func:`fourfold.trainers.env_rollouts.collect_turns`, docs/environments.md). The loops never ask
+which: they take their advantages and returns over the policy's tokens of either.
 """
 
 from __future__ import annotations
@@ -30,27 +32,15 @@ import torch
 
 from fourfold.config import validate_tree
 from fourfold.data import prompt_columns
-from fourfold.errors import ConfigError
 from fourfold.models.build import Roles
 from fourfold.models.levers import autocast_region
 from fourfold.models.plan import plan_roles
 from fourfold.models.reward_parts import load_functions
 from fourfold.rollout.engine import make_engine
-from fourfold.rollout.env import load_env_factory, make_envs
-from fourfold.rollout.noise import RowNoise
 from fourfold.run.export import save_trained
-from fourfold.run.parallel import rank_slice
-from fourfold.trainers.env_rollouts import CollectedTurns, collect_turns, turn_sample_rows
-from fourfold.trainers.rollouts import (
-    KEY_METRICS,
-    Collected,
-    Probe,
-    PromptStream,
-    collect,
-    repeat_columns,
-    repeat_prompts,
-    sample_rows,
-)
+from fourfold.trainers.env_rollouts import rollout_source
+from fourfold.trainers.prompts import PromptStream
+from fourfold.trainers.rollouts import KEY_METRICS, Collected, Probe, sample_rows
 
 
 @dataclass
@@ -95,18 +85,13 @@ class RLSteps:
                  state: Optional[Mapping[str, object]] = None, probe: Optional[Probe] = None,
                  notes: Sequence[str] = ()):
         self.run_ctx, self.cfg, self.roles, self.device, self.probe = run, cfg, roles, device, probe
-        self.env = None
-        """The environment factory (``env.factory`` loaded) of an environment run; None: single turns."""
-        if cfg.env.factory is not None:
-            if probe is not None:
-                raise ConfigError("data.task: a task's probe measures single responses, and env.factory is set; "
-                                  "an environment run's measure is its returns (env/return_mean): unset data.task")
-            self.env = load_env_factory(cfg.env.factory)[0]
         self.notes = list(notes)
         self.total = getattr(cfg, section).iterations
         self.engine = make_engine(cfg.generation, precision=cfg.model.precision, max_prompt_len=cfg.data.max_prompt_len)
         self.stream = PromptStream(cfg.data, roles.tokenizer, n_prompts, cfg.run.seed, prompts=prompts,
                                    batch_key=f"{section}.rollout_batch_size")
+        self.source = rollout_source(cfg, self.stream, probe, device)
+        """The run's rollout: the prompts' single turns, or an environment per row (``env.factory``)."""
         extra = dict(state or {})
         run.track(modules={k: v[0] for k, v in trained.items()}, optimizers={k: v[1] for k, v in trained.items()},
                   schedulers={k: v[2] for k, v in trained.items()},
@@ -137,53 +122,25 @@ class RLSteps:
 
     def rollout(self, it: int, *, kl_coef: float, kl_estimator: str, samples_per_prompt: int = 1,
                 concurrent: bool = False, draw: int = 0) -> Collected:
-        """Steps 1-4 of iteration ``it``: the next batch of prompts, each on ``samples_per_prompt``
-        consecutive rows; the engine given the policy's weights after the last update, then
-        :func:`~fourfold.trainers.rollouts.collect` (generate pi_old, score, per-token rewards with
-        ``kl_coef`` x the ``kl_estimator`` KL) with the iteration's per-row noise, under the run's
-        autocast (the weights fixed: the cast cache kept). ``draw`` > 0: a further rollout of the
-        same iteration (PPO's filter_groups), its noise seeded ``run.seed + draw``."""
-        cfg, roles = self.cfg, self.roles
-        if self.env is not None:
-            return self._turns(it, kl_coef, kl_estimator, samples_per_prompt)
-        texts, prompt_ids, prompt_mask, columns = self.stream.next_with_columns(self.device)
-        texts, prompt_ids, prompt_mask = repeat_prompts(texts, prompt_ids, prompt_mask, samples_per_prompt)
-        self.engine.sync(roles.policy)
-        with autocast_region(cfg.model.precision, self.device.type):
-            return collect(roles, texts, prompt_ids, prompt_mask, cfg.generation, engine=self.engine,
-                           kl_coef=kl_coef, kl_estimator=kl_estimator, probe=self.probe, concurrent=concurrent,
-                           noise=RowNoise(cfg.run.seed + draw, it), columns=repeat_columns(columns, samples_per_prompt))
+        """Steps 1-4 of iteration ``it``: the engine given the policy's weights after the last update
+        (its collectives before any of the user's code runs), then the run's source
+        (:attr:`source`): the next batch, each prompt or environment row on ``samples_per_prompt``
+        consecutive rows, generated (pi_old), scored and given per-token rewards with ``kl_coef`` x
+        the ``kl_estimator`` KL, with the iteration's per-row noise, under the run's autocast (the
+        weights fixed: the cast cache kept). ``draw`` > 0: a further rollout of the same iteration
+        (PPO's filter_groups), its noise seeded ``run.seed + draw``."""
+        self.engine.sync(self.roles.policy)
+        with autocast_region(self.cfg.model.precision, self.device.type):
+            return self.source.collect(self.roles, self.engine, it, kl_coef=kl_coef, kl_estimator=kl_estimator,
+                                       samples_per_prompt=samples_per_prompt, concurrent=concurrent, draw=draw)
 
-    def _turns(self, it: int, kl_coef: float, kl_estimator: str, k: int) -> CollectedTurns:
-        """Steps 1-4 of an environment run: the next batch of rows, each on ``k`` consecutive rows
-        with its own environment (``make_env(row)`` per trajectory: the group of a group
-        estimator), then :func:`~fourfold.trainers.env_rollouts.collect_turns` on the run's engine
-        (given the policy's weights after the last update) with the iteration's per-row noise,
-        under the run's autocast. Under torchrun a rank makes the environments of
-        its slice of the rows only (:func:`~fourfold.run.parallel.rank_slice`, as a single-turn
-        rollout samples its slice), inside collect_turns, which gathers every rank's trajectories
-        and raises an error of one rank's environments on every rank."""
-        cfg = self.cfg
-        _, rows, wheres = self.stream.next_rows()
-        rows, wheres = [r for r in rows for _ in range(k)], [w for w in wheres for _ in range(k)]
-        mine = rank_slice(len(rows))
-        self.engine.sync(self.roles.policy)  # its collectives before any of the user's code runs
-        make = lambda: make_envs(self.env, rows[mine], wheres[mine])  # called by collect_turns
-        with autocast_region(cfg.model.precision, self.device.type):
-            return collect_turns(self.roles, make, cfg.env, cfg.generation, kl_coef=kl_coef, kl_estimator=kl_estimator,
-                                 noise=RowNoise(cfg.run.seed, it), max_first_tokens=cfg.data.max_prompt_len,
-                                 first_row=mine.start, engine=self.engine)
-
-    def log(self, logger, it: int, metrics: dict, col: Collected | CollectedTurns) -> None:
-        """Step 7's log: the metrics row of iteration ``it``, and a few completions of its batch
-        (decoded only now) when ``run.samples_every`` says so (an environment run's: each turn with
-        its reward and the observation after it)."""
+    def log(self, logger, it: int, metrics: dict, col: Collected) -> None:
+        """Step 7's log: the metrics row of iteration ``it``, and a few rows of its batch (decoded
+        only now; an environment run's: each turn with its reward and the observation after it) when
+        ``run.samples_every`` says so (:func:`~fourfold.trainers.rollouts.sample_rows`)."""
         logger.log(it, metrics)
         if self.run_ctx.samples_due(it, self.total):
-            if isinstance(col, CollectedTurns):
-                logger.samples(it, turn_sample_rows(col, self.roles.tokenizer))
-            else:
-                logger.samples(it, sample_rows(col, self.roles.tokenizer, self.probe))
+            logger.samples(it, sample_rows(col, self.roles.tokenizer, self.probe))
 
     def export(self, critic: Optional[torch.nn.Module] = None) -> None:
         """After the loop, inside its context: refuse a run in which no update went through, then

@@ -1,6 +1,14 @@
-"""Shared pieces of the language-model RL stages (PPO and REINFORCE): the prompt stream, and one call
-that turns a batch of prompts into a scored :class:`~fourfold.core.Rollout` (the roles come from
-:func:`fourfold.models.build.build_roles`).
+"""THE rollout of the language-model RL stages (PPO and REINFORCE): a batch of prompts, or of
+environments, turned into one scored trajectory batch, :class:`Collected` (a
+:class:`~fourfold.core.Rollout` whose ``mask`` is the policy's tokens, and what the logs need).
+A single-turn batch is the one-turn case: its response mask is a left-aligned policy mask, on which
+the policy-token mapping of :mod:`fourfold.core.turns` is the identity, so the loops run one
+advantage path and one returns-to-go over any batch, and one writer gives its sample rows.
+
+:class:`PromptSource` is a run's single-turn rollout (:func:`collect`: generate, score with the
+reward role, per-token rewards); :class:`fourfold.trainers.env_rollouts.EnvSource` is the multi-turn
+one (``env.factory``: one environment per row, its step the rewards); the loop gets one of them from
+:func:`fourfold.trainers.env_rollouts.rollout_source` and never asks which.
 
 A trainer never knows an embedded task: it gets prompts (a file or a list) and an optional
 :data:`Probe`, ``probe(prompts, responses) -> {metric name: value}``, logged every iteration. The
@@ -11,28 +19,19 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field, replace
-from typing import Callable, Optional, Sequence
+from typing import Callable, Optional
 
 import torch
 
-from fourfold.config import GenerationConfig, PromptDataConfig
+from fourfold.config import GenerationConfig
 from fourfold.core import Rollout, kl_estimate, masked_mean, token_rewards
-from fourfold.data import (
-    EpochSampler,
-    chat_template_renderer,
-    column_names,
-    encode_prompts,
-    left_pad,
-    line_of,
-    load_prompts,
-)
-from fourfold.errors import ConfigError
 from fourfold.models.build import Roles
 from fourfold.rollout.engine import Engine
 from fourfold.rollout.noise import RowNoise
 from fourfold.rollout.sampling import Samples, decode_responses
 from fourfold.rollout.score import Scores, score_rollout, select_rows
 from fourfold.run.parallel import gather_rows, mean_over_ranks, rank_slice, several_ranks
+from fourfold.trainers.prompts import repeat_columns, repeat_prompts
 
 Probe = Callable[[list[str], list[str]], dict[str, float]]
 """``probe(prompts, responses) -> {metric name: value}``: extra measurements of each batch of
@@ -50,104 +49,33 @@ SAMPLE_ROWS = 4
 """How many completions of a batch (its first rows) a samples log shows."""
 
 
-class PromptStream:
-    """Prompts tokenised once, served in shuffled batches; resumable through ``state_dict()``.
-
-    The prompts are ``prompts`` when given (a list of strings, used as they are), else the rows of
-    the ``data.prompts`` file; with ``data.on_error: skip`` its bad rows (unreadable, longer than
-    ``data.max_prompt_len``, or text the tokenizer reads as no tokens) are left out and their
-    messages kept in ``skipped`` (file order); ``notes`` holds the warning lines on the prompts as
-    a whole (most tokens unknown). Fewer prompts than one batch is a ConfigError naming
-    ``batch_key``, the batch size's key."""
-
-    def __init__(self, data: PromptDataConfig, tokenizer, batch_size: int, seed: int,
-                 prompts: Optional[Sequence[str]] = None, batch_key: str = "rollout_batch_size"):
-        on_error = "raise"
-        if prompts is not None:
-            texts, rows = list(prompts), [{}] * len(prompts)
-            lines, source, self.skipped = None, "prompts", []
-        elif data.prompts is not None:
-            # chat `messages` are rendered exactly as the SFT and reward stages render them
-            loaded = load_prompts(data.prompts, on_error=data.on_error, chat_template=chat_template_renderer(tokenizer))
-            texts, lines, rows = [r.prompt for r in loaded], [r.line for r in loaded], [r.columns for r in loaded]
-            source, on_error, self.skipped = data.prompts, data.on_error, list(loaded.skipped)
-        else:
-            raise ConfigError("data.prompts: missing: a prompts file (or prompts passed to the trainer)")
-        self.notes: list[str] = []
-        examples = encode_prompts(texts, tokenizer, data.max_prompt_len, lines=lines, source=source,
-                                  on_error=on_error, skipped=self.skipped, notes=self.notes)
-        self.skipped.sort(key=line_of)
-        self.texts = [texts[e.index] for e in examples]
-        self.ids = [e.input_ids for e in examples]
-        self.columns = column_names(rows)
-        """The prompts file's other columns (none for prompts passed as a list)."""
-        self.rows = [rows[e.index] for e in examples]
-        self.wheres = [f"{source}:{lines[e.index]}" if lines else f"{source}[{e.index}]" for e in examples]
-        """Where each prompt comes from, for messages: ``file:line`` (``prompts[i]`` for a list)."""
-        if len(self.ids) < batch_size:
-            skipped = f" ({len(self.skipped)} bad rows skipped)" if self.skipped else ""
-            raise ConfigError(f"{batch_key}: {batch_size} is more than the {len(self.ids)} prompts in {source}{skipped}; "
-                              "one batch needs that many different prompts")
-        self.pad_id = tokenizer.pad_token_id
-        self.sampler = EpochSampler(len(self.texts), batch_size, seed=seed, drop_last=True)
-        self._it = self.sampler.batches()
-
-    def next(self, device) -> tuple[list[str], torch.Tensor, torch.Tensor]:
-        """The next batch: its prompts' texts, ids and mask ``[n, P]`` (left-padded)."""
-        return self.next_with_columns(device)[:3]
-
-    def next_with_columns(self, device) -> tuple[list[str], torch.Tensor, torch.Tensor, dict[str, list]]:
-        """:meth:`next` and the batch's columns: name -> one value per prompt (None where a row
-        lacks the column); {} when the prompts have none."""
-        idx = next(self._it)
-        ids, mask = left_pad([self.ids[i] for i in idx], self.pad_id)
-        columns = {c: [self.rows[i].get(c) for i in idx] for c in self.columns}
-        return [self.texts[i] for i in idx], ids.to(device), mask.to(device), columns
-
-    def next_rows(self) -> tuple[list[str], list[dict], list[str]]:
-        """The next batch as an environment run reads it (the sampler advanced as by :meth:`next`):
-        its prompts' texts, its rows (each a dict of the file's other columns with ``prompt``, the
-        prompt's text; chat ``messages`` rendered) and where each comes from (``file:line``)."""
-        idx = next(self._it)
-        return ([self.texts[i] for i in idx], [{**self.rows[i], "prompt": self.texts[i]} for i in idx],
-                [self.wheres[i] for i in idx])
-
-    def state_dict(self) -> dict:
-        return self.sampler.state_dict()
-
-    def load_state_dict(self, state: dict) -> None:
-        self.sampler.load_state_dict(state)
-        self._it = self.sampler.batches()
-
-
-def repeat_prompts(texts: list[str], ids: torch.Tensor, mask: torch.Tensor, k: int
-                   ) -> tuple[list[str], torch.Tensor, torch.Tensor]:
-    """Each prompt ``k`` times on consecutive rows (prompt i on rows i*k ... i*k + k - 1), the
-    group of a group-baseline estimator: ``ids``, ``mask`` ``[n, P] -> [n * k, P]``. ``k = 1``
-    returns the inputs themselves."""
-    if k == 1:
-        return texts, ids, mask
-    return ([t for t in texts for _ in range(k)], ids.repeat_interleave(k, dim=0),
-            mask.repeat_interleave(k, dim=0))
-
-
-def repeat_columns(columns: dict[str, list], k: int) -> dict[str, list]:
-    """The batch's columns for :func:`repeat_prompts`' rows: each prompt's value ``k`` times."""
-    return {name: [v for v in values for _ in range(k)] for name, values in columns.items()}
-
-
 @dataclass
 class Collected:
-    """A scored rollout plus what the logs need about it."""
+    """A scored trajectory batch plus what the logs need about it: ``rollout`` (``mask`` = the
+    policy's tokens; ``scores`` = each row's score, an environment's: its return), the ``samples``
+    it came from (``finished``: the row's last turn ended by EOS or a stop string), the texts
+    (``prompts``, ``responses``: decoded only when the reward or a probe reads text; [] otherwise
+    and for environments), ``kl [B, T]`` (the per-token KL estimate in the rewards, 0 off the policy
+    tokens), the ``metrics`` and a weighted reward's ``parts``."""
 
     rollout: Rollout
     samples: Samples
     prompts: list[str]
     responses: list[str]
-    kl: torch.Tensor  # [B, T] per-token KL estimate used in the reward
+    kl: torch.Tensor  # [B, T] per-token KL estimate used in the rewards
     metrics: dict = field(default_factory=dict)
     parts: dict = field(default_factory=dict)
     """A weighted reward's parts: name -> scores [B] (before any missing-EOS penalty); {} for one source."""
+    bootstrap: Optional[torch.Tensor] = None
+    """[B]: what each row's last policy token bootstraps with (an environment run's cut trajectories
+    under ``env.truncation: bootstrap``, :func:`fourfold.core.turns.bootstrap_values`); None: nothing
+    (every single-turn row ends where its response ends)."""
+    trajectories: list = field(default_factory=list)
+    """An environment run's :class:`~fourfold.rollout.turns.Trajectory` per row (turns, rewards,
+    observations: the sample rows show them); [] for single turns."""
+    length_limit: int = 0
+    """The most policy tokens a row can hold (``generation.max_new_tokens`` for a single turn; an
+    environment's trajectory budget): what DAPO's overlong punishment measures lengths against."""
 
 
 def collect(
@@ -219,7 +147,7 @@ def collect(
                     "time/gen_tokens_per_s": n_tokens / max(t_gen, 1e-9)})
     if probe is not None:  # each rank its rows; the probe's values are means over the responses it gets
         metrics.update(mean_over_ranks(probe(prompts[rows], responses[rows]), len(prompts[rows])))
-    return Collected(rollout, samples, prompts, responses, kl, metrics, parts)
+    return Collected(rollout, samples, prompts, responses, kl, metrics, parts, length_limit=gen.max_new_tokens)
 
 
 def _generate(roles: Roles, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, gen: GenerationConfig,
@@ -259,6 +187,16 @@ def score_quantity(col: Collected) -> str:
     return "reward_score" + (f" (part {', '.join(bad)}: not finite)" if bad else "")
 
 
+def score_metrics(scores: torch.Tensor) -> dict:
+    """``reward/score_mean``, ``_std``, ``_min``, ``_max`` of a batch's scores ``[B]``."""
+    return {
+        "reward/score_mean": float(scores.mean()),
+        "reward/score_std": float(scores.std()) if scores.numel() > 1 else 0.0,
+        "reward/score_min": float(scores.min()),
+        "reward/score_max": float(scores.max()),
+    }
+
+
 def rollout_metrics(samples: Samples, sc: Scores, rewards: torch.Tensor, penalised: torch.Tensor) -> dict:
     """The rollout's reward, KL, entropy and length metrics over the whole batch (see
     :data:`fourfold.reporting.METRICS`): ``sc.scores`` are the reward model's (before any
@@ -267,10 +205,7 @@ def rollout_metrics(samples: Samples, sc: Scores, rewards: torch.Tensor, penalis
     lengths = mask.sum(1)
     k3 = kl_estimate(samples.logprobs, sc.ref_logprobs, "k3") * mask
     return {
-        "reward/score_mean": float(sc.scores.mean()),
-        "reward/score_std": float(sc.scores.std()) if sc.scores.numel() > 1 else 0.0,
-        "reward/score_min": float(sc.scores.min()),
-        "reward/score_max": float(sc.scores.max()),
+        **score_metrics(sc.scores),
         "reward/token_reward_sum_mean": float(rewards.sum(1).mean()),
         "reward/no_eos_penalised": float(penalised.float().mean()),
         "kl/k1": float((kl_estimate(samples.logprobs, sc.ref_logprobs, "k1") * mask).sum(1).mean()),
@@ -283,10 +218,13 @@ def rollout_metrics(samples: Samples, sc: Scores, rewards: torch.Tensor, penalis
 
 
 def sample_rows(col: Collected, tokenizer, probe: Optional[Probe] = None, n: int = SAMPLE_ROWS) -> list[dict]:
-    """The first ``n`` completions of a collected batch as ``samples.jsonl`` rows: ``prompt``,
-    ``response``, ``score`` (the reward the update used, after any missing-EOS penalty), a weighted
-    reward's ``parts`` (name -> that part's score) and the probe's ``per_response`` values. Only
-    these ``n`` responses are decoded when ``collect`` did not decode the batch."""
+    """The first ``n`` rows of a collected batch as ``samples.jsonl`` rows, one writer for every
+    batch. A single turn: ``prompt``, ``response``, ``score`` (the reward the update used, after any
+    missing-EOS penalty), a weighted reward's ``parts`` (name -> that part's score) and the probe's
+    ``per_response`` values; only these ``n`` responses are decoded when ``collect`` did not decode
+    the batch. An environment's trajectory: :func:`trajectory_rows`."""
+    if col.trajectories:
+        return trajectory_rows(col.trajectories[:n], tokenizer)
     n = min(n, len(col.prompts))
     responses = col.responses[:n] or decode_responses(
         tokenizer, replace(col.samples, sequences=col.samples.sequences[:n], response_mask=col.samples.response_mask[:n]))
@@ -301,3 +239,48 @@ def sample_rows(col: Collected, tokenizer, probe: Optional[Probe] = None, n: int
             for row, value in zip(rows, values):
                 row[name] = value
     return rows
+
+
+def trajectory_rows(trajectories: list, tokenizer) -> list[dict]:
+    """Trajectories as ``samples.jsonl`` rows: ``prompt`` (the first observation's text), ``turns``
+    (per policy turn: its ``action`` text, its ``reward`` when it was stepped, and the
+    ``observation`` text appended after it, if any), ``return``, ``done``, ``truncated``."""
+    rows = []
+    for traj in trajectories:
+        turns, pos = [], 0
+        for k in range(traj.n_turns):  # turn k's ids, then the observation after it
+            action = []
+            while pos < len(traj.ids) and traj.turn[pos] == k:
+                action.append(traj.ids[pos])
+                pos += 1
+            after = []
+            while pos < len(traj.ids) and traj.turn[pos] < 0:
+                after.append(traj.ids[pos])
+                pos += 1
+            entry = {"action": tokenizer.decode(action, skip_special_tokens=True)}
+            if k < len(traj.turn_rewards):
+                entry["reward"] = traj.turn_rewards[k]
+            if after:
+                entry["observation"] = tokenizer.decode(after, skip_special_tokens=True)
+            turns.append(entry)
+        rows.append({"prompt": tokenizer.decode(traj.prompt, skip_special_tokens=True), "turns": turns,
+                     "return": float(sum(traj.turn_rewards)), "done": traj.done, "truncated": traj.truncated})
+    return rows
+
+
+class PromptSource:
+    """A run's single-turn rollout: the next batch of the prompt ``stream``, each prompt on
+    ``samples_per_prompt`` consecutive rows, through :func:`collect` with the reward role, the
+    run's ``probe`` and the iteration's per-row noise (seed ``cfg.run.seed + draw``)."""
+
+    def __init__(self, cfg, stream, probe: Optional[Probe], device: torch.device):
+        self.cfg, self.stream, self.probe, self.device = cfg, stream, probe, device
+
+    def collect(self, roles: Roles, engine: Engine, it: int, *, kl_coef: float, kl_estimator: str,
+                samples_per_prompt: int = 1, concurrent: bool = False, draw: int = 0) -> Collected:
+        cfg = self.cfg
+        texts, prompt_ids, prompt_mask, columns = self.stream.next_with_columns(self.device)
+        texts, prompt_ids, prompt_mask = repeat_prompts(texts, prompt_ids, prompt_mask, samples_per_prompt)
+        return collect(roles, texts, prompt_ids, prompt_mask, cfg.generation, engine=engine,
+                       kl_coef=kl_coef, kl_estimator=kl_estimator, probe=self.probe, concurrent=concurrent,
+                       noise=RowNoise(cfg.run.seed + draw, it), columns=repeat_columns(columns, samples_per_prompt))

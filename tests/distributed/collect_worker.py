@@ -17,7 +17,8 @@ from fourfold.rollout.eager import EagerEngine
 from fourfold.rollout.engine import make_engine
 from fourfold.rollout.noise import RowNoise
 from fourfold.run.fsdp import shard_model
-from fourfold.trainers.rollouts import PromptStream, collect, repeat_prompts
+from fourfold.trainers.prompts import PromptStream, repeat_prompts
+from fourfold.trainers.rollouts import collect
 
 
 def row_reward(prompts, responses, row):

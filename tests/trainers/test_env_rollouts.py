@@ -16,9 +16,9 @@ from fourfold.models.roles import response_logprobs
 from fourfold.rollout.eager import EagerEngine
 from fourfold.rollout.env import make_envs
 from fourfold.rollout.noise import RowNoise
-from fourfold.trainers.env_rollouts import collect_turns, turn_advantages, turn_sample_rows
+from fourfold.trainers.env_rollouts import collect_turns
 from fourfold.trainers.ppo import compute_advantages
-from fourfold.trainers.rollouts import collect
+from fourfold.trainers.rollouts import collect, sample_rows
 
 PROMPTS = ["w1 w2", "w3", "w4 w5 w6", "w7", "w8 w9", "w10 w11", "w12", "w13 w14 w15"]
 
@@ -77,7 +77,7 @@ def test_one_turn_is_collect_with_the_reward_function(setup):
         assert torch.equal(a.context[key], b.context[key]), key
     assert torch.equal(got.kl, want.kl)
     assert got.bootstrap.tolist() == [0.0] * 8  # every row ended (done)
-    adv = turn_advantages(got, cfg.ppo)
+    adv = compute_advantages(got.rollout, cfg.ppo, got.bootstrap)
     ref = compute_advantages(want.rollout, cfg.ppo)
     assert torch.equal(adv.advantages, ref.advantages) and torch.equal(adv.returns, ref.returns)
     assert got.metrics["env/turns_mean"] == 1.0 and got.metrics["env/done_frac"] == 1.0
@@ -108,18 +108,18 @@ def test_observation_tokens_get_no_reward_kl_value_or_gradient(setup):
     assert bool((r.rewards[obs] == 0).all()) and bool((col.kl[obs] == 0).all()) and bool((r.values[obs] == 0).all())
     # each turn's reward sits on its last token; truncated by max_turns, the last one bootstraps
     ends = turn_ids_from_mask(r.mask)
-    assert col.batch.truncated.all() and col.metrics["env/truncated_frac"] == 1.0
+    assert all(t.truncated for t in col.trajectories) and col.metrics["env/truncated_frac"] == 1.0
     assert torch.equal(col.bootstrap, roles.critic.score(r.context["input_ids"], r.context["attention_mask"]))
     for b in range(4):
         last = [int((ends[b] == k).nonzero().max()) for k in range(3)]
         scores = r.rewards[b, last] + 0.2 * col.kl[b, last]
         assert torch.allclose(scores, torch.tensor([0.9, 0.8, 0.7]), atol=1e-6)
-    (row,) = turn_sample_rows(col, roles.tokenizer, n=1)
+    (row,) = sample_rows(col, roles.tokenizer, n=1)
     assert row["prompt"] == "w1 w2" and row["truncated"] and not row["done"]
     assert [t.get("observation") for t in row["turns"]] == ["w7 w7 w7", "w7 w7 w7", None]
     assert [t["reward"] for t in row["turns"]] == pytest.approx([0.9, 0.8, 0.7]) and row["return"] == pytest.approx(2.4)
     assert all(len(t["action"].split()) == 4 for t in row["turns"])
-    adv = turn_advantages(col, cfg.ppo)
+    adv = compute_advantages(col.rollout, cfg.ppo, col.bootstrap)
     assert bool((adv.advantages[obs] == 0).all()) and bool((adv.returns[obs] == 0).all())
     # the policy loss gives the observation positions' log-probs exactly zero gradient
     ids, attn, T = r.context["input_ids"], r.context["attention_mask"], r.mask.shape[1]
@@ -193,7 +193,7 @@ def test_the_ppo_update_runs_unchanged_on_a_multi_turn_rollout(setup):
     before = [p.detach().clone() for p in (next(roles.policy.parameters()), next(roles.critic.parameters()))]
     for it in range(2):
         col = collect_turns(roles, _envs(Repeat), env, gen, kl_coef=0.05, noise=RowNoise(11, it))
-        rollout = turn_advantages(col, algo)
+        rollout = compute_advantages(col.rollout, algo, col.bootstrap)
         obs = (rollout.mask == 0) & (rollout.context["attention_mask"][:, -rollout.mask.shape[1]:] == 1)
         assert bool(obs.any()) and bool((rollout.returns[obs] == 0).all())
         stats = ppo_update(roles, rollout, algo, opt, gen.temperature, guard, it + 1)

@@ -91,11 +91,11 @@ def _lines(path):
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
-def _same_run(plain_dir, env_dir):
+def _same_run(plain_dir, env_dir, iterations: int = 2):
     """Every metric of the plain run (timings aside) equal in the environment run, the samples'
     scores equal, the final weights equal."""
     plain, env = read_metrics(plain_dir / "metrics.jsonl"), read_metrics(env_dir / "metrics.jsonl")
-    assert len(plain) == len(env) == 2
+    assert len(plain) == len(env) == iterations
     for p, e in zip(plain, env):
         keys = [k for k in p if not k.startswith("time/")]
         assert {k: p[k] for k in keys} == {k: e[k] for k in keys}
@@ -122,6 +122,25 @@ def test_a_one_turn_environment_is_the_reward_function_run_exactly(tiny_lm, file
     train(_cfg(tiny_lm, tmp / "env", prompts, cls, **{"env.factory": f"{tmp / 'envs.py'}:one_turn",
                                                        "env.max_tokens": 64, "env.max_turns": 1, **extra}))
     _same_run(tmp / "plain", tmp / "env")
+
+
+def test_a_one_turn_environment_is_the_function_run_when_responses_end_early(tiny_lm, files):
+    """12 tokens a response, so that some responses end at EOS before the limit (checked), GRPO over
+    4 iterations of 4 minibatches: the one rollout builds the same tensors from an environment as
+    from the reward function, so metrics, samples and weights are equal (before the one rollout, the
+    environment path's update differed here: grad norm 0.830709 against 0.830764 at iteration 1,
+    weights 2.9e-2 apart after 4)."""
+    from fourfold.trainers.ppo import train
+
+    tmp, prompts = files
+    extra = {"ppo.advantage": "grpo", "ppo.samples_per_prompt": 4, "ppo.iterations": 4, "ppo.minibatch_size": 2,
+             "generation.max_new_tokens": 12}
+    train(_cfg(tiny_lm, tmp / "plain", prompts, **{"model.reward_fn": f"{tmp / 'rules.py'}:reward", **extra}))
+    train(_cfg(tiny_lm, tmp / "env", prompts, **{"env.factory": f"{tmp / 'envs.py'}:one_turn",
+                                                 "env.max_tokens": 64, "env.max_turns": 1, **extra}))
+    rows = read_metrics(tmp / "plain" / "metrics.jsonl")
+    assert any(0 < r["rollout/no_eos_share"] < 1 for r in rows)  # some rows end early, some at the limit
+    _same_run(tmp / "plain", tmp / "env", iterations=4)
 
 
 @pytest.mark.parametrize("advantage", ["gae", "rloo"])
@@ -191,16 +210,65 @@ def test_a_multi_turn_run_on_the_static_engine_is_the_eager_run(tiny_lm, files, 
         [r["turns"] for r in _lines(tmp / "eager" / "samples.jsonl")]
 
 
-def test_turn_returns_sum_the_later_policy_rewards_across_observations():
+def test_policy_returns_sum_the_later_policy_rewards_across_observations():
+    """REINFORCE's one returns-to-go (core.turns.policy_returns), over an environment's policy tokens."""
     from fourfold.core import Rollout
-    from fourfold.trainers.env_rollouts import turn_returns
+    from fourfold.core.turns import policy_returns
 
     mask = torch.tensor([[1.0, 1.0, 0.0, 0.0, 1.0, 1.0, 0.0]])
     rewards = torch.tensor([[0.5, 1.0, 9.0, 9.0, 0.0, 2.0, 9.0]])  # 9 off the policy tokens: never read
     r = Rollout(actions=torch.zeros(1, 7, dtype=torch.long), mask=mask, logprobs=torch.zeros(1, 7),
                 values=torch.zeros(1, 7), rewards=rewards, ref_logprobs=torch.zeros(1, 7), scores=torch.zeros(1),
                 context={})
-    assert turn_returns(r).tolist() == [[3.5, 3.0, 0.0, 0.0, 2.0, 2.0, 0.0]]
+    assert policy_returns(r.rewards, r.mask).tolist() == [[3.5, 3.0, 0.0, 0.0, 2.0, 2.0, 0.0]]
+
+
+def test_dapo_shaping_applies_to_a_multi_turn_run(tiny_lm, files, monkeypatch):
+    """filter_groups, overlong_buffer and mask_truncated on the three-turn Echo world (GRPO, K = 4):
+    the run trains and logs each; the overlong penalty is DAPO's on each trajectory's policy tokens
+    against the trajectory budget (4 tokens x 3 turns = 12), the masked share is the share of rows
+    whose last turn ran out of tokens (no EOS), and the kept batch keeps rollout_batch_size rows."""
+    from fourfold.core import overlong_penalty
+    from fourfold.trainers import ppo, practice
+
+    tmp, prompts = files
+    seen = []
+    real_shape, real_mask = practice.shape_scores, practice.mask_truncated
+
+    def shape(rollout, algo, limit):
+        seen.append(("shape", rollout.mask.sum(1).clone(), limit, real_shape(rollout, algo, limit)[1]))
+        return real_shape(rollout, algo, limit)
+
+    def mask(rollout, finished):
+        out = real_mask(rollout, finished)
+        seen.append(("mask", finished.clone(), out[0].mask.sum(1).clone(), out[1]))
+        return out
+
+    monkeypatch.setattr(ppo, "shape_scores", shape)
+    monkeypatch.setattr(ppo, "mask_truncated", mask)
+    extra = {"env.factory": f"{tmp / 'envs.py'}:echo", "env.max_turns": 3, "env.max_tokens": 64,
+             "generation.max_new_tokens": 4, "ppo.advantage": "grpo", "ppo.samples_per_prompt": 4, "ppo.kl_in": "loss",
+             "ppo.filter_groups": "true", "ppo.filter_groups_max_batches": 3, "ppo.overlong_buffer": 4,
+             "ppo.overlong_penalty": 1.0, "ppo.mask_truncated": "true", "ppo.iterations": 3}
+    ppo.train(_cfg(tiny_lm, tmp / "dapo", prompts, **extra))
+    rows = read_metrics(tmp / "dapo" / "metrics.jsonl")
+    assert len(rows) == 3
+    for r in rows:
+        assert r["env/turns_mean"] > 1 and 1 <= r["reward/filter_batches"] <= 3 and r["reward/filtered_groups"] >= 0
+        assert r["reward/overlong_penalty_mean"] <= 0 and 0 <= r["rollout/masked_truncated_share"] <= 1
+    shapes, masks = [x for x in seen if x[0] == "shape"], [x for x in seen if x[0] == "mask"]
+    assert len(shapes) == len(masks) == 3
+    for (_, lengths, limit, metrics), (_, finished, kept, masked) in zip(shapes, masks):
+        assert limit == 12 and lengths.numel() == 8  # the kept batch: rollout_batch_size rows
+        want = overlong_penalty(lengths, 12, 4, 1.0)
+        assert metrics["reward/overlong_penalty_mean"] == pytest.approx(float(want.mean()))
+        assert masked["rollout/masked_truncated_share"] == pytest.approx(1.0 - float(finished.float().mean()))
+        assert bool((kept[~finished] == 0).all()) and bool((kept[finished] > 0).all())
+    assert any(float(overlong_penalty(x[1], 12, 4, 1.0).min()) < 0 for x in shapes)  # the penalty bit somewhere
+    assert any(m[3]["rollout/masked_truncated_share"] > 0 for m in masks)  # some trajectory was cut mid-turn
+    assert any(r["reward/filtered_groups"] > 0 for r in rows)  # and some group of equal returns dropped
+    print({k: [r[k] for r in rows] for k in ("reward/filtered_groups", "reward/filter_batches",
+                                               "reward/overlong_penalty_mean", "rollout/masked_truncated_share")})
 
 
 @pytest.mark.parametrize("over, key", [
@@ -209,9 +277,8 @@ def test_turn_returns_sum_the_later_policy_rewards_across_observations():
     ({"model.critic_init": "reward"}, "model.critic_init: 'reward' needs model.reward"),
     ({"env.max_turns": 0}, "env.max_turns: must be >= 1"),
     ({"env.factory": "nocolon"}, "env.factory: 'nocolon': expected"),
-    ({"ppo.filter_groups": "true", "ppo.advantage": "grpo", "ppo.samples_per_prompt": 2, "ppo.kl_in": "loss"},
-     "ppo.filter_groups: works on single-turn responses"),
-    ({"ppo.mask_truncated": "true"}, "ppo.mask_truncated: works on single-turn responses"),
+    ({"ppo.overlong_buffer": 13, "generation.max_new_tokens": 4, "env.max_turns": 3},
+     "ppo.overlong_buffer: 13 is more than the trajectory budget 12 (generation.max_new_tokens x env.max_turns"),
 ])
 def test_the_env_section_is_refused_with_one_line_where_unsupported(over, key):
     base = {"model.policy": "p", "data.prompts": "f.jsonl", "env.factory": "envs.py:make_env",

@@ -68,14 +68,16 @@ def test_critic_free_estimators_train_the_policy_without_a_critic(tiny_lm, tmp_p
 def test_k_samples_of_a_prompt_are_consecutive_rows_and_form_the_groups(tiny_lm, tmp_path, monkeypatch):
     """K = 4 and 8 responses per iteration: 2 prompts (the PromptStream's next two), each on 4
     consecutive rows; GRPO's groups are those rows."""
-    from fourfold.trainers import ppo, rl
-    from fourfold.trainers.rollouts import PromptStream
+    from fourfold.trainers import ppo
+    from fourfold.trainers import rollouts as rollouts_module
+    from fourfold.trainers.prompts import PromptStream
 
     seen, rollouts = [], []
-    real_collect, real_advantages = rl.collect, ppo.compute_advantages
-    monkeypatch.setattr(rl, "collect", lambda roles, texts, ids, mask, *a, **k: seen.append((texts, ids, mask))
+    real_collect, real_advantages = rollouts_module.collect, ppo.compute_advantages
+    monkeypatch.setattr(rollouts_module, "collect", lambda roles, texts, ids, mask, *a, **k: seen.append((texts, ids, mask))
                         or real_collect(roles, texts, ids, mask, *a, **k))
-    monkeypatch.setattr(ppo, "compute_advantages", lambda r, algo: rollouts.append(real_advantages(r, algo)) or rollouts[-1])
+    monkeypatch.setattr(ppo, "compute_advantages",
+                        lambda r, algo, boot=None: rollouts.append(real_advantages(r, algo, boot)) or rollouts[-1])
     cfg = load_config(PPOConfig, None, _over(tiny_lm, tmp_path / "g", **{"ppo.advantage": "grpo", "ppo.samples_per_prompt": 4}))
     ppo.train(cfg)
 
@@ -181,7 +183,8 @@ def step_setup(tiny_lm):
     from fourfold.models.plan import plan_roles
     from fourfold.rollout.eager import EagerEngine
     from fourfold.trainers.ppo import compute_advantages
-    from fourfold.trainers.rollouts import collect, repeat_prompts
+    from fourfold.trainers.prompts import repeat_prompts
+    from fourfold.trainers.rollouts import collect
 
     cfg = load_config(PPOConfig, None, _over(tiny_lm, "unused", **{"ppo.advantage": "grpo", "ppo.samples_per_prompt": 4}))
     roles = build_roles(plan_roles("ppo", cfg).without("critic"), torch.device("cpu"))

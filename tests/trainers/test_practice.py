@@ -304,11 +304,20 @@ def test_fill_groups_keeps_a_weighted_rewards_parts_with_their_rows():
     assert col.parts["rm"].tolist() == [0.0, 0.25, 1.5, 2.0, 2.5, 3.0]
     assert (col.parts["rm"] + col.parts["rule"]).tolist() == col.rollout.scores.tolist()
 
-def test_filter_groups_in_the_loop(tiny_lm, tmp_path):
+def test_filter_groups_in_the_loop(tiny_lm, tmp_path, monkeypatch):
+    """DAPO's refills happen, and reward/score_* are the kept batch's (the scores the update trains
+    on), the first rollout's mean beside as reward/first_score_mean."""
+    from fourfold.trainers import ppo
+
+    kept, real = [], ppo.shape_scores
+    monkeypatch.setattr(ppo, "shape_scores", lambda r, algo, limit: kept.append(r.scores.clone()) or real(r, algo, limit))
     rows = _run(tiny_lm, tmp_path / "dapo", **{"ppo.advantage": "grpo", "ppo.samples_per_prompt": 2,
                                                "ppo.kl_in": "loss", "ppo.filter_groups": "true",
                                                "generation.max_new_tokens": 4})
-    for r in rows:
+    for r, scores in zip(rows, kept, strict=True):
         assert 1 <= r["reward/filter_batches"] <= 3 and r["reward/filtered_groups"] >= 0
+        assert r["reward/score_mean"] == pytest.approx(float(scores.mean()), abs=1e-7)
+        assert r["reward/score_max"] == pytest.approx(float(scores.max()), abs=1e-7)
+    assert any(r["reward/first_score_mean"] != r["reward/score_mean"] for r in rows)  # refills changed the batch
     # the tiny reward counts one word in 4 tokens: most groups tie at 0, so refills happen
     assert max(r["reward/filter_batches"] for r in rows) > 1

@@ -46,7 +46,7 @@ def _module(tmp_path, text, name="rules"):
 
 
 def test_columns_repeat_with_the_k_samples_of_each_prompt():
-    from fourfold.trainers.rollouts import repeat_columns
+    from fourfold.trainers.prompts import repeat_columns
 
     assert repeat_columns({"answer": ["1", "2"], "id": [7, None]}, 3) == {
         "answer": ["1", "1", "1", "2", "2", "2"], "id": [7, 7, 7, None, None, None]}
