@@ -44,6 +44,12 @@ class EnvConfig:
     ('user', 'tool') = as one chat message of that role, through the tokenizer's chat template
     (observations given as message lists always go through it)."""
 
+    reward_weight: float = 1.0
+    """The environment's part of the score: each turn's reward times this weight (logged as
+    reward/env_mean, unweighted). With model.reward, reward_fn(s) or reward_url beside env.factory the
+    score is this part plus theirs, weighted, on the trajectory's last policy token; the environment
+    alone with weight 1 is its plain returns."""
+
     def policy_token_budget(self, max_new_tokens: int) -> int:
         """The most policy tokens one trajectory can hold: ``max_new_tokens`` (the generation's, per
         turn) over ``max_turns`` turns, never more than ``max_tokens`` (the whole trajectory's). DAPO's

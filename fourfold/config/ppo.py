@@ -13,7 +13,7 @@ from fourfold.config.env import EnvConfig
 from fourfold.config.loader import require, validate_precision
 from fourfold.config.lora import LoraConfig
 from fourfold.config.model_limits import require_fits
-from fourfold.config.rewards import RewardFnConfig, require_rewards, reward_part_names
+from fourfold.config.rewards import ENV_PART, RewardFnConfig, require_rewards, reward_part_names
 from fourfold.config.run import RunConfig
 
 # The advantage estimators of fourfold.core's registry (ADVANTAGE_ESTIMATORS), by name: config
@@ -506,15 +506,18 @@ class RolloutStageConfig:
 
 
 def require_env_fits(model: LMModelConfig, env: EnvConfig, gen: GenerationConfig) -> None:
-    """With ``env.factory``: the environment's step is the only reward (no reward model, function or
-    server beside it), no missing-EOS score (a turn's reward is the environment's), and a whole trajectory
+    """With ``env.factory``: the environment's step is one reward part (``env.reward_weight``), any
+    reward model, function or server beside it the others (each checked as without an environment),
+    no missing-EOS score (a turn's reward is the environment's), and a whole trajectory
     (``env.max_tokens``) fits every model directory of the run."""
-    for _, key in reward_part_names(model):
-        require(False, key, "set, and so is env.factory: the environment's step() gives the rewards; remove one")
+    if reward_part_names(model):
+        require_rewards(model)
+    for name, key in reward_part_names(model):
+        require(name != ENV_PART, key, f"named {ENV_PART!r}, the environment's own part with env.factory: give it another name")
     require(gen.missing_eos_score is None, "generation.missing_eos_score",
             "not applied with env.factory (each turn's reward is the environment's); set it to null")
     require_fits(env.max_tokens, "env.max_tokens",
-                 [(f"model.{role}", getattr(model, role)) for role in ("policy", "reference", "critic")])
+                 [(f"model.{role}", getattr(model, role)) for role in ("policy", "reference", "critic", "reward")])
 
 
 @dataclasses.dataclass
@@ -541,8 +544,8 @@ class PPOConfig(RolloutStageConfig):
         require(self.ppo.critic_from is None or self.model.critic is None, "ppo.critic_from",
                 "model.critic is set too: keep one source of the critic's weights")
         if self.env.factory is not None and self.ppo.loads_critic and self.model.critic is None:
-            require(self.model.critic_init == "policy", "model.critic_init",
-                    "'reward' needs model.reward, which an environment run has none of; use critic_init=policy")
+            require(self.model.critic_init == "policy" or self.model.reward is not None, "model.critic_init",
+                    "'reward' needs model.reward, which this environment run has none of; use critic_init=policy")
         elif self.model.reward is None and self.ppo.loads_critic and self.model.critic is None:
             require(self.model.critic_init == "policy", "model.critic_init",
                     "'reward' needs model.reward; use critic_init=policy with a reward function or a reward server")

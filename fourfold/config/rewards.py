@@ -16,8 +16,9 @@ from typing import Callable, Optional, Union
 
 from fourfold.config.loader import require, validate_tree
 
-MODEL_PART, REMOTE_PART = "rm", "remote"
-"""The names of the reward model's part and the reward server's part."""
+MODEL_PART, REMOTE_PART, ENV_PART = "rm", "remote", "env"
+"""The names of the reward model's part, the reward server's part and an environment's (its turns'
+rewards, with ``env.factory``: ``reward/env_mean``)."""
 
 RESERVED_PART_NAMES = ("score", "gold", "token_reward_sum")
 """Names a part cannot take: ``reward/<name>_mean`` would be another metric's name."""

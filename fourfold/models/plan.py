@@ -252,7 +252,7 @@ def plan_roles(stage: str, cfg) -> RolePlan:
         with_critic = stage == "ppo" and cfg.ppo.loads_critic
         env = getattr(cfg, "env", None)
         return _lm_plan(stage, cfg.model, cfg.dist, with_critic, bool(cfg.run.concurrent_roles),
-                        with_reward=env is None or env.factory is None)
+                        with_reward=env is None or env.factory is None or bool(reward_parts(cfg.model)))
     if stage in ("sft", "reward", "dpo"):
         return _supervised_plan(stage, cfg)
     raise ValueError(f"plan_roles: no roles for stage {stage!r}")
@@ -321,7 +321,8 @@ def _supervised_plan(stage: str, cfg) -> RolePlan:
 
 def _lm_plan(stage: str, m, dist_cfg, with_critic: bool, concurrent: bool, with_reward: bool = True) -> RolePlan:
     """PPO and REINFORCE: policy, reference, reward (model or function) and, for PPO, the critic.
-    ``with_reward`` False (an environment run, ``env.factory``: its step gives the rewards): no reward role."""
+    ``with_reward`` False (an environment run, ``env.factory``, with no reward part beside the
+    environment's: its step gives the rewards): no reward role."""
     lora = LoraSettings.from_config(m.lora)
     trained, frozen = role_dtypes(m.dtype, m.precision, m.frozen_dtype)
     if lora is not None and concurrent:

@@ -21,11 +21,13 @@ whole groups, metrics) is computed on the whole batch alike on every rank.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Callable, Optional, Sequence, Union
 
 import torch
 
 from fourfold.config import EnvConfig, GenerationConfig
+from fourfold.config.rewards import ENV_PART, reward_part_names
 from fourfold.core import Rollout
 from fourfold.core.turns import bootstrap_values, trajectory_rewards
 from fourfold.data.observations import ObservationEncoder
@@ -62,12 +64,14 @@ def turn_metrics(batch: TurnBatch) -> dict:
 @torch.no_grad()
 def collect_turns(roles: Roles, envs: Union[Sequence[BoundEnv], Callable[[], Sequence[BoundEnv]]], env: EnvConfig,
                   gen: GenerationConfig, *, kl_coef: float, kl_estimator: str = "k1", noise: Optional[RowNoise] = None,
-                  max_first_tokens: Optional[int] = None, first_row: int = 0, engine=None) -> Collected:
+                  max_first_tokens: Optional[int] = None, first_row: int = 0, engine=None,
+                  columns: Optional[dict] = None, reward_names: Sequence[str] = ()) -> Collected:
     """Reset ``envs`` (one per row, or a function making them: called here), run their turns with
     ``roles.policy`` (in eval mode) under the ``env`` section's limits and ``gen``'s sampling
     (``max_new_tokens`` per turn, temperature, EOS), then score: reference log-probs and critic
     values over each whole trajectory, the rewards by :func:`fourfold.core.turns.trajectory_rewards`,
-    the bootstrap by ``env.truncation``.
+    the bootstrap by ``env.truncation`` (:func:`score_trajectories`; with a reward role beside the
+    environment, its parts ``reward_names`` and the rows' ``columns``, the whole batch's).
     ``noise``: the iteration's per-row noise (a row's n-th policy token at its n-th uniform);
     ``max_first_tokens``: a limit of the first observation's own (e.g. ``data.max_prompt_len``);
     ``engine``: the rollout engine, already synced with the policy
@@ -108,28 +112,75 @@ def collect_turns(roles: Roles, envs: Union[Sequence[BoundEnv], Callable[[], Seq
     t_gen = time.perf_counter() - t0
     t0 = time.perf_counter()
     s = batch.samples
-    seq, attn, mask, T = s.sequences, s.attention_mask, s.response_mask, s.n_response
-    sc = gather_rows(_score_rows(roles, seq, attn, mask, T, gen.temperature, rank_slice(seq.shape[0])))
-    ref, values, final = sc.ref_logprobs, sc.values, (sc.scores if roles.critic is not None else None)
-    rewards, kl = trajectory_rewards(batch.turn_rewards.to(seq.device), batch.turn_ids.to(seq.device), s.logprobs, ref,
-                                     kl_coef, kl_estimator)
-    rollout = Rollout(actions=s.responses, mask=mask, logprobs=s.logprobs, values=values, rewards=rewards,
-                      ref_logprobs=ref, scores=batch.turn_rewards.sum(1).to(seq.device),
-                      context={"input_ids": seq, "attention_mask": attn})
-    boot = bootstrap_values(final, batch.truncated.to(seq.device), env.truncation)
-    scores, t_score = rollout.scores, time.perf_counter() - t0
-    metrics = rollout_metrics(s, Scores(ref, values, scores), rewards, torch.zeros_like(s.finished))
+    rollout, kl, boot, parts = score_trajectories(roles, batch, env, gen.temperature, kl_coef, kl_estimator,
+                                                  columns=columns, names=reward_names)
+    scores, mask, t_score = rollout.scores, rollout.mask, time.perf_counter() - t0
+    metrics = rollout_metrics(s, Scores(rollout.ref_logprobs, rollout.values, scores), rollout.rewards,
+                              torch.zeros_like(s.finished))
+    metrics.update({f"reward/{name}_mean": float(part.mean()) for name, part in parts.items()})
     metrics.update(turn_metrics(batch))
     metrics.update({"time/generate_s": t_gen, "time/score_s": t_score, "time/gen_tokens_per_s": float(mask.sum()) / max(t_gen, 1e-9)})
-    return Collected(rollout, s, [], [], kl, metrics, bootstrap=boot, trajectories=list(batch.trajectories),
+    return Collected(rollout, s, [], [], kl, metrics, parts, bootstrap=boot, trajectories=list(batch.trajectories),
                      length_limit=env.policy_token_budget(gen.max_new_tokens))
 
 
+@dataclass
+class TrajectoryScores:
+    """One rank's rows of a trajectory batch scored (:func:`_score_rows`): the reference's
+    log-probs and the critic's values ``[B, T]``, the critic's value of the state after each
+    trajectory ``final [B]``, and, with a reward role beside the environment, its ``reward [B]``
+    and a weighted reward's ``parts [B, n]``."""
+
+    ref_logprobs: torch.Tensor
+    values: torch.Tensor
+    final: torch.Tensor
+    reward: Optional[torch.Tensor] = None
+    parts: Optional[torch.Tensor] = None
+
+
+def score_trajectories(roles: Roles, batch: TurnBatch, env: EnvConfig, temperature: float, kl_coef: float,
+                       kl_estimator: str, *, columns: Optional[dict] = None, names: Sequence[str] = ()
+                       ) -> tuple[Rollout, torch.Tensor, torch.Tensor, dict]:
+    """The scored :class:`~fourfold.core.Rollout` of a trajectory batch (every rank its rows, then
+    gathered): reference log-probs and critic values over each whole trajectory, the rewards by
+    :func:`fourfold.core.turns.trajectory_rewards` with each turn's reward times ``env.reward_weight``,
+    the bootstrap by ``env.truncation``. With a reward role beside the environment (``names``: its
+    parts' names, in order; ``columns``: the rows' other fields, for a reward that reads text), its
+    score of each trajectory (the first observation as the prompt, the rest as the response) is added
+    to the trajectory's last turn, so on its last policy token. Returns ``(rollout, kl, bootstrap,
+    parts)``: ``parts`` (name -> [B], ``env`` the unweighted returns) when there is more than the
+    environment at weight 1, else {}; ``rollout.scores`` is their weighted sum."""
+    s = batch.samples
+    seq, attn, mask, T = s.sequences, s.attention_mask, s.response_mask, s.n_response
+    texts = None
+    if getattr(roles.reward, "needs_text", False):
+        dec = lambda ids: roles.tokenizer.decode(ids, skip_special_tokens=True)
+        texts = ([dec(t.prompt) for t in batch.trajectories], [dec(t.ids) for t in batch.trajectories])
+    sc = gather_rows(_score_rows(roles, seq, attn, mask, T, temperature, rank_slice(seq.shape[0]), texts, columns))
+    turn_rewards, parts = batch.turn_rewards.to(seq.device), {}
+    if sc.reward is not None or env.reward_weight != 1.0:
+        parts[ENV_PART] = turn_rewards.sum(1)
+        turn_rewards = turn_rewards * env.reward_weight
+    if sc.reward is not None:
+        last = (batch.n_turns.to(seq.device) - 1).clamp(min=0)
+        turn_rewards = turn_rewards.scatter_add(1, last[:, None], sc.reward[:, None].to(turn_rewards.dtype))
+        parts.update(dict(zip(names, sc.parts.unbind(1))) if sc.parts is not None else
+                     {(list(names) or ["reward"])[0]: sc.reward})
+    rewards, kl = trajectory_rewards(turn_rewards, batch.turn_ids.to(seq.device), s.logprobs, sc.ref_logprobs,
+                                     kl_coef, kl_estimator)
+    rollout = Rollout(actions=s.responses, mask=mask, logprobs=s.logprobs, values=sc.values, rewards=rewards,
+                      ref_logprobs=sc.ref_logprobs, scores=turn_rewards.sum(1),
+                      context={"input_ids": seq, "attention_mask": attn})
+    final = sc.final if roles.critic is not None else None
+    return rollout, kl, bootstrap_values(final, batch.truncated.to(seq.device), env.truncation), parts
+
+
 def _score_rows(roles: Roles, seq: torch.Tensor, attn: torch.Tensor, mask: torch.Tensor, T: int, temperature: float,
-                rows: slice) -> Scores:
+                rows: slice, texts: Optional[tuple] = None, columns: Optional[dict] = None) -> TrajectoryScores:
     """This rank's ``rows`` of the batch scored: the reference's log-probs and the critic's values
-    on the policy tokens (zeros without a critic) and, as ``scores``, the critic's value of the state
-    after each trajectory's last token (zeros without one)."""
+    on the policy tokens (zeros without a critic), the critic's value of the state after each
+    trajectory's last token (zeros without one) and the reward role's score, if any (``texts``:
+    the rows' (prompts, responses) when it reads text)."""
     seq, attn, mask = seq[rows], attn[rows], mask[rows]
     ref = roles.reference.logprobs(seq, attn, T, temperature) * mask
     values, final = torch.zeros_like(mask), torch.zeros(seq.shape[0], device=seq.device)
@@ -138,7 +189,14 @@ def _score_rows(roles: Roles, seq: torch.Tensor, attn: torch.Tensor, mask: torch
         values = roles.critic.response_values(seq, attn, T) * mask
         final = roles.critic.score(seq, attn)  # V of the state after the trajectory's last token
         roles.critic.train()
-    return Scores(ref, values, final)
+    if roles.reward is None:
+        return TrajectoryScores(ref, values, final)
+    prompts, responses = (texts[0][rows], texts[1][rows]) if texts else (None, None)
+    kw = {"columns": {k: v[rows] for k, v in columns.items()}} if columns and texts else {}
+    reward = roles.reward(seq, attn, prompts, responses, **kw).float()
+    names = getattr(roles.reward, "names", None)
+    parts = torch.stack([roles.reward.last_parts[n] for n in names], 1) if names else None
+    return TrajectoryScores(ref, values, final, reward, parts)
 
 
 class EnvSource:
@@ -153,6 +211,8 @@ class EnvSource:
     def __init__(self, cfg, stream):
         self.cfg, self.stream = cfg, stream
         self.factory = load_env_factory(cfg.env.factory)[0]
+        self.reward_names = [name for name, _ in reward_part_names(cfg.model)]
+        """The reward parts beside the environment's (none: the environment alone)."""
 
     def collect(self, roles: Roles, engine, it: int, *, kl_coef: float, kl_estimator: str,
                 samples_per_prompt: int = 1, concurrent: bool = False, draw: int = 0) -> Collected:
@@ -161,9 +221,10 @@ class EnvSource:
         rows, wheres = [r for r in rows for _ in range(k)], [w for w in wheres for _ in range(k)]
         mine = rank_slice(len(rows))
         make = lambda: make_envs(self.factory, rows[mine], wheres[mine])  # called by collect_turns
+        columns = {c: [r.get(c) for r in rows] for c in self.stream.columns}
         return collect_turns(roles, make, cfg.env, cfg.generation, kl_coef=kl_coef, kl_estimator=kl_estimator,
                              noise=RowNoise(cfg.run.seed + draw, it), max_first_tokens=cfg.data.max_prompt_len,
-                             first_row=mine.start, engine=engine)
+                             first_row=mine.start, engine=engine, columns=columns, reward_names=self.reward_names)
 
 
 def rollout_source(cfg, stream, probe: Optional[Probe], device: torch.device) -> Union[PromptSource, EnvSource]:

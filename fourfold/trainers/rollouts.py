@@ -222,9 +222,15 @@ def sample_rows(col: Collected, tokenizer, probe: Optional[Probe] = None, n: int
     batch. A single turn: ``prompt``, ``response``, ``score`` (the reward the update used, after any
     missing-EOS penalty), a weighted reward's ``parts`` (name -> that part's score) and the probe's
     ``per_response`` values; only these ``n`` responses are decoded when ``collect`` did not decode
-    the batch. An environment's trajectory: :func:`trajectory_rows`."""
+    the batch. An environment's trajectory: :func:`trajectory_rows`, with the ``score`` and its
+    ``parts`` when a reward stands beside the environment's."""
     if col.trajectories:
-        return trajectory_rows(col.trajectories[:n], tokenizer)
+        rows = trajectory_rows(col.trajectories[:n], tokenizer)
+        if col.parts:  # a reward beside the environment: the score the update used and its parts
+            for i, row in enumerate(rows):
+                row["score"] = float(col.rollout.scores[i])
+                row["parts"] = {name: float(part[i]) for name, part in col.parts.items()}
+        return rows
     n = min(n, len(col.prompts))
     responses = col.responses[:n] or decode_responses(
         tokenizer, replace(col.samples, sequences=col.samples.sequences[:n], response_mask=col.samples.response_mask[:n]))

@@ -45,6 +45,14 @@ def setup(tiny_lm):
 N_PROMPTS = len(PROMPTS)
 
 
+def _alone(roles):
+    """The roles without their reward function: the environment's rewards alone (a reward role
+    beside an environment is scored too, and added to the trajectories' last turns)."""
+    import dataclasses
+
+    return dataclasses.replace(roles, reward=None)
+
+
 def _envs(factory, n=N_PROMPTS):
     return make_envs(factory, [{"prompt": p} for p in PROMPTS[:n]], [f"p.jsonl:{i + 1}" for i in range(n)])
 
@@ -64,7 +72,7 @@ def test_one_turn_is_collect_with_the_reward_function(setup):
 
     gen = GenerationConfig(max_new_tokens=6, temperature=1.3)
     env = EnvConfig(max_turns=1, max_tokens=64)
-    got = collect_turns(roles, _envs(OneTurn), env, gen, kl_coef=0.1, noise=RowNoise(4, 2))
+    got = collect_turns(_alone(roles), _envs(OneTurn), env, gen, kl_coef=0.1, noise=RowNoise(4, 2))
     enc = ObservationEncoder(roles.tokenizer)
     first = [enc.first(p, "x", 64) for p in PROMPTS]
     width = max(map(len, first))
@@ -101,7 +109,7 @@ def test_observation_tokens_get_no_reward_kl_value_or_gradient(setup):
     roles, cfg, _ = setup
     gen = GenerationConfig(max_new_tokens=4, temperature=1.0, stop_at_eos=False)
     env = EnvConfig(max_turns=3, max_tokens=64, truncation="bootstrap")
-    col = collect_turns(roles, _envs(Repeat, 4), env, gen, kl_coef=0.2, noise=RowNoise(2, 0))
+    col = collect_turns(_alone(roles), _envs(Repeat, 4), env, gen, kl_coef=0.2, noise=RowNoise(2, 0))
     r = col.rollout
     obs = (r.mask == 0) & (r.context["attention_mask"][:, -r.mask.shape[1]:] == 1)
     assert int(obs.sum()) == 4 * 2 * 3  # two observations of 3 tokens per row (none after the last turn)
@@ -160,7 +168,7 @@ def test_a_policy_does_not_learn_the_word_its_environment_repeats(tiny_lm):
         opt = torch.optim.Adam(roles.policy.parameters(), lr=3e-3)
         before = None
         for it in range(6):
-            col = collect_turns(roles, _envs(Repeat, 4), env, gen, kl_coef=0.0, noise=RowNoise(it, 0))
+            col = collect_turns(_alone(roles), _envs(Repeat, 4), env, gen, kl_coef=0.0, noise=RowNoise(it, 0))
             before = _p_word(roles.policy, col, word) if before is None else before
             r = col.rollout
             T = r.mask.shape[1]
@@ -192,7 +200,7 @@ def test_the_ppo_update_runs_unchanged_on_a_multi_turn_rollout(setup):
     guard = NonFiniteGuard()
     before = [p.detach().clone() for p in (next(roles.policy.parameters()), next(roles.critic.parameters()))]
     for it in range(2):
-        col = collect_turns(roles, _envs(Repeat), env, gen, kl_coef=0.05, noise=RowNoise(11, it))
+        col = collect_turns(_alone(roles), _envs(Repeat), env, gen, kl_coef=0.05, noise=RowNoise(11, it))
         rollout = compute_advantages(col.rollout, algo, col.bootstrap)
         obs = (rollout.mask == 0) & (rollout.context["attention_mask"][:, -rollout.mask.shape[1]:] == 1)
         assert bool(obs.any()) and bool((rollout.returns[obs] == 0).all())
@@ -209,7 +217,7 @@ def test_a_first_observation_longer_than_max_tokens_names_the_key(setup):
     roles, _, _ = setup
     env = EnvConfig(max_turns=2, max_tokens=3)
     with pytest.raises(ConfigError, match="env.max_tokens: the first observation of row p.jsonl:1 has 3 tokens, leaving none of the 3"):
-        collect_turns(roles, _envs(lambda row: _Long(row), 4), env, GenerationConfig(max_new_tokens=2), kl_coef=0.0)
+        collect_turns(_alone(roles), _envs(lambda row: _Long(row), 4), env, GenerationConfig(max_new_tokens=2), kl_coef=0.0)
 
 
 class _Long:

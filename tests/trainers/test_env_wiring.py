@@ -271,8 +271,34 @@ def test_dapo_shaping_applies_to_a_multi_turn_run(tiny_lm, files, monkeypatch):
                                                "reward/overlong_penalty_mean", "rollout/masked_truncated_share")})
 
 
+def test_an_environment_with_a_weighted_reward_function_beside_it(tiny_lm, files):
+    """The Echo world's turn rewards at env.reward_weight 0.5 plus a reward function (weight 2) on
+    each whole trajectory, with filter_groups: both parts are logged (reward/env_mean,
+    reward/reward_mean), every sample's score is the weighted sum of its logged parts, and the
+    metrics' score is the parts' weighted mean."""
+    from fourfold.trainers.ppo import train
+
+    tmp, prompts = files
+    extra = {"env.factory": f"{tmp / 'envs.py'}:echo", "env.max_turns": 3, "env.max_tokens": 64, "env.reward_weight": 0.5,
+             "model.reward_fns": f"[{{fn: '{tmp / 'rules.py'}:reward', weight: 2.0}}]", "ppo.advantage": "grpo",
+             "ppo.samples_per_prompt": 4, "ppo.kl_in": "loss", "ppo.filter_groups": "true", "ppo.iterations": 2}
+    train(_cfg(tiny_lm, tmp / "both", prompts, **extra))
+    rows = read_metrics(tmp / "both" / "metrics.jsonl")
+    for r in rows:
+        assert {"reward/env_mean", "reward/reward_mean", "env/return_mean"} <= r.keys()
+        assert r["reward/env_mean"] == pytest.approx(r["env/return_mean"])  # the part is logged unweighted
+    first = rows[0]  # filter_groups' kept batch is the first rollout's groups, refilled; the parts are the first's
+    samples = _lines(tmp / "both" / "samples.jsonl")
+    assert samples and all(set(s["parts"]) == {"env", "reward"} for s in samples)
+    for s in samples:
+        assert s["score"] == pytest.approx(0.5 * s["parts"]["env"] + 2.0 * s["parts"]["reward"], abs=1e-5)
+        assert s["parts"]["env"] == pytest.approx(s["return"], abs=1e-6)
+    assert any(s["parts"]["reward"] != 0 for s in samples) and first["reward/filter_batches"] >= 1
+
+
 @pytest.mark.parametrize("over, key", [
-    ({"model.reward_fn": "rules.py:reward"}, "model.reward_fn: set, and so is env.factory"),
+    ({"model.reward_fn": "rules.py:env"}, "model.reward_fn: named 'env', the environment's own part"),
+    ({"env.reward_weight": "nan"}, "env.reward_weight: must be a finite number"),
     ({"generation.missing_eos_score": -1.0}, "generation.missing_eos_score: not applied with env.factory"),
     ({"model.critic_init": "reward"}, "model.critic_init: 'reward' needs model.reward"),
     ({"env.max_turns": 0}, "env.max_turns: must be >= 1"),
