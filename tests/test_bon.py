@@ -71,6 +71,37 @@ def test_the_best_is_chosen_and_scored_as_fourfold_score_scores(tiny_lm, tmp_pat
     assert [c["score"] for r in rows for c in r["candidates"]] == pytest.approx(scored, abs=1e-5)
 
 
+def test_weighted_reward_functions_and_a_column_reading_function(tiny_lm, tmp_path, capsys):
+    """Through the CLI, the scorer is the one reward role of PPO and `fourfold score`: weighted
+    reward_fns (each candidate's score is the weighted sum of its parts, written beside it), and a
+    function that reads a column of the prompts file (each candidate gets its own prompt row's)."""
+    (tmp_path / "a.py").write_text(
+        "def good(prompts, responses):\n    return [float('w1' in r) for r in responses]\n"
+        "def length(prompts, responses):\n    return [float(len(r.split())) for r in responses]\n"
+        "def score(prompts, responses, answer):\n    return [float(a) * len(r) for r, a in zip(responses, answer)]\n")
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": f"w{i} w{i + 1}", "answer": i % 3}) + "\n" for i in range(6)))
+    over = [f"model.path={tiny_lm / 'sft'}", f"data.prompts={prompts}", "generation.max_new_tokens=5", "bon.n=3"]
+    fns = f"scorer.reward_fns=[{{fn: '{tmp_path / 'a.py'}:good', weight: 1.0}}, {{fn: '{tmp_path / 'a.py'}:length', weight: 0.5}}]"
+    rc, _, err = _cli("bon", [*over, fns], tmp_path / "w", capsys)
+    assert rc == 0, err
+    rows = _rows(tmp_path / "w" / "bon.jsonl")
+    assert len(rows) == 6
+    for r in rows:
+        for c in r["candidates"]:
+            assert set(c["parts"]) == {"good", "length"}
+            assert c["parts"]["length"] == float(len(c["response"].split()))
+            assert c["score"] == pytest.approx(c["parts"]["good"] + 0.5 * c["parts"]["length"], abs=1e-6)
+    rc, _, err = _cli("bon", [*over, f"scorer.reward_fn={tmp_path / 'a.py'}:score"], tmp_path / "c", capsys)
+    assert rc == 0, err
+    for i, r in enumerate(_rows(tmp_path / "c" / "bon.jsonl")):
+        assert [c["score"] for c in r["candidates"]] == [float(i % 3) * len(c["response"]) for c in r["candidates"]]
+        assert "parts" not in r["candidates"][0] and "columns" not in r["candidates"][0]
+    rc, _, err = _cli("bon", [*over, f"scorer.reward_fn={tmp_path / 'a.py'}:score", f"data.prompts={tiny_lm / 'prompts.jsonl'}"],
+                      tmp_path / "m", capsys)
+    assert rc == 2 and "answer" in err and len(err.strip().splitlines()) == 1, err  # the column missing: one line
+
+
 def test_python_api_gold_and_datasets(tiny_lm, tmp_path, capsys):
     cfg = load_config(BonConfig, None, _base(tiny_lm, "bon.n=3", "bon.task=review", "run.threads=1",
                                              f"scorer.reward_fn={tiny_lm / 'reward_fn.py'}:reward",

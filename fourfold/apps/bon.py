@@ -27,16 +27,14 @@ from typing import Sequence
 
 import torch
 
-from fourfold.apps.inference import load_generator, load_reward_scorer, sample_completions
+from fourfold.apps.inference import Scorer, load_generator, load_scorer, sample_completions, score_records, scorer_functions
 from fourfold.atomic import write_text_atomic
-from fourfold.config import ScoreConfig, save_config, validate_tree
+from fourfold.config import save_config, validate_tree
 from fourfold.config.bon import BonConfig
 from fourfold.core.overoptimization import bon_kl
-from fourfold.data import collate_responses, encode_responses
+from fourfold.data import prompt_columns
 from fourfold.data.formats import ResponseRecord
 from fourfold.errors import ConfigError, DataError
-from fourfold.models import load_reward_fn
-from fourfold.models.roles import FunctionReward
 from fourfold.run.scaffold import one_process_start
 
 __all__ = ["best_of_n", "pick_best", "score_candidates"]
@@ -53,29 +51,18 @@ def pick_best(scores: Sequence[float]) -> int:
     return best
 
 
-@torch.no_grad()
-def score_candidates(cfg: BonConfig, rows: list[dict], device: torch.device) -> list[float]:
-    """Each row's score by ``cfg.scorer`` (a reward model as `fourfold score` scores, or the
-    reward function), in batches of ``bon.score_batch_size``."""
-    size = cfg.bon.score_batch_size
-    if cfg.scorer.reward is None:
-        reward = FunctionReward(load_reward_fn(cfg.scorer.reward_fn))
-        scores: list[float] = []
-        for start in range(0, len(rows), size):
-            batch = rows[start : start + size]
-            placeholder = torch.zeros((len(batch), 0), dtype=torch.long)  # the role reads only its device
-            scores += reward(placeholder, None, [r["prompt"] for r in batch], [r["response"] for r in batch]).tolist()
-        return scores
-    tok, reward = load_reward_scorer(ScoreConfig(model=cfg.scorer), device)
-    n_positions = getattr(reward.model.hf.config, "max_position_embeddings", None)
-    records = [ResponseRecord(r["prompt"], r["response"], r["finished"], line=i + 1, source="bon candidates")
-               for i, r in enumerate(rows)]
-    examples = encode_responses(records, tok, n_positions if isinstance(n_positions, int) else 512)
-    scores = []
-    for start in range(0, len(examples), size):
-        ids, mask = collate_responses(examples[start : start + size], tok.pad_token_id)  # (B, P+T) as PPO's rollout
-        scores += reward(ids.to(device), mask.to(device)).float().cpu().tolist()
-    return scores
+def score_candidates(cfg: BonConfig, rows: list[dict], scorer: Scorer, device: torch.device,
+                     columns: tuple = ()) -> tuple[list[float], dict]:
+    """Each candidate's score by the one reward role of ``cfg.scorer`` (:func:`fourfold.apps.inference.load_scorer`:
+    a reward model as `fourfold score` scores, reward functions given the prompts file's ``columns``
+    of the candidate's prompt row (``row["columns"]``), their weighted sum), in batches of
+    ``bon.score_batch_size``; and a weighted scorer's parts (name -> one score per candidate; {} for one source)."""
+    records = [ResponseRecord(r["prompt"], r["response"], r["finished"], line=i + 1, source="bon candidates",
+                              row=r.get("columns", {})) for i, r in enumerate(rows)]
+    done, scores, parts = score_records(records, scorer, device, columns, cfg.bon.score_batch_size)
+    if len(done) != len(records):  # a reward model refuses a candidate too long for it (on_error raise)
+        raise DataError("bon candidates: some candidates could not be scored")
+    return scores, parts
 
 
 def _gold_task(cfg: BonConfig):
@@ -103,11 +90,20 @@ def best_of_n(cfg: BonConfig) -> dict:
     except OSError as e:
         raise ConfigError(f"run.output_dir: {out}: cannot write there ({e.strerror or e})") from None
     n, task = cfg.bon.n, _gold_task(cfg)
+    columns = prompt_columns(cfg.data.prompts)
+    functions, notes = scorer_functions(cfg.scorer, columns, cfg.data.prompts)  # before any model loads
     tok, model = load_generator(cfg, device)
-    loaded, flat = sample_completions(cfg, tok, model, device, repeat=n)
+    loaded, flat = sample_completions(cfg, tok, model, device, repeat=n, with_columns=bool(columns))
     del model
-    for r, s in zip(flat, score_candidates(cfg, flat, device), strict=True):
+    scorer = load_scorer(cfg.scorer, device, functions, notes)
+    for line in scorer.notes:
+        print(f"fourfold bon: warning: {line}", flush=True)
+    scores, parts = score_candidates(cfg, flat, scorer, device, columns)
+    for i, (r, s) in enumerate(zip(flat, scores, strict=True)):
+        r.pop("columns", None)
         r["score"] = float(s)
+        if parts:
+            r["parts"] = {name: float(values[i]) for name, values in parts.items()}
     if task is not None:
         for r, g in zip(flat, task.gold_reward([r["prompt"] for r in flat], [r["response"] for r in flat])):
             r["gold"] = float(g)

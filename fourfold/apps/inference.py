@@ -34,6 +34,7 @@ and print one summary line.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -128,12 +129,15 @@ def _check_room(examples, loaded: LoadResult, max_new_tokens: int, n_positions: 
                             f"max_position_embeddings={n_positions}")
 
 
-def sample_completions(cfg, tok, model, device: torch.device, repeat: int = 1) -> tuple[LoadResult, list[dict]]:
+def sample_completions(cfg, tok, model, device: torch.device, repeat: int = 1, with_columns: bool = False
+                       ) -> tuple[LoadResult, list[dict]]:
     """(the prompts as loaded, one row per sampled response): ``cfg.data``'s prompts read and tokenised
     as PPO reads them, each ``repeat`` times in a row, sampled by ``cfg.generation``'s engine in
     batches of ``data.batch_size`` with one generator seeded with ``cfg.run.seed``. A row holds
     ``prompt``, ``response``, ``finished``, ``response_tokens``. What `fourfold generate` writes
-    (``repeat`` = 1) and `fourfold bon` draws its candidates from (``repeat`` = bon.n)."""
+    (``repeat`` = 1) and `fourfold bon` draws its candidates from (``repeat`` = bon.n); with
+    ``with_columns`` a row also holds ``columns``, its prompt row's other columns (for a reward
+    function that reads them)."""
     data, gen = cfg.data, cfg.generation
     # the prompts, rendered and tokenised as PPO does (chat messages through the chat template)
     loaded = load_prompts(data.prompts, on_error=data.on_error, chat_template=chat_template_renderer(tok))
@@ -161,7 +165,7 @@ def sample_completions(cfg, tok, model, device: torch.device, repeat: int = 1) -
         lengths = samples.response_mask.sum(1).long().tolist()
         for e, text, done, n in zip(batch, texts, samples.finished.tolist(), lengths):
             rows.append({"prompt": loaded[e.index].prompt, "response": text, "finished": bool(done),
-                         "response_tokens": int(n)})
+                         "response_tokens": int(n), **({"columns": loaded[e.index].columns} if with_columns else {})})
     return loaded, rows
 
 
@@ -204,23 +208,61 @@ def _max_len(cfg: ScoreConfig, model) -> int:
     return cfg.data.max_len
 
 
+@dataclass
+class Scorer:
+    """What `fourfold score` and `fourfold bon` score with: the reward role built as PPO builds it
+    (:func:`fourfold.models.reward_parts.reward_role`: a reward model, functions, their weighted sum),
+    the tokenizer that lays rows out (the reward model's, ``model.tokenizer``'s, or None), the
+    reward model (its role's ``model``; None without one) and the warning lines on columns a
+    function cannot get."""
+
+    reward: object
+    tokenizer: object
+    model: object
+    notes: list
+
+
+def scorer_functions(m, columns: tuple, source: str) -> tuple[dict, list]:
+    """Before any model loads or anything is written: each function part of the score model section
+    ``m`` (`fourfold score`'s ``model``, `fourfold bon`'s ``scorer``) loaded and its parameters matched
+    against ``columns``, the data file ``source``'s other columns (a function naming one the file
+    lacks, or an option it does not take, is one ConfigError line); and the warning lines."""
+    return load_functions(reward_parts(m), columns, str(source))
+
+
+def load_scorer(m, device: torch.device, functions: dict, notes: list) -> Scorer:
+    """The :class:`Scorer` of a score model section ``m``, its functions from
+    :func:`scorer_functions`: the reward model built and checked as PPO builds it, and the parts put
+    together in the one reward role."""
+    model_role = None
+    if m.reward is not None:
+        tok, model_role = load_reward_scorer(ScoreConfig(model=m), device)
+    else:
+        tok = load_tokenizer(m.tokenizer, trust_remote_code=m.trust_remote_code) if m.tokenizer else None
+    model = model_role.model if model_role is not None else None
+    return Scorer(reward_role(reward_parts(m), model_role=model_role, functions=functions), tok, model, list(notes))
+
+
 @torch.no_grad()
-def _scores(cfg: ScoreConfig, loaded: LoadResult, tok, reward, model, device: torch.device, columns: tuple):
-    """(records scored, scores, parts) in batches of ``data.batch_size``: with a reward model
-    (``model``) each batch laid out as PPO lays out a rollout, the reward role (a model, functions,
-    their weighted sum) given the rows' texts and ``columns`` as PPO gives them; ``parts``: a
-    weighted reward's, name -> scores (empty for one source)."""
+def score_records(records: list, scorer: Scorer, device: torch.device, columns: tuple, batch_size: int,
+                  max_len: int | None = None, on_error: str = "raise", skipped=None, notes=None):
+    """(records scored, scores, parts) in batches of ``batch_size``: with a reward model each batch
+    laid out as PPO lays out a rollout (rows longer than ``max_len``, default the model's positions,
+    refused or skipped by ``on_error``), the reward role given the rows' texts and ``columns`` (from
+    each record's ``row``) as PPO gives them; ``parts``: a weighted reward's, name -> scores (empty
+    for one source)."""
+    tok, reward, model = scorer.tokenizer, scorer.reward, scorer.model
     if model is not None:
-        examples = encode_responses(loaded.records, tok, _max_len(cfg, model.hf), on_error=cfg.data.on_error,
-                                    skipped=loaded.skipped, notes=loaded.notes)
+        examples = encode_responses(records, tok, max_len or _max_positions(model.hf) or 512, on_error=on_error,
+                                    skipped=skipped if skipped is not None else [], notes=notes if notes is not None else [])
         indices = [e.index for e in examples]
     else:
-        examples, indices = None, list(range(len(loaded.records)))
-    records, scores, parts = [], [], {}
-    for start in range(0, len(indices), cfg.data.batch_size):
-        batch = [loaded[i] for i in indices[start : start + cfg.data.batch_size]]
+        examples, indices = None, list(range(len(records)))
+    done, scores, parts = [], [], {}
+    for start in range(0, len(indices), batch_size):
+        batch = [records[i] for i in indices[start : start + batch_size]]
         if examples is not None:
-            ids, mask = collate_responses(examples[start : start + cfg.data.batch_size], tok.pad_token_id)
+            ids, mask = collate_responses(examples[start : start + batch_size], tok.pad_token_id)
         else:  # a function reads only the placeholder's device
             ids, mask = torch.zeros((len(batch), 0), dtype=torch.long), None
         mask = mask.to(device) if mask is not None else None
@@ -230,8 +272,8 @@ def _scores(cfg: ScoreConfig, loaded: LoadResult, tok, reward, model, device: to
                          ).float().cpu().tolist()
         for name, part in getattr(reward, "last_parts", {}).items():
             parts.setdefault(name, []).extend(part.float().cpu().tolist())
-        records += batch
-    return records, scores, parts
+        done += batch
+    return done, scores, parts
 
 
 def _chat_refuser(seen: list):
@@ -250,16 +292,10 @@ def score(cfg: ScoreConfig) -> dict:
     m, data = cfg.model, cfg.data
     # the reward functions against the rows' columns, before any model loads or anything is written
     columns = other_columns(data.rows, RESPONSE_FIELDS)
-    parts = reward_parts(m)
-    functions, notes = load_functions(parts, columns, str(data.rows))
+    functions, notes = scorer_functions(m, columns, str(data.rows))
     out, device = _prepare(cfg, cfg.run)
-    model = model_role = None
-    if m.reward is not None:
-        tok, model_role = load_reward_scorer(cfg, device)
-        model = model_role.model
-    else:
-        tok = load_tokenizer(m.tokenizer, trust_remote_code=m.trust_remote_code) if m.tokenizer else None
-    reward = reward_role(parts, model_role=model_role, functions=functions)
+    scorer = load_scorer(m, device, functions, notes)
+    tok = scorer.tokenizer
     chat = []
     render = chat_template_renderer(tok) if tok is not None else _chat_refuser(chat)
     loaded = load_responses(data.rows, on_error=data.on_error, chat_template=render)
@@ -267,8 +303,10 @@ def score(cfg: ScoreConfig) -> dict:
         raise ConfigError(f"model.tokenizer: {data.rows} has chat rows ('messages'), which PPO renders with the "
                           "policy tokenizer's chat template: set model.tokenizer (the policy's directory) to score "
                           "them as it does")
-    loaded.notes.extend(notes)
-    records, scores, parts_scored = _scores(cfg, loaded, tok, reward, model, device, columns)
+    loaded.notes.extend(scorer.notes)
+    max_len = _max_len(cfg, scorer.model.hf) if scorer.model is not None else None
+    records, scores, parts_scored = score_records(loaded.records, scorer, device, columns, data.batch_size, max_len,
+                                                  data.on_error, loaded.skipped, loaded.notes)
     if not records:
         raise DataError(f"{loaded.source}: no usable rows ({loaded.num_skipped} skipped; first: {loaded.skipped[0]})")
     path = out / "scores.jsonl"

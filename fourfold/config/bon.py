@@ -46,9 +46,10 @@ class BonConfig:
     model: GenerateModelConfig = dataclasses.field(default_factory=GenerateModelConfig)
     """The policy that samples (as `fourfold generate`'s model section)."""
     scorer: ScoreModelConfig = dataclasses.field(default_factory=ScoreModelConfig)
-    """What ranks the candidates: a reward-model directory (scorer.reward) or a reward function
-    (scorer.reward_fn), as `fourfold score`'s model section; a reward model scores exactly as PPO
-    and `fourfold score` do."""
+    """What ranks the candidates: a reward-model directory (scorer.reward), a reward function
+    (scorer.reward_fn, given the prompt row's columns it names) or several, weighted
+    (scorer.reward_fns), as `fourfold score`'s model section and through its one loader; a reward
+    model scores exactly as PPO and `fourfold score` do."""
     data: GenerateDataConfig = dataclasses.field(default_factory=GenerateDataConfig)
     """The prompts (as `fourfold generate`'s; data.batch_size counts sampled responses, so a batch
     holds data.batch_size / bon.n prompts' candidates when n divides it)."""
