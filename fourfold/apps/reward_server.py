@@ -27,12 +27,13 @@ import torch
 
 from fourfold.data import ResponseRecord, collate_responses, encode_responses
 from fourfold.errors import ConfigError, DataError, FourfoldError
-from fourfold.models.checks import has_tokenizer_files
+from fourfold.models.checks import RoleChecker, has_tokenizer_files
 from fourfold.models.loading import ensure_pad_embedding, load_causal_lm, load_sequence_scorer, load_tokenizer
 from fourfold.models.lora import REWARD, LoraSettings, SharedBase, is_adapter_dir, load_reward_adapter
 from fourfold.models.lora.files import ADAPTER_CONFIG, resolvable_base
 from fourfold.models.reward_fn import call_reward_fn, column_plan, load_reward_fn
 from fourfold.models.roles import ModelReward, ScalarModel
+from fourfold.run.common import quiet_transformers
 
 Scorer = Callable[[list[str], list[str], list[bool], dict], list[float]]
 """``scorer(prompts, responses, finished, columns) -> scores``: what the server serves."""
@@ -157,6 +158,9 @@ def load_reward_model(model_dir: str, *, device: str = "cpu", dtype: str = "floa
         tok = load_tokenizer(tokenizer or model_dir, trust_remote_code=trust_remote_code)
         hf = load_sequence_scorer(model_dir, dtype=dtype, device=torch.device(device),
                                   trust_remote_code=trust_remote_code)
+        # PPO's check of model.reward: a trained score head, no other random weight, the tokenizer's vocabulary
+        RoleChecker(tok, "--tokenizer" if tokenizer else "--model", tokenizer or model_dir,
+                    trust_remote_code=trust_remote_code).scorer(hf, "--model", model_dir)
         ensure_pad_embedding(hf, tok)
         return tok, ScalarModel(hf)
     config = json.loads((Path(model_dir) / ADAPTER_CONFIG).read_text())
@@ -284,6 +288,7 @@ def serve(*, model: Optional[str] = None, fn: Optional[str] = None, host: str = 
     if not 0 <= port <= 65535:
         raise ConfigError(f"--port: expected 0..65535, got {port}")
     if model is not None:
+        quiet_transformers()  # no load report or progress bar on stderr, which holds errors only (as the trainers')
         scorer = model_scorer(model, device=device, dtype=dtype, tokenizer=tokenizer, max_len=max_len)
     else:
         scorer = function_scorer(fn)
