@@ -259,13 +259,28 @@ def make_handler(batcher: Batcher, description: str, request_timeout_s: float):
     return Handler
 
 
+class RewardHTTPServer(ThreadingHTTPServer):
+    """The standard library's threading server, except that a client hanging up in the middle of a
+    request (a reset or broken connection while its request is read or its answer written) is one
+    warning line on stderr, not socketserver's traceback; the server keeps serving either way."""
+
+    def handle_error(self, request, client_address) -> None:
+        error = sys.exc_info()[1]
+        if isinstance(error, (ConnectionError, TimeoutError)):
+            host = client_address[0] if isinstance(client_address, tuple) else client_address
+            print(f"fourfold serve-reward: warning: a client at {host} hung up mid-request "
+                  f"({type(error).__name__}); still serving", file=sys.stderr, flush=True)
+            return
+        super().handle_error(request, client_address)
+
+
 def start_server(scorer: Scorer, *, host: str = "127.0.0.1", port: int = 8000, window_s: float = 0.01,
                  max_rows: int = 512, request_timeout_s: float = 600.0) -> ThreadingHTTPServer:
     """A server of ``scorer`` bound to ``host:port`` (port 0: any free one; ``server.server_address``
     says which), serving in a background thread; ``server.shutdown()`` stops it."""
     batcher = Batcher(scorer, window_s=window_s, max_rows=max_rows)
     handler = make_handler(batcher, getattr(scorer, "description", "a scorer"), request_timeout_s)
-    server = ThreadingHTTPServer((host, port), handler)
+    server = RewardHTTPServer((host, port), handler)
     server.daemon_threads = True
     server.batcher = batcher
     threading.Thread(target=server.serve_forever, name="fourfold-reward-server", daemon=True).start()

@@ -48,6 +48,29 @@ def test_a_served_function_sees_the_columns_and_scores_as_called_here(served):
     assert scores == [1.0, 0.0, 1.0]
 
 
+def test_a_client_hanging_up_mid_request_is_one_warning_line(served, capfd):
+    """A client that sends half a body and resets the connection: one warning line on the server's
+    stderr (no socketserver traceback), and the server keeps answering."""
+    import socket
+    import struct
+    import time
+
+    server, url = served(function_scorer(exact))
+    sock = socket.create_connection(server.server_address[:2])
+    sock.sendall(b"POST /score HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100000\r\n\r\n{\"pro")
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # close with a reset
+    sock.close()
+    deadline = time.monotonic() + 10
+    err = ""
+    while time.monotonic() < deadline and "hung up" not in err:
+        time.sleep(0.05)
+        err += capfd.readouterr().err
+    assert "Traceback" not in err and err.count("\n") == 1, err
+    assert err.startswith("fourfold serve-reward: warning: a client at 127.0.0.1 hung up mid-request ("), err
+    client = RemoteReward(url, retries=0)
+    assert client.health()["status"] == "ok"  # still serving
+
+
 def test_a_defaulted_column_is_warned_once_not_per_batch():
     def hinted(prompts, responses, hint="none"):
         return [float(hint == "none")] * len(responses)
