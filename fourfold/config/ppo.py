@@ -439,6 +439,8 @@ class PPOAlgoConfig:
                 "weights pi_train / pi_engine need the trainer's pi_old: set old_logprobs to recompute or auto")
         cap = self.rollout_correction_cap
         require(cap is None or cap > 1, f"{prefix}.rollout_correction_cap", f"must be > 1 or null, got {cap}")
+        require(cap is None or self.rollout_correction != "none", f"{prefix}.rollout_correction_cap",
+                f"set, and {prefix}.rollout_correction is none: there are no weights to cap (set a mode, e.g. token_tis)")
         require(self.dual_clip is None or self.dual_clip > 1, f"{prefix}.dual_clip",
                 f"must be > 1 or null, got {self.dual_clip}")
         require(self.dual_clip is None or self.policy_loss == "clip", f"{prefix}.dual_clip",

@@ -50,6 +50,8 @@ class ReinforceAlgoConfig:
         require(self.max_grad_norm is None or self.max_grad_norm > 0, f"{prefix}.max_grad_norm", "must be > 0 or null")
         cap = self.rollout_correction_cap
         require(cap is None or cap > 1, f"{prefix}.rollout_correction_cap", f"must be > 1 or null, got {cap}")
+        require(cap is None or self.rollout_correction != "none", f"{prefix}.rollout_correction_cap",
+                f"set, and {prefix}.rollout_correction is none: there are no weights to cap (set a mode, e.g. token_tis)")
 
 
 @dataclasses.dataclass

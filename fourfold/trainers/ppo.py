@@ -69,7 +69,14 @@ from fourfold.run.parallel import global_sum, loss_scale, sum_over_ranks
 from fourfold.run.scaffold import RunScaffold
 from fourfold.trainers.batches import Minibatch, micro_batches, minibatches
 from fourfold.trainers.groups import collect_groups
-from fourfold.trainers.practice import mask_truncated, prepare_old_logprobs, said_old_logprobs, shape_scores, warm_start_critic
+from fourfold.trainers.practice import (
+    mask_truncated,
+    practice_notes,
+    prepare_old_logprobs,
+    said_old_logprobs,
+    shape_scores,
+    warm_start_critic,
+)
 from fourfold.trainers.prelude import stage_roles
 from fourfold.trainers.rl import RLSteps, prepare_rewards
 from fourfold.trainers.rollouts import Probe, score_quantity
@@ -350,7 +357,7 @@ def train(cfg: PPOConfig, *, prompts: Optional[Sequence[str]] = None, probe: Opt
               else FixedKLController(algo.kl_coef))
     rl = RLSteps(run, cfg, roles, device, section="ppo", n_prompts=algo.rollout_batch_size // algo.samples_per_prompt,
                  trained=opt.trained(roles), prompts=prompts, state={"kl_ctl": kl_ctl}, probe=probe,
-                 notes=rewards.notes)
+                 notes=rewards.notes + practice_notes(algo))
     last: dict = {}
     with rl.loop("ppo") as logger:
         for it in rl.iterations():

@@ -28,6 +28,26 @@ from fourfold.models.roles import response_logprobs
 from fourfold.run.parallel import global_sum, rank_slice, several_ranks
 from fourfold.trainers.batches import micro_groups, trim
 
+SEQUENCE_CLIP_GUIDE = 0.01
+"""The largest clip epsilon taken as a sequence-level one under ``ppo.ratio_level: sequence``:
+GSPO's ratio is exp(mean_t log r_t), which moves about as little as one token's mean, so a
+token-level epsilon (PPO's 0.2) clips next to nothing; GSPO (Zheng et al. 2025) uses 3e-4 and 4e-4,
+TRL's GSPO recipe 3e-4 / 4e-4."""
+
+
+def practice_notes(algo: PPOAlgoConfig) -> list[str]:
+    """Warning lines on settings that run but likely do not do what their user meant, said once at
+    the run's start: ``ratio_level: sequence`` with a token-level clip (> :data:`SEQUENCE_CLIP_GUIDE`)."""
+    notes = []
+    eps = [e for e in (algo.clip_eps_low if algo.clip_eps_low is not None else algo.clip_eps,
+                       algo.clip_eps_high if algo.clip_eps_high is not None else algo.clip_eps)]
+    if algo.ratio_level == "sequence" and max(eps) > SEQUENCE_CLIP_GUIDE:
+        notes.append(f"ppo.ratio_level: sequence (GSPO) with a clip of {max(eps):g}, a token-level size: the sequence "
+                     f"ratio exp(mean_t log r_t) rarely leaves [1 - {max(eps):g}, 1 + {max(eps):g}], so almost nothing is "
+                     "clipped (policy/clipfrac near 0); GSPO uses about 3e-4 / 4e-4: set ppo.clip_eps (or clip_eps_low "
+                     "and clip_eps_high)")
+    return notes
+
 
 def mismatch_and_weights(train_lp: torch.Tensor, engine_lp: torch.Tensor, mask: torch.Tensor, correction: str,
                          cap: float) -> tuple[Optional[torch.Tensor], dict]:

@@ -243,12 +243,34 @@ def test_value_statistics_and_overlong_and_mask_truncated_are_logged(tiny_lm, tm
     ("ppo.critic_lam", "1.5", r"\[0, 1\]"),
     ("ppo.overlong_buffer", "99", "max_new_tokens"),
     ("ppo.rollout_correction_cap", "1.0", "> 1"),
+    ("ppo.rollout_correction_cap", "2.0", "rollout_correction is none: there are no weights to cap"),  # not ignored
 ])
 def test_the_new_keys_one_line_errors(tiny_lm, tmp_path, key, value, match):
     extra = {"ppo.old_logprobs": "engine"} if key == "ppo.rollout_correction" else {}
     with pytest.raises(ConfigError, match=match) as e:
         load_config(PPOConfig, None, _over(tiny_lm, tmp_path, **extra) + [f"{key}={value}"])
     assert key in str(e.value) and "\n" not in str(e.value)
+
+
+def test_reinforce_refuses_a_cap_without_a_correction_mode(tiny_lm, tmp_path):
+    from fourfold.config import ReinforceConfig
+
+    over = [f"model.policy={tiny_lm / 'sft'}", f"model.reward_fn={tiny_lm / 'reward_fn.py'}:reward",
+            f"data.prompts={tiny_lm / 'prompts.jsonl'}", "reinforce.rollout_correction_cap=2"]
+    with pytest.raises(ConfigError, match="reinforce.rollout_correction_cap: set, and reinforce.rollout_correction is none"):
+        load_config(ReinforceConfig, None, over)
+    load_config(ReinforceConfig, None, over + ["reinforce.rollout_correction=token_tis"])  # with a mode: taken
+
+
+def test_a_sequence_ratio_with_a_token_level_clip_is_warned_once(tiny_lm, tmp_path, capsys):
+    """GSPO's ratio with PPO's clip 0.2 clips nothing: one warning line at the start (issue 40, 12);
+    a sequence-level clip (4e-4) says nothing."""
+    rows = _run(tiny_lm, tmp_path / "tok", **{"ppo.ratio_level": "sequence"})
+    out = capsys.readouterr().out
+    assert out.count("warning: ppo.ratio_level: sequence (GSPO) with a clip of 0.2") == 1, out
+    assert all(r["policy/clipfrac"] < 0.05 for r in rows)  # the warning's reason, on this run
+    _run(tiny_lm, tmp_path / "seq", **{"ppo.ratio_level": "sequence", "ppo.clip_eps": 4e-4})
+    assert "ppo.ratio_level" not in capsys.readouterr().out
 
 
 def _collected(scores, T, P, pad=0):
