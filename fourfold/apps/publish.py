@@ -380,7 +380,7 @@ def headline_table(res: Mapping) -> str:
                            if c["group"] in ("critic", "match"))
         rows.append(f"| when the critic pays: horizons {', '.join(map(str, h['horizons']))} | {held} of {len(h['claims'])} "
                     f"claims hold ({critic}) | `fourfold experiments --config examples/horizon.yaml` | "
-                    "[docs/experiments.md](docs/experiments.md#the-horizon-family) |")
+                    "[docs/experiments.md](docs/experiments.md#the-horizon-family-when-does-the-critic-pay) |")
     rows += overopt_headline(res.get("overoptimization")) + turns_headline(res.get("turns")) + practice_headline(res.get("practice"))
     rows += [f"| {r['what']} | {r['result']} | `{r['command']}` | {r['details']} |" for r in b["rows"]]
     return "\n".join(rows) + f"\n\n(Demo and experiments: {_made(e['provenance'])}; benchmarks: {b['source']}.)"
