@@ -138,7 +138,23 @@ def estimate(args) -> int:
         print(json.dumps(est.to_json()))
     else:
         print(est.table(*_device_capacity(args.device_memory)))
+        note = _bf16_note(cfg)
+        if note is not None:
+            print(f"fourfold estimate: warning: {note}")
     return 0
+
+
+def _bf16_note(cfg):
+    """The run's bf16-on-a-CPU-without-bf16 warning when it would run on this machine's CPU
+    (``run.device`` cpu, or auto without CUDA): what the trainers say at their start."""
+    import torch
+
+    from fourfold.run.common import bf16_cpu_warning
+
+    device = getattr(getattr(cfg, "run", None), "device", "cpu")
+    if device not in ("cpu", "auto") or (device == "auto" and torch.cuda.is_available()):
+        return None
+    return bf16_cpu_warning(cfg, torch.device("cpu"))
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -57,7 +57,7 @@ from fourfold.config import config_to_dict, save_config, validate_tree
 from fourfold.config.stages import stage_of, torchrun_stages
 from fourfold.errors import ConfigError, FourfoldError, NonFiniteError, OutputError, RewardServerError
 from fourfold.run.allocator import set_mmap_threshold
-from fourfold.run.common import quiet_transformers, seed_everything, skipped_lines
+from fourfold.run.common import bf16_cpu_warning, quiet_transformers, seed_everything, skipped_lines
 from fourfold.run.optim import NonFiniteGuard
 from fourfold.run.run_dir import prepare_run_dir
 from fourfold.sinks import done_line, open_sinks, require_sinks
@@ -135,9 +135,12 @@ class RunScaffold:
     def hf_device(self) -> torch.device:
         """The device of a Hugging Face model run (``run.device``; 'auto': CUDA when available;
         under torchrun ``cuda:LOCAL_RANK``), with transformers' own load reports and progress bars
-        kept off the terminal."""
+        kept off the terminal; a warning line when bf16 is asked of a CPU without native bf16
+        (:func:`~fourfold.run.common.bf16_cpu_warning`)."""
         quiet_transformers()
-        return _device(self.run_cfg.device)
+        device = _device(self.run_cfg.device)
+        self._warn(bf16_cpu_warning(self._cfg, device))  # bf16 asked of a CPU that emulates it
+        return device
 
     def _prepare_run_dir(self, cfg):
         """:func:`prepare_run_dir` on rank 0; its verdict (the directory or the error) on every rank."""
