@@ -81,3 +81,45 @@ def test_chat_rows_need_a_tokenizer_and_are_rendered_as_ppo_renders_them(tiny_lm
     rc = main(_args(tmp_path, rows, f"model.reward_fn={tmp_path / 'same.py'}:same", f"model.tokenizer={tmp_path / 'chat_tok'}"))
     assert rc == 0, capsys.readouterr()
     assert _rows(tmp_path / "out" / "scores.jsonl")[0]["score"] == 1.0
+
+
+FIRST_HOUR = '''
+import torch
+
+def everything(prompts, responses, **columns):
+    return [float(len(columns)) for _ in responses]
+
+def meta(prompts, responses):
+    return torch.empty(len(responses), device="meta")
+'''
+
+
+def test_an_option_the_function_does_not_take_is_one_line_before_anything_runs(tmp_path, capsys):
+    """A typo in options (per_wrd for per_word): one line naming the key, nothing written (issue 40, 5)."""
+    rows = [{"prompt": "w1", "response": "w2 w3"}]
+    rc = main(_args(tmp_path, rows, "model.reward_fns=[{{fn: '{rules}:words', options: {{per_wrd: 0.5}}}}]"))
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1, err
+    assert "model.reward_fns[0].options.per_wrd: " in err and "has no parameter 'per_wrd'" in err and "per_word" in err
+    assert not (tmp_path / "out").exists()
+    rc = main(_args(tmp_path, rows, "model.reward_fns=[{{fn: '{rules}:words', options: {{per_word: 0.5}}}}]"))
+    assert rc == 0 and _rows(tmp_path / "out" / "scores.jsonl")[0]["score"] == 1.0
+
+
+def test_columns_named_like_the_call_s_arguments_are_left_out_of_columns_with_a_warning(tmp_path, capsys):
+    """A `prompts` or `responses` column and a function taking **columns: the call's own arguments
+    win, the columns are left out with a warning (issue 40, 6); the other columns still arrive."""
+    (tmp_path / "fh.py").write_text(FIRST_HOUR)
+    rows = [{"prompt": "w1", "response": "w2", "prompts": "x", "responses": "y", "id": 1}]
+    rc = main(_args(tmp_path, rows, f"model.reward_fn={tmp_path / 'fh.py'}:everything"))
+    cap = capsys.readouterr()
+    assert rc == 0, cap.err
+    assert _rows(tmp_path / "out" / "scores.jsonl")[0]["score"] == 1.0  # only `id`
+    assert "has the column(s) prompts, responses" in cap.err + cap.out
+
+
+def test_a_meta_tensor_returned_is_the_one_line_of_other_bad_returns(tmp_path, capsys):
+    (tmp_path / "fh.py").write_text(FIRST_HOUR)
+    rc = main(_args(tmp_path, [{"prompt": "w1", "response": "w2"}], f"model.reward_fn={tmp_path / 'fh.py'}:meta"))
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1 and "returned a tensor on the meta device" in err, err

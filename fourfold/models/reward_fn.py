@@ -97,7 +97,13 @@ def check_scores(scores: Any, n: int, name: str, key: str = "model.reward_fn") -
     if hasattr(scores, "ndim") and hasattr(scores, "tolist"):  # a torch tensor or numpy array
         if scores.ndim != 1:
             raise ConfigError(f"{key}: {name} returned an array of shape {tuple(scores.shape)}; {expected}")
-        scores = scores.tolist()
+        if getattr(scores, "is_meta", False):
+            raise ConfigError(f"{key}: {name} returned a tensor on the meta device (shapes, no values); {expected}")
+        try:
+            scores = scores.tolist()
+        except Exception as e:  # an array that holds no readable values
+            raise ConfigError(f"{key}: {name} returned a {type(scores).__name__} whose values cannot be read "
+                              f"({type(e).__name__}: {_first_line(e)}); {expected}") from None
     if not isinstance(scores, (list, tuple)):
         raise ConfigError(f"{key}: {name} returned {_shown(scores)}; {expected}")
     if len(scores) != n:
@@ -110,15 +116,43 @@ def check_scores(scores: Any, n: int, name: str, key: str = "model.reward_fn") -
 
 class ColumnPlan:
     """Which of a prompts file's columns a reward function receives: ``named`` (its keyword
-    parameters that are columns), ``rest`` (it takes ``**columns``: every other column too), and
-    ``unused`` (the file's columns it cannot receive; said once, never dropped silently)."""
+    parameters that are columns), ``rest`` (it takes ``**columns``: every other column too, less
+    ``held``, the columns named like its first two parameters or its bound options, which the call
+    gives already), and ``unused`` (the file's columns it cannot receive; said once, never dropped
+    silently)."""
 
-    def __init__(self, named: tuple[str, ...], rest: bool, unused: tuple[str, ...]):
-        self.named, self.rest, self.unused = named, rest, unused
+    def __init__(self, named: tuple[str, ...], rest: bool, unused: tuple[str, ...], held: tuple[str, ...] = ()):
+        self.named, self.rest, self.unused, self.held = named, rest, unused, held
 
     def select(self, columns: dict[str, list]) -> dict[str, list]:
-        """The keyword arguments of one call: the named columns and, with ``rest``, all of them."""
-        return dict(columns) if self.rest else {k: columns[k] for k in self.named if k in columns}
+        """The keyword arguments of one call: the named columns and, with ``rest``, all of them but
+        the ``held`` ones."""
+        if self.rest:
+            return {k: v for k, v in columns.items() if k not in self.held}
+        return {k: columns[k] for k in self.named if k in columns}
+
+
+def check_options(fn: Callable, spec: str, options: Sequence[str], key: str) -> None:
+    """Each name of a function part's ``options`` (``key``: its config key, e.g.
+    ``model.reward_fns[0].options``) must be a keyword parameter of ``fn`` after (prompts,
+    responses), or ``fn`` must take ``**kwargs``: a ConfigError naming ``key.<name>`` and the
+    parameters it has, before anything runs (a typo would otherwise keep the default silently and
+    fail mid-run inside the user's function)."""
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except ValueError:  # no signature to read
+        return
+    if any(p.kind is p.VAR_KEYWORD for p in params):
+        return
+    first = {p.name for p in params[:2]}
+    names = [p.name for p in params[2:] if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    for option in options:
+        if option in first:
+            raise ConfigError(f"{key}.{option}: {spec}'s {option!r} is what the call passes (prompts, responses); "
+                              "an option cannot set it")
+        if option not in names:
+            raise ConfigError(f"{key}.{option}: {spec} has no parameter {option!r} "
+                              f"(its keyword parameters: {', '.join(names) or 'none'})")
 
 
 def column_plan(fn: Callable, spec: str, columns: Sequence[str], source: str, key: str = "model.reward_fn",
@@ -145,7 +179,11 @@ def column_plan(fn: Callable, spec: str, columns: Sequence[str], source: str, ke
                           f"{p.default!r}", stacklevel=2)
     named = tuple(p.name for p in keyword if p.name in columns)
     unused = () if rest else tuple(c for c in columns if c not in named)
-    return ColumnPlan(named, rest, unused)
+    held = ()
+    if rest:  # **columns: a column named like a parameter the call fills already would collide
+        taken = {p.name for p in params[:2]} | set(bound)
+        held = tuple(c for c in columns if c in taken)
+    return ColumnPlan(named, rest, unused, held)
 
 
 def call_reward_fn(fn: Callable, prompts: list[str], responses: list[str], name: str,

@@ -16,7 +16,7 @@ from typing import Optional, Sequence
 from fourfold.config.loader import callable_label
 from fourfold.models.plan import FUNCTION_PART, MODEL, REMOTE, RewardPart, is_weighted
 from fourfold.models.remote import RemoteReward
-from fourfold.models.reward_fn import column_plan, load_reward_fn, require_two_lists
+from fourfold.models.reward_fn import check_options, column_plan, load_reward_fn, require_two_lists
 from fourfold.models.roles import FunctionReward, WeightedReward
 
 
@@ -34,6 +34,7 @@ def load_function(part: RewardPart, columns: Sequence[str] = (), source: str = "
     if not isinstance(part.source, str):
         require_two_lists(fn, label, part.key)
     options = dict(part.options)
+    check_options(fn, label, tuple(options), part.key.rpartition(".")[0] + ".options")
     plan = column_plan(fn, label, columns, source, key=part.key, bound=tuple(options))
     if options:
         fn = functools.partial(fn, **options)
@@ -52,6 +53,10 @@ def load_functions(parts: Sequence[RewardPart], columns: Sequence[str] = (), sou
         if role.plan.unused:
             notes.append(f"{part.key}: {role.name} does not take the column(s) {', '.join(role.plan.unused)} of "
                          f"{source}: name them as keyword parameters (or take **columns) to receive them")
+        if role.plan.held:  # refusing the file would be harsher than the collision deserves: leave them out, say so
+            notes.append(f"{part.key}: {role.name} takes **columns, and {source} has the column(s) "
+                         f"{', '.join(role.plan.held)}, named like what the call passes already (prompts, responses "
+                         "or an option): they are left out of its columns")
     return functions, notes
 
 
