@@ -102,10 +102,22 @@ def test_weighted_reward_functions_and_a_column_reading_function(tiny_lm, tmp_pa
     assert rc == 2 and "answer" in err and len(err.strip().splitlines()) == 1, err  # the column missing: one line
 
 
+def _review_prompts(path, n=64):
+    """The review world's prompts (what its gold reads), one a row."""
+    import random
+
+    from fourfold.tasks.review import ReviewTask
+
+    prompts = ReviewTask().sample_prompts(n, random.Random(0))
+    path.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in prompts))
+    return path
+
+
 def test_python_api_gold_and_datasets(tiny_lm, tmp_path, capsys):
     cfg = load_config(BonConfig, None, _base(tiny_lm, "bon.n=3", "bon.task=review", "run.threads=1",
                                              f"scorer.reward_fn={tiny_lm / 'reward_fn.py'}:reward",
-                                             f"run.output_dir={tmp_path / 'b'}"))
+                                             f"run.output_dir={tmp_path / 'b'}",
+                                             f"data.prompts={_review_prompts(tmp_path / 'review.jsonl')}"))
     res = best_of_n(cfg)
     rows = _rows(res["output"])
     assert res["n"] == 3 and res["kl"] == pytest.approx(math.log(3) - 2 / 3) and res["prompts"] == 64
@@ -138,3 +150,54 @@ def test_the_example_loads_and_the_cli_lists_bon():
     cfg = load_config(BonConfig, Path(__file__).resolve().parents[1] / "examples" / "bon.yaml")
     assert cfg.bon.n == 8 and cfg.scorer.reward == "path/to/reward/model"
     assert "best-of-n" in build_parser().format_help()
+
+
+def test_progress_lines_at_most_every_interval_with_an_eta_from_the_rate():
+    """Hand clock: a line at t = 10 (40 of 100 done: 10 s, 15 s left), none at t = 15, one at t = 21,
+    and the last one (100/100)."""
+    from fourfold.apps.inference import Progress
+
+    t = [0.0]
+    lines = []
+    p = Progress("fourfold bon: sampled", "candidates", every_s=10.0, clock=lambda: t[0])
+    p.line = (lambda f: (lambda d, n: lines.append(f(d, n)) or lines[-1]))(p.line)
+    for now, done in ((4, 10), (10, 40), (15, 60), (21, 84), (22, 100)):
+        t[0] = float(now)
+        p(done, 100)
+    assert lines == ["fourfold bon: sampled 40/100 candidates (10 s, about 15 s left)",
+                     "fourfold bon: sampled 84/100 candidates (21 s, about 4 s left)",
+                     "fourfold bon: sampled 100/100 candidates (22 s, about 0 s left)"]
+
+
+def test_bon_says_its_progress(tiny_lm, tmp_path, capsys, monkeypatch):
+    from fourfold.apps.inference import Progress
+
+    monkeypatch.setattr(Progress, "EVERY_S", 0.0)  # a line after every batch
+    rc, out, err = _cli("bon", _base(tiny_lm, "bon.n=2", "data.batch_size=32", f"scorer.reward={tiny_lm / 'rm'}"),
+                        tmp_path / "b", capsys)
+    assert rc == 0, err
+    assert "fourfold bon: sampled 32/128 candidates (" in out and "fourfold bon: sampled 128/128 candidates" in out
+    assert "fourfold bon: scored 128/128 candidates" in out
+
+
+def test_a_candidate_count_that_cannot_fit_is_refused_before_anything_loads(tiny_lm, tmp_path, capsys):
+    from fourfold.apps.bon import check_candidates
+
+    rc, _, err = _cli("bon", _base(tiny_lm, "bon.n=1000000000", f"scorer.reward={tiny_lm / 'rm'}"), tmp_path / "n", capsys)
+    assert rc == 2 and err.count("\n") == 1 and "bon.n: 1000000000 candidates for each of 64 prompts" in err, err
+    cfg = load_config(BonConfig, None, _base(tiny_lm, "bon.n=100", f"scorer.reward={tiny_lm / 'rm'}"))
+    check_candidates(cfg, available=2**30)  # 64 x 100 x (700 + 8 x 5) bytes: 4.7 MB fits in 1 GiB
+    with pytest.raises(Exception, match=r"at most 13 fits here"):  # 0.8 x 800 000 / (64 x 740 bytes) = 13.5
+        check_candidates(cfg, available=800_000)
+
+
+def test_a_task_that_reads_none_of_the_prompts_is_refused(tiny_lm, tmp_path, capsys):
+    rc, _, err = _cli("bon", _base(tiny_lm, "bon.n=2", "bon.task=review", f"scorer.reward={tiny_lm / 'rm'}"),
+                      tmp_path / "t", capsys)
+    assert rc == 2 and err.count("\n") == 1 and "bon.task: review reads none of the prompts" in err, err
+    mixed = _review_prompts(tmp_path / "mixed.jsonl", 8)
+    mixed.write_text(mixed.read_text() + json.dumps({"prompt": "w1 w2"}) + "\n")
+    rc, out, err = _cli("bon", _base(tiny_lm, "bon.n=2", "bon.task=review", f"scorer.reward={tiny_lm / 'rm'}",
+                                     f"data.prompts={mixed}"), tmp_path / "m", capsys)
+    assert rc == 0, err
+    assert "fourfold bon: warning: bon.task: review cannot read 1 of 9 prompts" in out

@@ -23,11 +23,19 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Sequence
+from typing import Optional, Sequence
 
 import torch
 
-from fourfold.apps.inference import Scorer, load_generator, load_scorer, sample_completions, score_records, scorer_functions
+from fourfold.apps.inference import (
+    Progress,
+    Scorer,
+    load_generator,
+    load_scorer,
+    sample_completions,
+    score_records,
+    scorer_functions,
+)
 from fourfold.atomic import write_text_atomic
 from fourfold.config import save_config, validate_tree
 from fourfold.config.bon import BonConfig
@@ -59,10 +67,56 @@ def score_candidates(cfg: BonConfig, rows: list[dict], scorer: Scorer, device: t
     ``bon.score_batch_size``; and a weighted scorer's parts (name -> one score per candidate; {} for one source)."""
     records = [ResponseRecord(r["prompt"], r["response"], r["finished"], line=i + 1, source="bon candidates",
                               row=r.get("columns", {})) for i, r in enumerate(rows)]
-    done, scores, parts = score_records(records, scorer, device, columns, cfg.bon.score_batch_size)
+    done, scores, parts = score_records(records, scorer, device, columns, cfg.bon.score_batch_size,
+                                        progress=Progress("fourfold bon: scored", "candidates"))
     if len(done) != len(records):  # a reward model refuses a candidate too long for it (on_error raise)
         raise DataError("bon candidates: some candidates could not be scored")
     return scores, parts
+
+
+CANDIDATE_BYTES = 700
+"""Memory of one sampled candidate held until it is scored (a dict of its text, flags and length,
+and its place in the list), plus 8 bytes per response token of text: what :func:`check_candidates`
+multiplies."""
+
+
+def check_candidates(cfg: BonConfig, available: Optional[int] = None) -> None:
+    """Before anything loads: the candidates (prompts x ``bon.n``) are held in memory until they are
+    scored, so a count whose rows would not fit in ``available`` bytes (default: the memory free now)
+    is a ConfigError naming ``bon.n``, with the GiB it would take and the largest n that fits."""
+    from fourfold.data.io import read_source
+
+    n_prompts = len(read_source(cfg.data.prompts, on_error="skip", skipped=[])[1])
+    per = CANDIDATE_BYTES + 8 * cfg.generation.max_new_tokens
+    need = n_prompts * cfg.bon.n * per
+    if available is None:
+        import psutil
+
+        available = psutil.virtual_memory().available
+    if need > 0.8 * available:
+        fits = max(int(0.8 * available // (per * max(n_prompts, 1))), 0)
+        raise ConfigError(f"bon.n: {cfg.bon.n} candidates for each of {n_prompts} prompts are {n_prompts * cfg.bon.n:.3g} "
+                          f"responses, about {need / 2**30:.3g} GiB held until they are scored, and {available / 2**30:.3g} "
+                          f"GiB are free: lower bon.n (at most {fits} fits here) or split data.prompts")
+
+
+def _check_task_reads(cfg: BonConfig, task) -> None:
+    """``bon.task``'s gold reads only its own world's prompts: none of data.prompts readable is a
+    ConfigError (every candidate's gold would be the ill-formed floor); some is one warning line."""
+    reads = getattr(task, "reads_prompt", None)
+    if reads is None:
+        return
+    from fourfold.data import load_prompts
+
+    prompts = [r.prompt for r in load_prompts(cfg.data.prompts, on_error="skip")]
+    unread = [p for p in prompts if not reads(p)]
+    if prompts and len(unread) == len(prompts):
+        raise ConfigError(f"bon.task: {cfg.bon.task} reads none of the prompts of {cfg.data.prompts} (first: {unread[0]!r}): "
+                          "every candidate's gold would be its ill-formed floor; give that world's prompts "
+                          "(fourfold demo writes them) or unset bon.task")
+    if unread:
+        print(f"fourfold bon: warning: bon.task: {cfg.bon.task} cannot read {len(unread)} of {len(prompts)} prompts "
+              f"of {cfg.data.prompts} (first: {unread[0]!r}): their candidates' gold is the ill-formed floor", flush=True)
 
 
 def _gold_task(cfg: BonConfig):
@@ -91,9 +145,13 @@ def best_of_n(cfg: BonConfig) -> dict:
         raise ConfigError(f"run.output_dir: {out}: cannot write there ({e.strerror or e})") from None
     n, task = cfg.bon.n, _gold_task(cfg)
     columns = prompt_columns(cfg.data.prompts)
+    check_candidates(cfg)
     functions, notes = scorer_functions(cfg.scorer, columns, cfg.data.prompts)  # before any model loads
     tok, model = load_generator(cfg, device)
-    loaded, flat = sample_completions(cfg, tok, model, device, repeat=n, with_columns=bool(columns))
+    if task is not None:
+        _check_task_reads(cfg, task)
+    loaded, flat = sample_completions(cfg, tok, model, device, repeat=n, with_columns=bool(columns),
+                                      progress=Progress("fourfold bon: sampled", "candidates"))
     del model
     scorer = load_scorer(cfg.scorer, device, functions, notes)
     for line in scorer.notes:

@@ -36,6 +36,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Optional
 
 import torch
 
@@ -129,15 +130,44 @@ def _check_room(examples, loaded: LoadResult, max_new_tokens: int, n_positions: 
                             f"max_position_embeddings={n_positions}")
 
 
-def sample_completions(cfg, tok, model, device: torch.device, repeat: int = 1, with_columns: bool = False
-                       ) -> tuple[LoadResult, list[dict]]:
+class Progress:
+    """A progress line of a long loop on stdout (where every line of a command goes), at most one
+    each ``every_s`` seconds and one at the end when any was printed: ``<prefix> done/total <unit>
+    (elapsed s, about eta s left)``, the ETA from the rate so far. ``clock``: seconds (tests give their own)."""
+
+    EVERY_S = 10.0
+    """The default interval between two lines, in seconds."""
+
+    def __init__(self, prefix: str, unit: str, every_s: Optional[float] = None, clock=None):
+        import time
+
+        self.prefix, self.unit = prefix, unit
+        self.every_s = self.EVERY_S if every_s is None else every_s
+        self.clock = clock or time.monotonic
+        self.start = self.last = self.clock()
+        self.printed = 0
+
+    def line(self, done: int, total: int) -> str:
+        elapsed = self.clock() - self.start
+        eta = elapsed / done * (total - done) if done else float("nan")
+        return f"{self.prefix} {done}/{total} {self.unit} ({elapsed:.0f} s, about {eta:.0f} s left)"
+
+    def __call__(self, done: int, total: int) -> None:
+        now = self.clock()
+        if now - self.last >= self.every_s or (done == total and self.printed):
+            print(self.line(done, total), flush=True)
+            self.last, self.printed = now, self.printed + 1
+
+
+def sample_completions(cfg, tok, model, device: torch.device, repeat: int = 1, with_columns: bool = False,
+                       progress=None) -> tuple[LoadResult, list[dict]]:
     """(the prompts as loaded, one row per sampled response): ``cfg.data``'s prompts read and tokenised
     as PPO reads them, each ``repeat`` times in a row, sampled by ``cfg.generation``'s engine in
     batches of ``data.batch_size`` with one generator seeded with ``cfg.run.seed``. A row holds
     ``prompt``, ``response``, ``finished``, ``response_tokens``. What `fourfold generate` writes
     (``repeat`` = 1) and `fourfold bon` draws its candidates from (``repeat`` = bon.n); with
     ``with_columns`` a row also holds ``columns``, its prompt row's other columns (for a reward
-    function that reads them)."""
+    function that reads them); ``progress(done, total)`` is called after each batch (:class:`Progress`)."""
     data, gen = cfg.data, cfg.generation
     # the prompts, rendered and tokenised as PPO does (chat messages through the chat template)
     loaded = load_prompts(data.prompts, on_error=data.on_error, chat_template=chat_template_renderer(tok))
@@ -166,6 +196,8 @@ def sample_completions(cfg, tok, model, device: torch.device, repeat: int = 1, w
         for e, text, done, n in zip(batch, texts, samples.finished.tolist(), lengths):
             rows.append({"prompt": loaded[e.index].prompt, "response": text, "finished": bool(done),
                          "response_tokens": int(n), **({"columns": loaded[e.index].columns} if with_columns else {})})
+        if progress is not None:
+            progress(len(rows), len(examples))
     return loaded, rows
 
 
@@ -245,7 +277,7 @@ def load_scorer(m, device: torch.device, functions: dict, notes: list) -> Scorer
 
 @torch.no_grad()
 def score_records(records: list, scorer: Scorer, device: torch.device, columns: tuple, batch_size: int,
-                  max_len: int | None = None, on_error: str = "raise", skipped=None, notes=None):
+                  max_len: int | None = None, on_error: str = "raise", skipped=None, notes=None, progress=None):
     """(records scored, scores, parts) in batches of ``batch_size``: with a reward model each batch
     laid out as PPO lays out a rollout (rows longer than ``max_len``, default the model's positions,
     refused or skipped by ``on_error``), the reward role given the rows' texts and ``columns`` (from
@@ -273,6 +305,8 @@ def score_records(records: list, scorer: Scorer, device: torch.device, columns: 
         for name, part in getattr(reward, "last_parts", {}).items():
             parts.setdefault(name, []).extend(part.float().cpu().tolist())
         done += batch
+        if progress is not None:
+            progress(len(done), len(indices))
     return done, scores, parts
 
 

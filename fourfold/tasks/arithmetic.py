@@ -184,6 +184,11 @@ class ArithmeticTask:
         the ``split`` side (``"train"`` or ``"heldout"``): a prompts file with an answer column."""
         return [{"prompt": prompt_of(a, b), "answer": str(a + b)} for a, b in (self._pair(rng, split) for _ in range(n))]
 
+    @staticmethod
+    def reads_prompt(prompt: str) -> bool:
+        """Whether ``prompt`` is a sum of this world's (:func:`parse_prompt` reads it)."""
+        return parse_prompt(prompt) is not None
+
     def sample_prompts(self, n: int, rng: random.Random) -> list[str]:
         """Training-side prompts (the held-out problems never appear)."""
         return [row["prompt"] for row in self.problems(n, rng)]

@@ -219,6 +219,14 @@ class ReviewTask:
     def sample_prompts(self, n: int, rng: random.Random) -> list[str]:
         return [self._prompt_of(self._sample_subject(rng)) for _ in range(n)]
 
+    @staticmethod
+    def reads_prompt(prompt: str) -> bool:
+        """Whether ``prompt`` is one of this world's (a determiner, an optional adjective, a
+        product: what :meth:`sample_prompts` writes): the gold reads only reviews of those."""
+        words = prompt.split()
+        return (2 <= len(words) <= 3 and words[0] in PROMPT_DETS and words[-1] in PRODUCTS
+                and all(w in PROMPT_ADJS for w in words[1:-1]))
+
     def sft_examples(self, n: int, rng: random.Random) -> list[dict]:
         out = []
         for _ in range(n):
