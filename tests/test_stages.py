@@ -46,3 +46,32 @@ def test_done_records_round_trip(tmp_path):
 def test_digest_is_order_independent_and_short():
     assert digest({"a": 1, "b": [1, 2]}) == digest({"b": [1, 2], "a": 1})
     assert digest({"a": 1}) != digest({"a": 2}) and len(digest({})) == 16
+
+
+def test_an_unfinished_stage_of_another_config_is_cleared_and_one_of_this_config_resumes(tmp_path):
+    """An interrupted full demo, then --quick in the same directory (issue 40, item 1): the quick
+    run's sft stage must not find the full run's checkpoint; an interrupted run of the same config
+    finds its own."""
+    import pytest
+
+    stages, logs = Stages(tmp_path, False), []
+
+    def interrupted(d):
+        (d / "checkpoint").write_text("full")
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        stages.run("sft", {"records": 20000}, interrupted, logs.append)
+    seen = []
+
+    def resumes(d):
+        seen.append((d / "checkpoint").read_text() if (d / "checkpoint").exists() else None)
+        return {}
+
+    Stages(tmp_path, False).run("sft", {"records": 20000}, resumes, logs.append)  # the same config
+    assert seen == ["full"] and logs == []
+    with pytest.raises(KeyboardInterrupt):
+        Stages(tmp_path, True).run("sft", {"records": 20000}, interrupted, logs.append)
+    Stages(tmp_path, False).run("sft", {"records": 12000}, resumes, logs.append)  # --quick: another config
+    assert seen == ["full", None]
+    assert len(logs) == 1 and "an unfinished run of another configuration was in" in logs[0] and "cleared" in logs[0]

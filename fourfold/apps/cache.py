@@ -77,8 +77,14 @@ def write_done(out: Path, name: str, key: str, result: dict) -> None:
     write_text_atomic(stage_dir(out, name) / "DONE", json.dumps({"key": key, "result": result}, sort_keys=True))
 
 
+ATTEMPT = "ATTEMPT"
+"""The file of a stage's directory that holds the key of the run that started there: an unfinished
+stage of another key is cleared, not resumed (its checkpoints are another configuration's)."""
+
+
 class Stages:
-    """``stages/<name>/DONE`` holds the key (config + upstream keys) a finished stage was run with."""
+    """``stages/<name>/DONE`` holds the key (config + upstream keys) a finished stage was run with,
+    ``stages/<name>/ATTEMPT`` the key of the run that started it (:data:`ATTEMPT`)."""
 
     def __init__(self, out: Path, fresh: bool):
         self.out, self.fresh = out, fresh
@@ -100,7 +106,13 @@ class Stages:
                 return record.get("result", {})
         if d.exists() and (self.fresh or (done.is_file() and json.loads(done.read_text()).get("key") != key)):
             shutil.rmtree(d)  # stale outputs of another config: never resume across configs
+        elif d.exists() and not done.is_file() and read_json(d / ATTEMPT) not in (None, key):
+            # an unfinished run of another config (an interrupted full demo, then --quick): its
+            # checkpoints cannot be resumed by this one
+            log(f"\\[{name}] an unfinished run of another configuration was in {d}: cleared, this one starts afresh")
+            shutil.rmtree(d)
         d.mkdir(parents=True, exist_ok=True)
+        write_text_atomic(d / ATTEMPT, json.dumps(key))  # an interrupted run of this key may resume
         t0 = time.perf_counter()
         result = fn(d)
         result["wall_s"] = round(time.perf_counter() - t0, 2)
