@@ -273,8 +273,8 @@ class MetricsLogger:
             )
             self._progress.update(self._task, completed=step, metrics=shown)
         if self._plain:
-            print(plain_line(self._desc, step, self._total, row, self.key_metrics, time.perf_counter() - self._t0),
-                  flush=True)
+            print(plain_line(self._desc, step, self._total, row, self.key_metrics, time.perf_counter() - self._t0,
+                             first_step=self.resume_step or 0), flush=True)
 
     def samples(self, step: int, rows: Sequence[Mapping[str, Any]]) -> None:
         """Append sample completions (``{"step": step, **row}`` per row, e.g. prompt, response,

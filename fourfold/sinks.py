@@ -63,13 +63,23 @@ def fmt_duration(seconds: float) -> str:
     return f"{seconds / 3600:.1f} h"
 
 
+def eta_s(elapsed_s: float, done: int, left: int) -> float | None:
+    """Seconds left at the rate so far: ``elapsed_s / done * left`` (None before any step is done
+    or after the last)."""
+    return elapsed_s / done * left if done > 0 and left > 0 else None
+
+
 def plain_line(desc: str, step: int, total: int | None, row: Mapping[str, Any], key_metrics: Sequence[str],
-               elapsed_s: float) -> str:
+               elapsed_s: float, first_step: int = 0) -> str:
     """One console line for a logged row, for output that is not a terminal:
-    ``ppo 3/10: reward/score_mean=0.1235 kl/k1=0.01234 (4.1 s)``. Only the key metrics the row has."""
+    ``ppo 3/10: reward/score_mean=0.1235 kl/k1=0.01234 (4.1 s, about 9.6 s left)``. Only the key
+    metrics the row has; the time left (:func:`eta_s`) from this process's steps so far (those after
+    ``first_step``, the resumed one) once one is done and while some are left."""
     where = f"{desc or 'train'} {step}/{total}" if total is not None else f"{desc or 'train'} step {step}"
     shown = " ".join(f"{k}={fmt_number(row[k])}" for k in key_metrics if k in row)
-    return f"{where}: {shown} ({fmt_duration(elapsed_s)})" if shown else f"{where} ({fmt_duration(elapsed_s)})"
+    left = eta_s(elapsed_s, step - first_step, total - step) if total is not None else None
+    when = fmt_duration(elapsed_s) + (f", about {fmt_duration(left)} left" if left is not None else "")
+    return f"{where}: {shown} ({when})" if shown else f"{where} ({when})"
 
 
 def done_line(stage: str, seconds: float, outputs: Mapping[str, Any]) -> str:

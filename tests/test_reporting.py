@@ -232,3 +232,18 @@ def test_fmt_fixed_never_writes_minus_zero():
 
     assert fmt_fixed(-0.0004) == "0.000" and fmt_fixed(-0.0) == "0.000"
     assert fmt_fixed(-0.0006) == "-0.001" and fmt_fixed(4.2184) == "4.218" and fmt_fixed(2.5, 1) == "2.5"
+
+
+def test_the_plain_line_says_the_time_left_from_this_process_s_rate():
+    """Hand cases: 3 of 10 steps in 6 s -> 2 s a step, 14 s left; resumed at 5, now 7 of 10 in 4 s ->
+    2 s a step, 6.0 s left; none before a step or after the last."""
+    from fourfold.sinks import eta_s, plain_line
+
+    assert eta_s(6.0, 3, 7) == 14.0 and eta_s(0.0, 0, 10) is None and eta_s(5.0, 10, 0) is None
+    row = {"reward/score_mean": 0.5}
+    assert plain_line("ppo", 3, 10, row, ("reward/score_mean",), 6.0) == \
+        "ppo 3/10: reward/score_mean=0.5 (6 s, about 14 s left)"
+    assert plain_line("ppo", 7, 10, row, ("reward/score_mean",), 4.0, first_step=5) == \
+        "ppo 7/10: reward/score_mean=0.5 (4 s, about 6 s left)"
+    assert plain_line("ppo", 10, 10, row, ("reward/score_mean",), 20.0) == "ppo 10/10: reward/score_mean=0.5 (20 s)"
+    assert plain_line("sft", 4, None, {}, (), 2.0) == "sft step 4 (2 s)"

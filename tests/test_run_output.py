@@ -37,7 +37,8 @@ def test_one_plain_rounded_line_per_row_when_stdout_is_not_a_terminal(tmp_path, 
         "ppo 2/3: reward/score_mean=-1.235e+04 kl/k1=2e-07",
         "ppo 3/3: reward/score_mean=7",
     ]
-    assert all(re.search(r" \(\d[\d.]* s\)$", line) for line in lines)  # elapsed time, rounded
+    assert all(re.search(r" \(\d[\d.e-]* s(, about \d[\d.e-]* (s|min|h) left)?\)$", line) for line in lines)  # elapsed, rounded
+    assert "left)" in lines[0] and "left" not in lines[-1]  # the time left while steps remain
     assert len(read_metrics(tmp_path / "metrics.jsonl")) == 3  # the file keeps full precision
     assert read_metrics(tmp_path / "metrics.jsonl")[0]["reward/score_mean"] == 0.123456789
 
