@@ -2,7 +2,9 @@
 
 Every stage takes a YAML config and dotted overrides (``ppo.kl_coef=0.02``); see
 ``fourfold.config`` for the convention. Errors fourfold raises on purpose (bad config, bad data,
-a model that cannot be loaded) print one line and exit with status 2.
+a model that cannot be loaded) print one line and exit with status 2. ``fourfold <stage> --help``
+lists every config key of the stage (:class:`StageParser`); ``--print-config`` prints the resolved
+config as YAML, a file ``--config`` reads back unchanged.
 
 Under ``torchrun`` (``torchrun --nproc-per-node N -m fourfold.cli sft --config CFG``) every rank
 runs the same stage; such an error is printed by rank 0 alone (every rank meets the same ones:
@@ -157,15 +159,39 @@ def _bf16_note(cfg):
     return bf16_cpu_warning(cfg, torch.device("cpu"))
 
 
+class StageParser(argparse.ArgumentParser):
+    """A stage's parser: its ``--help`` ends with every config key of the stage (and of each
+    ``--task`` world), from the config classes' own docs (:func:`fourfold.config.keys.keys_help`),
+    built only when the help is shown."""
+
+    def __init__(self, *args, stage=None, **kwargs):
+        super().__init__(*args, formatter_class=argparse.RawDescriptionHelpFormatter, **kwargs)
+        self.stage = stage
+
+    def format_help(self) -> str:
+        text = super().format_help()
+        if self.stage is None:
+            return text
+        from fourfold.config.keys import keys_help
+
+        worlds = [(None, self.stage.config), *((task, config) for task, config, _ in self.stage.tasks)]
+        for task, config in worlds:
+            title = "config keys" + (f" with --task {task}" if task else "")
+            text += "\n" + keys_help(_resolve(config), title=title) + "\n"
+        return text
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="fourfold", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"fourfold {__version__}")
-    sub = parser.add_subparsers(dest="stage", metavar="STAGE")
+    sub = parser.add_subparsers(dest="stage", metavar="STAGE", parser_class=StageParser)
     _add_estimate_parser(sub)
     _add_serve_reward_parser(sub)
     for name, stage in STAGES.items():
-        p = sub.add_parser(name, help=stage.help, description=stage.help)
+        p = sub.add_parser(name, help=stage.help, description=stage.help, stage=stage)
         p.add_argument("--config", "-c", help="YAML config file")
+        p.add_argument("--print-config", action="store_true",
+                       help="print the resolved config (file, overrides, flags) as YAML and exit: a --config file")
         p.add_argument("--output-dir", help="shorthand for run.output_dir=DIR (the path as typed, never read as YAML)")
         p.add_argument("--seed", type=int, help="shorthand for run.seed=N")
         p.add_argument("--resume", action="store_true", help="shorthand for run.resume=true")
@@ -194,6 +220,14 @@ def parse_args(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> a
     if rest:
         args.overrides = [*getattr(args, "overrides", []), *rest]
     return args
+
+
+def print_config(cfg) -> int:
+    """``--print-config``: the resolved config as YAML on stdout (``--config`` reads it back)."""
+    from fourfold.config.loader import config_yaml
+
+    print(config_yaml(cfg), end="")
+    return 0
 
 
 def interrupted_line(stage: str, error: BaseException, cfg, argv: Sequence[str] | None) -> str:
@@ -262,6 +296,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         from fourfold.config import load_config
 
         cfg = load_config(_resolve(stage.config), args.config, overrides, settings=settings)
+        if args.print_config:
+            return print_config(cfg)
         if stage.rollout_batch and dist.rank_from_env() == 0:  # rank 0 alone under torchrun
             from fourfold.models.estimate.from_config import estimate_line
 

@@ -4,12 +4,14 @@ config by their pattern (``METRIC_PATTERNS``) and the groups' titles (``METRIC_G
 that every name a loop logs is here."""
 from __future__ import annotations
 
+import re
+
 # ---- the metric table ----------------------------------------------------------------------------
 
 METRICS: dict[str, str] = {
     # counters
     "iteration": "PPO/REINFORCE iteration (one rollout batch + its updates), 1-based.",
-    "samples": "Responses (LM: prompts x ppo.samples_per_prompt) or environment steps (gym) consumed so far.",
+    "samples": "Responses (prompts x ppo.samples_per_prompt) sampled so far.",
     # reward
     "reward/score_mean": ("Mean reward-model score of the sampled responses (before KL penalty); under ppo.filter_groups "
                           "the kept batch's (as are score_std/min/max), the first rollout's is reward/first_score_mean."),
@@ -36,7 +38,6 @@ METRICS: dict[str, str] = {
     "policy/clipfrac": "Share of valid tokens whose probability ratio was clipped.",
     "policy/approx_kl": "Mean k3 estimate of KL(old policy || new policy) over the updates.",
     "policy/entropy": "Mean per-token entropy of the policy's (temperature-scaled) distribution.",
-    "policy/ratio_mean": "Mean probability ratio new/old over valid tokens.",
     "policy/first_ratio_abs_dev": "Mean |r - 1| on the first minibatch before any step (0 under old_logprobs recompute).",
     "policy/lr": "Policy learning rate at the end of the iteration.",
     "policy/grad_norm": "Policy gradient norm before clipping, mean over updates.",
@@ -72,7 +73,6 @@ METRICS: dict[str, str] = {
     "time/score_s": "Seconds spent in reward, reference and critic forward passes this iteration.",
     "time/train_s": "Seconds spent in optimisation (forward, backward, step) this iteration.",
     "time/iteration_s": "Wall-clock seconds of the whole iteration.",
-    "time/checkpoint_s": "Seconds spent writing the last checkpoint.",
     "time/step_s": "Mean seconds per optimizer step since the previous row (SFT, reward model, DPO).",
     "time/gen_tokens_per_s": "Generated response tokens per second of generation time.",
     "time/train_tokens_per_s": "Trained tokens (all epochs) per second of training time.",
@@ -114,8 +114,8 @@ METRICS: dict[str, str] = {
     "gym/eval_return": "Mean return of deterministic evaluation episodes.",
     "gym/eval_return_std": "Standard deviation of the returns of those evaluation episodes.",
     "time/rollout_s": "Seconds spent stepping the environments and the policy (gym).",
-    "policy/epochs": "PPO epochs actually run this iteration (fewer when target_kl stops early).",
-    "policy/advantage_mean": "Mean advantage (or return minus baseline) of the batch before whitening.",
+    "policy/epochs": "PPO epochs actually run this iteration (fewer when the gym stage's ppo.target_kl stops early).",
+    "policy/advantage_mean": "Mean return minus baseline of the batch (gym's REINFORCE).",
     # multi-turn environments (env.factory; docs/environments.md)
     "env/turns_mean": "Mean policy turns per trajectory.",
     "env/truncated_frac": "Share of trajectories cut by env.max_turns or env.max_tokens (not ended by the environment).",
@@ -125,6 +125,68 @@ METRICS: dict[str, str] = {
     "env/turn_reward_mean": "Mean reward per stepped turn.",
     "env/return_mean": "Mean summed turn rewards per trajectory.",
 }
+
+# ---- which trainer logs which metric ---------------------------------------------------------------
+# "trainer, trainer (condition); ...": a trainer without a condition logs the metric at every row; a
+# condition in parentheses says when it does (a config key, a critic, an environment). A test runs
+# ppo, reinforce and gym (both algos) and checks both ways (tests/test_metric_sources.py).
+
+_RL = "ppo, reinforce"
+_PPO_GAE = "ppo (with a critic: ppo.advantage gae)"
+LOGGED_BY: dict[str, str] = {
+    "iteration": f"{_RL}, gym",
+    "samples": _RL,
+    **dict.fromkeys(("reward/score_mean", "reward/score_std", "reward/score_min", "reward/score_max",
+                     "reward/token_reward_sum_mean", "reward/no_eos_penalised"), _RL),
+    **dict.fromkeys(("reward/first_score_mean", "reward/filtered_groups", "reward/filter_batches"),
+                    "ppo (ppo.filter_groups)"),
+    "reward/gold_mean": "ppo (a task with a gold: data.task, a probe), reinforce (the same)",
+    "reward/frac_zero_std": "ppo (ppo.samples_per_prompt > 1)",
+    "reward/overlong_penalty_mean": "ppo (ppo.overlong_buffer)",
+    **dict.fromkeys(("kl/k1", "kl/k3", "kl/coef"), _RL),
+    "policy/loss": f"{_RL}, gym",
+    **dict.fromkeys(("policy/clipfrac", "policy/approx_kl"), "ppo, gym (algo ppo)"),
+    "policy/entropy": f"{_RL}, gym",
+    "policy/first_ratio_abs_dev": "ppo",
+    "policy/lr": f"{_RL}, gym (algo ppo)",
+    "policy/grad_norm": f"{_RL}, gym",
+    "policy/kl_loss": "ppo (ppo.kl_in loss)",
+    **dict.fromkeys(("value/loss", "value/clipfrac", "value/explained_variance", "value/mean"),
+                    f"{_PPO_GAE}, gym (algo ppo)"),
+    **dict.fromkeys(("value/lr", "value/grad_norm", "value/error", "value/returns_mean", "value/returns_std"), _PPO_GAE),
+    **dict.fromkeys([k for k in METRICS if k.startswith(("mismatch/token_", "mismatch/seq_", "mismatch/geo_"))], _RL),
+    "mismatch/is_weight_mean": "ppo (ppo.rollout_correction), reinforce (reinforce.rollout_correction)",
+    "mismatch/is_masked_share": "ppo (a masking rollout_correction: token_mis, seq_mis, geo_mis), reinforce (the same)",
+    "mismatch/is_truncated_share": "ppo (a truncating rollout_correction: token_tis, seq_tis), reinforce (the same)",
+    **dict.fromkeys(("rollout/response_length", "rollout/no_eos_share", "rollout/tokens"), _RL),
+    "rollout/masked_truncated_share": "ppo (ppo.mask_truncated)",
+    **dict.fromkeys(("time/generate_s", "time/score_s", "time/gen_tokens_per_s"), _RL),
+    **dict.fromkeys(("time/train_s", "time/iteration_s"), f"{_RL}, gym"),
+    "time/train_tokens_per_s": "ppo",
+    "time/step_s": "sft, reward, dpo",
+    **dict.fromkeys(("time/env_steps_per_s", "time/rollout_s"), "gym"),
+    "train/nonfinite_skips": f"{_RL}, gym, sft, reward, dpo",
+    **{k: "sft" for k in METRICS if k.startswith("sft/")},
+    "sft/eval_loss": "sft (an eval split: data.eval or data.eval_fraction)",
+    **{k: "reward" for k in METRICS if k.startswith("rm/")},
+    **dict.fromkeys(("rm/eval_accuracy", "rm/eval_loss"), "reward (an eval split)"),
+    **{k: "dpo" for k in METRICS if k.startswith("dpo/")},
+    **dict.fromkeys(("dpo/eval_loss", "dpo/eval_accuracy", "dpo/eval_reward_margin"), "dpo (an eval split)"),
+    **dict.fromkeys(("gym/episodic_return", "gym/episodic_length"), "gym (an episode finished in the rollout)"),
+    **dict.fromkeys(("gym/eval_return", "gym/eval_return_std"), "gym (an evaluation iteration)"),
+    "policy/epochs": "gym (algo ppo)",
+    "policy/advantage_mean": "gym (algo reinforce)",
+    **{k: "ppo (env.factory), reinforce (env.factory)" for k in METRICS if k.startswith("env/")},
+}
+
+
+def logged_by(name: str) -> dict[str, str]:
+    """``{trainer: condition}`` of a documented metric (condition "" = logged at every row)."""
+    return {trainer: when for trainer, when in _SOURCE.findall(LOGGED_BY[name])}
+
+
+_SOURCE = re.compile(r"(?:^|, )(\w+)(?: \(([^)]*)\))?")
+
 
 METRIC_PATTERNS: dict[str, str] = {"reward/<name>_mean": "Mean of one part of a weighted reward (model.reward_fns, "
                                     "...): rm (the reward model), remote (the server) or the function's name."}

@@ -2,7 +2,8 @@
 
 Metric names are stable strings documented once, in ``METRICS`` (:mod:`fourfold.metric_names`) (the README embeds
 ``metrics_markdown_table()``; a name made from the config, ``reward/<name>_mean``, by its pattern in
-``METRIC_PATTERNS``). Names are ``group/name``; the groups are ``reward/``, ``kl/``, ``policy/``,
+``METRIC_PATTERNS``; which trainers log each, and when, in ``LOGGED_BY``). Names are ``group/name``;
+the groups are ``reward/``, ``kl/``, ``policy/``,
 ``value/``, ``mismatch/``, ``rollout/``, ``time/`` for PPO/REINFORCE, ``env/`` for environments, ``train/`` for training
 health, ``sft/``, ``rm/``, ``dpo/`` and ``gym/`` for the other stages, plus the bare counters
 ``iteration`` and ``samples``. Timing keys live under ``time/`` and end in ``_s`` (seconds) or
@@ -38,11 +39,11 @@ from typing import Any
 
 from fourfold.atomic import write_text_atomic
 from fourfold.errors import DataError
-from fourfold.metric_names import METRIC_GROUPS, METRIC_PATTERNS, METRICS
+from fourfold.metric_names import LOGGED_BY, METRIC_GROUPS, METRIC_PATTERNS, METRICS, logged_by
 from fourfold.sinks import fmt_number, plain_line, samples_markdown
 
 __all__ = [
-    "METRICS", "METRIC_PATTERNS", "MetricsLogger", "documented", "fig_to_data_uri", "html_image", "html_page",
+    "LOGGED_BY", "METRICS", "METRIC_PATTERNS", "MetricsLogger", "logged_by", "documented", "fig_to_data_uri", "html_image", "html_page",
     "is_timing_key", "metrics_markdown_table", "plot_curves", "read_metrics", "token_heatmap_html",
 ]
 
@@ -60,17 +61,21 @@ def is_timing_key(key: str) -> bool:
     return key.endswith("_s") or key.endswith("_per_s") or "time" in key
 
 
+_RL_ANY = "ppo, reinforce (several reward parts)"
+
+
 def metrics_markdown_table() -> str:
-    """The ``METRICS`` table as GitHub markdown, one section row per group, in table order."""
-    lines = ["| Metric | Meaning |", "|---|---|"]
+    """The ``METRICS`` table as GitHub markdown, one section row per group, in table order, with the
+    trainers that log each metric and when (``LOGGED_BY``)."""
+    lines = ["| Metric | Meaning | Logged by |", "|---|---|---|"]
     group = None
     for name, meaning in METRICS.items():
         g = name.split("/", 1)[0] if "/" in name else ""
         if g != group:
             group = g
-            lines.append(f"| **{METRIC_GROUPS.get(g, g)}** | |")
-        lines.append(f"| `{name}` | {meaning.replace('|', '&#124;')} |")
-        lines += [f"| `{k}` | {v} |" for k, v in METRIC_PATTERNS.items()] if name == "reward/no_eos_penalised" else []
+            lines.append(f"| **{METRIC_GROUPS.get(g, g)}** | | |")
+        lines.append(f"| `{name}` | {meaning.replace('|', '&#124;')} | {LOGGED_BY[name]} |")
+        lines += [f"| `{k}` | {v} | {_RL_ANY} |" for k, v in METRIC_PATTERNS.items()] if name == "reward/no_eos_penalised" else []
     return "\n".join(lines) + "\n"
 
 

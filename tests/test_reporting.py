@@ -61,10 +61,12 @@ def test_is_timing_key():
 def test_markdown_table_lists_every_metric():
     table = metrics_markdown_table()
     lines = table.strip().splitlines()
-    assert lines[0] == "| Metric | Meaning |" and lines[1] == "|---|---|"
+    assert lines[0] == "| Metric | Meaning | Logged by |" and lines[1] == "|---|---|---|"
     for name in METRICS:
         assert f"| `{name}` |" in table
-    assert all(line.startswith("|") and line.endswith("|") and line.count("|") == 3 for line in lines)
+    assert all(line.startswith("|") and line.endswith("|") and line.count("|") == 4 for line in lines)
+    assert "| `value/lr` | Critic learning rate at the end of the iteration. | ppo (with a critic: ppo.advantage gae) |" \
+        in lines
 
 
 # ---- JSONL ---------------------------------------------------------------------------------------

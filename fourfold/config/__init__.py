@@ -17,7 +17,9 @@ Convention (one for every subcommand):
   ``config.json``) once, before any model is loaded. Trainers run the same ``validate_tree`` on
   the config they are given, so the Python API refuses what the CLI refuses.
 
-Layout: ``loader`` reads YAML, applies overrides and builds/validates any config dataclass; one
+Layout: ``loader`` reads YAML, applies overrides and builds/validates any config dataclass
+(``config_yaml``: the resolved config as YAML, what ``--print-config`` prints); ``keys`` lists a
+config's keys with their types, defaults and docstrings (``fourfold <stage> --help``); one
 schema module per stage holds its sections (``run``: the shared RunConfig; ``dist``: placement
 of the models under torchrun, on sft, reward, dpo, ppo and reinforce; ``lora``: the
 ``model.lora`` section of the language-model stages; ``sft``: the SFT stage

@@ -53,15 +53,16 @@ def validate_precision(dtype: str, precision: str, prefix: str = "model") -> Non
         require(dtype != "float16", f"{prefix}.precision", f"bf16 conflicts with {prefix}.dtype=float16")
 
 
-def _type_name(tp: Any) -> str:
+def type_name(tp: Any) -> str:
+    """How the errors and `--help` name a type: int, one of 'a', 'b', list of str, str or null."""
     origin = typing.get_origin(tp)
     if origin is Literal:
         return "one of " + ", ".join(repr(a) for a in typing.get_args(tp))
     if origin in (Union, types.UnionType):
-        return " or ".join(_type_name(a) for a in typing.get_args(tp))
+        return " or ".join(type_name(a) for a in typing.get_args(tp))
     if origin in (list, tuple, Sequence):
         args = typing.get_args(tp)
-        return f"list of {_type_name(args[0])}" if args else "list"
+        return f"list of {type_name(args[0])}" if args else "list"
     if origin is dict:
         return "mapping"
     if _is_callable_type(tp):
@@ -79,7 +80,7 @@ def _is_callable_type(tp: Any) -> bool:
 def _coerce(value: Any, tp: Any, key: str, where: str) -> Any:
     """Check/convert one YAML value to the annotated type, or raise ConfigError naming the key."""
     origin = typing.get_origin(tp)
-    bad = ConfigError(f"{where}{key}: expected {_type_name(tp)}, got {value!r}")
+    bad = ConfigError(f"{where}{key}: expected {type_name(tp)}, got {value!r}")
     if tp is Any:
         return value
     if dataclasses.is_dataclass(tp):
@@ -397,7 +398,7 @@ def _check_value(value: Any, tp: Any, key: str) -> None:
     if dataclasses.is_dataclass(tp) and not isinstance(value, tp):
         raise ConfigError(f"{key}: expected a {tp.__name__} section, got {type(value).__name__}")
     if not _unchanged(value, _coerce(value, tp, key, "")):
-        raise ConfigError(f"{key}: expected {_type_name(tp)}, got {value!r}")
+        raise ConfigError(f"{key}: expected {type_name(tp)}, got {value!r}")
     items = value if isinstance(value, (list, tuple)) else [value]
     for i, item in enumerate(items):
         if isinstance(item, float) and not math.isfinite(item):
@@ -471,10 +472,16 @@ def load_config(
     return config_from_dict(cls, tree, origin=_origin(path, file_keys, cmd_keys))
 
 
-def save_config(cfg: Any, path: str | Path) -> None:
-    """Write the resolved config as YAML (atomically: temp file then rename)."""
+def config_yaml(cfg: Any) -> str:
+    """The resolved config as YAML text, every key in field order (what ``load_config`` reads back
+    to an equal config; ``fourfold <stage> --print-config`` prints it)."""
     import yaml
 
+    return yaml.safe_dump(config_to_dict(cfg), sort_keys=False)
+
+
+def save_config(cfg: Any, path: str | Path) -> None:
+    """Write the resolved config as YAML (atomically: temp file then rename)."""
     from fourfold.atomic import write_text_atomic
 
-    write_text_atomic(path, yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
+    write_text_atomic(path, config_yaml(cfg))

@@ -296,6 +296,7 @@ class TurnsConfig:
     tokens_base: int = 20
     """env.max_tokens = tokens_base + tokens_per_hop x hops (room for perfect play and a mistake)."""
     tokens_per_hop: int = 12
+    """Tokens of env.max_tokens per hop (see tokens_base)."""
     claims: TurnsClaimsConfig = dataclasses.field(default_factory=TurnsClaimsConfig)
     """The claims' thresholds."""
 
