@@ -304,7 +304,7 @@ def ppo_update(roles: Roles, rollout: Rollout, algo: PPOAlgoConfig, opt: Optim, 
 def checked_roles(roles: Optional[Roles], algo: PPOAlgoConfig) -> Optional[Roles]:
     """``roles`` passed to :func:`train`, refused when they have a critic that the critic-free
     estimator of ``ppo.advantage`` would not train."""
-    if roles is not None and roles.critic is not None and not get_advantage_estimator(algo.advantage).needs_critic:
+    if roles is not None and roles.critic is not None and not get_advantage_estimator(algo.estimator).needs_critic:
         raise ConfigError(f"ppo.advantage: {algo.advantage} uses no critic, but the roles passed in have one")
     return roles
 

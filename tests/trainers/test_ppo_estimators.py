@@ -277,3 +277,18 @@ def test_roles_with_a_critic_are_refused_by_a_critic_free_estimator(tiny_lm, tmp
     assert roles.critic is not None
     with pytest.raises(ConfigError, match="ppo.advantage: rloo uses no critic"):
         train(cfg, roles=roles)
+
+
+def test_roles_with_a_critic_are_refused_by_gae_without_the_critic(tiny_lm, tmp_path):
+    # advantage gae with use_critic false computes reinforce_pp: the check asks algo.estimator
+    # (it asked algo.advantage, gae, which needs a critic, and let the roles through)
+    from fourfold.errors import ConfigError
+    from fourfold.models.build import load_roles
+    from fourfold.trainers.ppo import train
+
+    cfg = load_config(PPOConfig, None, _over(tiny_lm, tmp_path / "x", **{"ppo.advantage": "gae"}))
+    roles = load_roles("ppo", cfg, torch.device("cpu"))  # with a critic
+    assert roles.critic is not None
+    no_critic = dataclasses.replace(cfg, ppo=dataclasses.replace(cfg.ppo, use_critic=False))
+    with pytest.raises(ConfigError, match="ppo.advantage: gae uses no critic"):
+        train(no_critic, roles=roles)
