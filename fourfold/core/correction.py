@@ -26,9 +26,7 @@ import torch
 from torch import Tensor
 
 from fourfold.core.masks import as_bool_mask, masked_mean, masked_sum
-
-CORRECTION_MODES = ("none", "token_tis", "token_mis", "seq_tis", "seq_mis", "geo_mis")
-"""``ppo.rollout_correction``'s values (:func:`rollout_correction_weights`)."""
+from fourfold.names import CORRECTION_MODES  # ppo.rollout_correction's values, written once there
 
 
 def _seq_log_ratios(d: Tensor, m: Tensor) -> tuple[Tensor, Tensor, Tensor]:
