@@ -52,6 +52,9 @@ def test_the_core_tables_hold_exactly_the_names():
     assert tuple(builtin) == names.ADVANTAGE_NAMES
     assert tuple(n for n, e in builtin.items() if e.needs_critic) == names.CRITIC_ADVANTAGES == ("gae",)
     assert set(names.ZERO_AT_ONE_SAMPLE) <= set(names.ADVANTAGE_NAMES)
+    from fourfold.core.correction import CORRECTION_WEIGHTS
+
+    assert tuple(CORRECTION_WEIGHTS) == names.CORRECTION_MODES
 
 
 def test_check_names_names_what_is_missing_and_what_is_extra():
@@ -67,6 +70,8 @@ def test_check_names_names_what_is_missing_and_what_is_extra():
 @pytest.mark.parametrize("patch,expected", [
     ("n.POLICY_LOSSES += ('gspo',)",
      "fourfold.core.losses.SURROGATE_TERMS and fourfold.names disagree: names without an entry: gspo"),
+    ("n.CORRECTION_MODES += ('seq_cap',)",
+     "fourfold.core.correction.CORRECTION_WEIGHTS and fourfold.names disagree: names without an entry: seq_cap"),
     ("n.ADVANTAGE_NAMES = n.ADVANTAGE_NAMES[1:]",
      "fourfold.core.estimators.ADVANTAGE_ESTIMATORS and fourfold.names disagree: entries without a name: gae"),
 ])

@@ -21,6 +21,7 @@ from fourfold.core.advantages import (
 )
 from fourfold.core.correction import (
     CORRECTION_MODES,
+    CORRECTION_WEIGHTS,
     frac_zero_std,
     group_keep,
     mismatch_stats,
@@ -111,6 +112,7 @@ __all__ = [
     "clip_term",
     "cispo_term",
     "CORRECTION_MODES",
+    "CORRECTION_WEIGHTS",
     "mismatch_stats",
     "rollout_correction_weights",
     "overlong_penalty",
