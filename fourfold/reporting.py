@@ -1,6 +1,6 @@
 """Metric names, metric sinks (JSONL, TensorBoard, a rich progress bar) and HTML report helpers.
 
-Metric names are stable strings documented once, in ``METRICS`` (:mod:`fourfold.metric_names`) (the README embeds
+Metric names are stable strings documented once, in ``METRICS`` (:mod:`fourfold.names`) (the README embeds
 ``metrics_markdown_table()``; a name made from the config, ``reward/<name>_mean``, by its pattern in
 ``METRIC_PATTERNS``; which trainers log each, and when, in ``LOGGED_BY``). Names are ``group/name``;
 the groups are ``reward/``, ``kl/``, ``policy/``,
@@ -39,7 +39,7 @@ from typing import Any
 
 from fourfold.atomic import write_text_atomic
 from fourfold.errors import DataError
-from fourfold.metric_names import LOGGED_BY, METRIC_GROUPS, METRIC_PATTERNS, METRICS, logged_by
+from fourfold.names import LOGGED_BY, METRIC_GROUPS, METRIC_PATTERNS, METRICS, logged_by
 from fourfold.sinks import fmt_number, plain_line, samples_markdown
 
 __all__ = [
@@ -47,7 +47,7 @@ __all__ = [
     "is_timing_key", "metrics_markdown_table", "plot_curves", "read_metrics", "token_heatmap_html",
 ]
 
-# the metric table lives in fourfold.metric_names (re-exported here)
+# the metric table lives in fourfold.names (re-exported here)
 
 
 def documented(name: str) -> bool:

@@ -356,19 +356,19 @@ def test_save_pretrained_atomic(tmp_path):
 def test_import_rules():
     """checkpoint/reporting import only torch, safetensors, numpy, rich, matplotlib, the stdlib and
     fourfold.core/errors/atomic (design.md rule 6; reporting also its metric table,
-    fourfold.metric_names): never transformers or another fourfold subpackage (the checkpoint
+    fourfold.names): never transformers or another fourfold subpackage (the checkpoint
     package: its own modules, and fourfold.dist for the sharded ones); atomic (their shared file
-    writes) and metric_names import the stdlib alone."""
+    writes) and names import the stdlib alone."""
     import ast
 
     allowed_third_party = {"torch", "safetensors", "numpy", "rich", "matplotlib", "wandb"}  # wandb: sinks.py, lazily
     root = Path(__file__).resolve().parents[1] / "fourfold"
     files = sorted((root / "checkpoint").glob("*.py")) + [root / name for name in ("reporting.py", "sinks.py", "atomic.py",
-                                                                                   "metric_names.py")]
+                                                                                   "names.py")]
     assert len(files) > 3
     for path in files:
         name = path.relative_to(root).as_posix()
-        allowed_fourfold = {"core", "errors", "atomic", "sinks", "metric_names"} | ({"checkpoint", "dist"} if name.startswith("checkpoint/") else set())
+        allowed_fourfold = {"core", "errors", "atomic", "sinks", "names"} | ({"checkpoint", "dist"} if name.startswith("checkpoint/") else set())
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Import):
                 mods = [a.name for a in node.names]
@@ -378,7 +378,7 @@ def test_import_rules():
                 continue
             for mod in mods:
                 top = mod.split(".")[0]
-                if name in ("atomic.py", "metric_names.py"):
+                if name in ("atomic.py", "names.py"):
                     assert top == "__future__" or top in sys.stdlib_module_names, (name, mod)
                 elif top == "fourfold":
                     assert mod.split(".")[1] in allowed_fourfold, (name, mod)

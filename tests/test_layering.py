@@ -1,10 +1,11 @@
-"""Layering: ``fourfold.core`` imports torch and the standard library only; the trainers never
-import the embedded tasks; reporting never imports models or rollout.
+"""Layering: ``fourfold.core`` imports torch and the standard library only (and, of fourfold, the
+torch-free ``fourfold.names`` alone); the trainers never import the embedded tasks; reporting never
+imports models or rollout.
 
 For ``fourfold.core``, a fresh interpreter blocks the heavy third-party packages with a meta-path
 finder (any attempt to import them is recorded and fails), imports the module under test, then
 reports (a) every blocked import attempted, (b) every ``fourfold.<x>`` module other than
-``fourfold`` and ``fourfold.core*``, and (c) every new top-level module that is neither torch nor
+``fourfold``, ``fourfold.names`` and ``fourfold.core*``, and (c) every new top-level module that is neither torch nor
 the standard library (torch itself imports numpy, so what torch loads is the baseline).
 
 For the rules between fourfold's own packages (``RULES``), two checks: every import statement in
@@ -57,7 +58,7 @@ CHECK = textwrap.dedent(
         for name in sorted(set(sys.modules) - before):
             top = name.split(".")[0]
             if top == "fourfold":
-                if not (name == "fourfold" or name == "fourfold.core" or name.startswith("fourfold.core.")):
+                if not (name in ("fourfold", "fourfold.names") or name == "fourfold.core" or name.startswith("fourfold.core.")):
                     problems.append(f"imported other fourfold subpackage: {name}")
             elif top not in baseline and top not in sys.stdlib_module_names and top != target.split(".")[0]:
                 problems.append(f"imported non-stdlib module: {name}")

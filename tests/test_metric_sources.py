@@ -1,4 +1,4 @@
-"""The metrics table says which trainer logs each metric (fourfold.metric_names.LOGGED_BY): brief ppo and
+"""The metrics table says which trainer logs each metric (fourfold.names.LOGGED_BY): brief ppo and
 reinforce runs on tiny models log every metric documented as always logged by them (and those whose
 condition the run meets), and nothing that the table does not give to them."""
 import pytest

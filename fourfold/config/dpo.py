@@ -10,6 +10,7 @@ from fourfold.config.loader import require
 from fourfold.config.reward import PreferenceDataConfig
 from fourfold.config.run import RunConfig
 from fourfold.config.sft import InitModelConfig, TrainLoopConfig
+from fourfold.names import DPO_LOSSES
 
 
 @dataclasses.dataclass
@@ -32,7 +33,7 @@ class DPOAlgoConfig:
     """eps in [0, 0.5): the assumed share of flipped labels (conservative DPO, Mitchell 2023);
     loss = -(1 - eps) log sigmoid(beta h) - eps log sigmoid(-beta h). sigmoid loss only (TRL's
     sigmoid loss ignores its label_smoothing: see above)."""
-    loss: Literal["sigmoid", "ipo", "ipo_sum"] = "sigmoid"
+    loss: Literal[DPO_LOSSES] = "sigmoid"
     """'sigmoid': DPO (Rafailov et al. 2023); 'ipo': (h_mean - 1/(2 beta))^2 (Azar et al. 2023) with
     h_mean = (pc - rc) / nc - (pr - rr) / nr the margin of per-token mean log-ratios (nc, nr: the
     responses' token counts, EOS included), as the IPO authors and TRL compute it; 'ipo_sum': the same

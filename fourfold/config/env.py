@@ -11,9 +11,7 @@ import dataclasses
 from typing import Literal, Optional
 
 from fourfold.config.loader import require
-
-TRUNCATION = ("bootstrap", "terminal")
-"""The values of ``env.truncation`` (fourfold.core.turns.TRUNCATION_MODES: a test keeps them equal)."""
+from fourfold.names import TRUNCATION_MODES  # env.truncation's values, written once there
 
 
 @dataclasses.dataclass
@@ -35,7 +33,7 @@ class EnvConfig:
     stop: list[str] = dataclasses.field(default_factory=list)
     """Strings that end a policy turn as soon as its text ends with one of them (kept in the
     action); a turn always ends at EOS and after generation.max_new_tokens tokens. [] = EOS only."""
-    truncation: Literal["bootstrap", "terminal"] = "bootstrap"
+    truncation: Literal[TRUNCATION_MODES] = "bootstrap"
     """A trajectory cut by max_turns or max_tokens did not end. 'bootstrap': its last policy token
     bootstraps with the critic's value of the state it was cut in (without a critic there is none:
     the same as terminal). 'terminal': with 0, as if the environment had said done."""

@@ -15,18 +15,17 @@ from fourfold.config.lora import LoraConfig
 from fourfold.config.model_limits import require_fits
 from fourfold.config.rewards import ENV_PART, RewardFnConfig, require_rewards, reward_part_names
 from fourfold.config.run import RunConfig
-
-# The advantage estimators of fourfold.core's registry (ADVANTAGE_ESTIMATORS), by name: config
-# imports no core, so the names are repeated here and a test keeps the two lists equal.
-ADVANTAGE_NAMES = ("gae", "grpo", "dr_grpo", "rloo", "reinforce_pp")
-CRITIC_ADVANTAGES = ("gae",)
-"""The estimators that read critic values (``needs_critic`` in the registry): only they load a critic."""
-CORRECTION_CAPS = {"token_tis": 2.0, "token_mis": 2.0, "seq_tis": 3.0, "seq_mis": 3.0, "geo_mis": 1.01}
-"""The preset cap of each ``ppo.rollout_correction`` mode (fourfold.core.correction.CORRECTION_MODES,
-repeated here as config imports no core; a test keeps them equal)."""
-ZERO_AT_ONE_SAMPLE = ("grpo", "dr_grpo")
-"""The estimators whose advantages are all 0 with one sample per prompt (a group of one is its own
-mean): they need ``samples_per_prompt >= 2``."""
+from fourfold.names import (  # the zoo's names, written once there (fourfold.core reads them too)
+    ADVANTAGE_NAMES,
+    CORRECTION_CAPS,
+    CORRECTION_MODES,
+    CRITIC_ADVANTAGES,
+    KL_KINDS,
+    LOSS_AGG_MODES,
+    POLICY_LOSSES,
+    RATIO_LEVELS,
+    ZERO_AT_ONE_SAMPLE,
+)
 
 
 @dataclasses.dataclass
@@ -250,7 +249,7 @@ class PPOAlgoConfig:
     """GAE lambda."""
     kl_coef: float = 0.05
     """beta: weight of the per-token KL penalty to the reference."""
-    kl_estimator: Literal["k1", "k2", "k3", "abs"] = "k1"
+    kl_estimator: Literal[KL_KINDS] = "k1"
     """Per-token KL estimator used in the reward (k1 = log pi - log pi_ref); the loss term of
     kl_in=loss is always k3."""
     adaptive_kl: bool = False
@@ -299,7 +298,7 @@ class PPOAlgoConfig:
     of the rewards (Ziegler et al. 2019; PPO, RLOO, REINFORCE++). 'loss': the rewards carry the score
     alone and kl_coef * the k3 estimate of KL(pi || pi_ref) joins the policy loss, aggregated like it
     (GRPO: Shao et al. 2024, kl_coef 0.04); kl_coef stays fixed (adaptive_kl steers the reward's KL)."""
-    loss_agg: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"] = "token-mean"
+    loss_agg: Literal[LOSS_AGG_MODES] = "token-mean"
     """How the per-token policy loss (and the entropy bonus and KL term) is averaged: over every
     valid token (token-mean: PPO as in TRL; DAPO, Yu et al. 2025), per response then over responses
     (seq-mean-token-mean: GRPO's formula, a length bias), or summed per response then averaged
@@ -323,7 +322,7 @@ class PPOAlgoConfig:
     """Log mismatch/* every iteration: the training forward's log-probs against the engine's on the
     same tokens. Free under recompute (that forward is it); under engine it costs one no-grad
     policy forward per iteration (measured on the tiny test model: docs/correction.md)."""
-    rollout_correction: Literal["none", "token_tis", "token_mis", "seq_tis", "seq_mis", "geo_mis"] = "none"
+    rollout_correction: Literal[CORRECTION_MODES] = "none"
     """Importance weights for the engine-trainer mismatch, multiplying each token's policy loss
     (fourfold.core.correction.rollout_correction_weights; docs/correction.md): 'token_tis' /
     'seq_tis' truncate the token / sequence ratio pi_train / pi_engine at the cap (TRL
@@ -333,10 +332,10 @@ class PPOAlgoConfig:
     rollout_correction_cap: Optional[float] = None
     """The cap (> 1) of rollout_correction; null = the mode's preset (CORRECTION_CAPS: token_tis and
     token_mis 2, as verl's token TIS; seq_tis and seq_mis 3, TRL's clip_max; geo_mis 1.01)."""
-    policy_loss: Literal["clip", "cispo"] = "clip"
+    policy_loss: Literal[POLICY_LOSSES] = "clip"
     """'clip': PPO's clipped surrogate. 'cispo' (MiniMax-M1, 2025): the ratio as a detached weight
     clipped at 1 + clip_eps_high, times A and the log-prob: every token keeps a gradient."""
-    ratio_level: Literal["token", "sequence"] = "token"
+    ratio_level: Literal[RATIO_LEVELS] = "token"
     """'token': one ratio per token (PPO). 'sequence' (GSPO, Zheng et al. 2025): every token of a
     response uses its geometric-mean ratio exp(mean_t log(pi/pi_old)), clipped as a token's."""
     dual_clip: Optional[float] = None

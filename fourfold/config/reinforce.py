@@ -7,8 +7,9 @@ from typing import Literal, Optional
 
 from fourfold.config.dist import LMDistConfig
 from fourfold.config.loader import require
-from fourfold.config.ppo import CORRECTION_CAPS, RolloutStageConfig
+from fourfold.config.ppo import RolloutStageConfig
 from fourfold.config.run import RunConfig
+from fourfold.names import CORRECTION_CAPS, CORRECTION_MODES, KL_KINDS
 
 
 @dataclasses.dataclass
@@ -23,7 +24,7 @@ class ReinforceAlgoConfig:
     """Learning rate (AdamW)."""
     kl_coef: float = 0.05
     """beta: the same per-token KL penalty as PPO, folded into the returns."""
-    kl_estimator: Literal["k1", "k2", "k3", "abs"] = "k1"
+    kl_estimator: Literal[KL_KINDS] = "k1"
     """Per-token KL estimator used in the reward."""
     baseline: Literal["none", "mean"] = "none"
     """'mean': subtract the batch-mean return (a variance-reduction option)."""
@@ -31,7 +32,7 @@ class ReinforceAlgoConfig:
     """Global gradient-norm clip; null (default) = none, as naive REINFORCE has."""
     lr_schedule: Literal["linear", "constant"] = "constant"
     """LR schedule over the iterations."""
-    rollout_correction: Literal["none", "token_tis", "token_mis", "seq_tis", "seq_mis", "geo_mis"] = "none"
+    rollout_correction: Literal[CORRECTION_MODES] = "none"
     """Importance weights pi_train / pi_engine on each token's loss, as ppo.rollout_correction (the
     loss's own training forward is pi_train; docs/correction.md). mismatch/* is logged every step."""
     rollout_correction_cap: Optional[float] = None

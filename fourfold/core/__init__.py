@@ -3,6 +3,11 @@
 Conventions: per-token tensors are ``[B, T]``, per-sequence ``[B]``; ``mask`` is float or bool with
 1 (True) = valid, 0 = padding / after EOS. Functions also accept other shapes where that makes sense
 (e.g. losses on flattened ``[N]`` environment steps).
+
+The lists of names the config keys take (estimators, policy losses, ratio levels, aggregations, KL
+estimates, correction modes, DPO losses, truncation modes) are written once, in the torch-free
+:mod:`fourfold.names` that fourfold.config reads too; the constants here are those same tuples, and
+the registry and tables that implement them are checked against them on import.
 """
 
 from fourfold.core.advantages import (
@@ -16,6 +21,7 @@ from fourfold.core.advantages import (
 )
 from fourfold.core.correction import (
     CORRECTION_MODES,
+    CORRECTION_WEIGHTS,
     frac_zero_std,
     group_keep,
     mismatch_stats,
@@ -37,9 +43,13 @@ from fourfold.core.losses import (
     LOSS_AGG_MODES,
     POLICY_LOSSES,
     RATIO_LEVELS,
+    SURROGATE_TERMS,
+    ClipBounds,
     aggregate_loss,
     aggregation_units,
     bradley_terry_loss,
+    cispo_term,
+    clip_term,
     dpo_loss,
     kl_loss,
     ppo_policy_loss,
@@ -97,7 +107,12 @@ __all__ = [
     "LOSS_AGG_MODES",
     "POLICY_LOSSES",
     "RATIO_LEVELS",
+    "SURROGATE_TERMS",
+    "ClipBounds",
+    "clip_term",
+    "cispo_term",
     "CORRECTION_MODES",
+    "CORRECTION_WEIGHTS",
     "mismatch_stats",
     "rollout_correction_weights",
     "overlong_penalty",

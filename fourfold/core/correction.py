@@ -20,15 +20,13 @@ identical models exp((1/T - 1) * logit terms), far from 1 (trl#4159).
 from __future__ import annotations
 
 import math
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 from torch import Tensor
 
 from fourfold.core.masks import as_bool_mask, masked_mean, masked_sum
-
-CORRECTION_MODES = ("none", "token_tis", "token_mis", "seq_tis", "seq_mis", "geo_mis")
-"""``ppo.rollout_correction``'s values (:func:`rollout_correction_weights`)."""
+from fourfold.names import CORRECTION_MODES, check_names  # ppo.rollout_correction's values, written once there
 
 
 def _seq_log_ratios(d: Tensor, m: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -58,6 +56,37 @@ def mismatch_stats(train_logprobs: Tensor, engine_logprobs: Tensor, mask: Tensor
     return out
 
 
+WeightRule = Callable[[Tensor, Tensor, Tensor, float], tuple[Tensor, Tensor, Tensor]]
+"""``rule(d [B, T], seq [B], geo [B], cap) -> (w, truncated, masked)``, each ``[B, T]``: a mode's
+weights and where its cap cut a weight or zeroed it, from the token log-ratios d (0 outside the
+mask) and each response's summed and mean log-ratio (:func:`rollout_correction_weights` masks)."""
+
+
+def _capped(rho: Tensor, cap: float, truncate: bool) -> tuple[Tensor, Tensor, Tensor]:
+    """tis (``truncate``): min(rho, cap), truncated where rho > cap; mis: rho, or 0 where rho > cap."""
+    over, none = rho > cap, torch.zeros_like(rho, dtype=torch.bool)
+    if truncate:
+        return torch.clamp(rho, max=cap), over, none
+    return torch.where(over, torch.zeros_like(rho), rho), none, over
+
+
+def _geo_mis(d: Tensor, seq: Tensor, geo: Tensor, cap: float) -> tuple[Tensor, Tensor, Tensor]:
+    keep = (geo.abs() <= math.log(cap))[:, None].expand_as(d)
+    return keep.to(d.dtype), torch.zeros_like(d, dtype=torch.bool), ~keep
+
+
+CORRECTION_WEIGHTS: dict[str, WeightRule] = {
+    "none": lambda d, seq, geo, cap: (torch.ones_like(d), *(torch.zeros_like(d, dtype=torch.bool),) * 2),
+    "token_tis": lambda d, seq, geo, cap: _capped(torch.exp(d), cap, truncate=True),
+    "token_mis": lambda d, seq, geo, cap: _capped(torch.exp(d), cap, truncate=False),
+    "seq_tis": lambda d, seq, geo, cap: _capped(torch.exp(seq)[:, None].expand_as(d), cap, truncate=True),
+    "seq_mis": lambda d, seq, geo, cap: _capped(torch.exp(seq)[:, None].expand_as(d), cap, truncate=False),
+    "geo_mis": _geo_mis,
+}
+"""The weight rule of each ``ppo.rollout_correction`` mode (the names: fourfold.names.CORRECTION_MODES)."""
+check_names("fourfold.core.correction.CORRECTION_WEIGHTS", CORRECTION_MODES, CORRECTION_WEIGHTS)
+
+
 def rollout_correction_weights(
     train_logprobs: Tensor,
     engine_logprobs: Tensor,
@@ -82,7 +111,7 @@ def rollout_correction_weights(
     w over valid tokens, ``masked_share`` share of valid tokens given weight 0 by a mask mode (0
     for the others), ``truncated_share`` share of valid tokens whose weight the cap cut (tis modes).
     """
-    if mode not in CORRECTION_MODES:
+    if mode not in CORRECTION_WEIGHTS:
         raise ValueError(f"unknown rollout correction {mode!r}; expected one of {', '.join(CORRECTION_MODES)}")
     if not cap > 1:
         raise ValueError(f"the rollout correction's cap must be > 1, got {cap}")
@@ -90,25 +119,8 @@ def rollout_correction_weights(
     dtype = torch.promote_types(train_logprobs.dtype, torch.float32)
     d = torch.where(m, train_logprobs.detach().to(dtype) - engine_logprobs.detach().to(dtype), 0.0)
     seq, geo, _ = _seq_log_ratios(d, m)
-    zero = torch.zeros_like(d)
-    if mode == "none":
-        w, cut, dropped = torch.ones_like(d), zero.bool(), zero.bool()
-    elif mode.startswith("token"):
-        rho = torch.exp(d)
-        cut = rho > cap
-        w = torch.clamp(rho, max=cap) if mode == "token_tis" else torch.where(cut, zero, rho)
-        dropped = cut if mode == "token_mis" else zero.bool()
-        cut = cut if mode == "token_tis" else zero.bool()
-    elif mode.startswith("seq"):
-        rho = torch.exp(seq)[:, None].expand_as(d)
-        over = rho > cap
-        w = torch.clamp(rho, max=cap) if mode == "seq_tis" else torch.where(over, zero, rho)
-        cut, dropped = (over, zero.bool()) if mode == "seq_tis" else (zero.bool(), over)
-    else:  # geo_mis
-        bound = math.log(cap)
-        keep = (geo.abs() <= bound)[:, None].expand_as(d)
-        w, cut, dropped = keep.to(dtype), zero.bool(), ~keep
-    w = torch.where(m, w, zero)
+    w, cut, dropped = CORRECTION_WEIGHTS[mode](d, seq, geo, cap)
+    w = torch.where(m, w, torch.zeros_like(d))
     stats = {"weight_mean": masked_mean(w, m), "masked_share": masked_mean(dropped.to(dtype), m),
              "truncated_share": masked_mean(cut.to(dtype), m)}
     return w.detach(), {k: v.detach() for k, v in stats.items()}

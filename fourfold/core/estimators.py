@@ -9,6 +9,9 @@ Registered here: ``gae`` (needs a critic), ``grpo``, ``dr_grpo``, ``rloo``, ``re
 critic). A new estimator is a pure function of :class:`AdvantageInputs` decorated with
 :func:`register_advantage_estimator`; the registry holds an :class:`Estimator` record per name
 (the function and whether it reads critic values), as verl's registry keys its functions by name.
+The names ``ppo.advantage`` takes and which of them read a critic are written once, in
+:mod:`fourfold.names` (ADVANTAGE_NAMES, CRITIC_ADVANTAGES); the built-in registry is checked
+against them on import (a name without an estimator, or an estimator without a name, stops it).
 
 Where the KL penalty goes is decided once, by the rewards the caller passes: ``rewards`` are the
 token rewards of ``token_rewards`` (the score on the last valid token), with the KL penalty in
@@ -28,6 +31,7 @@ from torch import Tensor
 
 from fourfold.core.advantages import gae, grpo_advantages, reinforce_pp_advantages, rloo_advantages
 from fourfold.core.masks import masked_sum
+from fourfold.names import ADVANTAGE_NAMES, CRITIC_ADVANTAGES, check_names
 
 AdvantageEstimator = Callable[["AdvantageInputs"], tuple[Tensor, Tensor]]
 
@@ -86,16 +90,18 @@ ADVANTAGE_ESTIMATORS: dict[str, Estimator] = {}
 
 
 def register_advantage_estimator(
-    name: str, *, needs_critic: bool = False
+    name: str, *, needs_critic: Optional[bool] = None
 ) -> Callable[[AdvantageEstimator], AdvantageEstimator]:
     """Decorator: register ``fn(inputs: AdvantageInputs) -> (advantages [B, T], returns [B, T])``
-    under ``name`` as an :class:`Estimator` record with ``needs_critic``. Registering a name twice
-    raises ValueError. Returns ``fn`` unchanged."""
+    under ``name`` as an :class:`Estimator` record with ``needs_critic`` (None: as
+    fourfold.names.CRITIC_ADVANTAGES says, so False for a name not listed there). Registering a
+    name twice raises ValueError. Returns ``fn`` unchanged."""
 
     def register(fn: AdvantageEstimator) -> AdvantageEstimator:
         if name in ADVANTAGE_ESTIMATORS:
             raise ValueError(f"advantage estimator {name!r} is already registered")
-        ADVANTAGE_ESTIMATORS[name] = Estimator(name, fn, needs_critic)
+        critic = name in CRITIC_ADVANTAGES if needs_critic is None else needs_critic
+        ADVANTAGE_ESTIMATORS[name] = Estimator(name, fn, critic)
         return fn
 
     return register
@@ -116,7 +122,7 @@ def _sequence_rewards(inputs: AdvantageInputs) -> Tensor:
     return masked_sum(inputs.rewards.detach(), inputs.mask, dim=-1)
 
 
-@register_advantage_estimator("gae", needs_critic=True)
+@register_advantage_estimator("gae")  # needs a critic: fourfold.names.CRITIC_ADVANTAGES
 def gae_estimator(inputs: AdvantageInputs) -> tuple[Tensor, Tensor]:
     """GAE(gamma, lam) on the token rewards with the critic's values (:func:`gae`); needs a critic.
     ValueError when ``inputs.values`` is None."""
@@ -153,3 +159,6 @@ def reinforce_pp_estimator(inputs: AdvantageInputs) -> tuple[Tensor, Tensor]:
     """REINFORCE++: discounted returns (gamma) of the token rewards, whitened over the batch's valid
     tokens (:func:`reinforce_pp_advantages`); ignores ``group_size``. No critic."""
     return reinforce_pp_advantages(inputs.rewards, inputs.mask, inputs.gamma)
+
+
+check_names("fourfold.core.estimators.ADVANTAGE_ESTIMATORS", ADVANTAGE_NAMES, ADVANTAGE_ESTIMATORS)

@@ -9,8 +9,7 @@ import torch
 from torch import Tensor
 
 from fourfold.core.masks import as_bool_mask, last_valid_index
-
-KL_KINDS = ("k1", "k2", "k3", "abs")
+from fourfold.names import KL_KINDS  # the estimates' names, written once there
 
 
 def kl_estimate(logprobs: Tensor, ref_logprobs: Tensor, kind: str = "k1") -> Tensor:

@@ -1,12 +1,15 @@
-"""Training losses: PPO clipped policy loss, (clipped) value loss, REINFORCE, Bradley-Terry
+"""Training losses: the PPO-family policy loss (one wrapper, :func:`ppo_policy_loss`, over a named
+table of surrogate terms, ``SURROGATE_TERMS``), (clipped) value loss, REINFORCE, Bradley-Terry
 reward-model loss, SFT cross-entropy, the KL-to-reference loss term, DPO (and IPO) on sequence
-log-probs; how a per-token loss is
-aggregated over a batch (``aggregate_loss``). Each loss returns ``(loss, stats)``: ``loss`` a 0-d
-tensor to backpropagate, ``stats`` a dict of detached 0-d tensors for logging (no host sync)."""
+log-probs; how a per-token loss is aggregated over a batch (``aggregate_loss``). Each loss returns
+``(loss, stats)``: ``loss`` a 0-d tensor to backpropagate, ``stats`` a dict of detached 0-d tensors
+for logging (no host sync). The lists of names (policy losses, ratio levels, aggregations, DPO
+losses) are :mod:`fourfold.names`'; each table here is checked against its list on import."""
 
 from __future__ import annotations
 
-from typing import Optional, Union
+from dataclasses import dataclass
+from typing import Callable, Optional, Union
 
 import torch
 import torch.nn.functional as F
@@ -15,15 +18,9 @@ from torch import Tensor
 from fourfold.core.kl import kl_estimate
 from fourfold.core.logprobs import logprobs_from_logits
 from fourfold.core.masks import as_bool_mask, masked_count, masked_mean, masked_sum
+from fourfold.names import DPO_LOSSES, LOSS_AGG_MODES, POLICY_LOSSES, RATIO_LEVELS, check_names
 
 Stats = dict[str, Tensor]
-
-
-LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
-
-DPO_LOSSES = ("sigmoid", "ipo", "ipo_sum")
-"""The preference losses :func:`dpo_loss` knows (``dpo.loss``): DPO's, IPO's on per-token mean
-log-ratios (as the IPO authors and TRL compute it) and IPO's on summed log-ratios."""
 
 
 def _zero(x: Tensor) -> Tensor:
@@ -79,26 +76,56 @@ def aggregation_units(mask: Tensor, mode: str = "token-mean") -> Tensor:
     return units.float().sum()
 
 
-POLICY_LOSSES = ("clip", "cispo")
-"""``ppo.policy_loss``: PPO's clipped surrogate, or CISPO's clipped-weight policy gradient."""
+@dataclass(frozen=True)
+class ClipBounds:
+    """The bounds a surrogate term reads: the ratio's clip range [1 - ``low``, 1 + ``high``] and
+    the dual-clip constant ``dual`` (c > 1, or None: off)."""
 
-RATIO_LEVELS = ("token", "sequence")
-"""``ppo.ratio_level``: one probability ratio per token (PPO), or per response (GSPO)."""
+    low: float
+    high: float
+    dual: Optional[float] = None
 
 
-def _surrogate(ratio: Tensor, adv: Tensor, logprobs: Tensor, eps_low: float, eps_high: float, kind: str,
-               dual_clip: Optional[float]) -> tuple[Tensor, Tensor]:
-    """The per-token objective of :func:`ppo_policy_loss` (to maximise) and where it clipped."""
-    if kind == "cispo":
-        return torch.clamp(ratio, max=1.0 + eps_high).detach() * adv * logprobs, ratio > 1.0 + eps_high
+SurrogateTerm = Callable[[Tensor, Tensor, Tensor, ClipBounds], tuple[Tensor, Tensor]]
+"""``term(ratio, advantages, logprobs, bounds) -> (objective, clipped)``: the per-token objective
+to maximise and where the bounds acted (bool), all ``[B, T]``; the advantages and log-probs come 0
+outside the mask (the ratio 1), so the objective is 0 there."""
+
+
+def clip_term(ratio: Tensor, adv: Tensor, logprobs: Tensor, bounds: ClipBounds) -> tuple[Tensor, Tensor]:
+    """PPO's clipped surrogate (Schulman et al. 2017), ``ppo.policy_loss: clip``:
+
+        term_t = min(r_t A_t, clip(r_t, 1 - low, 1 + high) A_t)       clipped where the second is smaller
+
+    With ``bounds.dual`` = c (dual-clip PPO, Ye et al. 2020): where A_t < 0 the term is
+    max(term_t, c A_t), and clipped counts there too. ``logprobs`` are not read (the ratio carries
+    the gradient). The gradient is exactly 0 for a token clipped on the side its advantage pushes
+    (A > 0 and r > 1 + high, or A < 0 and r < 1 - low)."""
     surr = ratio * adv
-    surr_clipped = torch.clamp(ratio, 1.0 - eps_low, 1.0 + eps_high) * adv
+    surr_clipped = torch.clamp(ratio, 1.0 - bounds.low, 1.0 + bounds.high) * adv
     term, clipped = torch.minimum(surr, surr_clipped), surr_clipped < surr
-    if dual_clip is not None:
-        bound = dual_clip * adv
+    if bounds.dual is not None:
+        bound = bounds.dual * adv
         dual = (adv < 0) & (term < bound)
         term, clipped = torch.where(dual, bound, term), clipped | dual
     return term, clipped
+
+
+def cispo_term(ratio: Tensor, adv: Tensor, logprobs: Tensor, bounds: ClipBounds) -> tuple[Tensor, Tensor]:
+    """CISPO's clipped-weight policy gradient (MiniMax-M1, 2025), ``ppo.policy_loss: cispo``:
+
+        term_t = sg(min(r_t, 1 + high)) A_t logprobs_t                clipped where r_t > 1 + high
+
+    The clipped ratio is a detached weight (no lower clip), so every token keeps a gradient (through
+    ``logprobs``). ``bounds.low`` and ``bounds.dual`` are not read."""
+    return torch.clamp(ratio, max=1.0 + bounds.high).detach() * adv * logprobs, ratio > 1.0 + bounds.high
+
+
+SURROGATE_TERMS: dict[str, SurrogateTerm] = {"clip": clip_term, "cispo": cispo_term}
+"""The surrogate terms by name (``ppo.policy_loss``; the names are fourfold.names.POLICY_LOSSES).
+A new policy loss is a new pure term here and its name there; :func:`ppo_policy_loss` owns the
+ratio level, the importance weights, the aggregation and the statistics for all of them."""
+check_names("fourfold.core.losses.SURROGATE_TERMS", POLICY_LOSSES, SURROGATE_TERMS)
 
 
 def ppo_policy_loss(
@@ -116,32 +143,31 @@ def ppo_policy_loss(
     kind: str = "clip",
     token_weights: Optional[Tensor] = None,
 ) -> tuple[Tensor, Stats]:
-    """PPO clipped surrogate (Schulman et al. 2017), by default a token-level mean over all valid
-    tokens:
+    """The one wrapper of the PPO-family policy losses: it forms the ratio (``ratio_level``), applies
+    the surrogate term ``SURROGATE_TERMS[kind]``, weights (``token_weights``), aggregates (``agg``)
+    and measures (stats). By default PPO's clipped surrogate, a token-level mean over valid tokens:
 
         r_t  = exp(logprobs_t - old_logprobs_t)
-        loss = -aggregate_loss( min(r_t * A_t, clip(r_t, 1 - eps_low, 1 + eps_high) * A_t), agg )
+        loss = -aggregate_loss( w_t * term(r_t, A_t, logprobs_t), agg )
+        clip:  term = min(r_t * A_t, clip(r_t, 1 - eps_low, 1 + eps_high) * A_t)
 
     eps_low = ``clip_eps_low`` and eps_high = ``clip_eps_high``, each ``clip_eps`` when None (the
     symmetric clip of PPO). A larger eps_high ("clip-higher", DAPO: Yu et al. 2025, 0.2 / 0.28)
     lets low-probability tokens with a positive advantage grow further. ``agg`` is one of
     ``aggregate_loss``'s modes (default token-mean: the plain masked mean).
 
-    Options (each off by default; the default computation is unchanged by them):
-    * ``dual_clip`` = c > 1 (Ye et al. 2020): where A_t < 0 the term is max(min(r A, clip(r) A),
-      c A), so a huge ratio on a negative advantage has a bounded loss (gradient 0 past r = c).
+    Options (each off by default, leaving the default computation unchanged):
+    * ``dual_clip`` = c > 1 (Ye et al. 2020; :func:`clip_term`): a huge ratio on a negative
+      advantage has a bounded loss (gradient 0 past r = c).
     * ``ratio_level`` 'sequence' (GSPO, Zheng et al. 2025): every token of response i uses
       s_i = exp(mean_t (logprobs_t - old_logprobs_t)), the geometric mean of its token ratios (a
       mean of the log-ratios, not a sum: the length does not enter), clipped as r_t.
-    * ``kind`` 'cispo' (MiniMax-M1, 2025): term_t = sg(min(r_t, 1 + eps_high)) * A_t * logprobs_t,
-      the clipped ratio a detached weight (no lower clip); every token keeps a gradient.
+    * ``kind`` 'cispo' (:func:`cispo_term`; any name of ``SURROGATE_TERMS``).
     * ``token_weights`` ``[B, T]`` (constants): each token's term times w_t before the aggregation
       (the rollout correction's, :func:`fourfold.core.correction.rollout_correction_weights`).
 
-    Shapes: all ``[B, T]`` (or any shape, e.g. flattened ``[N]`` env steps with token-mean;
-    ``ratio_level`` 'sequence' needs ``[B, T]``). ``old_logprobs`` and ``advantages`` are constants
-    (detached). Gradient is exactly 0 for a token clipped on the side its advantage pushes (A > 0
-    and r > 1 + eps_high, or A < 0 and r < 1 - eps_low).
+    Shapes: all ``[B, T]`` (or any shape, e.g. flattened ``[N]`` env steps with token-mean; 'sequence'
+    needs ``[B, T]``). ``old_logprobs`` and ``advantages`` are constants (detached).
 
     stats (token-level means whatever ``agg``): ``clipfrac`` share of valid tokens where the clipped
     term is strictly smaller (clipped branch active; cispo: where the weight's cap cut it; with
@@ -152,7 +178,7 @@ def ppo_policy_loss(
     """
     if ratio_level not in RATIO_LEVELS:
         raise ValueError(f"unknown ratio level {ratio_level!r}; expected one of {', '.join(RATIO_LEVELS)}")
-    if kind not in POLICY_LOSSES:
+    if kind not in SURROGATE_TERMS:
         raise ValueError(f"unknown policy loss {kind!r}; expected one of {', '.join(POLICY_LOSSES)}")
     if dual_clip is not None and not dual_clip > 1:
         raise ValueError(f"dual_clip must be > 1, got {dual_clip}")
@@ -167,7 +193,8 @@ def ppo_policy_loss(
         log_ratio = torch.where(m, (log_ratio.sum(-1, keepdim=True) / n).expand_as(log_ratio), zero)
     ratio = torch.exp(log_ratio)
     adv = torch.where(m, advantages.detach().to(ratio.dtype), zero)
-    term, clipped = _surrogate(ratio, adv, torch.where(m, logprobs, zero), eps_low, eps_high, kind, dual_clip)
+    bounds = ClipBounds(eps_low, eps_high, dual_clip)
+    term, clipped = SURROGATE_TERMS[kind](ratio, adv, torch.where(m, logprobs, zero), bounds)
     if token_weights is not None:
         term = term * torch.where(m, token_weights.detach().to(term.dtype), zero)
     loss = -aggregate_loss(term, m, agg)

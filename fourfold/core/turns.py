@@ -34,10 +34,7 @@ from fourfold.core.advantages import gae
 from fourfold.core.estimators import AdvantageInputs, Estimator
 from fourfold.core.kl import kl_estimate
 from fourfold.core.masks import as_bool_mask
-
-TRUNCATION_MODES = ("bootstrap", "terminal")
-"""What a truncated trajectory's last value is: ``bootstrap`` = the critic's value of the state it
-was cut in, ``terminal`` = 0 (as if the environment had ended it)."""
+from fourfold.names import TRUNCATION_MODES  # env.truncation's values, written once there
 
 
 def turn_ids_from_mask(policy_mask: Tensor) -> Tensor:

@@ -2,11 +2,11 @@
 checked calls, and the user's errors as one line naming the environment and the row."""
 
 import textwrap
+import typing
 
 import pytest
 
 from fourfold.config import EnvConfig, validate_tree
-from fourfold.config.env import TRUNCATION
 from fourfold.core.turns import TRUNCATION_MODES
 from fourfold.errors import ConfigError, UserCodeError
 from fourfold.rollout.env import check_observation, load_env_factory, make_envs
@@ -57,7 +57,7 @@ def env_file(tmp_path):
 
 def test_the_config_section_and_its_one_line_errors():
     validate_tree(EnvConfig(factory="envs.py:make_env"), "env")
-    assert TRUNCATION == TRUNCATION_MODES
+    assert typing.get_args(typing.get_type_hints(EnvConfig)["truncation"]) == TRUNCATION_MODES
     cases = [
         (EnvConfig(factory="envs.py"), "env.factory: 'envs.py': expected 'file.py:make_env' or 'module:make_env'"),
         (EnvConfig(max_turns=0), "env.max_turns: must be >= 1, got 0"),

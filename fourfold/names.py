@@ -1,7 +1,19 @@
-"""The metric names: every name a loop logs, documented once (``METRICS``), the names made from the
-config by their pattern (``METRIC_PATTERNS``) and the groups' titles (``METRIC_GROUPS``).
-:mod:`fourfold.reporting` re-exports them and renders the table (the README embeds it); a test checks
-that every name a loop logs is here."""
+"""The names fourfold's layers share as strings, each written once and read by every layer that
+needs it (the standard library alone, so fourfold.config reads it without torch and fourfold.core
+without the config):
+
+* the metric names: every name a loop logs, documented once (``METRICS``), the names made from the
+  config by their pattern (``METRIC_PATTERNS``) and the groups' titles (``METRIC_GROUPS``).
+  :mod:`fourfold.reporting` re-exports them and renders the table (the README embeds it); a test
+  checks that every name a loop logs is here.
+* the method zoo's names: the values of each config key that picks a piece of math
+  (``ppo.advantage``, ``ppo.policy_loss``, ``ppo.ratio_level``, ``ppo.loss_agg``,
+  ``ppo.kl_estimator``, ``ppo.rollout_correction`` and its preset caps, ``dpo.loss``,
+  ``env.truncation``). The config types its keys with them (``Literal[POLICY_LOSSES]``) and
+  validates against them; fourfold.core's registries and tables are checked against them when
+  core is imported (:func:`check_names`: a name without an entry, or an entry without a name,
+  stops the import).
+"""
 from __future__ import annotations
 
 import re
@@ -207,3 +219,52 @@ METRIC_GROUPS: dict[str, str] = {
     "gym": "Classic-control PPO",
     "env": "Multi-turn environments",
 }
+
+
+# ---- the method zoo: the names each config key takes, and fourfold.core implements ----------------
+
+ADVANTAGE_NAMES = ("gae", "grpo", "dr_grpo", "rloo", "reinforce_pp")
+"""``ppo.advantage``: the estimators of fourfold.core.estimators' registry (ADVANTAGE_ESTIMATORS)."""
+CRITIC_ADVANTAGES = ("gae",)
+"""The estimators that read critic values (their registry records' ``needs_critic``): only they
+load a critic."""
+ZERO_AT_ONE_SAMPLE = ("grpo", "dr_grpo")
+"""The estimators whose advantages are all 0 with one sample per prompt (a group of one is its own
+mean): they need ``samples_per_prompt >= 2``."""
+
+POLICY_LOSSES = ("clip", "cispo")
+"""``ppo.policy_loss``: the surrogate terms of fourfold.core.losses (SURROGATE_TERMS): PPO's
+clipped surrogate, or CISPO's clipped-weight policy gradient."""
+RATIO_LEVELS = ("token", "sequence")
+"""``ppo.ratio_level``: one probability ratio per token (PPO), or per response (GSPO)."""
+LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
+"""``ppo.loss_agg``: how fourfold.core.losses.aggregate_loss reduces a per-token loss."""
+KL_KINDS = ("k1", "k2", "k3", "abs")
+"""``ppo.kl_estimator``: the per-token KL estimates of fourfold.core.kl.kl_estimate."""
+
+CORRECTION_CAPS = {"token_tis": 2.0, "token_mis": 2.0, "seq_tis": 3.0, "seq_mis": 3.0, "geo_mis": 1.01}
+"""The preset cap of each ``ppo.rollout_correction`` mode but 'none' (``rollout_correction_cap``
+null)."""
+CORRECTION_MODES = ("none", *CORRECTION_CAPS)
+"""``ppo.rollout_correction``: the importance weights of
+fourfold.core.correction.rollout_correction_weights."""
+
+DPO_LOSSES = ("sigmoid", "ipo", "ipo_sum")
+"""``dpo.loss``: the preference losses fourfold.core.losses.dpo_loss knows: DPO's, IPO's on
+per-token mean log-ratios (as the IPO authors and TRL compute it) and IPO's on summed log-ratios."""
+TRUNCATION_MODES = ("bootstrap", "terminal")
+"""``env.truncation`` (fourfold.core.turns): what a truncated trajectory's last value is: ``bootstrap``
+= the critic's value of the state it was cut in, ``terminal`` = 0 (as if the environment had ended
+it)."""
+
+
+def check_names(what: str, names, table) -> None:
+    """Raise RuntimeError unless ``table`` (the keys of an implementation table or registry) holds
+    exactly ``names``, in any order: one line naming ``what`` and each name without an entry and
+    each entry without a name. fourfold.core calls it on its tables when it is imported."""
+    missing = [n for n in names if n not in table]
+    extra = [n for n in table if n not in names]
+    if missing or extra:
+        parts = ([f"names without an entry: {', '.join(missing)}"] if missing else []) + (
+            [f"entries without a name: {', '.join(extra)}"] if extra else [])
+        raise RuntimeError(f"{what} and fourfold.names disagree: {'; '.join(parts)}")
