@@ -29,8 +29,10 @@ def test_ppo_off_a_terminal(tiny_lm, tmp_path, capfd):
     assert estimate.startswith("fourfold ppo: memory estimate") and stderr == "", stderr
     assert len(lines) == 3
     for i, line in enumerate(lines, start=1):
-        m = re.fullmatch(rf"ppo {i}/3: reward/score_mean=(\S+) kl/k1=(\S+) \([\d.]+ s\)", line)
+        m = re.fullmatch(rf"ppo {i}/3: reward/score_mean=(\S+) kl/k1=(\S+) \([\d.]+ s(?:, about [\d.]+ (?:s|min|h) left)?\)",
+                         line)
         assert m, line
+        assert ("left)" in line) == (i < 3), line  # the time left while iterations remain
         digits = [re.sub(r"e.*", "", v).lstrip("-").replace(".", "").lstrip("0") for v in m.groups()]
         assert all(len(d) <= 4 for d in digits), line  # 4 significant digits
     head, _, where = last.partition(" s: ")
