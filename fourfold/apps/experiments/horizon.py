@@ -87,7 +87,6 @@ class HorizonWorld:
         return self.sweep.demo_dir
 
 
-@dataclasses.dataclass
 class Family(PromptFamilyJobs):
     """What the family's jobs share: settings, output directory, log, evaluation prompts."""
 

@@ -63,7 +63,6 @@ def size_demo(cfg: ExperimentsConfig, pairs: int) -> DemoConfig:
                                run=dataclasses.replace(d.run, output_dir=out, progress=False))
 
 
-@dataclasses.dataclass
 class Overopt(PromptFamilyJobs):
     """What the family's jobs share."""
 

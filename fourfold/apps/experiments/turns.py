@@ -23,7 +23,6 @@ Jobs run ``workers`` at a time, cached and resumable as the other families'. Cla
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -92,7 +91,6 @@ def limits(cfg: ExperimentsConfig, hops: int) -> dict:
             "max_new_tokens": gen.max_new_tokens}
 
 
-@dataclasses.dataclass
 class Turns(FamilyJobs):
     """What the family's jobs share."""
 
