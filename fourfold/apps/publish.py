@@ -30,6 +30,7 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, Mapping, Optional, Sequence
 
+from fourfold.apps.claim_kit import claims_held, claims_md, headline_row
 from fourfold.apps.demo.arithmetic_results import RUNS as ARITHMETIC_RUNS
 from fourfold.apps.demo.arithmetic_results import arithmetic_line, arithmetic_table, collect_arithmetic
 from fourfold.apps.publish_overopt import overopt_headline, overopt_record, overopt_text
@@ -289,7 +290,7 @@ def _cell(s: Mapping, key: str, digits: int, sign: bool = False) -> str:
 
 def experiments_table(res: Mapping) -> str:
     e = res["experiments"]
-    held = sum(c["holds"] == "yes" for c in e["claims"])
+    held = claims_held(e["claims"])
     sft = e["sft"]
     lines = [f"`fourfold experiments --config examples/experiments.yaml` ({len(e['summaries'])} arms x "
              f"{len(e['seeds'])} seeds, {e['iterations']} iterations x {e['rollout_batch_size']} responses per RL run, "
@@ -337,8 +338,7 @@ def horizon_block(res: Mapping) -> str:
                          f"{s['models']} | {_cell(s, 'peak_rss_mb', 0)} | {fmt(s['s_per_iteration'], 2)} | "
                          f"{_cell(s, 'train_s', 0)} |")
     lines += ["", "![gold gain and KL against the horizon](img/horizon.png)", "",
-              "| claim | measured | threshold | holds |", "|---|---|---|---|"]
-    lines += [f"| {c['claim']} | {c['measured']} | {c['threshold']} | {c['holds']} |" for c in h["claims"]]
+              claims_md(h["claims"])]
     return "\n".join(lines)
 
 
@@ -375,12 +375,11 @@ def headline_table(res: Mapping) -> str:
             f"{signed(s['dpo']['gold_delta_sd'])} sd against PPO's {signed(s['ppo']['gold_delta_sd'])}) | "
             "`fourfold experiments` | [docs/experiments.md](docs/experiments.md) |"]
     if h:
-        held = sum(c["holds"] == "yes" for c in h["claims"])
         critic = "; ".join(f"{re.sub(r' [(][^()]*[)]$', '', c['claim'])}: {c['holds']}" for c in h["claims"]
                            if c["group"] in ("critic", "match"))
-        rows.append(f"| when the critic pays: horizons {', '.join(map(str, h['horizons']))} | {held} of {len(h['claims'])} "
-                    f"claims hold ({critic}) | `fourfold experiments --config examples/horizon.yaml` | "
-                    "[docs/experiments.md](docs/experiments.md#the-horizon-family-when-does-the-critic-pay) |")
+        rows.append(headline_row(f"when the critic pays: horizons {', '.join(map(str, h['horizons']))}", h["claims"],
+                                 critic, "fourfold experiments --config examples/horizon.yaml",
+                                 "[docs/experiments.md](docs/experiments.md#the-horizon-family-when-does-the-critic-pay)"))
     rows += overopt_headline(res.get("overoptimization")) + turns_headline(res.get("turns")) + practice_headline(res.get("practice"))
     rows += [f"| {r['what']} | {r['result']} | `{r['command']}` | {r['details']} |" for r in b["rows"]]
     return "\n".join(rows) + f"\n\n(Demo and experiments: {_made(e['provenance'])}; benchmarks: {b['source']}.)"

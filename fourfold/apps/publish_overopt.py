@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 from typing import Callable, Mapping, Optional
 
+from fourfold.apps.claim_kit import claims_md, headline_row
 from fourfold.apps.report_kit import fmt, mean, signed
 
 NOT_YET = ("*No results published yet.* `fourfold experiments --config examples/overoptimization.yaml` runs it and "
@@ -49,18 +50,15 @@ def overopt_text(o: Optional[Mapping], made: Callable[[Mapping], str]) -> str:
     d = "; ".join(f"{p} pairs d = {fmt(v, 2)}" for p, v in sorted(o["default"].items(), key=lambda kv: int(kv[0])))
     lines += ["", f"PPO at the demo's default kl_coef={o['default_kl_coef']:g}: {d or 'not run'}.", "",
               "![gold and proxy against d = sqrt(KL), per reward-model size](img/overoptimization.png)", "",
-              "| claim | measured | threshold | holds |", "|---|---|---|---|"]
-    lines += [f"| {c['claim']} | {c['measured']} | {c['threshold']} | {c['holds']} |" for c in o["claims"]]
+              claims_md(o["claims"])]
     return "\n".join(lines)
 
 
 def overopt_headline(o: Optional[Mapping]) -> list[str]:
     """The README headline table's row ([] until the family is published)."""
-    if not o:
-        return []
-    held = sum(c["holds"] == "yes" for c in o["claims"])
-    return [f"| reward hacking as a law (Gao et al.): best-of-n and PPO at RMs of {', '.join(map(str, o['rm_pairs']))} "
-            f"pairs | {held} of {len(o['claims'])} claims hold ({len(o['seeds'])} seed{'s' if len(o['seeds']) > 1 else ''}; "
-            + "; ".join(f"{c['claim']}: {c['holds']}" for c in o["claims"] if c["group"] == "peak")
-            + ") | `fourfold experiments --config "
-            "examples/overoptimization.yaml` | [docs/experiments.md](docs/experiments.md#the-overoptimization-family) |"]
+    return [headline_row(
+        f"reward hacking as a law (Gao et al.): best-of-n and PPO at RMs of {', '.join(map(str, o['rm_pairs']))} pairs",
+        o["claims"], f"{len(o['seeds'])} seed{'s' if len(o['seeds']) > 1 else ''}; "
+        + "; ".join(f"{c['claim']}: {c['holds']}" for c in o["claims"] if c["group"] == "peak"),
+        "fourfold experiments --config examples/overoptimization.yaml",
+        "[docs/experiments.md](docs/experiments.md#the-overoptimization-family)")] if o else []

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Callable, Mapping, Optional
 
+from fourfold.apps.claim_kit import claims_md, headline_row
 from fourfold.apps.report_kit import fmt, signed
 
 NOT_YET = ("*No results published yet.* `fourfold experiments --config examples/turns.yaml` runs it and "
@@ -42,8 +43,7 @@ def turns_text(r: Optional[Mapping], made: Callable[[Mapping], str]) -> str:
             lines.append(f"| {info['turns']} | {a} | {fmt(s['gold'])}{sd} | {signed(s['gain'])} | "
                          f"{fmt(s['gold_greedy'])} | {signed(s['gain_greedy'])} |")
     lines += ["", "![held-out gold against the turns, and ppo's gold minus each arm's](img/turns.png)", "",
-              "| claim | measured | threshold | holds |", "|---|---|---|---|"]
-    lines += [f"| {c['claim']} | {c['measured']} | {c['threshold']} | {c['holds']} |" for c in r["claims"]]
+              claims_md(r["claims"])]
     return "\n".join(lines)
 
 
@@ -51,9 +51,8 @@ def turns_headline(r: Optional[Mapping]) -> list[str]:
     """The README headline table's row ([] until the family is published)."""
     if not r:
         return []
-    held = sum(c["holds"] == "yes" for c in r["claims"])
     critic = "; ".join(f"{c['claim'].split(' (')[0]}: {c['holds']}" for c in r["claims"] if c["group"] == "critic")
     turns = ", ".join(str(v["turns"]) for v in r["worlds"].values())
-    return [f"| does the critic pay more as the turns grow? the lookup world at {turns} turns | {held} of "
-            f"{len(r['claims'])} claims hold ({critic or 'the critic claims not checked'}) | `fourfold experiments "
-            "--config examples/turns.yaml` | [docs/experiments.md](docs/experiments.md#the-turns-family) |"]
+    return [headline_row(f"does the critic pay more as the turns grow? the lookup world at {turns} turns", r["claims"],
+                         critic or "the critic claims not checked", "fourfold experiments --config examples/turns.yaml",
+                         "[docs/experiments.md](docs/experiments.md#the-turns-family)")]

@@ -86,3 +86,13 @@ def html_table(header: Sequence[str], rows: Sequence[Sequence[str]], cls: str = 
         cells = "".join(f'<td class="num">{v}</td>' if i in num_cols else f"<td>{v}</td>" for i, v in enumerate(r))
         body.append(f"<tr>{cells}</tr>")
     return f"<table{c}>\n<thead><tr>{head}</tr></thead>\n<tbody>\n" + "\n".join(body) + "\n</tbody>\n</table>"
+
+
+def md_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """A markdown table (a ``|`` in a cell escaped, a newline a space)."""
+    def cell(s: str) -> str:
+        return str(s).replace("|", "\\|").replace("\n", " ")
+
+    lines = ["| " + " | ".join(cell(h) for h in header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(cell(c) for c in r) + " |" for r in rows]
+    return "\n".join(lines)

@@ -12,8 +12,8 @@ import zlib
 from dataclasses import dataclass
 from typing import Callable, Iterable, Optional, Sequence
 
-from fourfold.errors import ConfigError
 from fourfold.rewards import final_answer, normalize_answer
+from fourfold.tasks.base import KnobCheck, task_config
 
 MARKER = "answer :"
 """What precedes the final answer; :func:`fourfold.rewards.final_answer` reads what follows it."""
@@ -44,17 +44,11 @@ class ArithmeticTaskConfig:
     labeler_noise: float = 0.1
 
     def __post_init__(self) -> None:
-        def bad(key: str, why: str) -> None:
-            raise ConfigError(f"ArithmeticTaskConfig.{key}: {why}")
-
-        if not (isinstance(self.digits, int) and not isinstance(self.digits, bool) and 1 <= self.digits <= 6):
-            bad("digits", f"must be an int in [1, 6], got {self.digits!r}")
-        if not 0.0 <= self.error_rate <= 1.0:
-            bad("error_rate", f"must be in [0, 1], got {self.error_rate}")
-        if not 0.0 < self.heldout_share < 1.0:
-            bad("heldout_share", f"must be in (0, 1), got {self.heldout_share}")
-        if not 0.0 <= self.labeler_noise <= 1.0:
-            bad("labeler_noise", f"must be in [0, 1], got {self.labeler_noise}")
+        check = KnobCheck(self)
+        check.int_in("digits", 1, 6)
+        check.shares("error_rate")
+        check.open_share("heldout_share")
+        check.shares("labeler_noise")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -150,13 +144,7 @@ class ArithmeticTask:
     SPLITS = ("train", "heldout")
 
     def __init__(self, config: ArithmeticTaskConfig | None = None, **overrides) -> None:
-        if config is None:
-            config = ArithmeticTaskConfig(**overrides)
-        elif overrides:
-            from dataclasses import replace
-
-            config = replace(config, **overrides)
-        self.config = config
+        self.config = config = task_config(ArithmeticTaskConfig, config, overrides)
         self.low, self.high = 10 ** (config.digits - 1), 10 ** config.digits  # operands in [low, high)
         if config.digits == 1:
             self.low = 0

@@ -31,8 +31,13 @@ they take (prompts, and a probe that logs the gold reward); the CLI and the demo
 """
 from __future__ import annotations
 
+import dataclasses
 import random
-from typing import Callable, Iterable, Protocol, runtime_checkable
+from typing import Any, Callable, Iterable, Optional, Protocol, TypeVar, runtime_checkable
+
+from fourfold.errors import ConfigError
+
+C = TypeVar("C")
 
 
 @runtime_checkable
@@ -83,6 +88,42 @@ class Task(Protocol):
     def tokenizer_corpus(self) -> Iterable[str]:
         """Every word the task can produce (prompts and responses), for building the vocabulary."""
         ...
+
+
+def task_config(cls: type[C], config: Optional[C], overrides: dict[str, Any]) -> C:
+    """A task's config from its constructor's arguments: ``config`` (``cls()`` when None) with the
+    keyword ``overrides`` over it (each task's ``__init__(config=None, **overrides)``)."""
+    if config is None:
+        return cls(**overrides)
+    return dataclasses.replace(config, **overrides) if overrides else config
+
+
+class KnobCheck:
+    """The checks of a task config's knobs (its ``__post_init__``), each failure one ConfigError
+    '<ConfigClass>.<key>: <why>'."""
+
+    def __init__(self, config: Any):
+        self.config, self.name = config, type(config).__name__
+
+    def bad(self, key: str, why: str) -> None:
+        raise ConfigError(f"{self.name}.{key}: {why}")
+
+    def int_in(self, key: str, lo: int, hi: int) -> None:
+        """``key`` an int (not a bool) in [lo, hi]."""
+        v = getattr(self.config, key)
+        if not (isinstance(v, int) and not isinstance(v, bool) and lo <= v <= hi):
+            self.bad(key, f"must be an int in [{lo}, {hi}], got {v!r}")
+
+    def shares(self, *keys: str) -> None:
+        """Each of ``keys`` a share in [0, 1]."""
+        for key in keys:
+            if not 0.0 <= getattr(self.config, key) <= 1.0:
+                self.bad(key, f"must be in [0, 1], got {getattr(self.config, key)}")
+
+    def open_share(self, key: str) -> None:
+        """``key`` a share in (0, 1) (a held-out share: neither side empty)."""
+        if not 0.0 < getattr(self.config, key) < 1.0:
+            self.bad(key, f"must be in (0, 1), got {getattr(self.config, key)}")
 
 
 def task_prompts(task: Task, batch_size: int, seed: int) -> list[str]:

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Iterable, Optional
 
 from fourfold.errors import ConfigError
+from fourfold.tasks.base import KnobCheck, task_config
 
 KEYS = tuple("abcdefghijklmnop")
 """The keys of the world (one word each)."""
@@ -62,18 +63,11 @@ class LookupTaskConfig:
     split_seed: int = 0
 
     def __post_init__(self) -> None:
-        def bad(key: str, why: str) -> None:
-            raise ConfigError(f"LookupTaskConfig.{key}: {why}")
-
-        if not (isinstance(self.hops, int) and not isinstance(self.hops, bool) and 0 <= self.hops <= 3):
-            bad("hops", f"must be an int in [0, 3], got {self.hops!r}")
-        if not (isinstance(self.value_digits, int) and 1 <= self.value_digits <= 3):
-            bad("value_digits", f"must be an int in [1, 3], got {self.value_digits!r}")
-        for key in ("error_rate", "guess_share"):
-            if not 0.0 <= getattr(self, key) <= 1.0:
-                bad(key, f"must be in [0, 1], got {getattr(self, key)}")
-        if not 0.0 < self.heldout_share < 1.0:
-            bad("heldout_share", f"must be in (0, 1), got {self.heldout_share}")
+        check = KnobCheck(self)
+        check.int_in("hops", 0, 3)
+        check.int_in("value_digits", 1, 3)
+        check.shares("error_rate", "guess_share")
+        check.open_share("heldout_share")
 
 
 def parse_chain(text: str, where: str = "row") -> list[str]:
@@ -158,13 +152,7 @@ class LookupTask:
     SPLITS = ("train", "heldout")
 
     def __init__(self, config: LookupTaskConfig | None = None, **overrides) -> None:
-        if config is None:
-            config = LookupTaskConfig(**overrides)
-        elif overrides:
-            from dataclasses import replace
-
-            config = replace(config, **overrides)
-        self.config = config
+        self.config = task_config(LookupTaskConfig, config, overrides)
 
     def __repr__(self) -> str:
         return f"LookupTask({self.config!r})"

@@ -13,7 +13,7 @@ import random
 from dataclasses import dataclass
 from typing import Iterable
 
-from fourfold.errors import ConfigError
+from fourfold.tasks.base import KnobCheck, task_config
 from fourfold.tasks.review_grammar import (  # noqa: F401  (re-exported: tests and tasks import them from here)
     CLAUSES,
     COMMA,
@@ -88,13 +88,11 @@ class ReviewTaskConfig:
     """The fields that change the SFT corpus (and prompts); the others only change labels and gold."""
 
     def __post_init__(self) -> None:
-        def bad(key: str, why: str) -> None:
-            raise ConfigError(f"ReviewTaskConfig.{key}: {why}")
-
+        check = KnobCheck(self)
+        bad = check.bad
         if not self.labeler_temperature > 0:
             bad("labeler_temperature", f"must be > 0, got {self.labeler_temperature}")
-        if not 0.0 <= self.labeler_noise <= 1.0:
-            bad("labeler_noise", f"must be in [0, 1], got {self.labeler_noise}")
+        check.shares("labeler_noise")
         if not (isinstance(self.sentiment_saturation, int) and self.sentiment_saturation >= 1):
             bad("sentiment_saturation", f"must be an int >= 1, got {self.sentiment_saturation!r}")
         lo, hi = self.length_range
@@ -135,13 +133,7 @@ class ReviewTask:
     name = "review"
 
     def __init__(self, config: ReviewTaskConfig | None = None, **overrides) -> None:
-        if config is None:
-            config = ReviewTaskConfig(**overrides)
-        elif overrides:
-            from dataclasses import replace
-
-            config = replace(config, **overrides)
-        self.config = config
+        self.config = config = task_config(ReviewTaskConfig, config, overrides)
         self._clause_weights = [p.weight for p in CLAUSES]
         self._first_weights = [p.weight for p in FIRST_CLAUSES]
 

@@ -17,6 +17,7 @@ import dataclasses
 import math
 from typing import Mapping, Sequence
 
+from fourfold.apps.claim_kit import ClaimTable, claim_row
 from fourfold.apps.experiments.config import DEFAULT_CLAIM_GROUPS, GROUP_ARMS, ExperimentsClaimsConfig
 from fourfold.apps.report_kit import fmt, mean, signed, std
 
@@ -92,6 +93,32 @@ def fmt_list(xs: Sequence[float], digits: int = 2, signed_: bool = True) -> str:
     return ", ".join(signed(x, digits) if signed_ else fmt(x, digits) for x in xs)
 
 
+class WorldClaims(ClaimTable):
+    """The claims table of a family of worlds (horizon, turns): ``finals`` {world: {arm: [per-seed
+    row]}}, ``sft`` {world: the SFT model's row}, ``c`` the thresholds, ``quick`` whether --quick."""
+
+    def __init__(self, finals: Mapping[str, Mapping[str, Sequence[Mapping]]], sft: Mapping[str, Mapping], c,
+                 quick: bool, quick_groups: Sequence[str] | None = None):
+        super().__init__(quick_groups)
+        self.finals, self.sft, self.c, self.quick = finals, sft, c, quick
+
+    def knob(self, worlds: Sequence[str], key: str, what: str) -> tuple[list[str], list[float], list[float]]:
+        """The worlds of ``worlds`` with an SFT evaluation, the SFT rows' ``key`` there and its steps
+        world to world; none (and a note: fewer than two ``what`` have one) with fewer than two."""
+        have = [w for w in worlds if w in self.sft]
+        if len(have) < 2:
+            self.notes.append(f"claims 'knob' not checked: fewer than two {what} have an SFT evaluation")
+            return [], [], []
+        vals = [self.sft[w][key] for w in have]
+        return have, vals, [b - a for a, b in zip(vals, vals[1:])]
+
+    def gold_diffs(self, world: str, a: str, b: str, se, scale: float = 1.0) -> dict[int, tuple[float, float]]:
+        """{seed: (gold of a minus gold of b, the SE of that difference)} at ``world``, both / ``scale``;
+        ``se(row)``: a row's gold SE."""
+        return {s: ((ra["gold"] - rb["gold"]) / scale, math.hypot(se(ra), se(rb)) / scale)
+                for s, (ra, rb) in paired(self.finals[world], a, b)}
+
+
 def _lr_of(arm: str) -> float:
     try:
         return float(arm[len("reinforce-lr"):].rstrip("x"))
@@ -141,8 +168,7 @@ class _Table:
         if self.c.quick and f"{group}.{key}" not in QUICK_CLAIMS:
             self.full_only.append(claim)
             return
-        self.rows.append({"group": group, "claim": claim, "measured": measured, "threshold": threshold,
-                          "holds": "yes" if holds else "no"})
+        self.rows.append(claim_row(group, claim, measured, threshold, holds))
 
     def noise(self, a: Mapping, b: Mapping, key: str) -> float:
         """noise_z standard errors of the evaluation of the difference a - b of ``key`` (raw units)."""

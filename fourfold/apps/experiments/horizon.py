@@ -24,30 +24,26 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import sys
-import time
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
-from fourfold.apps.cache import digest, done_key, read_done, read_json
-from fourfold.apps.demo import pipeline as demo
+from fourfold.apps.cache import digest, read_done, read_json
 from fourfold.apps.demo.credit import CREDIT_SEED
 from fourfold.apps.experiments.arms import build_arms, run_config
 from fourfold.apps.experiments.config import GROUP_ARMS, ExperimentsConfig
+from fourfold.apps.experiments.family import FAMILY_QUICK, FamilyRun, PromptFamilyJobs, world_dir
 from fourfold.apps.experiments.final_eval import eval_prompts, eval_sample_seed
 from fourfold.apps.experiments.horizon_claims import compute_horizon_claims, world_label
 from fourfold.apps.experiments.horizon_report import write_horizon_report
-from fourfold.apps.experiments.jobs import ExperimentError, Job, clear_dirs, failed_notes, raise_unfinished, run_family_jobs
-from fourfold.apps.experiments.sweep import Results, Sweep, collect_results, family_quick_config, log_claims, open_output, write_outputs
-from fourfold.apps.experiments.unbiased import seed_sft_stage, unbiased_demo_config
-from fourfold.apps.provenance import provenance, write_provenance
+from fourfold.apps.experiments.jobs import ExperimentError, Job
+from fourfold.apps.experiments.sweep import Results, Sweep, collect_results, family_quick_config, write_outputs
+from fourfold.apps.experiments.unbiased import unbiased_demo_config
 from fourfold.atomic import write_text_atomic
 from fourfold.config import DemoConfig, config_to_dict, save_config
 
 HORIZON_QUICK: dict[str, Any] = {  # --quick: the pipeline end to end, and the one claim its budget settles
-    "seeds": [0],
+    **FAMILY_QUICK,
     "iterations": 12,
-    "eval_prompts": 128,
     "horizon.horizons": [1, 3],
     "horizon.arms": ["ppo", "grpo"],
     "horizon.noisy_task_options": {},
@@ -70,7 +66,7 @@ def horizon_demo(cfg: ExperimentsConfig, k: int, variant: str = "", extra: Optio
     d, h = cfg.demo, cfg.horizon
     task = {**d.task_options, **h.task_options, **(extra or {}), "sentences": k}
     gen = dataclasses.replace(d.generation, max_new_tokens=h.tokens_per_sentence * (k + 1))
-    out = f"{h.demo_dir.rstrip('/')}-{world_label(k, variant)}"
+    out = world_dir(h.demo_dir, world_label(k, variant))
     return dataclasses.replace(d, task_options=task, generation=gen,
                                run=dataclasses.replace(d.run, output_dir=out, progress=False))
 
@@ -91,16 +87,8 @@ class HorizonWorld:
         return self.sweep.demo_dir
 
 
-@dataclasses.dataclass
-class Family:
+class Family(PromptFamilyJobs):
     """What the family's jobs share: settings, output directory, log, evaluation prompts."""
-
-    cfg: ExperimentsConfig
-    out: Path
-    log: Callable[..., Any]
-    prompts: list[str]
-    sample_seed: int
-    py: str = sys.executable
 
     def world(self, label: str, k: int, dcfg: DemoConfig, arms: list[str], group_size: int, what: str,
               demo_job: str) -> HorizonWorld:
@@ -132,22 +120,6 @@ class Family:
             out.append(self.world(world_label(k, f"k{size}"), k, horizon_demo(cfg, k), [h.group_arm], size,
                                   f"{k} sentences, {h.group_arm} with K = {size}", f"demo/{world_label(k)}"))
         return out
-
-    def demo_job(self, w: HorizonWorld, src: Optional[DemoConfig], deps: tuple[str, ...]) -> Job:
-        """Prepare ``w``'s demo stages up to its reward model (nothing when they are cached); a
-        variant of labels first gets ``src``'s SFT stage (the same SFT model)."""
-        dcfg = w.sweep.cfg.demo
-
-        def prepare() -> list[list[str]]:
-            if not dcfg.fresh and done_key(w.demo_dir, "reward") == demo.reward_stage_key(dcfg):
-                return []
-            if src is not None and not seed_sft_stage(src, dcfg):
-                self.log(f"  ({w.label} trains its own SFT model: the SFT stage could not be copied)")
-            p = self.out / "configs" / f"demo-{w.label}.yaml"
-            save_config(dcfg, p)
-            return [[self.py, "-m", "fourfold.apps.experiments", "prepare-demo", str(p)]]
-
-        return Job(w.demo_job, prepare, deps=deps)
 
     def credit_job(self, w: HorizonWorld) -> Optional[Job]:
         """The token-credit view: ``w``'s ppo and group-arm runs of the first seed, same prompts."""
@@ -186,7 +158,8 @@ class Family:
             if w.demo_dir not in by_dir:
                 by_dir[w.demo_dir] = w
                 src = None if w.label == world_label(w.horizon) else horizon_demos.get(w.horizon)
-                jobs.append(self.demo_job(w, src, deps=(f"demo/{world_label(w.horizon)}",) if src else ()))
+                jobs.append(self.demo_job(w.demo_job, w.label, w.sweep.cfg.demo, src,
+                                          deps=(f"demo/{world_label(w.horizon)}",) if src else ()))
         for w in worlds:
             jobs += [dataclasses.replace(j, name=f"{w.label}/{j.name}",
                                          deps=tuple(f"{w.label}/{d}" for d in j.deps) + (w.demo_job,))
@@ -195,14 +168,9 @@ class Family:
         return jobs + ([credit] if credit is not None else [])
 
 
-def _start(cfg: ExperimentsConfig) -> tuple[ExperimentsConfig, Path, Callable[..., Any]]:
-    """The effective config (--quick), the output directory (runs cleared with --fresh), the log."""
-    if cfg.quick:
-        cfg = horizon_quick_config(cfg)
-    out, log = open_output(cfg)
-    if cfg.fresh:  # the logs, the configs and every world's directory (each one holding runs/)
-        clear_dirs(out, ["logs", "configs"] + [p.name for p in out.iterdir() if (p / "runs").is_dir()])
-    return cfg, out, log
+def _fresh_dirs(out: Path) -> list[str]:
+    """What --fresh clears: the logs, the configs and every world's directory (each one holding runs/)."""
+    return ["logs", "configs"] + [p.name for p in out.iterdir() if (p / "runs").is_dir()]
 
 
 def _world_results(worlds: list[HorizonWorld], state: dict[str, str], total_s: float, jobs_s: float,
@@ -227,30 +195,22 @@ def _world_results(worlds: list[HorizonWorld], state: dict[str, str], total_s: f
 def run_horizon(cfg: ExperimentsConfig) -> dict:
     """Run (or resume) the horizon family and write its report; returns {output_dir, claims, worlds,
     notes}."""
-    t_start, made = time.perf_counter(), provenance()
-    cfg, out, log = _start(cfg)
-    fam = Family(cfg, out, log, eval_prompts(cfg), eval_sample_seed(cfg))
+    run = FamilyRun.start("horizon", cfg, horizon_quick_config, _fresh_dirs)
+    cfg, out = run.cfg, run.out
+    fam = Family(cfg, out, run.log, eval_prompts(cfg), eval_sample_seed(cfg))
     worlds = fam.worlds()
-    jobs = fam.jobs(worlds)
-    log(f"[bold]fourfold experiments (horizon)[/bold]: horizons {sorted(cfg.horizon.horizons)}, {len(worlds)} "
-        f"worlds, {len(cfg.seeds)} seeds, {cfg.iterations} iterations x {cfg.demo.ppo.rollout_batch_size} samples; "
-        f"{len(jobs)} jobs, {cfg.workers} at a time -> {out}")
-    state, jobs_s = run_family_jobs(cfg, out, log, jobs)
-    results, notes = _world_results(worlds, state, time.perf_counter() - t_start, jobs_s, made)
+    state = run.run_jobs(fam.jobs(worlds), f"horizons {sorted(cfg.horizon.horizons)}, {len(worlds)} worlds, "
+                         f"{len(cfg.seeds)} seeds, {cfg.iterations} iterations x {cfg.demo.ppo.rollout_batch_size} samples")
+    results, notes = _world_results(worlds, state, run.elapsed(), run.jobs_s, run.made)
     finals = {label: r.finals for label, r in results.items()}
     sft = {label: r.sft for label, r in results.items()}
     claims, claim_notes = compute_horizon_claims(finals, sft, cfg.horizon, group_size=cfg.group_size, quick=cfg.quick)
-    notes = claim_notes + notes + failed_notes(state)
-    total_s = time.perf_counter() - t_start
+    notes = claim_notes + notes
     record = {"config": config_to_dict(cfg), "worlds": {w.label: {"horizon": w.horizon, "what": w.what,
                                                                  "demo": str(w.demo_dir)} for w in worlds},
               "sft": sft, "finals": finals, "summaries": {label: r.summaries for label, r in results.items()},
-              "claims": claims, "notes": notes, "jobs": state, "wall_s": round(total_s, 1), "jobs_s": round(jobs_s, 1),
+              "claims": claims, "notes": notes,
               "rm": {w.label: (read_done(w.demo_dir, "reward") or {}).get("result", {}) for w in worlds}}
-    write_text_atomic(out / "results.json", json.dumps(record, indent=1, sort_keys=True, default=str))
-    write_horizon_report(out, cfg, record, read_json(out / "credit.json"))
-    write_provenance(out, made)
-    log_claims(log, claims, out, total_s)
-    raise_unfinished(state, len(jobs), out / "logs")
+    run.finish(record, lambda rec: write_horizon_report(out, cfg, rec, read_json(out / "credit.json")))
     return {"output_dir": str(out), "claims": claims, "notes": notes,
             "worlds": {label: r.summaries for label, r in results.items()}}

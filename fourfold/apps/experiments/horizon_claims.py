@@ -27,7 +27,7 @@ from __future__ import annotations
 import math
 from typing import Mapping, Sequence
 
-from fourfold.apps.experiments.claims import eval_se, fmt_list, paired, seeds_txt
+from fourfold.apps.experiments.claims import WorldClaims, eval_se, fmt_list, paired, seeds_txt
 from fourfold.apps.experiments.config import GROUP_ARMS, HorizonConfig
 from fourfold.apps.report_kit import fmt, mean, signed
 
@@ -52,14 +52,13 @@ def size_world(hc: HorizonConfig, k_size: int, group_size: int) -> str:
     return world_label(k) if k_size == group_size else world_label(k, f"k{k_size}")
 
 
-class _Claims:
-    """The table being built and what every claim needs."""
+class _Claims(WorldClaims):
+    """The table being built and what every claim needs (``--quick``: the knob's claims only)."""
 
     def __init__(self, finals: Mapping[str, Mapping[str, Sequence[Mapping]]], sft: Mapping[str, Mapping],
                  hc: HorizonConfig, quick: bool):
-        self.finals, self.sft, self.hc, self.c, self.quick = finals, sft, hc, hc.claims, quick
-        self.rows: list[dict] = []
-        self.notes: list[str] = []
+        super().__init__(finals, sft, hc.claims, quick, QUICK_HORIZON_GROUPS if quick else None)
+        self.hc = hc
 
     def sd(self, world: str) -> float:
         s = self.sft.get(world, {}).get("gold_std")
@@ -80,16 +79,7 @@ class _Claims:
 
     def seed_diffs(self, world: str, a: str, b: str) -> dict[int, tuple[float, float]]:
         """{seed: (gold of a minus gold of b, the SE of that difference)}, in the world's sd."""
-        sd = self.sd(world)
-        return {s: ((ra["gold"] - rb["gold"]) / sd, math.hypot(eval_se(ra, "gold"), eval_se(rb, "gold")) / sd)
-                for s, (ra, rb) in paired(self.finals[world], a, b)}
-
-    def add(self, group: str, claim: str, measured: str, threshold: str, holds: bool) -> None:
-        if self.quick and group not in QUICK_HORIZON_GROUPS:
-            self.notes.append(f"needs the full sweep: {claim}")
-            return
-        self.rows.append({"group": group, "claim": claim, "measured": measured, "threshold": threshold,
-                          "holds": "yes" if holds else "no"})
+        return self.gold_diffs(world, a, b, lambda r: eval_se(r, "gold"), self.sd(world))
 
     def cost_text(self, world: str, arm: str) -> tuple[float, str]:
         """ppo's gold minus ``arm``'s in ``world``: mean over seeds (sd), and its text with its band."""
@@ -100,12 +90,9 @@ class _Claims:
 
 
 def _knob(t: _Claims, ks: list[int]) -> None:
-    worlds = [world_label(k) for k in ks if world_label(k) in t.sft]
-    if len(worlds) < 2:
-        t.notes.append("claims 'knob' not checked: fewer than two horizons have an SFT evaluation")
+    worlds, lengths, steps = t.knob([world_label(k) for k in ks], "length", "horizons")
+    if not worlds:
         return
-    lengths = [t.sft[w]["length"] for w in worlds]
-    steps = [b - a for a, b in zip(lengths, lengths[1:])]
     bars = [t.c.noise_z * math.hypot(eval_se(t.sft[a], "length"), eval_se(t.sft[b], "length"))
             for a, b in zip(worlds, worlds[1:])]
     sentences = [t.sft[w].get("sentences") for w in worlds]

@@ -12,8 +12,20 @@ from typing import Mapping, Optional
 
 from fourfold.apps.experiments.config import ExperimentsConfig
 from fourfold.apps.experiments.horizon_claims import world_label
-from fourfold.apps.experiments.report import COST_NOTE, arm_colors, claims_html, finish_panel, result_cell, text_table, write_summary_md
-from fourfold.apps.report_kit import duration, esc, fmt, html_table, mean, signed, std
+from fourfold.apps.experiments.report import (
+    COST_NOTE,
+    arm_colors,
+    claims_html,
+    family_header,
+    finish_panel,
+    header_html,
+    invocation_text,
+    result_cell,
+    rm_accuracy_text,
+    text_table,
+    write_summary_md,
+)
+from fourfold.apps.report_kit import esc, html_table, mean, signed, std
 from fourfold.atomic import write_text_atomic
 
 HORIZON_COLUMNS = (
@@ -42,23 +54,17 @@ def result_rows(record: Mapping) -> list[dict]:
 def horizon_header(cfg: ExperimentsConfig, record: Mapping) -> str:
     """The text above the tables (its paragraphs also open report.html)."""
     h, ppo = cfg.horizon, cfg.demo.ppo
-    rm = "; ".join(f"{w} {fmt(r.get('accuracy_vs_labelers'), 3)} / {fmt(r.get('accuracy_vs_gold'), 3)}"
-                   for w, r in record["rm"].items() if r)
-    worlds = "; ".join(f"{w}: {v['what']}" for w, v in record["worlds"].items())
-    return "\n".join([
-        "# fourfold experiments: the horizon family", "",
+    return family_header(
+        "horizon",
         f"Horizons {', '.join(map(str, sorted(h.horizons)))} (gold wants k sentences, each positive, 1/k of the "
         f"reward each; responses up to {h.tokens_per_sentence} x (k + 1) tokens); arms {', '.join(h.arms)}; "
         f"{len(cfg.seeds)} seeds ({', '.join(map(str, cfg.seeds))}); every run {cfg.iterations} iterations x "
         f"{ppo.rollout_batch_size} sampled responses; group arms K = {cfg.group_size}. Final evaluation: "
         f"{cfg.eval_prompts} held-out prompts, the same everywhere. Gold and proxy differences are in units of "
-        "each world's SFT model's per-sample sd; values are mean ± sd over seeds.", "",
-        f"Worlds: {worlds}.", "",
-        f"Reward models, held-out accuracy vs labelers / vs gold: {rm}.", "",
-        f"This invocation took {duration(record['wall_s'])} (of which jobs {duration(record['jobs_s'])}, "
-        f"{cfg.workers} workers; finished runs are skipped on a rerun). Each world's own summary.md and "
-        "report.html (curves, frontier, samples) are in its directory.", "",
-    ])
+        "each world's SFT model's per-sample sd; values are mean ± sd over seeds.",
+        "Worlds: " + "; ".join(f"{w}: {v['what']}" for w, v in record["worlds"].items()) + ".", rm_accuracy_text(record["rm"]),
+        invocation_text(record, cfg.workers, "runs") + " Each world's own summary.md and "
+        "report.html (curves, frontier, samples) are in its directory.")
 
 
 def _points(record: Mapping, world: str, arm: str, key: str) -> tuple[float, float]:
@@ -173,7 +179,7 @@ def write_horizon_report(out: Path, cfg: ExperimentsConfig, record: Mapping, cre
     rows = result_rows(record)
     write_summary_md(out / "summary.md", header=header, result_rows=rows, claims=record["claims"],
                      notes=record["notes"], columns=HORIZON_COLUMNS)
-    body = ["\n".join(f"<p>{esc(p)}</p>" for p in header.split("\n\n")[1:] if p.strip())]
+    body = [header_html(header)]
     body += claims_html(record["claims"], record["notes"])
     body += ["<h2>Results at the end of the budget</h2>",
              text_table([hd for _, hd in HORIZON_COLUMNS], [[result_cell(r, k) for k, _ in HORIZON_COLUMNS] for r in rows]),

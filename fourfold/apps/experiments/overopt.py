@@ -23,30 +23,23 @@ fits, summaries and claims: :mod:`fourfold.apps.experiments.overopt_claims`. Out
 from __future__ import annotations
 
 import dataclasses
-import json
 import shutil
-import sys
-import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from fourfold.apps.cache import digest, done_key, read_done, read_json
-from fourfold.apps.demo import pipeline as demo
 from fourfold.apps.experiments.arms import Arm, run_config, run_key
 from fourfold.apps.experiments.config import ExperimentsConfig
+from fourfold.apps.experiments.family import FAMILY_QUICK, FamilyRun, PromptFamilyJobs, claim_run_dir, world_dir
 from fourfold.apps.experiments.final_eval import eval_prompts, eval_sample_seed
-from fourfold.apps.experiments.jobs import Job, clear_dirs, failed_notes, raise_unfinished, run_family_jobs
+from fourfold.apps.experiments.jobs import Job
 from fourfold.apps.experiments.overopt_claims import METHODS, compute_overopt_claims, summarize_curves
-from fourfold.apps.experiments.sweep import family_quick_config, log_claims, open_output
-from fourfold.apps.experiments.unbiased import seed_sft_stage
-from fourfold.apps.provenance import provenance, write_provenance
-from fourfold.atomic import write_text_atomic
-from fourfold.config import DemoConfig, config_to_dict, save_config
+from fourfold.apps.experiments.sweep import family_quick_config
+from fourfold.config import DemoConfig, config_to_dict
 
 OVEROPT_QUICK: dict[str, Any] = {  # --quick: the pipeline end to end on the quick demo's budgets
-    "seeds": [0],
+    **FAMILY_QUICK,
     "iterations": 16,
-    "eval_prompts": 128,
     "overoptimization.bon_n": 16,
     "overoptimization.bon_prompts": 64,
     "overoptimization.curve_prompts": 64,
@@ -65,21 +58,13 @@ def overopt_quick_config(cfg: ExperimentsConfig) -> ExperimentsConfig:
 def size_demo(cfg: ExperimentsConfig, pairs: int) -> DemoConfig:
     """The demo config of the reward model trained on ``pairs`` preference pairs."""
     d = cfg.demo
-    out = f"{cfg.overoptimization.demo_dir.rstrip('/')}-p{pairs}"
+    out = world_dir(cfg.overoptimization.demo_dir, f"p{pairs}")
     return dataclasses.replace(d, pairs=dataclasses.replace(d.pairs, pairs=pairs),
                                run=dataclasses.replace(d.run, output_dir=out, progress=False))
 
 
-@dataclasses.dataclass
-class Overopt:
+class Overopt(PromptFamilyJobs):
     """What the family's jobs share."""
-
-    cfg: ExperimentsConfig
-    out: Path
-    log: Callable[..., Any]
-    prompts: list[str]
-    sample_seed: int
-    py: str = sys.executable
 
     @property
     def sizes(self) -> list[int]:
@@ -99,25 +84,12 @@ class Overopt:
         return {"max_new_tokens": g.max_new_tokens, "temperature": g.temperature,
                 "task_options": self.cfg.demo.task_options, "threads": self.cfg.run.threads or 1}
 
-    def demo_job(self, pairs: int) -> Job:
+    def size_demo_job(self, pairs: int) -> Job:
+        """The demo stages of size ``pairs`` (the first size's SFT stage copied into the others)."""
         first = self.sizes[0]
-        dcfg = size_demo(self.cfg, pairs)
-
-        def prepare() -> list[list[str]]:
-            if not dcfg.fresh and done_key(self.demo_dir(pairs), "reward") == demo.reward_stage_key(dcfg):
-                return []
-            if pairs != first and not seed_sft_stage(size_demo(self.cfg, first), dcfg):
-                self.log(f"  (p{pairs} trains its own SFT model: the SFT stage could not be copied)")
-            p = self.out / "configs" / f"demo-p{pairs}.yaml"
-            save_config(dcfg, p)
-            return [[self.py, "-m", "fourfold.apps.experiments", "prepare-demo", str(p)]]
-
-        return Job(f"demo/p{pairs}", prepare, deps=() if pairs == first else (f"demo/p{first}",))
-
-    def spec_cmd(self, kind: str, name: str, spec: dict) -> list[str]:
-        p = self.out / "configs" / f"{kind}-{name.replace('/', '-')}.json"
-        write_text_atomic(p, json.dumps(spec, sort_keys=True))
-        return [self.py, "-m", "fourfold.apps.experiments", kind, str(p)]
+        src = None if pairs == first else size_demo(self.cfg, first)
+        return self.demo_job(f"demo/p{pairs}", f"p{pairs}", size_demo(self.cfg, pairs), src,
+                             deps=() if pairs == first else (f"demo/p{first}",))
 
     def bon_job(self, seed: int) -> Job:
         o = self.cfg.overoptimization
@@ -158,27 +130,15 @@ class Overopt:
             key = digest({"run": run_key(rcfg, "ppo", {"sft": done_key(self.demo_dir(self.sizes[0]), "sft"),
                                                        "reward": done_key(self.demo_dir(pairs), "reward")}),
                           "save_every": every})
-            marker = rd / "EXPERIMENT.json"
-            rec = read_json(marker)
-            if rd.exists() and (not rec or rec.get("key") != key):
-                shutil.rmtree(rd)
-                rec = None
-            if rec is None:
-                write_text_atomic(marker, json.dumps({"key": key, "name": name}, sort_keys=True))
-            cmds = []
-            if not (rd / "policy" / "config.json").is_file():
-                p = self.out / "configs" / f"{name.replace('/', '-')}.yaml"
-                save_config(rcfg, p)
-                cmds.append([self.py, "-m", "fourfold.cli", "ppo", "--config", str(p)])
+            claim_run_dir(rd, key, {"name": name})
+            cmds = [] if (rd / "policy" / "config.json").is_file() else [self.ppo_cmd(name, rcfg)]
             ekey = digest({"run": key, "prompts": self.prompts[: o.curve_prompts], "seed": self.sample_seed,
                            **self.gen(), "threads": None})
             dest = rd / "curve.json"
             if not cmds and (read_json(dest) or {}).get("key") != ekey and (rd / "PRUNED").exists():
                 shutil.rmtree(rd)  # its checkpoints were deleted after another evaluation: train again
-                write_text_atomic(marker, json.dumps({"key": key, "name": name}, sort_keys=True))
-                save_config(rcfg, self.out / "configs" / f"{name.replace('/', '-')}.yaml")
-                cmds.append([self.py, "-m", "fourfold.cli", "ppo", "--config",
-                             str(self.out / "configs" / f"{name.replace('/', '-')}.yaml")])
+                claim_run_dir(rd, key, {"name": name})
+                cmds.append(self.ppo_cmd(name, rcfg))
             if cmds or (read_json(dest) or {}).get("key") != ekey:
                 spec = {"sft": str(self.sft_dir()), "rm": str(self.rm_dir(pairs)), "init": kind == "ppo",
                         "prompts": self.prompts[: o.curve_prompts], "sample_seed": self.sample_seed, **self.gen(),
@@ -190,7 +150,7 @@ class Overopt:
 
     def jobs(self) -> list[Job]:
         o = self.cfg.overoptimization
-        jobs = [self.demo_job(p) for p in self.sizes] + [self.bon_job(s) for s in self.cfg.seeds]
+        jobs = [self.size_demo_job(p) for p in self.sizes] + [self.bon_job(s) for s in self.cfg.seeds]
         kinds = ["ppo"] + (["default"] if o.default_kl else [])
         return jobs + [self.ppo_job(k, p, s) for s in self.cfg.seeds for p in self.sizes for k in kinds]
 
@@ -233,33 +193,18 @@ def write_overopt_report(out: Path, cfg: ExperimentsConfig, record: dict) -> Non
 def run_overopt(cfg: ExperimentsConfig) -> dict:
     """Run (or resume) the overoptimization family and write its report; returns {output_dir,
     claims, notes, summaries}."""
-    t_start, made = time.perf_counter(), provenance()
-    if cfg.quick:
-        cfg = overopt_quick_config(cfg)
-    out, log = open_output(cfg)
-    if cfg.fresh:
-        clear_dirs(out, ("runs", "bon", "configs", "logs"))
-    fam = Overopt(cfg, out, log, eval_prompts(cfg), eval_sample_seed(cfg))
-    jobs = fam.jobs()
-    log(f"[bold]fourfold experiments (overoptimization)[/bold]: RM sizes {fam.sizes} pairs, {len(cfg.seeds)} seeds, "
-        f"best-of-{cfg.overoptimization.bon_n}, PPO {cfg.iterations} iterations; {len(jobs)} jobs, {cfg.workers} at a "
-        f"time -> {out}")
-    state, jobs_s = run_family_jobs(cfg, out, log, jobs)
+    run = FamilyRun.start("overoptimization", cfg, overopt_quick_config, ("runs", "bon", "configs", "logs"))
+    cfg, out = run.cfg, run.out
+    fam = Overopt(cfg, out, run.log, eval_prompts(cfg), eval_sample_seed(cfg))
+    state = run.run_jobs(fam.jobs(), f"RM sizes {fam.sizes} pairs, {len(cfg.seeds)} seeds, "
+                         f"best-of-{cfg.overoptimization.bon_n}, PPO {cfg.iterations} iterations")
     curves = collect(fam, state)
     sd = curves["sft_gold_std"] or 1.0
     summaries = {m: {p: summarize_curves(c, m, sd) for p, c in curves[m].items()} for m in METHODS}
     claims, notes = compute_overopt_claims(summaries, curves["default"], cfg.overoptimization.claims,
                                            expected_sizes=fam.sizes)
-    notes += failed_notes(state)
-    total_s = time.perf_counter() - t_start
     record = {"config": config_to_dict(cfg), "curves": curves, "summaries": summaries, "claims": claims,
-              "notes": notes, "jobs": state, "wall_s": round(total_s, 1), "jobs_s": round(jobs_s, 1),
-              "rm": {p: (read_done(fam.demo_dir(p), "reward") or {}).get("result", {}) for p in fam.sizes},
+              "notes": notes, "rm": {p: (read_done(fam.demo_dir(p), "reward") or {}).get("result", {}) for p in fam.sizes},
               "default_kl_coef": cfg.demo.ppo.kl_coef}
-    write_text_atomic(out / "results.json", json.dumps(record, indent=1, sort_keys=True, default=str))
-    write_overopt_report(out, cfg, record)
-    write_provenance(out, made)
-    log_claims(log, claims, out, total_s)
-    raise_unfinished(state, len(jobs), out / "logs")
+    run.finish(record, lambda rec: write_overopt_report(out, cfg, rec))
     return {"output_dir": str(out), "claims": claims, "notes": notes, "summaries": summaries}
-

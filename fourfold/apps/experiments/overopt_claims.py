@@ -27,6 +27,7 @@ from __future__ import annotations
 import math
 from typing import Mapping, Sequence
 
+from fourfold.apps.claim_kit import ClaimTable
 from fourfold.apps.report_kit import fmt, mean, signed, std
 from fourfold.core.overoptimization import fit_bon, fit_rl
 
@@ -70,12 +71,9 @@ def compute_overopt_claims(summaries: Mapping[str, Mapping[int, Mapping]], defau
     (:class:`~fourfold.apps.experiments.config.OveroptimizationClaimsConfig`), ``expected_sizes``
     the sizes configured (a size without results fails every claim that needs it, with a note).
     Returns (rows {group, claim, measured, threshold, holds}, notes)."""
-    rows, notes = [], []
+    t = ClaimTable()
+    rows, notes, add = t.rows, t.notes, t.add
     sizes = sorted(expected_sizes)
-
-    def add(group, claim, measured, threshold, holds):
-        rows.append({"group": group, "claim": claim, "measured": measured, "threshold": threshold,
-                     "holds": "yes" if holds else "no"})
 
     for method in METHODS:
         have = _sizes(summaries, method)

@@ -12,8 +12,16 @@ from typing import Mapping
 
 from fourfold.apps.experiments.config import ExperimentsConfig
 from fourfold.apps.experiments.overopt_claims import METHOD_NAMES, METHODS, mean_curve
-from fourfold.apps.experiments.report import claims_html, text_table
-from fourfold.apps.report_kit import duration, esc, fmt, mean, signed
+from fourfold.apps.experiments.report import (
+    claims_html,
+    family_header,
+    header_html,
+    invocation_text,
+    rm_accuracy_text,
+    summary_tail,
+    text_table,
+)
+from fourfold.apps.report_kit import fmt, md_table, mean, signed
 from fourfold.atomic import write_text_atomic
 from fourfold.core.overoptimization import Fit
 
@@ -49,20 +57,16 @@ def default_rows(record: Mapping) -> list[list[str]]:
 
 def overopt_header(cfg: ExperimentsConfig, record: Mapping) -> str:
     o = cfg.overoptimization
-    rm = "; ".join(f"{p} pairs {fmt(r.get('accuracy_vs_labelers'), 3)} / {fmt(r.get('accuracy_vs_gold'), 3)}"
-                   for p, r in record["rm"].items() if r)
-    return "\n".join([
-        "# fourfold experiments: the overoptimization family", "",
+    return family_header(
+        "overoptimization",
         f"Reward models trained on {', '.join(map(str, sorted(o.rm_pairs)))} preference pairs (the demo's labelers, "
         f"one SFT model); {len(cfg.seeds)} seeds ({', '.join(map(str, cfg.seeds))}). Best-of-n: {o.bon_n} SFT samples "
         f"of each of {o.bon_prompts} held-out prompts, every n <= {o.bon_n} by the unbiased estimator, d = "
         f"sqrt(log n - (n-1)/n). PPO: kl_coef={o.kl_coef:g}, {cfg.iterations} iterations x "
         f"{cfg.demo.ppo.rollout_batch_size} responses, evaluated every {o.eval_every} iterations on {o.curve_prompts} "
         f"held-out prompts (d = sqrt of the KL to the SFT model there). Gold gains are in units of the SFT model's "
-        f"per-sample gold sd ({fmt(record['curves'].get('sft_gold_std'), 3)}); values are mean ± sd over seeds.", "",
-        f"Reward models, held-out accuracy vs labelers / vs gold: {rm}.", "",
-        f"This invocation took {duration(record['wall_s'])} (of which jobs {duration(record['jobs_s'])}, "
-        f"{cfg.workers} workers; finished jobs are skipped on a rerun).", ""])
+        f"per-sample gold sd ({fmt(record['curves'].get('sft_gold_std'), 3)}); values are mean ± sd over seeds.",
+        rm_accuracy_text(record["rm"], " pairs"), invocation_text(record, cfg.workers))
 
 
 def overopt_figure(record: Mapping):
@@ -113,7 +117,6 @@ def overopt_figure(record: Mapping):
 
 def write_overopt_outputs(out: Path, cfg: ExperimentsConfig, record: Mapping) -> None:
     """summary.md, overoptimization.png and report.html in ``out``."""
-    from fourfold.apps.experiments.report import md_table
     from fourfold.reporting import fig_to_data_uri, html_image, html_page
 
     header = overopt_header(cfg, record)
@@ -122,12 +125,8 @@ def write_overopt_outputs(out: Path, cfg: ExperimentsConfig, record: Mapping) ->
     parts = [header, "## Fits and peaks", "", md_table(list(FIT_COLUMNS), fits), ""]
     if dflt:
         parts += [f"## PPO at the demo's default KL (kl_coef={record['default_kl_coef']:g})", "", md_table(d_head, dflt), ""]
-    if record["notes"]:
-        parts += ["## Not checked", ""] + [f"- {n}" for n in record["notes"]] + [""]
-    parts += ["## Claims", "", md_table(["claim", "measured", "threshold", "holds"],
-                                        [[c["claim"], c["measured"], c["threshold"], c["holds"]] for c in record["claims"]]), ""]
-    write_text_atomic(out / "summary.md", "\n".join(parts))
-    body = ["\n".join(f"<p>{esc(p)}</p>" for p in header.split("\n\n")[1:] if p.strip())]
+    write_text_atomic(out / "summary.md", "\n".join(parts + summary_tail(record["notes"], record["claims"])))
+    body = [header_html(header)]
     body += claims_html(record["claims"], record["notes"])
     if any(record["curves"].get(m) for m in METHODS):
         fig = overopt_figure(record)

@@ -8,9 +8,10 @@ import math
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from fourfold.apps.claim_kit import claims_md
 from fourfold.apps.experiments.arms import Arm
 from fourfold.apps.experiments.config import ExperimentsConfig
-from fourfold.apps.report_kit import duration, esc, finite, fmt, html_table, mean, num, signed
+from fourfold.apps.report_kit import duration, esc, finite, fmt, html_table, md_table, mean, num, signed
 from fourfold.atomic import write_text_atomic
 
 RESULT_COLUMNS = (
@@ -40,15 +41,6 @@ def result_cell(row: Mapping, key: str) -> str:
     if text != "n/a" and sd is not None:
         text += f" ± {sd:.{digits}f}"
     return text
-
-
-def md_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    def cell(s: str) -> str:
-        return str(s).replace("|", "\\|").replace("\n", " ")
-
-    lines = ["| " + " | ".join(cell(h) for h in header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    lines += ["| " + " | ".join(cell(c) for c in r) + " |" for r in rows]
-    return "\n".join(lines)
 
 
 def text_table(header: Sequence[str], rows: Sequence[Sequence[Any]], cls: str = "") -> str:
@@ -157,13 +149,38 @@ def write_summary_md(path: Path, *, header: str, result_rows: Sequence[Mapping],
     """Write summary.md: the header, the results table (``columns``: (key, heading) pairs), what was
     not checked, the claims table (last)."""
     table = md_table([h for _, h in columns], [[result_cell(r, k) for k, _ in columns] for r in result_rows])
-    claim_table = md_table(["claim", "measured", "threshold", "holds"],
-                            [[c["claim"], c["measured"], c["threshold"], c["holds"]] for c in claims])
     parts = [header, "## Results at the end of the budget", "", table, "", COST_NOTE, ""]
-    if notes:
-        parts += ["## Not checked", ""] + [f"- {n}" for n in notes] + [""]
-    parts += ["## Claims", "", claim_table, ""]
-    write_text_atomic(path, "\n".join(parts))
+    write_text_atomic(path, "\n".join(parts + summary_tail(notes, claims)))
+
+
+def summary_tail(notes: Sequence[str], claims: Sequence[Mapping]) -> list[str]:
+    """The lines that end every summary.md: what was not checked (if anything), then the claims table."""
+    parts = ["## Not checked", ""] + [f"- {n}" for n in notes] + [""] if notes else []
+    return parts + ["## Claims", "", claims_md(claims), ""]
+
+
+def invocation_text(record: Mapping, workers: int, skipped: str = "jobs") -> str:
+    """The header's sentence on this invocation's time (``record``'s wall_s and jobs_s)."""
+    return (f"This invocation took {duration(record['wall_s'])} (of which jobs {duration(record['jobs_s'])}, "
+            f"{workers} workers; finished {skipped} are skipped on a rerun).")
+
+
+def family_header(family: str, *paragraphs: str) -> str:
+    """A family's summary header: the title '# fourfold experiments: the <family> family', then the paragraphs."""
+    return "\n".join(line for p in (f"# fourfold experiments: the {family} family", *paragraphs) for line in (p, ""))
+
+
+def rm_accuracy_text(rm: Mapping[str, Mapping], unit: str = "") -> str:
+    """The header's sentence on the reward models' held-out accuracy, per world or size (``unit``
+    after its name)."""
+    acc = "; ".join(f"{w}{unit} {fmt(r.get('accuracy_vs_labelers'), 3)} / {fmt(r.get('accuracy_vs_gold'), 3)}"
+                    for w, r in rm.items() if r)
+    return f"Reward models, held-out accuracy vs labelers / vs gold: {acc}."
+
+
+def header_html(header: str) -> str:
+    """The paragraphs of a summary header (all but its title) as report.html's opening."""
+    return "\n".join(f"<p>{esc(p)}</p>" for p in header.split("\n\n")[1:] if p.strip())
 
 
 def _samples_html(finals_rows: Mapping[str, list[dict]], sft_rows: list[dict], n: int) -> str:
@@ -229,8 +246,7 @@ def write_report(path: Path, *, cfg: ExperimentsConfig, arms: Sequence[Arm], hea
     """Write the self-contained report.html of the sweep."""
     from fourfold.reporting import html_image, html_page
 
-    intro = "\n".join(f"<p>{esc(p)}</p>" for p in header.split("\n\n")[1:] if p.strip())
-    body = [intro, "<h2>Arms</h2>", text_table(["arm", "what"], [[a.name, a.what] for a in arms])]
+    body = [header_html(header), "<h2>Arms</h2>", text_table(["arm", "what"], [[a.name, a.what] for a in arms])]
     body += claims_html(claims, notes)
     body += ["<h2>Results at the end of the budget</h2>",
              text_table([h for _, h in RESULT_COLUMNS], [[result_cell(r, k) for k, _ in RESULT_COLUMNS] for r in result_rows]),

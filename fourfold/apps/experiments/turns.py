@@ -23,32 +23,25 @@ Jobs run ``workers`` at a time, cached and resumable as the other families'. Cla
 
 from __future__ import annotations
 
-import dataclasses
-import json
-import shutil
-import sys
-import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import fourfold
 from fourfold.apps.cache import digest, keyed, read_json
 from fourfold.apps.experiments.arms import run_key
 from fourfold.apps.experiments.config import ExperimentsConfig
-from fourfold.apps.experiments.jobs import Job, clear_dirs, failed_notes, raise_unfinished, run_family_jobs
+from fourfold.apps.experiments.family import FAMILY_QUICK, FamilyJobs, FamilyRun, claim_run_dir, world_dir
+from fourfold.apps.experiments.jobs import Job
 from fourfold.apps.experiments.results import train_seconds
-from fourfold.apps.experiments.sweep import family_quick_config, log_claims, open_output
+from fourfold.apps.experiments.sweep import family_quick_config
 from fourfold.apps.experiments.turns_claims import compute_turns_claims, turns_label, turns_of
-from fourfold.apps.provenance import provenance, write_provenance
 from fourfold.apps.report_kit import mean, std
-from fourfold.atomic import write_text_atomic
 from fourfold.checkpoint import checkpoint_dirs
 from fourfold.config import PPOConfig, SFTConfig, config_to_dict, load_config, save_config
 
 TURNS_QUICK: dict[str, Any] = {  # --quick: the pipeline end to end, and the one claim its budget settles
-    "seeds": [0],
+    **FAMILY_QUICK,
     "iterations": 8,
-    "eval_prompts": 128,
     "turns.hops": [0, 1],
     "turns.arms": ["ppo", "grpo"],
     "turns.sft_examples": 2000,
@@ -98,33 +91,15 @@ def limits(cfg: ExperimentsConfig, hops: int) -> dict:
             "max_new_tokens": gen.max_new_tokens}
 
 
-def claim_run_dir(run_dir: Path, key: str, record: dict) -> None:
-    """Keep ``run_dir`` only if its EXPERIMENT.json has ``key`` (another config's run is removed:
-    never resume across configs); write the marker when there is none."""
-    marker = run_dir / "EXPERIMENT.json"
-    rec = read_json(marker)
-    if run_dir.exists() and (not rec or rec.get("key") != key):
-        shutil.rmtree(run_dir)
-        rec = None
-    if rec is None:
-        write_text_atomic(marker, json.dumps({"key": key, **record}, sort_keys=True))
-
-
-@dataclasses.dataclass
-class Turns:
+class Turns(FamilyJobs):
     """What the family's jobs share."""
-
-    cfg: ExperimentsConfig
-    out: Path
-    log: Callable[..., Any]
-    py: str = sys.executable
 
     @property
     def hops(self) -> list[int]:
         return sorted(self.cfg.turns.hops)
 
     def world_dir(self, hops: int) -> Path:
-        return Path(f"{self.cfg.turns.world_dir.rstrip('/')}-{turns_label(hops)}").resolve()
+        return Path(world_dir(self.cfg.turns.world_dir, turns_label(hops))).resolve()
 
     def sft_config(self, hops: int) -> SFTConfig:
         t, w = self.cfg.turns, self.world_dir(hops)
@@ -148,11 +123,6 @@ class Turns:
 
     def eval(self, hops: int) -> dict:
         return {**limits(self.cfg, hops), "sample_seed": EVAL_SEED}
-
-    def spec_cmd(self, kind: str, name: str, spec: dict) -> list[str]:
-        p = self.out / "configs" / f"{kind}-{name.replace('/', '-')}.json"
-        write_text_atomic(p, json.dumps(spec, sort_keys=True))
-        return [self.py, "-m", "fourfold.apps.experiments", kind, str(p)]
 
     def world_job(self, hops: int) -> Job:
         label, w = turns_label(hops), self.world_dir(hops)
@@ -198,11 +168,7 @@ class Turns:
             wkey = self.world_key(hops)
             key = digest({"run": run_key(rcfg, "ppo", {"world": wkey}), "env": keyed(rcfg.env)})
             claim_run_dir(rd, key, {"name": name})
-            cmds = []
-            if not (rd / "policy" / "config.json").is_file():
-                p = self.out / "configs" / f"{name.replace('/', '-')}.yaml"
-                save_config(rcfg, p)
-                cmds.append([self.py, "-m", "fourfold.cli", "ppo", "--config", str(p)])
+            cmds = [] if (rd / "policy" / "config.json").is_file() else [self.ppo_cmd(name, rcfg)]
             ekey = digest({"run": key, "eval": self.eval(hops), "rows": wkey})
             dest = rd / "final_eval.json"
             if cmds or (read_json(dest) or {}).get("key") != ekey:
@@ -272,28 +238,15 @@ def run_turns(cfg: ExperimentsConfig) -> dict:
     summaries}."""
     from fourfold.apps.experiments.turns_report import write_turns_report
 
-    t_start, made = time.perf_counter(), provenance()
-    if cfg.quick:
-        cfg = turns_quick_config(cfg)
-    out, log = open_output(cfg)
-    if cfg.fresh:
-        clear_dirs(out, ("runs", "configs", "logs"))
-    fam = Turns(cfg, out, log)
-    jobs = fam.jobs()
-    log(f"[bold]fourfold experiments (turns)[/bold]: hops {fam.hops} (turns {[turns_of(h) for h in fam.hops]}), "
-        f"arms {', '.join(cfg.turns.arms)}, {len(cfg.seeds)} seeds, {cfg.iterations} iterations; {len(jobs)} jobs, "
-        f"{cfg.workers} at a time -> {out}")
-    state, jobs_s = run_family_jobs(cfg, out, log, jobs)
+    run = FamilyRun.start("turns", cfg, turns_quick_config, ("runs", "configs", "logs"))
+    cfg, out = run.cfg, run.out
+    fam = Turns(cfg, out, run.log)
+    state = run.run_jobs(fam.jobs(), f"hops {fam.hops} (turns {[turns_of(h) for h in fam.hops]}), arms "
+                         f"{', '.join(cfg.turns.arms)}, {len(cfg.seeds)} seeds, {cfg.iterations} iterations")
     res = collect(fam, state)
     claims, notes = compute_turns_claims(res["finals"], res["sft"], cfg.turns.claims, hops=fam.hops,
                                          arms=cfg.turns.arms, quick=cfg.quick)
-    notes += failed_notes(state)
-    total_s = time.perf_counter() - t_start
-    record = {"config": config_to_dict(cfg), **res, "claims": claims, "notes": notes, "jobs": state,
-              "arms": {a: ARM_WHAT[a] for a in cfg.turns.arms}, "wall_s": round(total_s, 1), "jobs_s": round(jobs_s, 1)}
-    write_text_atomic(out / "results.json", json.dumps(record, indent=1, sort_keys=True, default=str))
-    write_turns_report(out, cfg, record)
-    write_provenance(out, made)
-    log_claims(log, claims, out, total_s)
-    raise_unfinished(state, len(jobs), out / "logs")
+    record = {"config": config_to_dict(cfg), **res, "claims": claims, "notes": notes,
+              "arms": {a: ARM_WHAT[a] for a in cfg.turns.arms}}
+    run.finish(record, lambda rec: write_turns_report(out, cfg, rec))
     return {"output_dir": str(out), "claims": claims, "notes": notes, "summaries": res["summaries"]}

@@ -27,7 +27,7 @@ from __future__ import annotations
 import math
 from typing import Mapping, Sequence
 
-from fourfold.apps.experiments.claims import fmt_list, paired, seeds_txt
+from fourfold.apps.experiments.claims import WorldClaims, fmt_list, paired, seeds_txt
 from fourfold.apps.experiments.config import TurnsClaimsConfig
 from fourfold.apps.report_kit import fmt, mean, signed, std
 
@@ -67,30 +67,18 @@ def growth(gains: Mapping[int, tuple[float, float]], fewest: Mapping[int, tuple[
     return seeds, d, mean(d), max(ev, spread)
 
 
-class _Table:
-    def __init__(self, finals: Mapping[str, Mapping[str, Sequence[Mapping]]], sft: Mapping[str, Mapping],
-                 c: TurnsClaimsConfig, quick: bool):
-        self.finals, self.sft, self.c, self.quick = finals, sft, c, quick
-        self.rows: list[dict] = []
-        self.notes: list[str] = []
-
-    def add(self, group: str, claim: str, measured: str, threshold: str, holds: bool) -> None:
-        self.rows.append({"group": group, "claim": claim, "measured": measured, "threshold": threshold,
-                          "holds": "yes" if holds else "no"})
+class _Table(WorldClaims):
+    c: TurnsClaimsConfig
 
     def diffs(self, world: str, a: str, b: str) -> dict[int, tuple[float, float]]:
         """{seed: (gold of a minus gold of b, its SE)} at ``world``."""
-        return {s: (ra[GOLD] - rb[GOLD], math.hypot(gold_se(ra), gold_se(rb)))
-                for s, (ra, rb) in paired(self.finals[world], a, b)}
+        return self.gold_diffs(world, a, b, gold_se)
 
 
 def _knob(t: _Table, hops: list[int]) -> None:
-    worlds = [turns_label(h) for h in hops if turns_label(h) in t.sft]
-    if len(worlds) < 2:
-        t.notes.append("claims 'knob' not checked: fewer than two worlds have an SFT evaluation")
+    worlds, turns, steps = t.knob([turns_label(h) for h in hops], "turns_mean", "worlds")
+    if not worlds:
         return
-    turns = [t.sft[w]["turns_mean"] for w in worlds]
-    steps = [b - a for a, b in zip(turns, turns[1:])]
     t.add("knob", "the turns knob works: the SFT policy's trajectories get longer with the hops",
           f"SFT mean turns {fmt_list(turns, 2, False)} at {', '.join(worlds)} (steps {fmt_list(steps)})",
           f"each step >= {t.c.knob_min_step:g} turns", all(s >= t.c.knob_min_step for s in steps))

@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import Mapping
 
 from fourfold.apps.experiments.config import ExperimentsConfig
-from fourfold.apps.experiments.report import claims_html, md_table, text_table
-from fourfold.apps.report_kit import duration, esc, fmt, mean, signed
+from fourfold.apps.experiments.report import claims_html, family_header, header_html, invocation_text, summary_tail, text_table
+from fourfold.apps.report_kit import fmt, md_table, mean, signed
 from fourfold.atomic import write_text_atomic
 
 COLUMNS = ("world", "turns", "arm", "seeds", "gold sampled", "gain", "gold greedy", "gain greedy", "turns / traj.",
@@ -43,17 +43,15 @@ def turns_header(cfg: ExperimentsConfig, record: Mapping) -> str:
     worlds = ", ".join(f"{w} ({v['turns']} turn{'s' if v['turns'] > 1 else ''}, max_tokens {v['max_tokens']})"
                        for w, v in record["worlds"].items())
     arms = "; ".join(f"{a}: {what}" for a, what in record["arms"].items())
-    return "\n".join([
-        "# fourfold experiments: the turns family", "",
+    return family_header(
+        "turns",
         f"The lookup world (ask a tool, then answer from its reply; values of {t.value_digits} digits) at {worlds}. "
         f"Per world one SFT model ({t.sft_examples} episodes of imperfect play, error rate {t.error_rate:g}, "
         f"{t.sft_steps_per_turn} steps a turn), then every arm x seed ({', '.join(map(str, cfg.seeds))}) for "
         f"{cfg.iterations} iterations, the same trajectories per iteration for every arm (K = {cfg.group_size} a row "
         f"for the group arms). Gold: the share of {cfg.eval_prompts} rows of held-out chains answered right, "
         "sampled at T = 1 (the claims' gold) and greedy; gain = minus the SFT policy's. Values: mean ± sd over seeds.",
-        "", f"Arms: {arms}.", "",
-        f"This invocation took {duration(record['wall_s'])} (of which jobs {duration(record['jobs_s'])}, "
-        f"{cfg.workers} workers; finished jobs are skipped on a rerun).", ""])
+        f"Arms: {arms}.", invocation_text(record, cfg.workers))
 
 
 def turns_figure(record: Mapping):
@@ -100,13 +98,9 @@ def write_turns_report(out: Path, cfg: ExperimentsConfig, record: Mapping) -> No
 
     header = turns_header(cfg, record)
     rows = result_rows(record)
-    claims = md_table(["claim", "measured", "threshold", "holds"],
-                      [[c["claim"], c["measured"], c["threshold"], c["holds"]] for c in record["claims"]])
     parts = [header, "## Held-out gold at the end of the budget", "", md_table(COLUMNS, rows), ""]
-    if record["notes"]:
-        parts += ["## Not checked", ""] + [f"- {n}" for n in record["notes"]] + [""]
-    write_text_atomic(out / "summary.md", "\n".join(parts + ["## Claims", "", claims, ""]))
-    body = ["\n".join(f"<p>{esc(p)}</p>" for p in header.split("\n\n")[1:] if p.strip())]
+    write_text_atomic(out / "summary.md", "\n".join(parts + summary_tail(record["notes"], record["claims"])))
+    body = [header_html(header)]
     body += claims_html(record["claims"], record["notes"])
     body += ["<h2>Held-out gold at the end of the budget</h2>", text_table(COLUMNS, rows)]
     if record["summaries"]:
