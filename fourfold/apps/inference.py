@@ -64,6 +64,7 @@ from fourfold.rollout.engine import make_engine
 from fourfold.rollout.sampling import decode_responses
 from fourfold.run.common import skipped_lines
 from fourfold.run.scaffold import one_process_start
+from fourfold.sinks import eta_s
 
 __all__ = ["generate", "sample_completions", "score"]
 
@@ -149,7 +150,7 @@ class Progress:
 
     def line(self, done: int, total: int) -> str:
         elapsed = self.clock() - self.start
-        eta = elapsed / done * (total - done) if done else float("nan")
+        eta = eta_s(elapsed, done, total - done) or 0.0  # the rate so far, as the trainers' lines
         return f"{self.prefix} {done}/{total} {self.unit} ({elapsed:.0f} s, about {eta:.0f} s left)"
 
     def __call__(self, done: int, total: int) -> None:

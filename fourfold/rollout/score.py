@@ -27,6 +27,19 @@ def select_rows(batch, rows: slice):
                              if getattr(batch, f.name) is not None})
 
 
+def reward_scores(reward, seq: torch.Tensor, attn: torch.Tensor, prompts: Optional[Sequence[str]],
+                  responses: Optional[Sequence[str]], columns: Optional[dict] = None
+                  ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """The reward role's float scores ``[B]`` of the sequences ``seq`` (``attn`` their mask), the
+    texts and ``columns`` given when it reads text, and a weighted reward's parts ``[B, n_parts]``
+    (its ``last_parts`` in its ``names`` order; None for one source)."""
+    kw = {"columns": columns} if columns and getattr(reward, "needs_text", False) else {}
+    scores = reward(seq, attn, prompts, responses, **kw).float()
+    names = getattr(reward, "names", None)
+    parts = torch.stack([reward.last_parts[n] for n in names], 1) if names else None  # (B, n_parts)
+    return scores, parts
+
+
 @torch.no_grad()
 def score_rollout(
     samples: Samples,
@@ -60,10 +73,7 @@ def score_rollout(
             values = critic.response_values(seq, attn, T) * samples.response_mask
         else:
             values = torch.zeros_like(samples.logprobs)
-        kw = {"columns": columns} if columns and getattr(reward, "needs_text", False) else {}
-        scores = reward(seq, attn, prompts, responses, **kw).float()
-        names = getattr(reward, "names", None)
-        parts = torch.stack([reward.last_parts[n] for n in names], 1) if names else None  # (B, n_parts)
+        scores, parts = reward_scores(reward, seq, attn, prompts, responses, columns)
         ref_logprobs = ref_future.result() if ref_future else reference_pass()
     finally:
         if pool:

@@ -35,7 +35,7 @@ from fourfold.errors import ConfigError
 from fourfold.models.build import Roles
 from fourfold.rollout.env import BoundEnv, load_env_factory, make_envs
 from fourfold.rollout.noise import RowNoise
-from fourfold.rollout.score import Scores
+from fourfold.rollout.score import Scores, reward_scores
 from fourfold.rollout.turns import TurnBatch, TurnSettings, sample_turns, stack_trajectories
 from fourfold.run.parallel import gather_items, gather_rows, rank_slice, several_ranks
 from fourfold.trainers.rollouts import Collected, Probe, PromptSource, rollout_metrics
@@ -192,10 +192,8 @@ def _score_rows(roles: Roles, seq: torch.Tensor, attn: torch.Tensor, mask: torch
     if roles.reward is None:
         return TrajectoryScores(ref, values, final)
     prompts, responses = (texts[0][rows], texts[1][rows]) if texts else (None, None)
-    kw = {"columns": {k: v[rows] for k, v in columns.items()}} if columns and texts else {}
-    reward = roles.reward(seq, attn, prompts, responses, **kw).float()
-    names = getattr(roles.reward, "names", None)
-    parts = torch.stack([roles.reward.last_parts[n] for n in names], 1) if names else None
+    mine = {k: v[rows] for k, v in columns.items()} if columns else None
+    reward, parts = reward_scores(roles.reward, seq, attn, prompts, responses, mine)
     return TrajectoryScores(ref, values, final, reward, parts)
 
 
