@@ -87,6 +87,11 @@ def _add_serve_reward_parser(sub) -> None:
     p.add_argument("--dtype", default="float32", help="dtype of the reward model (float32, bfloat16, float16)")
     p.add_argument("--tokenizer", metavar="DIR", help="tokenizer directory (default: the model's own)")
     p.add_argument("--max-len", type=int, default=512, help="most tokens of prompt + response")
+    p.add_argument("--config", "-c", metavar="FILE", help="YAML file with a model section: `fourfold score`'s "
+                                                         "scorer keys (reward, reward_fns, reward_weight, ...)")
+    p.add_argument("overrides", nargs="*", metavar="model.key=value",
+                   help="the scorer's keys, as `fourfold score`'s model section: e.g. "
+                        "'model.reward_fns=[{fn: a.py:good, weight: 1.0}]' (weighted parts; with --model, --fn)")
 
 
 def serve_reward(args) -> int:
@@ -94,11 +99,13 @@ def serve_reward(args) -> int:
     from fourfold.apps.reward_server import serve
     from fourfold.errors import ConfigError
 
-    if getattr(args, "overrides", None):
-        raise ConfigError(f"unexpected arguments {' '.join(args.overrides)} (serve-reward takes flags only)")
+    bad = [o for o in args.overrides if not o.startswith("model.")]
+    if bad:
+        raise ConfigError(f"unexpected arguments {' '.join(bad)} (serve-reward takes flags and model.* keys)")
     return serve(model=args.model, fn=args.fn, host=args.host, port=args.port, batch_size=args.batch_size,
                  max_wait_ms=args.max_wait_ms, request_timeout_s=args.request_timeout_s, device=args.device,
-                 dtype=args.dtype, tokenizer=args.tokenizer, max_len=args.max_len)
+                 dtype=args.dtype, tokenizer=args.tokenizer, max_len=args.max_len, config=args.config,
+                 overrides=args.overrides)
 
 
 def _estimate_stage(args) -> str:

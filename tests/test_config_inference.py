@@ -64,7 +64,7 @@ def test_sections_reuse_ppo_generation_and_the_shared_run_section():
      "generation.stop_check_every: must be >= 1"),
     (GenerateConfig, GEN_OK + ["run.resume=true"], "run.resume: generate has nothing to resume"),
     (GenerateConfig, GEN_OK + ["model.policy=m"], "model.policy: unknown key"),
-    (ScoreConfig, ["data.rows=r.jsonl"], "model.reward: no reward: set model.reward (a reward-model directory), model.reward_fn or model.reward_fns"),
+    (ScoreConfig, ["data.rows=r.jsonl"], "model.reward: no reward: set model.reward (a reward-model directory), model.reward_fn, model.reward_fns or model.reward_url"),
     (ScoreConfig, SCORE_OK + ["model.reward_fn=f.py:g"], "model.reward: model.reward (a reward-model directory) and model.reward_fn are both set"),
     (ScoreConfig, ["model.reward=rm"], "data.rows: missing"),
     (ScoreConfig, SCORE_OK + ["data.max_len=1"], "data.max_len: must be >= 2 or null"),

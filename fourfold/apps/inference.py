@@ -34,7 +34,7 @@ and print one summary line.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Optional
 
@@ -45,6 +45,7 @@ from fourfold.config import GenerateConfig, RunConfig, ScoreConfig, save_config
 from fourfold.data import (
     RESPONSE_FIELDS,
     LoadResult,
+    ResponseExample,
     chat_template_renderer,
     collate_responses,
     encode_prompts,
@@ -58,7 +59,7 @@ from fourfold.data import (
 from fourfold.errors import ConfigError, DataError
 from fourfold.models.build import build_roles
 from fourfold.models.loading import load_tokenizer
-from fourfold.models.plan import plan_inference, reward_parts
+from fourfold.models.plan import REMOTE, plan_inference, reward_parts
 from fourfold.models.reward_parts import load_functions, reward_role
 from fourfold.rollout.engine import make_engine
 from fourfold.rollout.sampling import decode_responses
@@ -221,11 +222,12 @@ def generate(cfg: GenerateConfig) -> dict:
 # ---------------------------------------------------------------------------------------------
 
 
-def load_reward_scorer(cfg: ScoreConfig, device: torch.device):
+def load_reward_scorer(cfg: ScoreConfig, device: torch.device, keys: Optional[dict] = None):
     """(tokenizer, :class:`ModelReward`) as PPO builds and checks ``model.reward``: a model without
     a trained score head (a causal LM would score with a random one), with other random weights
-    or another vocabulary is refused."""
-    roles = build_roles(plan_inference("score", cfg.model), device)
+    or another vocabulary is refused; a LoRA reward adapter is loaded on its base. ``keys``: how
+    messages name the config keys (:func:`~fourfold.models.plan.plan_inference`)."""
+    roles = build_roles(plan_inference("score", cfg.model, keys), device)
     return roles.tokenizer, roles.reward
 
 
@@ -243,16 +245,33 @@ def _max_len(cfg: ScoreConfig, model) -> int:
 
 @dataclass
 class Scorer:
-    """What `fourfold score` and `fourfold bon` score with: the reward role built as PPO builds it
-    (:func:`fourfold.models.reward_parts.reward_role`: a reward model, functions, their weighted sum),
-    the tokenizer that lays rows out (the reward model's, ``model.tokenizer``'s, or None), the
-    reward model (its role's ``model``; None without one) and the warning lines on columns a
-    function cannot get."""
+    """What `fourfold score`, `fourfold bon` and `fourfold serve-reward` score with: the reward role
+    built as PPO builds it (:func:`fourfold.models.reward_parts.reward_role`: a reward model,
+    functions, a server, their weighted sum), the tokenizer that lays rows out (the reward model's,
+    ``model.tokenizer``'s, or None), the reward model (its role's ``model``; None without one), the
+    warning lines on columns a function cannot get, and what :meth:`for_columns` rebuilds the role
+    from (the parts, the reward model's role)."""
 
     reward: object
     tokenizer: object
     model: object
     notes: list
+    parts: tuple = ()
+    model_role: object = None
+
+    def for_columns(self, columns: tuple, source: str) -> "Scorer":
+        """The same scorer with its functions matched against ``columns`` (the reward server's
+        requests bring their own), and the warning lines of that match."""
+        functions, notes = load_functions(self.parts, columns, source)
+        reward = reward_role(self.parts, model_role=self.model_role, functions=functions,
+                             eos_token_id=getattr(self.tokenizer, "eos_token_id", None), tokenizer=self.tokenizer)
+        return replace(self, reward=reward, notes=notes)
+
+    @property
+    def lays_out_rows(self) -> bool:
+        """Whether the rows are tokenised for the role (a reward model's, or a server's ids and
+        EOS): with a tokenizer and a model or a server part."""
+        return self.tokenizer is not None and (self.model is not None or any(p.kind == REMOTE for p in self.parts))
 
 
 def scorer_functions(m, columns: tuple, source: str) -> tuple[dict, list]:
@@ -263,34 +282,54 @@ def scorer_functions(m, columns: tuple, source: str) -> tuple[dict, list]:
     return load_functions(reward_parts(m), columns, str(source))
 
 
-def load_scorer(m, device: torch.device, functions: dict, notes: list) -> Scorer:
+def load_scorer(m, device: torch.device, functions: Optional[dict], notes: list, keys: Optional[dict] = None) -> Scorer:
     """The :class:`Scorer` of a score model section ``m``, its functions from
     :func:`scorer_functions`: the reward model built and checked as PPO builds it, and the parts put
-    together in the one reward role."""
+    together in the one reward role (``keys``: how messages name the keys, as
+    :func:`load_reward_scorer`; ``functions`` None: no role yet, :meth:`Scorer.for_columns` builds it
+    once the columns are known)."""
     model_role = None
     if m.reward is not None:
-        tok, model_role = load_reward_scorer(ScoreConfig(model=m), device)
+        tok, model_role = load_reward_scorer(ScoreConfig(model=m), device, keys)
     else:
         tok = load_tokenizer(m.tokenizer, trust_remote_code=m.trust_remote_code) if m.tokenizer else None
     model = model_role.model if model_role is not None else None
-    return Scorer(reward_role(reward_parts(m), model_role=model_role, functions=functions), tok, model, list(notes))
+    parts = reward_parts(m)
+    reward = None if functions is None else reward_role(parts, model_role=model_role, functions=functions,
+                                                        eos_token_id=getattr(tok, "eos_token_id", None), tokenizer=tok)
+    return Scorer(reward, tok, model, list(notes), parts, model_role)
+
+
+def _examples(records: list, scorer: Scorer, max_len: Optional[int], on_error: str, skipped, notes, ids_rows):
+    """The rows as the role reads them: tokenised as PPO lays out a rollout (``ids_rows``, a
+    server's request's token ids, taken as they are), or None when no part reads ids."""
+    if not scorer.lays_out_rows:
+        return None
+    if max_len is None:
+        max_len = (_max_positions(scorer.model.hf) or 512) if scorer.model is not None else 1 << 30
+    if ids_rows is not None:
+        for i, row in enumerate(ids_rows):
+            if not 0 < len(row) <= max_len:
+                raise DataError(f"input_ids[{i}]: {len(row)} tokens; expected 1 to max_len={max_len}")
+        return [ResponseExample(prompt_ids=list(row), response_ids=[], index=i, line=i + 1)
+                for i, row in enumerate(ids_rows)]
+    return encode_responses(records, scorer.tokenizer, max_len, on_error=on_error,
+                            skipped=skipped if skipped is not None else [], notes=notes if notes is not None else [])
 
 
 @torch.no_grad()
 def score_records(records: list, scorer: Scorer, device: torch.device, columns: tuple, batch_size: int,
-                  max_len: int | None = None, on_error: str = "raise", skipped=None, notes=None, progress=None):
-    """(records scored, scores, parts) in batches of ``batch_size``: with a reward model each batch
-    laid out as PPO lays out a rollout (rows longer than ``max_len``, default the model's positions,
-    refused or skipped by ``on_error``), the reward role given the rows' texts and ``columns`` (from
-    each record's ``row``) as PPO gives them; ``parts``: a weighted reward's, name -> scores (empty
-    for one source)."""
-    tok, reward, model = scorer.tokenizer, scorer.reward, scorer.model
-    if model is not None:
-        examples = encode_responses(records, tok, max_len or _max_positions(model.hf) or 512, on_error=on_error,
-                                    skipped=skipped if skipped is not None else [], notes=notes if notes is not None else [])
-        indices = [e.index for e in examples]
-    else:
-        examples, indices = None, list(range(len(records)))
+                  max_len: int | None = None, on_error: str = "raise", skipped=None, notes=None, progress=None,
+                  ids_rows: Optional[list] = None):
+    """(records scored, scores, parts) in batches of ``batch_size``: with a reward model or a server
+    and a tokenizer each batch laid out as PPO lays out a rollout (rows longer than ``max_len``,
+    default the model's positions, refused or skipped by ``on_error``; ``ids_rows``: each row's
+    tokens given as they are, a reward server's request's), the reward role given the rows' texts,
+    ``columns`` (from each record's ``row``) and ``finished`` as PPO gives them; ``parts``: a
+    weighted reward's, name -> scores (empty for one source)."""
+    tok, reward = scorer.tokenizer, scorer.reward
+    examples = _examples(records, scorer, max_len, on_error, skipped, notes, ids_rows)
+    indices = [e.index for e in examples] if examples is not None else list(range(len(records)))
     done, scores, parts = [], [], {}
     for start in range(0, len(indices), batch_size):
         batch = [records[i] for i in indices[start : start + batch_size]]
@@ -301,6 +340,8 @@ def score_records(records: list, scorer: Scorer, device: torch.device, columns: 
         mask = mask.to(device) if mask is not None else None
         cols = {c: [r.row.get(c) for r in batch] for c in columns}
         kw = {"columns": cols} if cols and getattr(reward, "needs_text", False) else {}
+        if getattr(reward, "takes_finished", False):
+            kw["finished"] = [r.finished for r in batch]
         scores += reward(ids.to(device), mask, [r.prompt for r in batch], [r.response for r in batch], **kw
                          ).float().cpu().tolist()
         for name, part in getattr(reward, "last_parts", {}).items():

@@ -21,22 +21,24 @@ import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence
 
 import torch
 
-from fourfold.data import ResponseRecord, collate_responses, encode_responses
+from fourfold.apps.inference import Scorer as InferenceScorer
+from fourfold.apps.inference import load_scorer, score_records
+from fourfold.config import ScoreModelConfig, ServeRewardConfig, load_config
+from fourfold.data import ResponseRecord
 from fourfold.errors import ConfigError, DataError, FourfoldError
-from fourfold.models.checks import RoleChecker, has_tokenizer_files
-from fourfold.models.loading import ensure_pad_embedding, load_causal_lm, load_sequence_scorer, load_tokenizer
-from fourfold.models.lora import REWARD, LoraSettings, SharedBase, is_adapter_dir, load_reward_adapter
-from fourfold.models.lora.files import ADAPTER_CONFIG, resolvable_base
-from fourfold.models.reward_fn import call_reward_fn, column_plan, load_reward_fn
-from fourfold.models.roles import ModelReward, ScalarModel
+from fourfold.models.checks import tokenizer_fingerprint
+from fourfold.models.plan import FUNCTION_PART, MODEL, REMOTE, reward_parts
+from fourfold.models.reward_fn import load_reward_fn
+from fourfold.models.roles import WeightedReward
 from fourfold.run.common import quiet_transformers
 
-Scorer = Callable[[list[str], list[str], list[bool], dict], list[float]]
-"""``scorer(prompts, responses, finished, columns) -> scores``: what the server serves."""
+Scorer = Callable[..., list[float]]
+"""``scorer(prompts, responses, finished, columns, input_ids=None, tokenizer=None) -> scores``:
+what the server serves (:func:`config_scorer`)."""
 
 
 class BadRequest(ValueError):
@@ -45,7 +47,8 @@ class BadRequest(ValueError):
 
 def parse_request(body: bytes) -> dict:
     """The request's fields, checked: ``prompts``, ``responses`` (strings) and ``finished`` (bools,
-    default all true) of one length, ``columns`` a dict of lists of that length."""
+    default all true) of one length, ``columns`` a dict of lists of that length, and optionally
+    ``input_ids`` (a list of token ids per row) with ``tokenizer`` (their tokenizer's fingerprint)."""
     try:
         req = json.loads(body)
     except (ValueError, UnicodeDecodeError) as e:
@@ -65,7 +68,22 @@ def parse_request(body: bytes) -> dict:
     columns = req.get("columns") or {}
     if not isinstance(columns, dict) or not all(isinstance(v, list) and len(v) == n for v in columns.values()):
         raise BadRequest(f"columns: expected an object of lists of {n} values")
-    return {"prompts": prompts, "responses": responses, "finished": finished, "columns": columns}
+    input_ids, tokenizer = req.get("input_ids"), req.get("tokenizer")
+    if input_ids is not None:
+        if not (isinstance(input_ids, list) and len(input_ids) == n and all(
+                isinstance(row, list) and all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in row)
+                for row in input_ids)):
+            raise BadRequest(f"input_ids: expected a list of {n} lists of token ids (integers >= 0)")
+        if not isinstance(tokenizer, str):
+            raise BadRequest("tokenizer: expected the fingerprint (a string) of the tokenizer of input_ids")
+    return {"prompts": prompts, "responses": responses, "finished": finished, "columns": columns,
+            "input_ids": input_ids, "tokenizer": tokenizer if input_ids is not None else None}
+
+
+def request_shape(request: dict) -> tuple:
+    """What requests scored in one batch share: their column names, and whether they bring ids
+    (and of which tokenizer)."""
+    return tuple(sorted(request["columns"])), request.get("input_ids") is not None, request.get("tokenizer")
 
 
 @dataclass
@@ -78,7 +96,7 @@ class Pending:
 
 class Batcher:
     """One scoring thread over a queue of requests: it waits for the first, takes every other that
-    arrives within ``window_s`` (up to ``max_rows`` rows, requests with the same column names), scores
+    arrives within ``window_s`` (up to ``max_rows`` rows, requests of one :func:`request_shape`), scores
     them in one call and hands each its share."""
 
     def __init__(self, scorer: Scorer, *, window_s: float = 0.01, max_rows: int = 512):
@@ -99,14 +117,14 @@ class Batcher:
 
     def _take(self) -> list[Pending]:
         first = self.queue.get()
-        batch, rows, keys = [first], len(first.request["responses"]), set(first.request["columns"])
+        batch, rows, shape = [first], len(first.request["responses"]), request_shape(first.request)
         deadline = time.monotonic() + self.window_s
         while rows < self.max_rows:
             try:
                 item = self.queue.get(timeout=max(0.0, deadline - time.monotonic()))
             except queue.Empty:
                 break
-            if set(item.request["columns"]) != keys:  # another shape of columns: the next batch
+            if request_shape(item.request) != shape:  # other columns, or ids beside text: the next batch
                 self.queue.put(item)
                 break
             batch.append(item)
@@ -118,13 +136,17 @@ class Batcher:
             batch = self._take()
             joined = {k: [] for k in ("prompts", "responses", "finished")}
             columns = {k: [] for k in batch[0].request["columns"]}
+            ids = [] if batch[0].request.get("input_ids") is not None else None
             for item in batch:
                 for k in joined:
                     joined[k] += item.request[k]
                 for k in columns:
                     columns[k] += item.request["columns"][k]
+                if ids is not None:
+                    ids += item.request["input_ids"]
+            kw = {"input_ids": ids, "tokenizer": batch[0].request.get("tokenizer")} if ids is not None else {}
             try:
-                scores = self.scorer(joined["prompts"], joined["responses"], joined["finished"], columns)
+                scores = self.scorer(joined["prompts"], joined["responses"], joined["finished"], columns, **kw)
                 self.batches += 1
             except (ConfigError, DataError) as e:  # rows or columns it cannot score: the request's fault
                 self._fail(batch, BadRequest(str(e)))
@@ -146,78 +168,85 @@ class Batcher:
             item.done.set()
 
 
-def load_reward_model(model_dir: str, *, device: str = "cpu", dtype: str = "float32", tokenizer: Optional[str] = None,
-                      trust_remote_code: bool = False):
-    """(tokenizer, frozen reward model) of a reward-model directory: a full one (a one-label sequence
-    classifier, as ``fourfold reward`` writes ``model/``) or a LoRA reward adapter (``model-adapter/``:
-    loaded on the causal LM its ``adapter_config.json`` names, as PPO loads ``model.reward`` with
-    ``model.lora``; the tokenizer saved beside the adapter, else the base's)."""
-    if not Path(model_dir).is_dir():
-        raise ConfigError(f"--model: {model_dir}: no such directory (a reward model `fourfold reward` wrote)")
-    if not is_adapter_dir(model_dir):
-        tok = load_tokenizer(tokenizer or model_dir, trust_remote_code=trust_remote_code)
-        hf = load_sequence_scorer(model_dir, dtype=dtype, device=torch.device(device),
-                                  trust_remote_code=trust_remote_code)
-        # PPO's check of model.reward: a trained score head, no other random weight, the tokenizer's vocabulary
-        RoleChecker(tok, "--tokenizer" if tokenizer else "--model", tokenizer or model_dir,
-                    trust_remote_code=trust_remote_code).scorer(hf, "--model", model_dir)
-        ensure_pad_embedding(hf, tok)
-        return tok, ScalarModel(hf)
-    config = json.loads((Path(model_dir) / ADAPTER_CONFIG).read_text())
-    base = resolvable_base(config.get("base_model_name_or_path"))
-    if not base:
-        raise ConfigError(f"--model: {model_dir}: the adapter names no base model (base_model_name_or_path)")
-    tok = load_tokenizer(tokenizer or (model_dir if has_tokenizer_files(model_dir) else base),
-                         trust_remote_code=trust_remote_code)
-    lm = load_causal_lm(base, dtype=dtype, device=torch.device(device), trust_remote_code=trust_remote_code)
-    ensure_pad_embedding(lm, tok)
-    # the shared base starts with an adapter of its own (B = 0: the base model itself), never active here
-    shared = SharedBase(lm, LoraSettings(r=1, alpha=1.0), adapter="served-base")
-    return tok, load_reward_adapter(shared, model_dir, REWARD)
+def describe(scorer: InferenceScorer) -> str:
+    """How the ready line and ``/health`` name a scorer: ``reward model DIR``, ``reward function
+    NAME``, ``reward server URL``, or the weighted sum of those parts."""
+    def one(part) -> str:
+        if part.kind == MODEL:
+            return f"reward model {part.source}"
+        if part.kind == REMOTE:
+            return f"reward server {part.source}"
+        return f"reward function {part.source if isinstance(part.source, str) else part.source.__qualname__}"
+
+    if len(scorer.parts) == 1 and not isinstance(scorer.reward, WeightedReward):
+        return one(scorer.parts[0])
+    return "weighted reward " + " + ".join(f"{p.weight:g} x {p.name} ({one(p)})" for p in scorer.parts)
+
+
+def config_scorer(m: ScoreModelConfig, *, device: str = "cpu", max_len: Optional[int] = 512,
+                  keys: Optional[dict] = None) -> Scorer:
+    """The scorer of a score model section ``m`` (`fourfold score`'s keys: a reward model, a LoRA
+    reward adapter, functions, a server, weighted), built through the one loader and role
+    (:func:`fourfold.apps.inference.load_scorer`), each request's rows scored as `fourfold score`
+    scores a file's (:func:`~fourfold.apps.inference.score_records`: laid out as PPO lays out a
+    rollout, the functions given the request's columns, matched once per set of column names so a
+    defaulted parameter's warning is said once). A request's ``input_ids`` are scored as they are
+    when its ``tokenizer`` is this scorer's fingerprint (:mod:`fourfold.models.remote`)."""
+    dev = torch.device(device)
+    for part in reward_parts(m):  # each function found now; its columns are matched when requests bring them
+        if part.kind == FUNCTION_PART and isinstance(part.source, str):
+            load_reward_fn(part.source, part.key)
+    base = load_scorer(m, dev, None, [], keys=keys)
+    fingerprint = tokenizer_fingerprint(base.tokenizer) if base.model is not None else None
+    by_columns: dict[tuple, InferenceScorer] = {}
+    lock = threading.Lock()
+
+    @torch.no_grad()
+    def score(prompts, responses, finished, columns, input_ids=None, tokenizer=None):
+        key = tuple(columns)
+        if key not in by_columns:
+            by_columns[key] = base.for_columns(key, "the request")
+            for note in by_columns[key].notes:
+                print(f"fourfold serve-reward: warning: {note}", file=sys.stderr, flush=True)
+        if input_ids is not None and fingerprint is not None and tokenizer != fingerprint:
+            raise DataError(f"input_ids: of the tokenizer {tokenizer}; this server scores with {fingerprint}: send the text only")
+        ids_rows = input_ids if fingerprint is not None else None
+        records = [ResponseRecord(p, r, f, line=i + 1, source="request", row={c: v[i] for c, v in columns.items()})
+                   for i, (p, r, f) in enumerate(zip(prompts, responses, finished))]
+        with lock:
+            _, scores, _ = score_records(records, by_columns[key], dev, key, max(1, len(records)), max_len,
+                                         ids_rows=ids_rows)
+        return scores
+
+    score.description = describe(base)
+    score.fingerprint = fingerprint
+    return score
 
 
 def model_scorer(model_dir: str, *, device: str = "cpu", dtype: str = "float32", tokenizer: Optional[str] = None,
                  max_len: int = 512, trust_remote_code: bool = False) -> Scorer:
-    """The scorer of a reward-model directory (:func:`load_reward_model`): each row tokenised as
-    ``fourfold score`` and PPO lay out a rollout (prompt with BOS, left-padded; response then EOS
-    when finished, right-padded), scored at the last valid token with the model's normalisation shift."""
-    tok, model = load_reward_model(model_dir, device=device, dtype=dtype, tokenizer=tokenizer,
-                                   trust_remote_code=trust_remote_code)
-    reward = ModelReward(model)
-    lock = threading.Lock()
-
-    @torch.no_grad()
-    def score(prompts, responses, finished, columns):
-        records = [ResponseRecord(p, r, f, line=i + 1, source="request") for i, (p, r, f) in
-                   enumerate(zip(prompts, responses, finished))]
-        examples = encode_responses(records, tok, max_len)
-        ids, mask = collate_responses(examples, tok.pad_token_id)
-        with lock:
-            return reward(ids.to(device), mask.to(device)).float().cpu().tolist()
-
-    score.description = f"reward model {model_dir}"
-    return score
+    """The scorer of a reward-model directory (a full one, or a LoRA reward adapter on the base its
+    adapter_config names): :func:`config_scorer` of ``model.reward``, checked as PPO checks it
+    (a trained score head, no other random weight, the tokenizer's vocabulary), messages naming
+    the command's flags."""
+    if not Path(model_dir).is_dir():
+        raise ConfigError(f"--model: {model_dir}: no such directory (a reward model `fourfold reward` wrote)")
+    m = ScoreModelConfig(reward=model_dir, tokenizer=tokenizer, dtype=dtype, trust_remote_code=trust_remote_code)
+    return config_scorer(m, device=device, max_len=max_len, keys=FLAG_KEYS)
 
 
 def function_scorer(spec) -> Scorer:
-    """The scorer of a reward function (``file.py:name``, ``module:name`` or a callable): called with
-    the request's columns as keyword arguments (those its signature takes). The signature is matched
-    once per set of column names (so a defaulted parameter's warning is said once, not per batch)."""
-    fn = load_reward_fn(spec) if isinstance(spec, str) else spec
-    name = spec if isinstance(spec, str) else getattr(fn, "__qualname__", repr(fn))
-    plans = {}  # column names -> ColumnPlan (the batcher's one thread reads and writes it)
-
-    def score(prompts, responses, finished, columns):
-        key = tuple(columns)
-        if key not in plans:
-            plans[key] = column_plan(fn, name, key, "the request")
-        return call_reward_fn(fn, prompts, responses, name, plans[key].select(columns))
-
-    score.description = f"reward function {name}"
-    return score
+    """The scorer of a reward function (``file.py:name``, ``module:name`` or a callable):
+    :func:`config_scorer` of ``model.reward_fn``, called with the request's columns as keyword
+    arguments (those its signature takes)."""
+    return config_scorer(ScoreModelConfig(reward_fn=spec))
 
 
-def make_handler(batcher: Batcher, description: str, request_timeout_s: float):
+FLAG_KEYS = {"model.reward": "--model", "model.tokenizer": "--tokenizer"}
+"""How messages name the keys `fourfold serve-reward`'s flags set."""
+
+
+def make_handler(batcher: Batcher, description: str, request_timeout_s: float, fingerprint: Optional[str] = None):
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
 
@@ -231,7 +260,7 @@ def make_handler(batcher: Batcher, description: str, request_timeout_s: float):
 
         def do_GET(self):  # noqa: N802 (the standard library's name)
             if self.path.rstrip("/") == "/health":
-                self._reply(200, {"status": "ok", "scorer": description})
+                self._reply(200, {"status": "ok", "scorer": description, "tokenizer": fingerprint})
             else:
                 self._reply(404, {"error": f"no such path {self.path}; GET /health, POST /score"})
 
@@ -279,7 +308,8 @@ def start_server(scorer: Scorer, *, host: str = "127.0.0.1", port: int = 8000, w
     """A server of ``scorer`` bound to ``host:port`` (port 0: any free one; ``server.server_address``
     says which), serving in a background thread; ``server.shutdown()`` stops it."""
     batcher = Batcher(scorer, window_s=window_s, max_rows=max_rows)
-    handler = make_handler(batcher, getattr(scorer, "description", "a scorer"), request_timeout_s)
+    handler = make_handler(batcher, getattr(scorer, "description", "a scorer"), request_timeout_s,
+                           getattr(scorer, "fingerprint", None))
     server = RewardHTTPServer((host, port), handler)
     server.daemon_threads = True
     server.batcher = batcher
@@ -289,21 +319,31 @@ def start_server(scorer: Scorer, *, host: str = "127.0.0.1", port: int = 8000, w
 
 def serve(*, model: Optional[str] = None, fn: Optional[str] = None, host: str = "127.0.0.1", port: int = 8000,
           batch_size: int = 512, max_wait_ms: float = 10.0, request_timeout_s: float = 600.0, device: str = "cpu",
-          dtype: str = "float32", tokenizer: Optional[str] = None, max_len: int = 512, out=None) -> int:
-    """``fourfold serve-reward``: serve ``model`` (a reward-model directory) or ``fn`` (a reward
-    function) on ``host:port`` until SIGINT or SIGTERM; one line on ``out`` (stdout) when it listens:
-    ``fourfold serve-reward: serving <scorer> at http://host:port (POST /score, GET /health)``.
-    Bad arguments and a port in use are a ConfigError (the CLI's one line, exit 2)."""
-    if (model is None) == (fn is None):
-        raise ConfigError("give exactly one of --model DIR (a reward model) and --fn file.py:name (a reward function)")
+          dtype: str = "float32", tokenizer: Optional[str] = None, max_len: int = 512, out=None,
+          config: Optional[str] = None, overrides: Sequence[str] = ()) -> int:
+    """``fourfold serve-reward``: serve ``model`` (a reward-model directory), ``fn`` (a reward
+    function) or the score model section of ``config`` / ``overrides`` (``model.reward_fns=[...]``:
+    :class:`~fourfold.config.ServeRewardConfig`) on ``host:port`` until SIGINT or SIGTERM; one line
+    on ``out`` (stdout) when it listens: ``fourfold serve-reward: serving <scorer> at
+    http://host:port (POST /score, GET /health)``. Bad arguments and a port in use are a
+    ConfigError (the CLI's one line, exit 2)."""
+    keyed = config is not None or bool(overrides)
+    if (model is not None and fn is not None) or (model is None and fn is None and not keyed):
+        raise ConfigError("give exactly one of --model DIR (a reward model) and --fn file.py:name (a reward function), "
+                          "or the scorer's keys (model.reward_fns=[...], --config FILE)")
     if batch_size < 1:
         raise ConfigError(f"--batch-size: expected an integer >= 1, got {batch_size}")
     if max_wait_ms < 0:
         raise ConfigError(f"--max-wait-ms: expected a number >= 0, got {max_wait_ms}")
     if not 0 <= port <= 65535:
         raise ConfigError(f"--port: expected 0..65535, got {port}")
-    if model is not None:
-        quiet_transformers()  # no load report or progress bar on stderr, which holds errors only (as the trainers')
+    quiet_transformers()  # no load report or progress bar on stderr, which holds errors only (as the trainers')
+    if keyed:
+        flags = [f"model.reward={model}"] * (model is not None) + [f"model.reward_fn={fn}"] * (fn is not None) + \
+                [f"model.tokenizer={tokenizer}"] * (tokenizer is not None) + [f"model.dtype={dtype}"]
+        m = load_config(ServeRewardConfig, config, [*flags, *overrides]).model
+        scorer = config_scorer(m, device=device, max_len=max_len)
+    elif model is not None:
         scorer = model_scorer(model, device=device, dtype=dtype, tokenizer=tokenizer, max_len=max_len)
     else:
         scorer = function_scorer(fn)

@@ -62,6 +62,7 @@ from fourfold.config.inference import (
     ScoreConfig,
     ScoreDataConfig,
     ScoreModelConfig,
+    ServeRewardConfig,
 )
 from fourfold.config.loader import (
     apply_overrides,
@@ -143,6 +144,7 @@ __all__ = [
     "GenerateSamplingConfig",
     "GenerateConfig",
     "ScoreModelConfig",
+    "ServeRewardConfig",
     # bon
     "BonConfig",
     "BonAlgoConfig",

@@ -10,11 +10,11 @@ command.
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, Literal, Optional, Union
+from typing import Literal, Optional
 
 from fourfold.config.loader import require
 from fourfold.config.ppo import GenerationConfig, require_one_reward
-from fourfold.config.rewards import RewardFnConfig
+from fourfold.config.rewards import RewardSourcesConfig
 from fourfold.config.run import RunConfig
 
 
@@ -86,20 +86,11 @@ class GenerateConfig:
 
 
 @dataclasses.dataclass
-class ScoreModelConfig:
-    """What scores: a reward-model directory or a reward function (the keys of PPO's `model`)."""
+class ScoreModelConfig(RewardSourcesConfig):
+    """What scores: the reward sources of PPO's `model` section, the same keys with the same meaning
+    (:class:`~fourfold.config.rewards.RewardSourcesConfig`: a reward model, reward functions given
+    the rows' other columns as PPO gives the prompts file's, a reward server, one or weighted)."""
 
-    reward: Optional[str] = None
-    """Reward-model directory (written by `fourfold reward`, or any 1-label sequence classifier)."""
-    reward_weight: float = 1.0
-    """The reward model's weight in the score when other parts are set (as PPO's)."""
-    reward_fn: Union[str, Callable, None] = None
-    """A reward function, alone or beside the reward model: 'module:function' or
-    'path/to/file.py:function' (in Python also the function itself), called as fn(prompts, responses,
-    **columns) -> list[float], the rows' other columns given as PPO gives the prompts file's."""
-    reward_fns: list[RewardFnConfig] = dataclasses.field(default_factory=list)
-    """Several weighted reward functions, as PPO's model.reward_fns: [{fn, weight, name, options}];
-    each part is written beside the score (`parts`)."""
     tokenizer: Optional[str] = None
     """Tokenizer directory; null = the reward model's. A reward function scores chat `messages`
     rows rendered with this tokenizer's chat template, as PPO renders them with the policy's: set it
@@ -145,3 +136,13 @@ class ScoreConfig:
 
     def validate(self, prefix: str = "") -> None:
         require(not self.run.resume, "run.resume", "score has nothing to resume; rerun to write the file again")
+
+
+@dataclasses.dataclass
+class ServeRewardConfig:
+    """`fourfold serve-reward` given keys (`model.*` on the command line or in `--config FILE`), beside
+    or instead of its --model/--fn flags: the scorer is `fourfold score`'s model section, so every
+    reward source PPO takes can be served (a reward model or LoRA reward adapter, functions given
+    the request's columns, weighted parts, a reward model with its own tokenizer)."""
+
+    model: ScoreModelConfig = dataclasses.field(default_factory=ScoreModelConfig)

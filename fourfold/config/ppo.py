@@ -6,14 +6,14 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-from typing import Callable, Literal, Optional, Union
+from typing import Literal, Optional
 
 from fourfold.config.dist import LMDistConfig, check_dist
 from fourfold.config.env import EnvConfig
 from fourfold.config.loader import require, validate_precision
 from fourfold.config.lora import LoraConfig
 from fourfold.config.model_limits import require_fits
-from fourfold.config.rewards import ENV_PART, RewardFnConfig, require_rewards, reward_part_names
+from fourfold.config.rewards import ENV_PART, RewardSourcesConfig, require_rewards, reward_part_names
 from fourfold.config.run import RunConfig
 from fourfold.names import (  # the zoo's names, written once there (fourfold.core reads them too)
     ADVANTAGE_NAMES,
@@ -29,39 +29,22 @@ from fourfold.names import (  # the zoo's names, written once there (fourfold.co
 
 
 @dataclasses.dataclass
-class LMModelConfig:
-    """Which models play which role. Paths are local HF directories (or hub names when online)."""
+class PolicySourcesConfig:
+    """The causal LMs of a model section (the first keys of :class:`LMModelConfig`)."""
 
     policy: Optional[str] = None
     """The SFT model: initialises the policy and (unless `reference` is set) is the frozen reference."""
     reference: Optional[str] = None
     """Frozen reference for the KL penalty; null = a frozen copy of `policy`."""
-    reward: Optional[str] = None
-    """Reward-model directory (written by `fourfold reward`, or a 1-label sequence classifier)."""
-    reward_weight: float = 1.0
-    """The reward model's weight in the score when other parts are set (its part is logged as
-    reward/rm_mean)."""
-    reward_fn: Union[str, Callable, None] = None
-    """A reward function, alone or beside the reward model: 'module:function' or
-    'path/to/file.py:function' (in Python also the function itself), called as fn(prompts: list[str],
-    responses: list[str], **columns) -> list[float]; keyword parameters named after the prompts file's
-    other columns get them (docs/rewards.md). Weight 1; for weights or several use reward_fns."""
-    reward_fns: list[RewardFnConfig] = dataclasses.field(default_factory=list)
-    """Several weighted reward functions: [{fn: 'file.py:name', weight: 1.0, name: null, options: {}}]
-    (fourfold.config.RewardFnConfig); the score is the weighted sum of every part (reward model,
-    functions, server), each logged as reward/<name>_mean. Not with reward_fn."""
-    reward_url: Optional[str] = None
-    """A reward server's base URL, http://host:port (fourfold serve-reward): it gets the prompts,
-    the responses and the prompts file's columns and answers the scores; its part is 'remote'."""
-    reward_url_weight: float = 1.0
-    """The server's weight in the score when other parts are set."""
-    reward_timeout_s: float = 60.0
-    """Seconds one request to reward_url may take before it is tried again."""
-    reward_retries: int = 3
-    """Tries after the first when a request to reward_url fails (no connection, a timeout, a 5xx
-    answer); then the run stops with one line naming the URL and its last checkpoint."""
-    reward_backoff_s: float = 1.0
-    """The wait before the first retry, doubled before each next one."""
+
+
+@dataclasses.dataclass
+class LMModelConfig(RewardSourcesConfig, PolicySourcesConfig):
+    """Which models play which role. Paths are local HF directories (or hub names when online). The
+    reward sources (reward, reward_fn, reward_fns, reward_url and their weights) are
+    :class:`~fourfold.config.rewards.RewardSourcesConfig`'s, shared with `fourfold score` and `fourfold bon`
+    (the bases' keys come last base first: policy and reference, the reward sources, then these)."""
+
     critic: Optional[str] = None
     """Critic directory; null = initialise from `critic_init`."""
     critic_init: Literal["reward", "policy"] = "reward"

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from typing import Callable, Optional, Union
+from typing import Any, Callable, NamedTuple, Optional, Union
 
 from fourfold.config.loader import require, validate_tree
 
@@ -61,19 +61,97 @@ def function_name(fn) -> Optional[str]:
     return name if isinstance(name, str) and _NAME.fullmatch(name) else None
 
 
-def reward_part_names(model, prefix: str = "model") -> list[tuple[str, str]]:
-    """``(name, config key)`` of each reward part of a model section, in the order the score sums
-    them: the reward model (``rm``), `reward_fn` or each `reward_fns` entry, the server (``remote``)."""
-    parts = []
+@dataclasses.dataclass
+class RewardSourcesConfig:
+    """The reward sources of a model section, written once: PPO's and REINFORCE's `model`
+    (:class:`~fourfold.config.ppo.LMModelConfig`), `fourfold score`'s `model` and `fourfold bon`'s
+    `scorer` (:class:`~fourfold.config.inference.ScoreModelConfig`) all take these keys. Set one or
+    several; the score is the weighted sum of the parts (:func:`reward_sources`, in this order)."""
+
+    reward: Optional[str] = None
+    """Reward-model directory (written by `fourfold reward`, or a 1-label sequence classifier)."""
+    reward_weight: float = 1.0
+    """The reward model's weight in the score when other parts are set (its part is logged as
+    reward/rm_mean)."""
+    reward_fn: Union[str, Callable, None] = None
+    """A reward function, alone or beside the reward model: 'module:function' or
+    'path/to/file.py:function' (in Python also the function itself), called as fn(prompts: list[str],
+    responses: list[str], **columns) -> list[float]; keyword parameters named after the prompts file's
+    other columns get them (docs/rewards.md). Weight 1; for weights or several use reward_fns."""
+    reward_fns: list[RewardFnConfig] = dataclasses.field(default_factory=list)
+    """Several weighted reward functions: [{fn: 'file.py:name', weight: 1.0, name: null, options: {}}]
+    (fourfold.config.RewardFnConfig); the score is the weighted sum of every part (reward model,
+    functions, server), each logged as reward/<name>_mean. Not with reward_fn."""
+    reward_url: Optional[str] = None
+    """A reward server's base URL, http://host:port (fourfold serve-reward): it gets the prompts,
+    the responses and the prompts file's columns and answers the scores; its part is 'remote'."""
+    reward_url_weight: float = 1.0
+    """The server's weight in the score when other parts are set."""
+    reward_timeout_s: float = 60.0
+    """Seconds one request to reward_url may take before it is tried again."""
+    reward_retries: int = 3
+    """Tries after the first when a request to reward_url fails (no connection, a timeout, a 5xx
+    answer); then the run stops with one line naming the URL and its last checkpoint."""
+    reward_backoff_s: float = 1.0
+    """The wait before the first retry, doubled before each next one."""
+
+
+MODEL_KIND, FUNCTION_KIND, REMOTE_KIND = "model", "function", "remote"
+"""Kinds of reward source: the reward model (the reward role's model), a function, a reward server."""
+
+
+class RewardSource(NamedTuple):
+    """One source of a model section's score: ``weight`` x the scores of a reward model, a function
+    or a server, as :func:`reward_sources` reads it from the config (the plan's
+    :class:`~fourfold.models.plan.RewardPart` is one of these)."""
+
+    name: Optional[str]
+    """Its name in the logs (``reward/<name>_mean``) and the samples (``rm``, ``remote``, a
+    function's); None for an unnamed function (refused when the score is a weighted sum)."""
+    kind: str
+    """MODEL_KIND, FUNCTION_KIND or REMOTE_KIND."""
+    source: Any
+    """A model directory, 'module:function' or the function itself, or the server's URL."""
+    key: str
+    """The config key that names it, for messages (``model.reward_fns[1].fn``)."""
+    weight: float = 1.0
+    options: tuple = ()
+    """``(name, value)`` pairs bound to a function (``model.reward_fns[i].options``)."""
+    settings: tuple = ()
+    """``(name, value)`` pairs of a server's client (timeout_s, retries, backoff_s)."""
+
+    @property
+    def entry(self) -> str:
+        """The key of the whole entry (``model.reward_fns[1]``, not its ``.fn``)."""
+        return self.key[:-len(".fn")] if self.key.endswith("].fn") else self.key
+
+
+def reward_sources(model, prefix: str = "model") -> list[RewardSource]:
+    """THE list of a model section's reward sources, in the order the score sums them: the reward
+    model (``rm``), `reward_fn` or each `reward_fns` entry (its `name`, else its function's), the
+    server (``remote``). The parts' names, the weighted-sum rule and the run's plan all read it."""
+    out = []
     if model.reward is not None:
-        parts.append((MODEL_PART, f"{prefix}.reward"))
+        out.append(RewardSource(MODEL_PART, MODEL_KIND, model.reward, f"{prefix}.reward", float(model.reward_weight)))
     if model.reward_fn is not None:
-        parts.append((function_name(model.reward_fn) or "reward_fn", f"{prefix}.reward_fn"))
+        out.append(RewardSource(function_name(model.reward_fn) or "reward_fn", FUNCTION_KIND, model.reward_fn,
+                                f"{prefix}.reward_fn"))
     for i, entry in enumerate(model.reward_fns):
-        parts.append((entry.name or function_name(entry.fn), f"{prefix}.reward_fns[{i}]"))
-    if getattr(model, "reward_url", None) is not None:
-        parts.append((REMOTE_PART, f"{prefix}.reward_url"))
-    return parts
+        out.append(RewardSource(entry.name or function_name(entry.fn), FUNCTION_KIND, entry.fn,
+                                f"{prefix}.reward_fns[{i}].fn", float(entry.weight),
+                                tuple(sorted(entry.options.items()))))
+    if model.reward_url is not None:
+        settings = (("timeout_s", float(model.reward_timeout_s)), ("retries", int(model.reward_retries)),
+                    ("backoff_s", float(model.reward_backoff_s)))
+        out.append(RewardSource(REMOTE_PART, REMOTE_KIND, model.reward_url, f"{prefix}.reward_url",
+                                float(model.reward_url_weight), settings=settings))
+    return out
+
+
+def reward_part_names(model, prefix: str = "model") -> list[tuple[str, str]]:
+    """``(name, config key)`` of each reward source (:func:`reward_sources`), the key naming the
+    whole entry (``model.reward_fns[1]``)."""
+    return [(s.name, s.entry) for s in reward_sources(model, prefix)]
 
 
 def require_rewards(model, prefix: str = "model") -> None:
@@ -83,7 +161,6 @@ def require_rewards(model, prefix: str = "model") -> None:
     function beside a reward model goes in `reward_fns`) nor beside `reward_fns`; with several
     parts (or a weight), each logged, every part's name usable and its own;
     the server's URL and settings."""
-    has_url = hasattr(model, "reward_url")
     for i, entry in enumerate(model.reward_fns):
         where = f"{prefix}.reward_fns[{i}]"
         require(isinstance(entry, RewardFnConfig), where, f"expected a mapping with fn, weight, name, options; got {entry!r}")
@@ -93,7 +170,7 @@ def require_rewards(model, prefix: str = "model") -> None:
             f"({prefix}.reward=null to score with the reward_fn)")
     require(model.reward_fn is None or not model.reward_fns, f"{prefix}.reward_fn",
             f"set, and so is {prefix}.reward_fns: list the function in {prefix}.reward_fns (with its weight) instead")
-    server = f", {prefix}.reward_fns or {prefix}.reward_url" if has_url else f" or {prefix}.reward_fns"
+    server = f", {prefix}.reward_fns or {prefix}.reward_url"
     require(bool(reward_part_names(model, prefix)), f"{prefix}.reward",
             f"no reward: set {prefix}.reward (a reward-model directory), {prefix}.reward_fn{server}")
     seen: dict[str, str] = {}
@@ -107,15 +184,14 @@ def require_rewards(model, prefix: str = "model") -> None:
         seen[name] = key
     require(model.reward_weight == 1.0 or model.reward is not None, f"{prefix}.reward_weight",
             f"set, but {prefix}.reward is null (no reward model to weigh)")
-    if has_url:
-        url = model.reward_url
-        require(url is None or url.startswith(("http://", "https://")), f"{prefix}.reward_url",
-                f"expected http://host:port of a reward server (fourfold serve-reward), got {url!r}")
-        require(model.reward_timeout_s > 0, f"{prefix}.reward_timeout_s", f"must be > 0, got {model.reward_timeout_s}")
-        require(model.reward_retries >= 0, f"{prefix}.reward_retries", f"must be >= 0, got {model.reward_retries}")
-        require(model.reward_backoff_s >= 0, f"{prefix}.reward_backoff_s", f"must be >= 0, got {model.reward_backoff_s}")
-        require(model.reward_url_weight == 1.0 or url is not None, f"{prefix}.reward_url_weight",
-                f"set, but {prefix}.reward_url is null")
+    url = model.reward_url
+    require(url is None or url.startswith(("http://", "https://")), f"{prefix}.reward_url",
+            f"expected http://host:port of a reward server (fourfold serve-reward), got {url!r}")
+    require(model.reward_timeout_s > 0, f"{prefix}.reward_timeout_s", f"must be > 0, got {model.reward_timeout_s}")
+    require(model.reward_retries >= 0, f"{prefix}.reward_retries", f"must be >= 0, got {model.reward_retries}")
+    require(model.reward_backoff_s >= 0, f"{prefix}.reward_backoff_s", f"must be >= 0, got {model.reward_backoff_s}")
+    require(model.reward_url_weight == 1.0 or url is not None, f"{prefix}.reward_url_weight",
+            f"set, but {prefix}.reward_url is null")
 
 
 def is_weighted_sum(weights) -> bool:
@@ -127,7 +203,4 @@ def is_weighted_sum(weights) -> bool:
 
 def weighted(model) -> bool:
     """:func:`is_weighted_sum` of a model section's sources."""
-    weights = ([model.reward_weight] if model.reward is not None else []) + \
-              ([1.0] if model.reward_fn is not None else []) + [e.weight for e in model.reward_fns] + \
-              ([model.reward_url_weight] if getattr(model, "reward_url", None) is not None else [])
-    return is_weighted_sum(weights)
+    return is_weighted_sum(s.weight for s in reward_sources(model))

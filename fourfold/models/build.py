@@ -160,7 +160,8 @@ class _Builder:
             self.reward_model(spec, roles)
         if self.plan.reward_parts:
             roles.reward = reward_role(self.plan.reward_parts, model_role=roles.reward,
-                                       functions=self.reward_functions, eos_token_id=self.tok.eos_token_id)
+                                       functions=self.reward_functions, eos_token_id=self.tok.eos_token_id,
+                                       tokenizer=self.tok)
         elif spec.form == FUNCTION:  # a plan built by hand, without parts: the one function
             roles.reward = FunctionReward(load_reward_fn(spec.source), name=spec.source)
 
@@ -170,6 +171,9 @@ class _Builder:
             return
         if spec.form == ADAPTER:
             self.check.same_tokenizer(spec.key, spec.source)
+            if self.base is None:  # a reward adapter on its own (score, serve-reward): its base, loaded here
+                self.base = SharedBase(self.causal_lm(self.plan.base_source, spec.key, self.plan.base_dtype),
+                                       self.plan.lora, adapter="served-base")
             model = load_reward_adapter(self.base, spec.source, REWARD)
         elif self.plan.stage in ("ppo", "reinforce") and self.check.differs(spec.source) is not None:
             model, roles.reward = self.retokenizing_reward(spec)

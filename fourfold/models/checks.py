@@ -68,6 +68,19 @@ def tokenizer_difference(a, b) -> Optional[str]:
     return None
 
 
+def tokenizer_fingerprint(tokenizer) -> str:
+    """A short hash of what a token id means to ``tokenizer``: its whole vocabulary (added and
+    special tokens included) and its BOS, EOS and pad ids. Two tokenizers with the same fingerprint
+    give every id the same token, so ids sent between processes (a reward server's client and the
+    server: :mod:`fourfold.models.remote`) are read alike."""
+    import hashlib
+    import json
+
+    vocab = sorted(tokenizer.get_vocab().items(), key=lambda kv: (kv[1], kv[0]))
+    specials = [getattr(tokenizer, name, None) for name in ("bos_token_id", "eos_token_id", "pad_token_id")]
+    return hashlib.sha256(json.dumps([vocab, specials]).encode()).hexdigest()[:16]
+
+
 class RoleChecker:
     """Checks each model a run loads against the run's ``tokenizer`` (loaded from ``tokenizer_path``,
     the value of config key ``tokenizer_key``) and against the first model checked."""

@@ -31,11 +31,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Optional, Union
+from typing import Optional, Union
 
 import torch
 
+from fourfold.config.rewards import FUNCTION_KIND, MODEL_KIND, REMOTE_KIND, RewardSource, is_weighted_sum, reward_sources
 from fourfold.errors import ConfigError
+from fourfold.models.checks import has_tokenizer_files
 from fourfold.models.levers import role_dtypes
 
 FULL, ADAPTER, BASE, FUNCTION = "full", "adapter", "base", "function"
@@ -124,58 +126,24 @@ class RoleSpec:
         return self.name in ("policy", "reference")
 
 
-MODEL, FUNCTION_PART, REMOTE = "model", "function", "remote"
+MODEL, FUNCTION_PART, REMOTE = MODEL_KIND, FUNCTION_KIND, REMOTE_KIND
 """Kinds of reward part: the reward model (the reward role's model), a function, a reward server."""
 
-
-@dataclass(frozen=True)
-class RewardPart:
-    """One part of the score: ``weight`` x the scores of a reward model, a function or a server."""
-
-    name: str
-    """Its name in the logs (``reward/<name>_mean``) and the samples (``rm``, ``remote``, a function's)."""
-    kind: str
-    """MODEL (the reward role's model), FUNCTION_PART or REMOTE."""
-    source: Any
-    """A model directory, 'module:function' or the function itself, or the server's URL."""
-    key: str
-    """The config key that names it, for messages (``model.reward_fns[1].fn``)."""
-    weight: float = 1.0
-    options: tuple = ()
-    """``(name, value)`` pairs bound to a function (``model.reward_fns[i].options``)."""
-    settings: tuple = ()
-    """``(name, value)`` pairs of a server's client (timeout_s, retries, backoff_s)."""
+RewardPart = RewardSource
+"""One part of the score: ``weight`` x the scores of a reward model, a function or a server
+(:class:`fourfold.config.rewards.RewardSource`: the config's list is the plan's)."""
 
 
 def reward_parts(m) -> tuple[RewardPart, ...]:
-    """The reward parts of a model section (PPO, REINFORCE, `fourfold score`), in the order the
-    score sums them (names: :func:`fourfold.config.rewards.reward_part_names`, the one rule; imported
-    here, not at the top: the memory estimate imports this module without the config package)."""
-    from fourfold.config.rewards import reward_part_names
-
-    names = dict((key, name) for name, key in reward_part_names(m))
-    parts = []
-    if m.reward is not None:
-        parts.append(RewardPart(names["model.reward"], MODEL, m.reward, "model.reward", float(m.reward_weight)))
-    if m.reward_fn is not None:
-        parts.append(RewardPart(names["model.reward_fn"], FUNCTION_PART, m.reward_fn, "model.reward_fn"))
-    for i, entry in enumerate(m.reward_fns):
-        key = f"model.reward_fns[{i}]"
-        parts.append(RewardPart(names[key], FUNCTION_PART, entry.fn, f"{key}.fn", float(entry.weight),
-                                tuple(sorted(entry.options.items()))))
-    if getattr(m, "reward_url", None) is not None:
-        settings = (("timeout_s", float(m.reward_timeout_s)), ("retries", int(m.reward_retries)),
-                    ("backoff_s", float(m.reward_backoff_s)))
-        parts.append(RewardPart(names["model.reward_url"], REMOTE, m.reward_url, "model.reward_url",
-                                float(m.reward_url_weight), settings=settings))
-    return tuple(parts)
+    """The reward parts of a model section (PPO, REINFORCE, `fourfold score`, `fourfold bon`'s
+    scorer), in the order the score sums them: :func:`fourfold.config.rewards.reward_sources`, the
+    one list."""
+    return tuple(reward_sources(m))
 
 
 def is_weighted(parts: tuple[RewardPart, ...]) -> bool:
     """Several parts, or one whose weight is not 1 (:func:`fourfold.config.rewards.is_weighted_sum`):
     the score is a weighted sum and each part is logged; one part of weight 1 is the reward role."""
-    from fourfold.config.rewards import is_weighted_sum
-
     return is_weighted_sum(p.weight for p in parts)
 
 
@@ -258,18 +226,48 @@ def plan_roles(stage: str, cfg) -> RolePlan:
     raise ValueError(f"plan_roles: no roles for stage {stage!r}")
 
 
-def plan_inference(stage: str, m) -> RolePlan:
+def adapter_base(path: str, key: str) -> str:
+    """The base model an adapter directory records (``base_model_name_or_path``, a local directory
+    made absolute); a ConfigError naming ``key`` when it records none."""
+    import json
+
+    base = json.loads((Path(path) / ADAPTER_CONFIG).read_text()).get("base_model_name_or_path")
+    if not base:
+        raise ConfigError(f"{key}: {path}: the adapter names no base model (base_model_name_or_path)")
+    return str(Path(base).resolve()) if Path(base).is_dir() else base
+
+
+SERVED_BASE = LoraSettings(r=1, alpha=1.0)
+"""The shared base's own adapter when a reward adapter is used on its own (`fourfold score`,
+`fourfold serve-reward`): B = 0 (the base model itself), never active."""
+
+
+def plan_inference(stage: str, m, keys: Optional[dict] = None) -> RolePlan:
     """The :class:`RolePlan` of ``fourfold generate`` (``policy``: the causal LM ``model.path``) or
-    ``fourfold score`` (``reward``: the reward model ``model.reward``) from the command's ``model``
-    section ``m``: one frozen model in ``model.dtype``, built and checked as a training stage's."""
+    ``fourfold score`` (``reward``: the reward model ``model.reward``; a LoRA reward adapter, the
+    ``model-adapter/`` of a LoRA `fourfold reward` run, on the base its adapter_config names, as PPO
+    loads it beside the policy) from the command's ``model`` section ``m``: one frozen model in
+    ``model.dtype``, built and checked as a training stage's. ``keys``: how messages name
+    ``model.path``/``model.reward`` and ``model.tokenizer`` (`fourfold serve-reward`'s flags)."""
     dtype, _ = role_dtypes(m.dtype)
+    names = {"model.path": "model.path", "model.reward": "model.reward", "model.tokenizer": "model.tokenizer",
+             **(keys or {})}
+    lora = base = None
     if stage == "generate":
-        role, key = RoleSpec("policy", FULL, m.path, "model.path", False, dtype), "model.path"
+        key = names["model.path"]
+        role = RoleSpec("policy", FULL, m.path, key, False, dtype)
     elif stage == "score":
-        role, key = RoleSpec("reward", FULL, m.reward, "model.reward", False, dtype), "model.reward"
+        key = names["model.reward"]
+        if is_adapter_dir(m.reward):
+            lora, base = SERVED_BASE, adapter_base(m.reward, key)
+            role = RoleSpec("reward", ADAPTER, m.reward, key, False)
+        else:
+            role = RoleSpec("reward", FULL, m.reward, key, False, dtype)
     else:
         raise ValueError(f"plan_inference: no roles for stage {stage!r}")
-    return RolePlan(stage, (role,), m.tokenizer or role.source, "model.tokenizer" if m.tokenizer else key,
+    tokenizer = m.tokenizer or (role.source if base is None or has_tokenizer_files(role.source) else base)
+    return RolePlan(stage, (role,), tokenizer, names["model.tokenizer"] if m.tokenizer else key,
+                    lora=lora, base_source=base, base_dtype=dtype if base else None,
                     trust_remote_code=m.trust_remote_code)
 
 

@@ -61,11 +61,13 @@ def load_functions(parts: Sequence[RewardPart], columns: Sequence[str] = (), sou
 
 
 def reward_role(parts: Sequence[RewardPart], *, model_role=None, functions: Optional[dict] = None,
-                eos_token_id: Optional[int] = None):
+                eos_token_id: Optional[int] = None, tokenizer=None):
     """The run's reward role: the one part itself when :func:`~fourfold.models.plan.is_weighted`
     says no (``model_role``: the reward model's, already built), else a WeightedReward of them all
     in order. ``functions``: the function parts' roles from :func:`load_functions` (loaded here
-    without columns when not given); ``eos_token_id``: the policy's, for a server's ``finished``."""
+    without columns when not given); ``eos_token_id``: the policy's, for a server's ``finished``;
+    ``tokenizer``: the run's, whose ids a server with the same tokenizer scores
+    (:class:`~fourfold.models.remote.RemoteReward`)."""
     functions = dict(functions) if functions is not None else load_functions(parts)[0]
     roles = []
     for part in parts:
@@ -74,7 +76,7 @@ def reward_role(parts: Sequence[RewardPart], *, model_role=None, functions: Opti
         elif part.kind == FUNCTION_PART:
             role = functions[part.name]
         elif part.kind == REMOTE:
-            role = RemoteReward(part.source, eos_token_id=eos_token_id, **dict(part.settings))
+            role = RemoteReward(part.source, eos_token_id=eos_token_id, tokenizer=tokenizer, **dict(part.settings))
         else:
             raise ValueError(f"reward_role: no reward part of kind {part.kind!r}")
         roles.append((part.name, role, part.weight))

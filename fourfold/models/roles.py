@@ -403,7 +403,8 @@ class WeightedReward:
     ``parts``: ``(name, role, weight)`` with distinct names; each role is a reward role
     (:class:`ModelReward`, :class:`FunctionReward`, a remote one). After a call ``last_parts`` holds
     each part's scores ``[B]`` by name (the loops log ``reward/<name>_mean`` and keep them in the
-    samples); columns go to the parts that take text."""
+    samples); columns go to the parts that take text, ``finished`` (when the caller knows it) to
+    those that take it (a server's)."""
 
     def __init__(self, parts: Sequence[tuple[str, object, float]]):
         names = [n for n, _, _ in parts]
@@ -411,6 +412,7 @@ class WeightedReward:
             raise ValueError(f"WeightedReward: expected parts with distinct names, got {names}")
         self.parts = list(parts)
         self.needs_text = any(getattr(role, "needs_text", False) for _, role, _ in parts)
+        self.takes_finished = any(getattr(role, "takes_finished", False) for _, role, _ in parts)
         self.last_parts: dict[str, torch.Tensor] = {}
 
     @property
@@ -418,11 +420,14 @@ class WeightedReward:
         """The parts' names, in the order they are summed."""
         return [name for name, _, _ in self.parts]
 
-    def __call__(self, input_ids, attention_mask, prompts=None, responses=None, columns=None) -> torch.Tensor:
+    def __call__(self, input_ids, attention_mask, prompts=None, responses=None, columns=None,
+                 finished=None) -> torch.Tensor:
         self.last_parts = {}
         total = None
         for name, role, weight in self.parts:
             kw = {"columns": columns} if getattr(role, "needs_text", False) else {}
+            if finished is not None and getattr(role, "takes_finished", False):
+                kw["finished"] = finished
             part = role(input_ids, attention_mask, prompts, responses, **kw).float()  # (B,)
             self.last_parts[name] = part
             total = weight * part if total is None else total + weight * part

@@ -77,12 +77,14 @@ def test_a_server_gone_mid_run_is_one_line_and_resume_ends_as_the_uninterrupted_
 
     calls = [0]
 
-    def going(prompts, responses, finished, columns):  # the third batch (iteration 3): the server goes away
+    def going(prompts, responses, finished, columns, **ids):  # the third batch (iteration 3): the server goes away
         calls[0] += 1
         if calls[0] >= 3:
             threading.Thread(target=lambda: (server.shutdown(), server.server_close())).start()
             raise RuntimeError("shutting down")
-        return scorer(prompts, responses, finished, columns)
+        return scorer(prompts, responses, finished, columns, **ids)
+
+    going.fingerprint = scorer.fingerprint  # the same tokenizer: the client sends the same ids
 
     server, url = served(going)
     port = server.server_address[1]

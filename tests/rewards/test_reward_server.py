@@ -42,7 +42,7 @@ def served():
 def test_a_served_function_sees_the_columns_and_scores_as_called_here(served):
     server, url = served(function_scorer(exact))
     client = RemoteReward(url, retries=0)
-    assert client.health() == {"status": "ok", "scorer": "reward function exact"}
+    assert client.health() == {"status": "ok", "scorer": "reward function exact", "tokenizer": None}
     scores = client.score_texts(["p", "p", "q"], ["w1 w2", "w1 w3", "w4"], [True, True, False],
                                 {"answer": ["w2", "w2", "w4"]})
     assert scores == [1.0, 0.0, 1.0]
@@ -149,7 +149,7 @@ def test_a_bad_request_is_a_400_and_not_retried(served):
     # a function that needs a column the request lacks: a 400 with the function's one line, not retried
     with pytest.raises(RewardServerError) as e:
         RemoteReward(url, retries=5, backoff_s=60).score_texts(["p"], ["w1"], [True])
-    assert str(e.value) == (f"model.reward_url: {url} refused the request (HTTP 400: model.reward_fn: exact takes 'answer', "
+    assert str(e.value) == (f"model.reward_url: {url} refused the request (HTTP 400: model.reward_fn: python:test_reward_server.exact takes 'answer', "
                             "but the request has no column 'answer' (its columns: none besides the prompt))")
 
 

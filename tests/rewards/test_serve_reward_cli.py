@@ -20,6 +20,7 @@ from fourfold.cli import main
 from fourfold.config import PPOConfig, RewardConfig, load_config
 from fourfold.data import ResponseRecord, collate_responses, encode_responses
 from fourfold.models.build import load_roles
+from fourfold.models.checks import tokenizer_fingerprint
 from fourfold.models.loading import load_sequence_scorer, load_tokenizer
 from fourfold.models.lora import save_adapter
 from fourfold.models.roles import ModelReward, ScalarModel
@@ -72,7 +73,9 @@ def test_a_served_reward_model_answers_health_and_scores_as_the_local_one(tiny_l
     proc, url = _start("--model", str(tiny_lm / "rm"), "--max-wait-ms", "5")
     try:
         with urllib.request.urlopen(url + "/health", timeout=10) as answer:
-            assert json.loads(answer.read()) == {"status": "ok", "scorer": f"reward model {tiny_lm / 'rm'}"}
+            health = json.loads(answer.read())
+        assert health == {"status": "ok", "scorer": f"reward model {tiny_lm / 'rm'}",
+                          "tokenizer": tokenizer_fingerprint(load_tokenizer(str(tiny_lm / "rm")))}
         served = _post(url, {"prompts": PROMPTS, "responses": RESPONSES, "finished": FINISHED})["scores"]
     except BaseException:
         proc.kill()
