@@ -306,7 +306,7 @@ def _examples(records: list, scorer: Scorer, max_len: Optional[int], on_error: s
     if not scorer.lays_out_rows:
         return None
     if max_len is None:
-        max_len = (_max_positions(scorer.model.hf) or 512) if scorer.model is not None else 1 << 30
+        max_len = (_max_positions(scorer.model) or 512) if scorer.model is not None else 1 << 30
     if ids_rows is not None:
         for i, row in enumerate(ids_rows):
             if not 0 < len(row) <= max_len:
@@ -380,7 +380,7 @@ def score(cfg: ScoreConfig) -> dict:
                           "policy tokenizer's chat template: set model.tokenizer (the policy's directory) to score "
                           "them as it does")
     loaded.notes.extend(scorer.notes)
-    max_len = _max_len(cfg, scorer.model.hf) if scorer.model is not None else None
+    max_len = _max_len(cfg, scorer.model) if scorer.model is not None else None
     records, scores, parts_scored = score_records(loaded.records, scorer, device, columns, data.batch_size, max_len,
                                                   data.on_error, loaded.skipped, loaded.notes)
     if not records:

@@ -44,10 +44,9 @@ def _comparable(rows):
 
 def test_a_served_reward_model_gives_the_local_iteration(tiny_lm, tmp_path, served):
     """One iteration with model.reward_url = the local run's with model.reward, every metric within
-    1e-5 (measured: equal). The protocol carries text: a special token other than EOS that the tiny
-    random policy samples inside a response (pad, BOS) is lost in decoding, so the served score of
-    such a row differs (measured on 12 seeds of this batch: 4 with none, equal; 8 differing by up to
-    0.12); seed 2 is one of the four."""
+    1e-5 (measured: equal). The server's tokenizer is the run's, so the client sends the sampled ids
+    (special tokens included) and the server scores them as the local reward model does; the test
+    with special tokens sampled, and its null, is tests/rewards/test_served_ids.py."""
     from fourfold.trainers.ppo import train
 
     _, url = served(model_scorer(str(tiny_lm / "rm")))
