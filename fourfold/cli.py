@@ -194,6 +194,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="stage", metavar="STAGE", parser_class=StageParser)
     _add_estimate_parser(sub)
     _add_serve_reward_parser(sub)
+    from fourfold.apps import new_model
+
+    new_model.add_parser(sub)
     for name, stage in STAGES.items():
         p = sub.add_parser(name, help=stage.help, description=stage.help, stage=stage)
         p.add_argument("--config", "-c", help="YAML config file")
@@ -284,6 +287,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         except FourfoldError as e:
             print(f"fourfold serve-reward: error: {e}", file=sys.stderr)
             _print_user_traceback(e)
+            return 2
+    if args.stage == "new-model":
+        from fourfold.apps import new_model
+
+        try:
+            return new_model.main(args)
+        except FourfoldError as e:
+            print(f"fourfold new-model: error: {e}", file=sys.stderr)
             return 2
     stage = STAGES[args.stage].for_task(getattr(args, "task", None))
     overrides = list(args.overrides)

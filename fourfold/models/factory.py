@@ -1,4 +1,5 @@
-"""Random-init Llama-shaped models built from a config (tests, benchmarks, from-scratch SFT).
+"""Random-init Llama-shaped models built from a config (tests, benchmarks, from-scratch SFT,
+``fourfold new-model``).
 
 No downloads: everything here is built locally from sizes.
 """
@@ -25,8 +26,38 @@ def llama_config(vocab_size: int, hidden: int = 128, layers: int = 2, heads: int
     )
 
 
+ARCHITECTURES = ("llama", "qwen2", "mistral", "gpt2")
+"""The decoder families :func:`causal_lm_config` builds (``fourfold new-model --arch``)."""
+
+
+def causal_lm_config(arch: str, vocab_size: int, hidden: int = 128, layers: int = 2, heads: int = 4,
+                     intermediate: Optional[int] = None, max_positions: int = 256, **token_ids):
+    """The transformers config of a decoder of ``arch`` (one of :data:`ARCHITECTURES`) and these
+    sizes: llama is :func:`llama_config`; qwen2 and mistral the same sizes in their classes (no
+    sliding window); gpt2 its own names for them (``n_embd``, ``n_inner``, ...). No dropout, untied
+    embeddings; ``token_ids``: ``pad_token_id``, ``bos_token_id``, ``eos_token_id``."""
+    ffn = intermediate or 4 * hidden
+    if arch == "llama":
+        return llama_config(vocab_size, hidden, layers, heads, ffn, max_positions, **token_ids)
+    if arch in ("qwen2", "mistral"):
+        from transformers import MistralConfig, Qwen2Config
+
+        cls = Qwen2Config if arch == "qwen2" else MistralConfig
+        return cls(vocab_size=vocab_size, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
+                   num_key_value_heads=heads, intermediate_size=ffn, max_position_embeddings=max_positions,
+                   sliding_window=None, tie_word_embeddings=False, attention_dropout=0.0, **token_ids)
+    if arch == "gpt2":
+        from transformers import GPT2Config
+
+        return GPT2Config(vocab_size=vocab_size, n_embd=hidden, n_layer=layers, n_head=heads, n_inner=ffn,
+                          n_positions=max_positions, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+                          tie_word_embeddings=False, **token_ids)
+    raise ValueError(f"architecture {arch!r}: expected one of {', '.join(ARCHITECTURES)}")
+
+
 def random_causal_lm(config, seed: Optional[int] = None, dtype: torch.dtype = torch.float32):
-    """``LlamaForCausalLM`` with random weights (seeded when ``seed`` is given)."""
+    """The causal LM of ``config`` (``LlamaForCausalLM`` for :func:`llama_config`) with random weights
+    (seeded when ``seed`` is given)."""
     from transformers import AutoModelForCausalLM
 
     if seed is not None:

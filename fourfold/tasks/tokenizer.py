@@ -47,14 +47,19 @@ def build_word_tokenizer(words: Iterable[str], out_dir: str | os.PathLike | None
         clean_up_tokenization_spaces=False,
     )
     if out_dir is not None:
-        fast.save_pretrained(str(out_dir))
-        # transformers 5 records its internal class name "TokenizersBackend", which 4.x cannot
-        # resolve; the public alias loads the same tokenizer under both.
-        cfg_path = os.path.join(str(out_dir), "tokenizer_config.json")
-        with open(cfg_path, encoding="utf-8") as f:
-            cfg = json.load(f)
-        cfg["tokenizer_class"] = "PreTrainedTokenizerFast"
-        with open(cfg_path, "w", encoding="utf-8") as f:
-            json.dump(cfg, f, indent=2, sort_keys=True)
-            f.write("\n")
+        save_tokenizer(fast, out_dir)
     return fast
+
+
+def save_tokenizer(fast, out_dir: str | os.PathLike) -> None:
+    """``fast.save_pretrained(out_dir)``, its ``tokenizer_config.json`` naming the public class:
+    transformers 5 records its internal class name "TokenizersBackend", which 4.x cannot resolve;
+    the public alias ``PreTrainedTokenizerFast`` loads the same tokenizer under both."""
+    fast.save_pretrained(str(out_dir))
+    cfg_path = os.path.join(str(out_dir), "tokenizer_config.json")
+    with open(cfg_path, encoding="utf-8") as f:
+        cfg = json.load(f)
+    cfg["tokenizer_class"] = "PreTrainedTokenizerFast"
+    with open(cfg_path, "w", encoding="utf-8") as f:
+        json.dump(cfg, f, indent=2, sort_keys=True)
+        f.write("\n")
