@@ -234,7 +234,8 @@ def replace_dir(out: Path, write) -> None:
     one, never a part of either; when ``write`` fails, ``out`` is left as it was."""
     from fourfold.atomic import fsync_dir
 
-    parent = out.absolute().parent
+    out = Path(os.path.abspath(out))  # "." or "a/.." named by their real name
+    parent = out.parent
     tmp, old = parent / f".{out.name}.new-{os.getpid()}", parent / f".{out.name}.old-{os.getpid()}"
     try:
         parent.mkdir(parents=True, exist_ok=True)
