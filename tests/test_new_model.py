@@ -128,6 +128,9 @@ def test_a_jsonl_corpus_reads_its_text_fields(tmp_path):
             {"messages": [{"role": "user", "content": "five"}, {"role": "assistant", "content": "six"}]}]
     path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     assert read_corpus(str(path)) == ["one two", "three", "four", "five", "six"]
+    bom = tmp_path / "bom.txt"
+    bom.write_bytes("\ufeffone two\r\n\r\nthree\n".encode("utf-8"))  # a BOM and CRLF lines: the text alone
+    assert read_corpus(str(bom)) == ["one two", "three"]
 
 
 def test_help_lists_every_flag_with_its_default(capsys):
@@ -252,6 +255,7 @@ def test_each_bad_input_is_one_line_naming_the_flag(tmp_path, capsys):
         (["--corpus", str(tmp_path / "nope.txt"), "--out", "x"],
          f"--corpus: {tmp_path / 'nope.txt'}: no such file; expected a text file (one document a line) or a JSONL "
          "file with a 'text' or 'prompt' field"),
+        (["--corpus", str(tmp_path), "--out", str(tmp_path / "m")], f"--corpus: {tmp_path} is a directory; expected"),
         (["--corpus", str(tmp_path / "blank.txt"), "--out", str(tmp_path / "m")],
          f"--corpus: {tmp_path / 'blank.txt'}: no text in it (empty, or every line blank); expected a text file"),
         (["--corpus", str(tmp_path / "latin1.txt"), "--out", str(tmp_path / "m")],

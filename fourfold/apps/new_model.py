@@ -115,14 +115,17 @@ def read_corpus(path: str) -> list[str]:
 
     p = Path(path)
     expected = "a text file (one document a line) or a JSONL file with a 'text' or 'prompt' field"
+    _require(not p.is_dir(), "--corpus", f"{path} is a directory; expected {expected}")
     _require(p.is_file(), "--corpus", f"{path}: no such file; expected {expected}")
     if p.suffix in JSONL_SUFFIXES + PARQUET_SUFFIXES:
         texts = _record_texts(path)
     else:
         try:
-            raw = p.read_text(encoding="utf-8")
+            raw = p.read_text(encoding="utf-8-sig")  # a byte-order mark is not text
         except UnicodeDecodeError as e:
             raise ConfigError(f"--corpus: {path}: not UTF-8 text (byte {e.start}); expected {expected}") from None
+        except OSError as e:
+            raise ConfigError(f"--corpus: {path}: cannot be read ({e.strerror or e})") from None
         texts = [line for line in raw.splitlines() if line.strip()]
     _require(bool(texts), "--corpus", f"{path}: no text in it (empty, or every line blank); expected {expected}")
     return texts
