@@ -348,3 +348,10 @@ def test_inductor_compiled_step_gives_the_eager_tokens():
     for _ in range(2):
         assert_same_samples(engine(model, ids, mask, generator=g_static, **kw), sample(model, ids, mask, generator=g_eager, **kw))
         assert torch.equal(g_static.get_state(), g_eager.get_state())
+    # the filters compiled into the step by inductor (sort, cumsum, masks): the eager engine's samples
+    from fourfold.rollout.sampling import Truncation
+
+    trunc = Truncation(top_k=20, top_p=0.8, min_p=0.05)
+    engine = StaticEngine(compile=True, check_every=4, cache_len=ids.shape[1] + 16, truncation=trunc)
+    kw = _kw(ids, 16, _frequent_token(model, ids, mask, 16), greedy=False)
+    assert_same_samples(engine(model, ids, mask, **kw), sample(model, ids, mask, truncation=trunc, **kw))
