@@ -49,7 +49,8 @@ METRICS: dict[str, str] = {
     "policy/loss": "Clipped surrogate (PPO) or REINFORCE policy loss, mean over minibatches.",
     "policy/clipfrac": "Share of valid tokens whose probability ratio was clipped.",
     "policy/approx_kl": "Mean k3 estimate of KL(old policy || new policy) over the updates.",
-    "policy/entropy": "Mean per-token entropy of the policy's (temperature-scaled) distribution.",
+    "policy/entropy": ("Mean per-token entropy of the policy's (temperature-scaled) distribution; under a "
+                       "generation.top_k/top_p/min_p filter, of the truncated distribution sampled from."),
     "policy/first_ratio_abs_dev": "Mean |r - 1| on the first minibatch before any step (0 under old_logprobs recompute).",
     "policy/lr": "Policy learning rate at the end of the iteration.",
     "policy/grad_norm": "Policy gradient norm before clipping, mean over updates.",
@@ -79,6 +80,9 @@ METRICS: dict[str, str] = {
     "rollout/response_length": "Mean response length in tokens (up to and including EOS).",
     "rollout/no_eos_share": "Share of responses that hit the length limit without an EOS token.",
     "rollout/tokens": "Response tokens generated in this iteration.",
+    "rollout/log_kept_mass": ("Mean over valid tokens of log Z_t, the log of the probability mass the generation.top_k/"
+                              "top_p/min_p filter kept (<= 0): the per-token gap between the rollout's (truncated) "
+                              "log-probs and the policy's full softmax; mismatch/* measure it from the trainer's side."),
     "rollout/masked_truncated_share": "Share of responses without EOS left out of the losses (ppo.mask_truncated).",
     # time
     "time/generate_s": "Seconds spent generating responses this iteration.",
@@ -172,6 +176,7 @@ LOGGED_BY: dict[str, str] = {
     "mismatch/is_truncated_share": "ppo (a truncating rollout_correction: token_tis, seq_tis), reinforce (the same)",
     **dict.fromkeys(("rollout/response_length", "rollout/no_eos_share", "rollout/tokens"), _RL),
     "rollout/masked_truncated_share": "ppo (ppo.mask_truncated)",
+    "rollout/log_kept_mass": "ppo (a generation filter: top_k, top_p, min_p), reinforce (the same)",
     **dict.fromkeys(("time/generate_s", "time/score_s", "time/gen_tokens_per_s"), _RL),
     **dict.fromkeys(("time/train_s", "time/iteration_s"), f"{_RL}, gym"),
     "time/train_tokens_per_s": "ppo",

@@ -49,6 +49,23 @@ def test_n1_is_plain_sampling(tiny_lm, tmp_path, capsys):
     assert "KL = log n - (n-1)/n = 0.0000 nats" in out
 
 
+def test_bon_takes_the_sampling_filters_as_generate_does(tiny_lm, tmp_path, capsys):
+    """generation.top_k/top_p/min_p reach bon's sampling: with n = 1 its responses are generate's
+    under the same filters (and not the unfiltered ones)."""
+    filters = ("generation.top_p=0.6", "generation.top_k=8")
+    common = _base(tiny_lm, "run.seed=5", "data.batch_size=8")
+    rows = {}
+    for name, extra in (("plain", ()), ("filtered", filters)):
+        rc, _, err = _cli("generate", [*common, *extra], tmp_path / name, capsys)
+        assert rc == 0, err
+        rows[name] = [(r["prompt"], r["response"]) for r in _rows(tmp_path / name / "completions.jsonl")]
+    rc, _, err = _cli("bon", [*common, *filters, "bon.n=1", f"scorer.reward_fn={tiny_lm / 'reward_fn.py'}:reward"],
+                      tmp_path / "b", capsys)
+    assert rc == 0, err
+    bon = [(r["prompt"], r["response"]) for r in _rows(tmp_path / "b" / "bon.jsonl")]
+    assert bon == rows["filtered"] != rows["plain"]
+
+
 def test_the_best_is_chosen_and_scored_as_fourfold_score_scores(tiny_lm, tmp_path, capsys):
     rc, out, err = _cli("bon", _base(tiny_lm, "bon.n=4", "data.batch_size=16", f"scorer.reward={tiny_lm / 'rm'}"),
                         tmp_path / "b", capsys)

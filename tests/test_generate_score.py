@@ -134,6 +134,17 @@ def test_the_static_engine_generates_the_eager_completions(tiny_lm, tmp_path, ca
         _generate(tiny_lm, tmp_path / "ge", capsys, *greedy)
 
 
+def test_generate_takes_the_sampling_filters_and_both_engines_apply_them_alike(tiny_lm, tmp_path, capsys):
+    """generation.top_k / top_p / min_p reach `fourfold generate` (its engine is make_engine's): other
+    completions than unfiltered sampling from the same seed, the same ones from either engine."""
+    base = ["data.batch_size=4", "generation.max_new_tokens=12", "run.seed=2"]
+    plain = _generate(tiny_lm, tmp_path / "plain", capsys, *base)
+    filters = ["generation.top_k=6", "generation.top_p=0.8", "generation.min_p=0.05"]
+    eager = _generate(tiny_lm, tmp_path / "e", capsys, *base, *filters)
+    assert eager != plain
+    assert _generate(tiny_lm, tmp_path / "s", capsys, *base, *filters, "generation.engine=static") == eager
+
+
 # --------------------------------------------------------------------------------------- score
 
 
@@ -268,6 +279,10 @@ def test_skipped_rows_are_counted(tiny_lm, tmp_path, capsys):
     ("score", ["model.reward={rm}", "data.rows={rows}", "data.max_len=3"], "{rows}:1: prompt + response have 4 tokens, more than max_len=3"),
     ("score", ["model.reward_fn={root}/nothing.py:f", "data.rows={rows}"], "model.reward_fn: {root}/nothing.py: no such file"),
     ("generate", ["model.path={sft}", "data.prompts={prompts}", "--resume"], "run.resume: generate has nothing to resume"),
+    ("generate", ["model.path={sft}", "data.prompts={prompts}", "generation.greedy=true", "generation.top_k=4"],
+     "generation.greedy: takes the most likely token, which every filter keeps: generation.top_k 4 would change nothing"),
+    ("generate", ["model.path={sft}", "data.prompts={prompts}", "generation.top_p=0"],
+     "generation.top_p: must be in (0, 1] (1 = off), got 0"),
     ("score", ["model.reward={rm}", "model.reward_fn=x:y", "data.rows={rows}"], "model.reward_fn are both set; keep one"),
 ])
 def test_errors_are_one_line(tiny_lm, tmp_path, capsys, stage, overrides, needle):

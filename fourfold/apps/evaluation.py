@@ -76,7 +76,7 @@ def evaluate_policy(policy, reference, rm, tokenizer, task, prompts: list[str], 
     for s in batches:
         proxy += rm.score(s.sequences, s.attention_mask).tolist()
         ref_lp = reference.logprobs(s.sequences, s.attention_mask, s.n_response, gen.temperature)
-        kl += (kl_estimate(s.logprobs, ref_lp, "k1") * s.response_mask).sum(1).tolist()
+        kl += (kl_estimate(s.policy_logprobs, ref_lp, "k1") * s.response_mask).sum(1).tolist()  # the full policy's
     gold = task.gold_reward(prompts, texts)
     m = task.response_metrics(prompts, texts)
     n = len(prompts)

@@ -16,6 +16,7 @@ from fourfold.config.loader import require
 from fourfold.config.ppo import GenerationConfig, require_one_reward
 from fourfold.config.rewards import RewardSourcesConfig
 from fourfold.config.run import RunConfig
+from fourfold.config.sampling import filters_said, truncates
 
 
 @dataclasses.dataclass
@@ -58,8 +59,8 @@ class GenerateDataConfig:
 
 @dataclasses.dataclass
 class GenerateSamplingConfig(GenerationConfig):
-    """PPO's generation settings (max_new_tokens, temperature, stop_at_eos, and the engine: engine,
-    weights, compile, stop_check_every), plus greedy decoding. Either engine gives the same
+    """PPO's generation settings (max_new_tokens, temperature, the filters top_k, top_p, min_p,
+    stop_at_eos, and the engine: engine, weights, compile, stop_check_every), plus greedy decoding. Either engine gives the same
     completions from the same seed (the static engine's cache holds data.max_prompt_len +
     max_new_tokens positions)."""
 
@@ -70,6 +71,9 @@ class GenerateSamplingConfig(GenerationConfig):
         super().validate(prefix)
         require(self.missing_eos_score is None, f"{prefix}.missing_eos_score",
                 "is a PPO scoring setting, not used by generate; remove it")
+        require(not (self.greedy and truncates(self)), f"{prefix}.greedy",
+                f"takes the most likely token, which every filter keeps: {filters_said(self, prefix)} would change "
+                "nothing; set greedy false or the filters off")
 
 
 @dataclasses.dataclass

@@ -15,6 +15,7 @@ from fourfold.config.lora import LoraConfig
 from fourfold.config.model_limits import require_fits
 from fourfold.config.rewards import ENV_PART, RewardSourcesConfig, require_rewards, reward_part_names
 from fourfold.config.run import RunConfig
+from fourfold.config.sampling import FILTERS_OFF, require_filters
 from fourfold.names import (  # the zoo's names, written once there (fourfold.core reads them too)
     ADVANTAGE_NAMES,
     CORRECTION_CAPS,
@@ -144,6 +145,17 @@ class GenerationConfig:
     """Longest response; rows stop at their first EOS."""
     temperature: float = 1.0
     """Sampling temperature; the same temperature scales every log-prob used in training."""
+    top_k: int = 0
+    """Sample from the top_k most probable tokens (ties with the k-th kept), after the temperature;
+    0 = off. With a filter (top_k, top_p, min_p) the rollout's log-probs are the truncated
+    distribution's, renormalised, the trainer's the full softmax: the gap is logged
+    (rollout/log_kept_mass, mismatch/*), ppo.old_logprobs auto recomputes pi_old and
+    ppo.rollout_correction corrects it (docs/correction.md, Truncated sampling)."""
+    top_p: float = 1.0
+    """Nucleus, in (0, 1]: the smallest set of most probable tokens whose probability reaches top_p
+    (after top_k; the top token always, tokens tied at the edge all); 1 = off."""
+    min_p: float = 0.0
+    """In [0, 1): only the tokens of probability >= min_p x the top token's (after top_p); 0 = off."""
     missing_eos_score: Optional[float] = None
     """If set, a response that reaches max_new_tokens without EOS gets this score in place of the
     reward model's (counted as reward/no_eos_penalised)."""
@@ -185,10 +197,13 @@ class GenerationConfig:
     ENGINE_KEYS = ("engine", "weights", "compile", "stop_check_every")
     """The keys that choose how sampling runs, not what it samples (a stage key leaves them out at
     their defaults: fourfold.apps.cache.LATER_KEYS)."""
+    TRUNCATION_KEYS = tuple(FILTERS_OFF)
+    """The sampling filters (fourfold.config.sampling): off, a stage key leaves them out (LATER_KEYS)."""
 
     def validate(self, prefix: str = "generation") -> None:
         require(self.max_new_tokens >= 1, f"{prefix}.max_new_tokens", "must be >= 1")
         require(self.temperature > 0, f"{prefix}.temperature", f"must be > 0, got {self.temperature}")
+        require_filters(self, prefix)
         # the static engine's own keys, off their defaults, are refused with the eager engine (which
         # reads neither): one rule for both, so no setting is silently ignored
         require(not self.compile or self.engine == "static", f"{prefix}.compile",
@@ -298,7 +313,8 @@ class PPOAlgoConfig:
     update (the first epoch's micro-batches, so the first minibatch's ratio is exactly 1).
     'auto' (default): recompute when the engine's numerics differ from the training forward's
     beyond float32 rounding, i.e. model.precision bf16-mixed or bf16 (the engine's bf16 copy, or
-    autocast over a KV cache: 1e-3 per token on the tiny test model) or a rollout_correction;
+    autocast over a KV cache: 1e-3 per token on the tiny test model), a rollout_correction, or a
+    generation.top_k/top_p/min_p filter (the engine's log-probs are the truncated distribution's);
     else engine (fp32: the eager and static engines, compiled or not, agree with the training
     forward to ~5e-7). The run's first lines say which (resolve_old_logprobs)."""
     measure_mismatch: bool = True

@@ -12,7 +12,17 @@ from typing import Iterator, Optional
 import torch
 from torch import nn
 
-from fourfold.rollout.sampling import Samples, all_finished, cache_kwarg, choose, output_cache, prefill, stack_samples
+from fourfold.rollout.sampling import (
+    NO_TRUNCATION,
+    Samples,
+    Truncation,
+    all_finished,
+    cache_kwarg,
+    choose,
+    output_cache,
+    prefill,
+    stack_samples,
+)
 from fourfold.rollout.weights import LiveWeights
 
 
@@ -30,6 +40,7 @@ def sample(
     greedy: bool = False,
     noise: Optional[torch.Tensor] = None,
     sync_stop: bool = False,
+    truncation: Truncation = NO_TRUNCATION,
 ) -> Samples:
     """Sample up to ``max_new_tokens`` per row with the KV cache; stop when every row has EOS.
 
@@ -39,7 +50,9 @@ def sample(
     depend on its own uniforms only. Without it tokens come from ``torch.multinomial`` on
     ``generator`` (evaluation's and ``fourfold generate``'s path). ``sync_stop``: the loop stops
     only when every row of every rank has finished (one all-reduce per step): a sharded model's
-    forward is a collective, so all ranks must make the same number of calls.
+    forward is a collective, so all ranks must make the same number of calls. ``truncation``: the
+    filters of every pick (top-k, top-p, min-p after the temperature:
+    :func:`~fourfold.rollout.sampling.truncate_logits`); off by default.
     """
     B = prompt_ids.shape[0]
     device = prompt_ids.device
@@ -51,7 +64,8 @@ def sample(
     steps = []
     for step in range(max_new_tokens):
         u = None if noise is None else noise[:, step].to(device)
-        c = choose(out.logits[:, -1, :].float(), finished, temperature, greedy, generator, u, eos_token_id, pad_token_id)
+        c = choose(out.logits[:, -1, :].float(), finished, temperature, greedy, generator, u, eos_token_id, pad_token_id,
+                   truncation)
         steps.append(c)
         finished = c.finished
         if eos_token_id is not None and all_finished(finished, sync_stop):
@@ -66,17 +80,19 @@ def sample(
 
 
 class EagerEngine:
-    """``generation.engine: eager``: :func:`~fourfold.rollout.eager.sample` over ``weights``."""
+    """``generation.engine: eager``: :func:`~fourfold.rollout.eager.sample` over ``weights``, every
+    pick under ``truncation`` (the generation section's top-k, top-p, min-p; off by default)."""
 
-    def __init__(self, weights=None):
+    def __init__(self, weights=None, truncation: Truncation = NO_TRUNCATION):
         self.weights = weights or LiveWeights()
+        self.truncation = truncation
 
     def sync(self, policy: nn.Module) -> None:
         self.weights.sync(policy)
 
     def __call__(self, model: nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, **kw) -> Samples:
         with self.weights.model(model) as m:
-            return sample(m, prompt_ids, prompt_mask, **kw)
+            return sample(m, prompt_ids, prompt_mask, truncation=self.truncation, **kw)
 
     @contextlib.contextmanager
     def turns(self, model: nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, *,

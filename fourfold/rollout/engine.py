@@ -6,7 +6,10 @@ weights in the form it samples from fastest: :mod:`fourfold.rollout.weights`), a
 pad_token_id, noise, sync_stop, greedy, generator) -> Samples`` (:class:`Engine`: per-row
 ``noise`` for the training rollouts, else greedy or ``torch.multinomial`` on ``generator``).
 :class:`EagerEngine` (``eager``, the default) and :class:`StaticEngine` (``static``, a preallocated
-KV cache and one fixed-shape, compilable step per token) give the same tokens. A multi-turn
+KV cache and one fixed-shape, compilable step per token) give the same tokens. Each engine holds
+its ``truncation`` (the generation section's ``top_k``, ``top_p``, ``min_p``:
+:class:`~fourfold.rollout.sampling.Truncation`), which every pick applies after the temperature
+through the one filter :func:`~fourfold.rollout.sampling.truncate_logits`. A multi-turn
 rollout (:func:`fourfold.rollout.turns.sample_turns`) runs its turn loop over ``engine.turns(model,
 prompt_ids, prompt_mask, *, max_tokens)``: a context whose turn cache (:class:`TurnCache`) keeps the
 KV cache across turns; the picks, stop checks and environments are the loop's, the same code for
@@ -25,7 +28,7 @@ import torch
 from torch import nn
 
 from fourfold.rollout.eager import EagerEngine
-from fourfold.rollout.sampling import Samples
+from fourfold.rollout.sampling import Samples, Truncation
 from fourfold.rollout.static import StaticEngine
 from fourfold.rollout.weights import make_weights
 
@@ -49,7 +52,9 @@ class TurnCache(Protocol):
 
 class Engine(Protocol):
     """A rollout engine: ``sync(policy)`` before each rollout, then calls that sample a batch of
-    prompts (the contract is the module docstring's)."""
+    prompts (the contract is the module docstring's); ``truncation``: the filters its picks apply."""
+
+    truncation: Truncation
 
     def sync(self, policy: nn.Module) -> None: ...
 
@@ -62,14 +67,24 @@ class Engine(Protocol):
               max_tokens: int) -> ContextManager[TurnCache]: ...
 
 
+def truncation_of(gen) -> Truncation:
+    """The sampling filters of a generation config (``top_k``, ``top_p``, ``min_p``, read by
+    attribute; a section without them samples unfiltered)."""
+    return Truncation(top_k=getattr(gen, "top_k", 0), top_p=getattr(gen, "top_p", 1.0), min_p=getattr(gen, "min_p", 0.0))
+
+
 def make_engine(gen, *, precision: str = "fp32", max_prompt_len: Optional[int] = None):
     """The engine of a generation config (``generation.engine``, ``.weights``, ``.compile``,
-    ``.stop_check_every``; read by attribute) for a run in ``precision`` (``model.precision``);
-    ``max_prompt_len`` (``data.max_prompt_len``) fixes the static cache's length."""
-    weights = make_weights(gen.weights, precision)
+    ``.stop_check_every``, and the filters ``.top_k``, ``.top_p``, ``.min_p``: :func:`truncation_of`;
+    read by attribute) for a run in ``precision`` (``model.precision``); ``max_prompt_len``
+    (``data.max_prompt_len``) fixes the static cache's length. Every sampler builds its engine
+    here, so the filters reach them all: PPO, REINFORCE, ``fourfold generate`` and ``bon``, the
+    held-out evaluation, the demo's pairs."""
+    weights, truncation = make_weights(gen.weights, precision), truncation_of(gen)
     if gen.engine == "eager":
-        return EagerEngine(weights)
+        return EagerEngine(weights, truncation)
     if gen.engine == "static":
         cache_len = None if max_prompt_len is None else max_prompt_len + gen.max_new_tokens
-        return StaticEngine(weights, compile=gen.compile, check_every=gen.stop_check_every, cache_len=cache_len)
+        return StaticEngine(weights, compile=gen.compile, check_every=gen.stop_check_every, cache_len=cache_len,
+                            truncation=truncation)
     raise ValueError(f"generation.engine: {gen.engine!r}: expected one of {', '.join(ENGINES)}")

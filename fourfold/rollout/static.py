@@ -24,8 +24,10 @@ from fourfold import dist
 from fourfold.errors import ConfigError
 from fourfold.models.decoding import RowSlots, attention_for_decoding, decode_mask, fill_static_cache, static_cache
 from fourfold.rollout.sampling import (
+    NO_TRUNCATION,
     Choice,
     Samples,
+    Truncation,
     all_finished,
     cache_kwarg,
     choose,
@@ -50,13 +52,17 @@ class StaticEngine:
     CPU; the first call of a shape compiles it); ``check_every``: tokens between two "every row
     finished?" reads; ``cache_len``: positions of the cache (``data.max_prompt_len +
     generation.max_new_tokens``: one cache shape for the whole run), prompt + response rounded up
-    to a multiple of :data:`CACHE_BUCKET` when None or too short.
+    to a multiple of :data:`CACHE_BUCKET` when None or too short; ``truncation``: the filters of
+    every pick (:class:`~fourfold.rollout.sampling.Truncation`, the eager engine's
+    :func:`~fourfold.rollout.sampling.truncate_logits`; off by default).
     """
 
-    def __init__(self, weights=None, *, compile: bool = False, check_every: int = 8, cache_len: Optional[int] = None):
+    def __init__(self, weights=None, *, compile: bool = False, check_every: int = 8, cache_len: Optional[int] = None,
+                 truncation: Truncation = NO_TRUNCATION):
         if check_every < 1:
             raise ValueError(f"check_every must be >= 1, got {check_every}")
         self.weights = weights or LiveWeights()
+        self.truncation = truncation
         self.compile, self.check_every, self.cache_len = compile, check_every, cache_len
         self._cache = None  # (key, StaticCache): the last rollout's, reused when the shape repeats
         self._compiled: dict = {}  # step name -> its compiled version
@@ -92,7 +98,7 @@ class StaticEngine:
         with self.weights.model(model) as m:
             return self._decode(m, prompt_ids, prompt_mask, max_new_tokens, noise, sync_stop,
                                 dict(temperature=temperature, greedy=greedy, eos_token_id=eos_token_id,
-                                     pad_token_id=pad_token_id), generator)
+                                     pad_token_id=pad_token_id, truncation=self.truncation), generator)
 
     @contextlib.contextmanager
     def turns(self, model: nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, *,
@@ -218,7 +224,7 @@ class StaticEngine:
                     c = r.choose(logits, steps[-1].finished, None)
                     states.append(generator.get_state())
                 elif graphs:
-                    c = Choice(*(x.clone() for x in vars(c).values()))  # CUDA graphs reuse their outputs
+                    c = Choice(*(None if x is None else x.clone() for x in vars(c).values()))  # CUDA graphs reuse their outputs
                 steps.append(c)
                 positions, slot = positions + 1, slot + 1
         n = _finished_length(steps, sync_stop)
@@ -286,7 +292,7 @@ class StepState:
     valid slots ``prompt_valid [B, L]``, each slot's index when a generated token goes there
     (``generated_slots [L]``, ``L`` for the prompt's slots), the uniforms ``noise [B, T]`` (on the
     model's device: one copy per rollout, not one per token), the pick's settings
-    (``temperature``, ``greedy``, ``eos_token_id``, ``pad_token_id``) and the generator of
+    (``temperature``, ``greedy``, ``eos_token_id``, ``pad_token_id``, ``truncation``) and the generator of
     ``torch.multinomial`` when the tokens are drawn with it (None: noise or greedy)."""
 
     model: nn.Module
@@ -304,7 +310,7 @@ class StepState:
     def choose(self, logits: torch.Tensor, finished: torch.Tensor, u: Optional[torch.Tensor]) -> Choice:
         p = self.pick
         return choose(logits, finished, p["temperature"], p["greedy"], self.generator, u, p["eos_token_id"],
-                      p["pad_token_id"])
+                      p["pad_token_id"], p["truncation"])
 
 
 def _guards_checked(full: bool):

@@ -31,7 +31,7 @@ import torch
 from fourfold import dist
 from fourfold.errors import ConfigError
 from fourfold.rollout.eager import EagerEngine
-from fourfold.rollout.sampling import Samples, all_finished, choose
+from fourfold.rollout.sampling import NO_TRUNCATION, Samples, Truncation, all_finished, choose
 
 EncodeNext = Callable[[object, str, bool], list[int]]
 """``encode_next(observation, where, after_eos) -> ids``: a later observation's ids, ``after_eos``
@@ -42,7 +42,9 @@ EncodeNext = Callable[[object, str, bool], list[int]]
 class Trajectory:
     """One row's trajectory: ``prompt`` (the first observation's ids), then ``ids`` with, per id,
     ``policy`` (sampled by the policy), ``turn`` (its turn number, -1 on an observation),
-    ``logprobs`` and ``entropy`` (0 on an observation); ``turn_rewards`` one per stepped turn;
+    ``logprobs`` and ``entropy`` (0 on an observation), ``kept`` (under a sampling filter, the log
+    of the mass it kept per id up to the last policy turn, 0 on an observation; [] without one);
+    ``turn_rewards`` one per stepped turn;
     ``done`` (the environment ended it), ``truncated`` (a limit cut it), ``ended`` (its last turn
     ended by EOS or a stop string)."""
 
@@ -52,6 +54,7 @@ class Trajectory:
     turn: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     entropy: list[float] = field(default_factory=list)
+    kept: list[float] = field(default_factory=list)
     turn_rewards: list[float] = field(default_factory=list)
     done: bool = False
     truncated: bool = False
@@ -62,10 +65,14 @@ class Trajectory:
     def n_tokens(self) -> int:
         return len(self.prompt) + len(self.ids)
 
-    def add_turn(self, ids: Sequence[int], logprobs: Sequence[float], entropy: Optional[Sequence[float]] = None) -> None:
-        """Append a policy turn: its sampled ids as they are, with their log-probs (and entropies)."""
-        if len(ids) != len(logprobs) or (entropy is not None and len(entropy) != len(ids)):
-            raise ValueError(f"a turn of {len(ids)} ids needs as many log-probs (and entropies)")
+    def add_turn(self, ids: Sequence[int], logprobs: Sequence[float], entropy: Optional[Sequence[float]] = None,
+                 kept: Optional[Sequence[float]] = None) -> None:
+        """Append a policy turn: its sampled ids as they are, with their log-probs (and entropies,
+        and under a sampling filter the log of the mass it kept)."""
+        if len(ids) != len(logprobs) or any(x is not None and len(x) != len(ids) for x in (entropy, kept)):
+            raise ValueError(f"a turn of {len(ids)} ids needs as many log-probs (and entropies, kept masses)")
+        if kept is not None:  # 0 on the observations since the last turn
+            self.kept += [0.0] * (len(self.ids) - len(self.kept)) + [float(x) for x in kept]
         self.ids += list(ids)
         self.policy += [True] * len(ids)
         self.turn += [self.n_turns] * len(ids)
@@ -126,7 +133,9 @@ def stack_trajectories(trajs: Sequence[Trajectory], pad_token_id: int, device=No
     samples = Samples(
         sequences=torch.cat([prompt, rest], 1), attention_mask=torch.cat([prompt_mask, real], 1),
         response_mask=policy.float(), logprobs=_pad([t.logprobs for t in trajs], 0.0, False, torch.float32),
-        finished=torch.tensor([t.ended for t in trajs]), entropy=_pad([t.entropy for t in trajs], 0.0, False, torch.float32))
+        finished=torch.tensor([t.ended for t in trajs]), entropy=_pad([t.entropy for t in trajs], 0.0, False, torch.float32),
+        kept_logmass=_pad([t.kept for t in trajs], 0.0, False, torch.float32, rest.shape[1])
+        if any(t.kept for t in trajs) else None)
     # every turn has a column, a last one cut by max_tokens (never stepped: no reward) too
     n_max = max((max(len(t.turn_rewards), t.n_turns) for t in trajs), default=0)
     batch = TurnBatch(
@@ -138,7 +147,7 @@ def stack_trajectories(trajs: Sequence[Trajectory], pad_token_id: int, device=No
     if device is not None:
         batch.samples = Samples(*(x.to(device) if x is not None else None for x in (
             samples.sequences, samples.attention_mask, samples.response_mask, samples.logprobs, samples.finished,
-            samples.entropy)))
+            samples.entropy, samples.kept_logmass)))
     return batch
 
 
@@ -161,7 +170,8 @@ def _all_ended(running: torch.Tensor, sync: bool, error: Optional[BaseException]
 @dataclass
 class TurnSettings:
     """How the turns of :func:`sample_turns` run: the ``env`` section's limits, the engine's
-    sampling settings and the tokenizer's ``decode`` (ids -> the action text)."""
+    sampling settings (``truncation``: the picks' filters, as the single-turn engines apply them)
+    and the tokenizer's ``decode`` (ids -> the action text)."""
 
     max_turns: int
     max_tokens: int
@@ -173,35 +183,39 @@ class TurnSettings:
     stop: Sequence[str] = ()
     greedy: bool = False
     generator: Optional[torch.Generator] = None
+    truncation: Truncation = NO_TRUNCATION
 
 
 def _sample_turn(cache, trajs: list[Trajectory], running: torch.Tensor, s: TurnSettings,
                  noise: Optional[torch.Tensor], used: torch.Tensor, sync_stop: bool = False):
-    """One turn for the ``running`` rows: ``(ids, logprobs, entropies per row, ended [B], pending
-    [B])``; ``pending`` = the row's last token is not in the cache yet (the loop ends without
-    feeding the final step). ``used [B]``: each row's policy tokens so far (its noise column).
+    """One turn for the ``running`` rows: ``(ids, logprobs, entropies, kept masses per row (None
+    without a filter), ended [B], pending [B], used [B])``; ``pending`` = the row's last token is
+    not in the cache yet (the loop ends without feeding the final step). ``used [B]``: each row's policy tokens so far (its noise column).
     ``sync_stop``: the loop ends when every rank's rows have finished (finished rows feed padding)."""
     B, device = running.shape[0], running.device
     budget = torch.tensor([min(s.max_new_tokens, s.max_tokens - t.n_tokens) for t in trajs], device=device)
     finished = ~running
     ended = torch.zeros(B, dtype=torch.bool, device=device)
     count = torch.zeros(B, dtype=torch.long, device=device)
-    toks, lps, ents = ([[] for _ in range(B)] for _ in range(3))
+    toks, lps, ents, kepts = ([[] for _ in range(B)] for _ in range(4))
     for _ in range(s.max_new_tokens):
         u = None if noise is None else noise.to(device).gather(1, used.clamp(max=noise.shape[1] - 1)[:, None])[:, 0]
-        c = choose(cache.logits, finished, s.temperature, s.greedy, s.generator, u, s.eos_token_id, s.pad_token_id)
+        c = choose(cache.logits, finished, s.temperature, s.greedy, s.generator, u, s.eos_token_id, s.pad_token_id,
+                   s.truncation)
         alive = c.alive
         used, count = used + alive.long(), count + alive.long()
         for b in alive.nonzero()[:, 0].tolist():
             toks[b].append(int(c.tokens[b]))
             lps[b].append(float(c.logprobs[b]))
             ents[b].append(float(c.entropy[b]))
+            if c.kept is not None:
+                kepts[b].append(float(c.kept[b]))
             if s.stop and not bool(c.finished[b]) and s.decode(toks[b]).endswith(tuple(s.stop)):
                 c.finished[b] = True
         ended = ended | (alive & c.finished)
         finished = c.finished | (count >= budget)
         if all_finished(finished, sync_stop):
-            return toks, lps, ents, ended, alive, used
+            return toks, lps, ents, kepts if s.truncation.active else None, ended, alive, used
         cache.step(c.tokens, alive)
     raise AssertionError("unreachable: every row's budget is at most max_new_tokens")
 
@@ -269,9 +283,10 @@ def sample_turns(model: torch.nn.Module, envs: Sequence, first_ids: Sequence[lis
     used = torch.zeros(len(trajs), dtype=torch.long, device=device)
     with (engine or EagerEngine()).turns(model, prompt_ids, prompt_mask, max_tokens=s.max_tokens) as cache:
         for turn in range(s.max_turns):
-            toks, lps, ents, ended, last_alive, used = _sample_turn(cache, trajs, running, s, noise, used, sync_stop)
+            toks, lps, ents, kepts, ended, last_alive, used = _sample_turn(cache, trajs, running, s, noise, used,
+                                                                           sync_stop)
             for b in running.nonzero()[:, 0].tolist():
-                trajs[b].add_turn(toks[b], lps[b], ents[b])
+                trajs[b].add_turn(toks[b], lps[b], ents[b], None if kepts is None else kepts[b])
                 trajs[b].ended = bool(ended[b])
             pending = [toks[b][-1:] if bool(last_alive[b]) else [] for b in range(len(trajs))]
             error = None

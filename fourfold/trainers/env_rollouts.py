@@ -33,6 +33,7 @@ from fourfold.core.turns import bootstrap_values, trajectory_rewards
 from fourfold.data.observations import ObservationEncoder
 from fourfold.errors import ConfigError
 from fourfold.models.build import Roles
+from fourfold.rollout.engine import truncation_of
 from fourfold.rollout.env import BoundEnv, load_env_factory, make_envs
 from fourfold.rollout.noise import RowNoise
 from fourfold.rollout.score import Scores, reward_scores
@@ -100,7 +101,8 @@ def collect_turns(roles: Roles, envs: Union[Sequence[BoundEnv], Callable[[], Seq
     settings = TurnSettings(
         max_turns=env.max_turns, max_tokens=env.max_tokens, max_new_tokens=gen.max_new_tokens,
         decode=lambda ids: tok.decode(ids, skip_special_tokens=True), temperature=gen.temperature,
-        eos_token_id=tok.eos_token_id if gen.stop_at_eos else None, pad_token_id=tok.pad_token_id, stop=tuple(env.stop))
+        eos_token_id=tok.eos_token_id if gen.stop_at_eos else None, pad_token_id=tok.pad_token_id, stop=tuple(env.stop),
+        truncation=truncation_of(gen))
     uniforms = None if noise is None else noise.uniforms(range(first_row, first_row + len(envs)), env.max_tokens)
     t0 = time.perf_counter()
     roles.policy.eval()
@@ -166,7 +168,7 @@ def score_trajectories(roles: Roles, batch: TurnBatch, env: EnvConfig, temperatu
         turn_rewards = turn_rewards.scatter_add(1, last[:, None], sc.reward[:, None].to(turn_rewards.dtype))
         parts.update(dict(zip(names, sc.parts.unbind(1))) if sc.parts is not None else
                      {(list(names) or ["reward"])[0]: sc.reward})
-    rewards, kl = trajectory_rewards(turn_rewards, batch.turn_ids.to(seq.device), s.logprobs, sc.ref_logprobs,
+    rewards, kl = trajectory_rewards(turn_rewards, batch.turn_ids.to(seq.device), s.policy_logprobs, sc.ref_logprobs,
                                      kl_coef, kl_estimator)
     rollout = Rollout(actions=s.responses, mask=mask, logprobs=s.logprobs, values=sc.values, rewards=rewards,
                       ref_logprobs=sc.ref_logprobs, scores=turn_rewards.sum(1),

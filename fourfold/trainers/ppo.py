@@ -75,6 +75,7 @@ from fourfold.trainers.practice import (
     prepare_old_logprobs,
     said_old_logprobs,
     shape_scores,
+    truncation_notes,
     warm_start_critic,
 )
 from fourfold.trainers.prelude import stage_roles
@@ -351,13 +352,14 @@ def train(cfg: PPOConfig, *, prompts: Optional[Sequence[str]] = None, probe: Opt
                                                   "ppo.minibatch_size": algo.minibatch_size},
                         roles=checked_roles(roles, algo), concurrent=concurrent, reward_functions=rewards.functions,
                         before_placing=warm)
-    old_logprobs = said_old_logprobs(run, algo, cfg.model.precision)
+    old_logprobs = said_old_logprobs(run, algo, cfg.model.precision, cfg.generation)
     opt = make_optim(roles, algo, compiled=cfg.model.compile)
     kl_ctl = (AdaptiveKLController(algo.kl_coef, algo.kl_target, algo.kl_horizon) if algo.adaptive_kl
               else FixedKLController(algo.kl_coef))
     rl = RLSteps(run, cfg, roles, device, section="ppo", n_prompts=algo.rollout_batch_size // algo.samples_per_prompt,
                  trained=opt.trained(roles), prompts=prompts, state={"kl_ctl": kl_ctl}, probe=probe,
-                 notes=rewards.notes + practice_notes(algo))
+                 notes=rewards.notes + practice_notes(algo)
+                 + truncation_notes(cfg.generation, algo.rollout_correction, "ppo"))
     last: dict = {}
     with rl.loop("ppo") as logger:
         for it in rl.iterations():

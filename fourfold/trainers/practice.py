@@ -15,6 +15,7 @@ from fourfold.checkpoint.format import latest_checkpoint
 from fourfold.checkpoint.plain import load_checkpoint
 from fourfold.config import PPOAlgoConfig
 from fourfold.config.ppo import resolve_old_logprobs
+from fourfold.config.sampling import filters_said, truncates
 from fourfold.core import (
     Rollout,
     frac_zero_std,
@@ -47,6 +48,18 @@ def practice_notes(algo: PPOAlgoConfig) -> list[str]:
                      "clipped (policy/clipfrac near 0); GSPO uses about 3e-4 / 4e-4: set ppo.clip_eps (or clip_eps_low "
                      "and clip_eps_high)")
     return notes
+
+
+def truncation_notes(gen, correction: str, section: str) -> list[str]:
+    """The warning line of a truncating ``generation`` filter (``gen``: top_k, top_p, min_p) that
+    runs without a rollout correction (``correction``, the ``section``'s: ppo or reinforce): the
+    update then trains the policy's full softmax on samples of the truncated distribution, as if it
+    had sampled them. Said once at the run's start; [] otherwise."""
+    if not truncates(gen) or correction != "none":
+        return []
+    return [f"{filters_said(gen)}: the rollout samples a truncated distribution and the update treats the "
+            f"samples as the full policy's (the gap per token: rollout/log_kept_mass, and mismatch/*); set "
+            f"{section}.rollout_correction (e.g. token_tis) to weight each token by pi_train / pi_sampled"]
 
 
 def mismatch_and_weights(train_lp: torch.Tensor, engine_lp: torch.Tensor, mask: torch.Tensor, correction: str,
@@ -154,10 +167,16 @@ def warm_start_critic(critic, path: str) -> None:
     load_checkpoint(ckpt, modules={"critic": critic}, restore_rng=False)
 
 
-def said_old_logprobs(run, algo: PPOAlgoConfig, precision: str) -> str:
+def said_old_logprobs(run, algo: PPOAlgoConfig, precision: str, gen=None) -> str:
     """The run's pi_old (:func:`~fourfold.config.ppo.resolve_old_logprobs`), said in its first
-    lines (rank 0) when it is the trainer's recompute."""
+    lines (rank 0) when it is the trainer's recompute. ``auto`` is also recompute under a truncating
+    filter of the generation section ``gen`` (top_k, top_p, min_p): the engine's log-probs are then
+    the truncated distribution's, which differ from the trainer's full softmax by the log of the
+    kept mass, far beyond float rounding."""
     old_logprobs, why = resolve_old_logprobs(algo, precision)
+    if algo.old_logprobs == "auto" and old_logprobs == "engine" and gen is not None and truncates(gen):
+        old_logprobs, why = "recompute", (f"ppo.old_logprobs: auto = recompute ({filters_said(gen)}: the engine's "
+                                          "log-probs are the truncated distribution's, the trainer's the full softmax)")
     if old_logprobs == "recompute" and run.is_main:
         print(f"fourfold ppo: {why}", flush=True)
     return old_logprobs

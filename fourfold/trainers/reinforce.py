@@ -33,7 +33,7 @@ from fourfold.models.roles import response_logprobs
 from fourfold.run.optim import guarded_step, make_optimizer, make_schedule
 from fourfold.run.parallel import global_sum, loss_scale, rank_slice, several_ranks
 from fourfold.run.scaffold import RunScaffold
-from fourfold.trainers.practice import mismatch_and_weights
+from fourfold.trainers.practice import mismatch_and_weights, truncation_notes
 from fourfold.trainers.prelude import stage_roles
 from fourfold.trainers.rl import RLSteps, prepare_rewards
 from fourfold.trainers.rollouts import Probe, score_quantity
@@ -82,7 +82,7 @@ def train(cfg: ReinforceConfig, *, prompts: Optional[Sequence[str]] = None, prob
     schedule = make_schedule(optimizer, algo.iterations, algo.lr_schedule)
     rl = RLSteps(run, cfg, roles, device, section="reinforce", n_prompts=algo.rollout_batch_size,
                  trained={"policy": (roles.policy, optimizer, schedule)}, prompts=prompts, probe=probe,
-                 notes=rewards.notes)
+                 notes=rewards.notes + truncation_notes(cfg.generation, algo.rollout_correction, "reinforce"))
     kl_ctl, last = FixedKLController(algo.kl_coef), {}
     with rl.loop("reinforce") as logger:
         for it in rl.iterations():

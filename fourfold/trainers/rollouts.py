@@ -107,9 +107,12 @@ def collect(
     given to the reward with this rank's rows. A weighted reward's parts are gathered as the scores
     (``Collected.parts``) and logged as ``reward/<name>_mean``.
 
-    rewards_t = -kl_coef * KL_t on every valid token, plus the sequence score on the last one.
-    Responses are decoded to text only when the reward reads text or a ``probe`` is given; the
-    probe's measurements join the metrics under their own names.
+    rewards_t = -kl_coef * KL_t on every valid token, plus the sequence score on the last one; KL_t
+    compares the policy's full-softmax log-prob of the token with the reference's
+    (``Samples.policy_logprobs``: under a truncating ``generation`` filter the rollout's own
+    log-probs, pi_old from the engine, are the truncated distribution's). Responses are decoded
+    to text only when the reward reads text or a ``probe`` is given; the probe's measurements join
+    the metrics under their own names.
     """
     if several_ranks() and noise is None:
         raise ValueError("collect: a rollout over several ranks needs per-row noise")
@@ -131,7 +134,7 @@ def collect(
         scores = torch.where(penalised, torch.full_like(scores, gen.missing_eos_score), scores)
     # 4. per-token rewards: KL penalty on every token, the score on the last valid one
     mask = samples.response_mask
-    rewards, kl = token_rewards(scores, samples.logprobs, sc.ref_logprobs, mask, kl_coef, kind=kl_estimator)
+    rewards, kl = token_rewards(scores, samples.policy_logprobs, sc.ref_logprobs, mask, kl_coef, kind=kl_estimator)
     t_score = time.perf_counter() - t0
     rollout = Rollout(
         actions=samples.responses, mask=mask, logprobs=samples.logprobs, values=sc.values, rewards=rewards,
@@ -200,20 +203,25 @@ def score_metrics(scores: torch.Tensor) -> dict:
 def rollout_metrics(samples: Samples, sc: Scores, rewards: torch.Tensor, penalised: torch.Tensor) -> dict:
     """The rollout's reward, KL, entropy and length metrics over the whole batch (see
     :data:`fourfold.reporting.METRICS`): ``sc.scores`` are the reward model's (before any
-    missing-EOS penalty), ``penalised`` the rows whose score the penalty replaced."""
+    missing-EOS penalty), ``penalised`` the rows whose score the penalty replaced. The KL is the
+    policy's full softmax against the reference (``Samples.policy_logprobs``); under a truncating
+    filter ``rollout/log_kept_mass`` is the mean over the valid tokens of the log of the mass it kept."""
     mask = samples.response_mask
     lengths = mask.sum(1)
-    k3 = kl_estimate(samples.logprobs, sc.ref_logprobs, "k3") * mask
+    policy_lp = samples.policy_logprobs
+    k3 = kl_estimate(policy_lp, sc.ref_logprobs, "k3") * mask
+    kept = {} if samples.kept_logmass is None else {"rollout/log_kept_mass": float(masked_mean(samples.kept_logmass, mask))}
     return {
         **score_metrics(sc.scores),
         "reward/token_reward_sum_mean": float(rewards.sum(1).mean()),
         "reward/no_eos_penalised": float(penalised.float().mean()),
-        "kl/k1": float((kl_estimate(samples.logprobs, sc.ref_logprobs, "k1") * mask).sum(1).mean()),
+        "kl/k1": float((kl_estimate(policy_lp, sc.ref_logprobs, "k1") * mask).sum(1).mean()),
         "kl/k3": float(k3.sum(1).mean()),
         "policy/entropy": float(masked_mean(samples.entropy, mask)) if samples.entropy is not None else float("nan"),
         "rollout/response_length": float(lengths.mean()),
         "rollout/no_eos_share": float((~samples.finished).float().mean()),
         "rollout/tokens": float(lengths.sum()),
+        **kept,
     }
 
 

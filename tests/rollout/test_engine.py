@@ -61,6 +61,9 @@ def assert_same_samples(got, want):
         assert torch.equal(getattr(got, key), getattr(want, key)), key
     torch.testing.assert_close(got.logprobs, want.logprobs, **TOL)
     torch.testing.assert_close(got.entropy, want.entropy, **TOL)
+    assert (got.kept_logmass is None) == (want.kept_logmass is None)
+    if want.kept_logmass is not None:
+        torch.testing.assert_close(got.kept_logmass, want.kept_logmass, **TOL)
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "mistral", "mistral-window", "gpt2"])
@@ -80,6 +83,35 @@ def test_static_engine_gives_the_eager_tokens(arch, greedy):
         got = StaticEngine(check_every=5)(model, ids, mask, **kw)
     assert want.finished.any()
     assert_same_samples(got, want)
+
+
+FILTERS = {"top-k": dict(top_k=8), "top-p": dict(top_p=0.9), "top-k-top-p-min-p": dict(top_k=20, top_p=0.8, min_p=0.05)}
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+@pytest.mark.parametrize("filters", list(FILTERS))
+def test_static_engine_gives_the_eager_tokens_under_top_k_top_p_min_p(arch, filters):
+    """Both engines built from one generation section with the filters on (make_engine): the same
+    tokens from the same per-row noise, and from torch.multinomial on the same generator (left
+    where the eager engine leaves it); log-probs, entropies and kept masses within 1e-5. The filters
+    change the samples (other tokens than unfiltered sampling) and remove mass (kept < 1)."""
+    model = _model(arch)
+    ids, mask = _prompts()
+    T = 24
+    eos = _frequent_token(model, ids, mask, T)
+    kw = _kw(ids, T, eos, greedy=False)
+    eager = make_engine(_gen(**FILTERS[filters]))
+    static = make_engine(_gen(engine="static", stop_check_every=5, **FILTERS[filters]), max_prompt_len=ids.shape[1])
+    want = eager(model, ids, mask, **kw)
+    assert want.finished.any() and bool((want.kept_logmass < -1e-3).any())
+    assert bool((want.kept_logmass <= 0).all()) and bool((want.kept_logmass * (1 - want.response_mask) == 0).all())
+    assert not torch.equal(want.sequences, sample(model, ids, mask, **kw).sequences)
+    assert_same_samples(static(model, ids, mask, **kw), want)
+    kw["noise"] = None
+    g_eager, g_static = torch.Generator().manual_seed(4), torch.Generator().manual_seed(4)
+    for _ in range(2):
+        assert_same_samples(static(model, ids, mask, generator=g_static, **kw), eager(model, ids, mask, generator=g_eager, **kw))
+        assert torch.equal(g_static.get_state(), g_eager.get_state())
 
 
 def test_rows_that_all_stop_early_cut_the_response_where_the_eager_engine_stops():
@@ -220,6 +252,11 @@ def test_make_engine_reads_the_generation_config():
                          max_prompt_len=11)
     assert isinstance(static, StaticEngine) and isinstance(static.weights, GatheredWeights)
     assert (static.check_every, static.cache_len, static.compile) == (3, 16, False)
+    from fourfold.rollout.sampling import NO_TRUNCATION, Truncation
+
+    assert make_engine(_gen()).truncation == static.truncation == NO_TRUNCATION
+    assert make_engine(_gen(top_k=5, top_p=0.9, min_p=0.1)).truncation == Truncation(5, 0.9, 0.1)
+    assert make_engine(_gen(engine="static", top_p=0.7)).truncation == Truncation(top_p=0.7)
 
 
 def test_auto_weights_are_gathered_for_a_sharded_policy_and_live_otherwise():
@@ -288,6 +325,13 @@ def test_compiled_step_traced_by_dynamo(monkeypatch):
     for seed in (1, 2):
         want = sample(model, ids, mask, generator=torch.Generator().manual_seed(seed), **kw)
         assert_same_samples(engine(model, ids, mask, generator=torch.Generator().manual_seed(seed), **kw), want)
+    # the filters inside the compiled step (sort, cumsum, masks): the eager engine's samples
+    from fourfold.rollout.sampling import Truncation
+
+    trunc = Truncation(top_k=20, top_p=0.8, min_p=0.05)
+    engine = StaticEngine(compile=True, check_every=4, truncation=trunc)
+    kw = _kw(ids, 16, _frequent_token(model, ids, mask, 16), greedy=False)
+    assert_same_samples(engine(model, ids, mask, **kw), sample(model, ids, mask, truncation=trunc, **kw))
 
 
 @pytest.mark.slow  # inductor compiles the step: ~10-40 s on 2 cores
@@ -304,3 +348,10 @@ def test_inductor_compiled_step_gives_the_eager_tokens():
     for _ in range(2):
         assert_same_samples(engine(model, ids, mask, generator=g_static, **kw), sample(model, ids, mask, generator=g_eager, **kw))
         assert torch.equal(g_static.get_state(), g_eager.get_state())
+    # the filters compiled into the step by inductor (sort, cumsum, masks): the eager engine's samples
+    from fourfold.rollout.sampling import Truncation
+
+    trunc = Truncation(top_k=20, top_p=0.8, min_p=0.05)
+    engine = StaticEngine(compile=True, check_every=4, cache_len=ids.shape[1] + 16, truncation=trunc)
+    kw = _kw(ids, 16, _frequent_token(model, ids, mask, 16), greedy=False)
+    assert_same_samples(engine(model, ids, mask, **kw), sample(model, ids, mask, truncation=trunc, **kw))

@@ -85,6 +85,9 @@ def assert_same_trajectories(got, want):
     assert [t.ids for t in got.trajectories] == [t.ids for t in want.trajectories]
     torch.testing.assert_close(g.logprobs, w.logprobs, **TOL)
     torch.testing.assert_close(g.entropy, w.entropy, **TOL)
+    assert (g.kept_logmass is None) == (w.kept_logmass is None)
+    if w.kept_logmass is not None:
+        torch.testing.assert_close(g.kept_logmass, w.kept_logmass, **TOL)
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "gpt2"])
@@ -106,6 +109,33 @@ def test_static_multi_turn_rollout_gives_the_eager_trajectories(tok, arch):
     assert engine.cache_positions == 30 + 1  # the cache: env.max_tokens + 1 slots, fixed up front
     # a second rollout (other noise) on the reused cache
     assert_same_trajectories(_run(model, tok, engine, eos=eos, seed=4), _run(model, tok, eos=eos, seed=4))
+
+
+def test_turns_under_top_k_top_p_on_both_engines_and_as_one_plain_turn(tok):
+    """The turn loop's picks apply the sampling filters (TurnSettings.truncation): the static
+    engine's trajectories are the eager one's (kept masses too: < 0 on policy tokens somewhere, 0 on
+    observations), other than unfiltered turns; one turn is the plain rollout under the same filter."""
+    from fourfold.rollout.sampling import Truncation
+
+    model = _model(tok, "llama")
+    eos = _frequent_token(model, tok)
+    trunc = Truncation(top_k=10, top_p=0.85)
+    want = _run(model, tok, eos=eos, truncation=trunc)
+    assert_same_trajectories(_run(model, tok, StaticEngine(), eos=eos, truncation=trunc), want)
+    kept, policy = want.samples.kept_logmass, want.samples.response_mask.bool()
+    assert (kept[policy] < -1e-3).any() and (kept[~policy] == 0).all() and (kept <= 0).all()
+    assert want.samples.sequences.tolist() != _run(model, tok, eos=eos).samples.sequences.tolist()
+    one = _run(model, tok, eos=eos, max_turns=1, max_new_tokens=8, truncation=trunc)
+    enc = ObservationEncoder(tok)
+    first = [enc.first(p, "p", 64) for p in PROMPTS]
+    width = max(map(len, first))
+    ids = torch.tensor([[tok.pad_token_id] * (width - len(f)) + f for f in first])
+    mask = torch.tensor([[0] * (width - len(f)) + [1] * len(f) for f in first])
+    plain = sample(model, ids, mask, max_new_tokens=8, temperature=1.5, eos_token_id=eos, pad_token_id=tok.pad_token_id,
+                   noise=RowNoise(3, 0).uniforms(range(len(PROMPTS)), 30), truncation=trunc)
+    assert one.samples.sequences.tolist() == plain.sequences.tolist()
+    torch.testing.assert_close(one.samples.logprobs, plain.logprobs, **TOL)
+    torch.testing.assert_close(one.samples.kept_logmass, plain.kept_logmass, **TOL)
 
 
 def test_greedy_and_multinomial_turns(tok):

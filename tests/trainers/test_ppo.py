@@ -187,21 +187,25 @@ def test_missing_eos_score_replaces_the_score(tiny_lm, tmp_path):
     assert torch.allclose(col.rollout.rewards[rows, last[rows]], torch.full((len(rows),), -7.0))
 
 
-@pytest.mark.parametrize("weights", ["live", "copy"])
-def test_static_engine_gives_the_eager_run(tiny_lm, tmp_path, weights):
+@pytest.mark.parametrize("weights, filters", [("live", {}), ("copy", {}),
+                                              ("live", {"generation.top_p": 0.9, "generation.top_k": 20})],
+                         ids=["live", "copy", "live-top-p-top-k"])
+def test_static_engine_gives_the_eager_run(tiny_lm, tmp_path, weights, filters):
     """generation.engine=static (the finished check every 3 tokens; the policy's own weights, or an
-    inference copy synced after each update): the same responses every iteration, and every metric
-    the eager run's within float tolerance (the log-probs differ by rounding; timing aside)."""
+    inference copy synced after each update; and with top_p / top_k on both): the same responses
+    every iteration, and every metric the eager run's within float tolerance (the log-probs differ
+    by rounding; timing aside)."""
     from fourfold.trainers.ppo import train
 
-    engines = {"eager": {}, "static": {"generation.engine": "static", "generation.weights": weights,
-                                       "generation.stop_check_every": 3}}
+    engines = {"eager": dict(filters), "static": {"generation.engine": "static", "generation.weights": weights,
+                                                  "generation.stop_check_every": 3, **filters}}
     runs = {}
     for name, extra in engines.items():
         cfg = load_config(PPOConfig, None, _ppo_overrides(tiny_lm, tmp_path / name, **{"ppo.iterations": 3, **extra}))
         train(cfg)
         runs[name] = _comparable(read_metrics(tmp_path / name / "metrics.jsonl"))
     assert len(runs["eager"]) == len(runs["static"]) == 3
+    assert all(("rollout/log_kept_mass" in row) == bool(filters) for row in runs["eager"])
     for eager, static in zip(runs["eager"], runs["static"]):
         assert eager.keys() == static.keys()
         for key in ("rollout/tokens", "rollout/response_length", "reward/score_mean", "rollout/no_eos_share"):

@@ -119,17 +119,19 @@ def test_a_correction_runs_in_ppo_grpo_and_reinforce(tiny_lm, tmp_path):
 
 
 def test_temperature_on_both_sides_and_pure_temperature_sampling(tiny_lm):
-    """trl#4159 and trl#6789: the engine's log-probs are log_softmax(logits / T) of the full
-    vocabulary at the sampled tokens (no top-k/top-p: GenerationConfig has no such key); the
-    training forward at T agrees, at T = 1 it does not."""
+    """trl#4159 and trl#6789: without a filter (generation.top_k/top_p/min_p off, the default) the
+    engine's log-probs are log_softmax(logits / T) of the full vocabulary at the sampled tokens; the
+    training forward at T agrees, at T = 1 it does not. With a filter they are the renormalised
+    distribution's: tests/trainers/test_truncated_sampling.py."""
     from fourfold.config import GenerationConfig
+    from fourfold.config.sampling import truncates
     from fourfold.models.build import load_roles
     from fourfold.models.roles import response_logits, response_logprobs
     from fourfold.rollout.eager import EagerEngine
     from fourfold.rollout.noise import RowNoise
     from fourfold.trainers.rollouts import collect
 
-    assert not {f.name for f in dataclasses.fields(GenerationConfig)} & {"top_k", "top_p", "min_p"}
+    assert not truncates(GenerationConfig())
     cfg = load_config(PPOConfig, None, _over(tiny_lm, "unused"))
     roles = load_roles("ppo", cfg, torch.device("cpu"))
     ids = torch.randint(3, 60, (4, 3), generator=torch.Generator().manual_seed(0))

@@ -67,6 +67,7 @@ from fourfold.config import (
     config_to_dict,
     save_config,
 )
+from fourfold.config.sampling import truncates
 from fourfold.sinks import fmt_fixed, fmt_number
 
 QUICK = {  # --quick: the same pipeline on about 2.5 minutes of 2 cores (measured 97-104 s of stages, seeds 0-2, on a busy machine)
@@ -115,8 +116,13 @@ def sft_stage_settings(cfg: DemoConfig) -> dict:
 
 
 def pairs_stage_settings(cfg: DemoConfig) -> dict:
-    """What the pairs stage's cache key holds: its section, the response length and the task options."""
-    return {"pairs": config_to_dict(cfg.pairs), "gen": cfg.generation.max_new_tokens, "task": cfg.task_options}
+    """What the pairs stage's cache key holds: its section, the response length and the task options,
+    and the sampling filters (``generation.top_k``, ``top_p``, ``min_p``: the pairs are sampled
+    through them) only when one is on, so a demo without them keeps its key."""
+    settings = {"pairs": config_to_dict(cfg.pairs), "gen": cfg.generation.max_new_tokens, "task": cfg.task_options}
+    if truncates(cfg.generation):
+        settings["truncation"] = {k: getattr(cfg.generation, k) for k in cfg.generation.TRUNCATION_KEYS}
+    return settings
 
 
 def reward_stage_settings(cfg: DemoConfig) -> dict:
