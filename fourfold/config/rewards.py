@@ -103,7 +103,7 @@ MODEL_KIND, FUNCTION_KIND, REMOTE_KIND = "model", "function", "remote"
 class RewardSource(NamedTuple):
     """One source of a model section's score: ``weight`` x the scores of a reward model, a function
     or a server, as :func:`reward_sources` reads it from the config (the plan's
-    :class:`~fourfold.models.plan.RewardPart` is one of these)."""
+    :func:`~fourfold.models.plan.reward_parts` are these)."""
 
     name: Optional[str]
     """Its name in the logs (``reward/<name>_mean``) and the samples (``rm``, ``remote``, a

@@ -31,14 +31,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Optional, Union
+from typing import TYPE_CHECKING, Optional, Union
 
 import torch
 
-from fourfold.config.rewards import FUNCTION_KIND, MODEL_KIND, REMOTE_KIND, RewardSource, is_weighted_sum, reward_sources
 from fourfold.errors import ConfigError
 from fourfold.models.checks import has_tokenizer_files
 from fourfold.models.levers import role_dtypes
+
+if TYPE_CHECKING:  # the config package is imported where it is used (the memory estimate runs without it)
+    from fourfold.config.rewards import RewardSource as RewardPart
 
 FULL, ADAPTER, BASE, FUNCTION = "full", "adapter", "base", "function"
 """Role forms: a model of its own, an adapter (+ head) on the shared base, the shared base with
@@ -126,24 +128,27 @@ class RoleSpec:
         return self.name in ("policy", "reference")
 
 
-MODEL, FUNCTION_PART, REMOTE = MODEL_KIND, FUNCTION_KIND, REMOTE_KIND
-"""Kinds of reward part: the reward model (the reward role's model), a function, a reward server."""
-
-RewardPart = RewardSource
-"""One part of the score: ``weight`` x the scores of a reward model, a function or a server
-(:class:`fourfold.config.rewards.RewardSource`: the config's list is the plan's)."""
+MODEL, FUNCTION_PART, REMOTE = "model", "function", "remote"
+"""Kinds of reward part: the reward model (the reward role's model), a function, a reward server
+(:data:`fourfold.config.rewards.MODEL_KIND` and its two siblings: the same strings, written here
+too because the memory estimate imports this module without the config package)."""
 
 
-def reward_parts(m) -> tuple[RewardPart, ...]:
+def reward_parts(m) -> tuple:
     """The reward parts of a model section (PPO, REINFORCE, `fourfold score`, `fourfold bon`'s
     scorer), in the order the score sums them: :func:`fourfold.config.rewards.reward_sources`, the
-    one list."""
+    one list (each a :class:`~fourfold.config.rewards.RewardSource`; imported here, not at the top:
+    the memory estimate imports this module without the config package)."""
+    from fourfold.config.rewards import reward_sources
+
     return tuple(reward_sources(m))
 
 
-def is_weighted(parts: tuple[RewardPart, ...]) -> bool:
+def is_weighted(parts: tuple) -> bool:
     """Several parts, or one whose weight is not 1 (:func:`fourfold.config.rewards.is_weighted_sum`):
     the score is a weighted sum and each part is logged; one part of weight 1 is the reward role."""
+    from fourfold.config.rewards import is_weighted_sum
+
     return is_weighted_sum(p.weight for p in parts)
 
 

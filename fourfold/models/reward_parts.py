@@ -1,4 +1,4 @@
-"""The reward role of a run from its plan's reward parts (:class:`~fourfold.models.plan.RewardPart`):
+"""The reward role of a run from its plan's reward parts (:class:`~fourfold.config.rewards.RewardSource`):
 the reward model's role, each function (loaded, its ``options`` bound, its columns matched against
 the prompts file's: :func:`~fourfold.models.reward_fn.column_plan`) and the server's client
 (:class:`~fourfold.models.remote.RemoteReward`); one part of weight 1 is the role itself, several
@@ -14,7 +14,8 @@ import functools
 from typing import Optional, Sequence
 
 from fourfold.config.loader import callable_label
-from fourfold.models.plan import FUNCTION_PART, MODEL, REMOTE, RewardPart, is_weighted
+from fourfold.config.rewards import RewardSource as RewardPart
+from fourfold.models.plan import FUNCTION_PART, MODEL, REMOTE, is_weighted
 from fourfold.models.remote import RemoteReward
 from fourfold.models.reward_fn import check_options, column_plan, load_reward_fn, require_two_lists
 from fourfold.models.roles import FunctionReward, WeightedReward
