@@ -259,13 +259,17 @@ class Scorer:
     parts: tuple = ()
     model_role: object = None
 
+    def with_functions(self, functions: dict, notes: list) -> "Scorer":
+        """The same scorer with its reward role put together from ``functions`` (the function
+        parts loaded and matched against some columns: :func:`load_functions`) and ``notes``."""
+        reward = reward_role(self.parts, model_role=self.model_role, functions=functions,
+                             eos_token_id=getattr(self.tokenizer, "eos_token_id", None), tokenizer=self.tokenizer)
+        return replace(self, reward=reward, notes=list(notes))
+
     def for_columns(self, columns: tuple, source: str) -> "Scorer":
         """The same scorer with its functions matched against ``columns`` (the reward server's
         requests bring their own), and the warning lines of that match."""
-        functions, notes = load_functions(self.parts, columns, source)
-        reward = reward_role(self.parts, model_role=self.model_role, functions=functions,
-                             eos_token_id=getattr(self.tokenizer, "eos_token_id", None), tokenizer=self.tokenizer)
-        return replace(self, reward=reward, notes=notes)
+        return self.with_functions(*load_functions(self.parts, columns, source))
 
     @property
     def lays_out_rows(self) -> bool:
@@ -294,10 +298,8 @@ def load_scorer(m, device: torch.device, functions: Optional[dict], notes: list,
     else:
         tok = load_tokenizer(m.tokenizer, trust_remote_code=m.trust_remote_code) if m.tokenizer else None
     model = model_role.model if model_role is not None else None
-    parts = reward_parts(m)
-    reward = None if functions is None else reward_role(parts, model_role=model_role, functions=functions,
-                                                        eos_token_id=getattr(tok, "eos_token_id", None), tokenizer=tok)
-    return Scorer(reward, tok, model, list(notes), parts, model_role)
+    scorer = Scorer(None, tok, model, list(notes), reward_parts(m), model_role)
+    return scorer if functions is None else scorer.with_functions(functions, notes)
 
 
 def _examples(records: list, scorer: Scorer, max_len: Optional[int], on_error: str, skipped, notes, ids_rows):

@@ -31,9 +31,8 @@ from fourfold.config import ScoreModelConfig, ServeRewardConfig, load_config
 from fourfold.data import ResponseRecord
 from fourfold.errors import ConfigError, DataError, FourfoldError
 from fourfold.models.checks import tokenizer_fingerprint
-from fourfold.models.plan import FUNCTION_PART, MODEL, REMOTE, reward_parts
+from fourfold.models.plan import FUNCTION_PART, MODEL, REMOTE, is_weighted, reward_parts
 from fourfold.models.reward_fn import load_reward_fn
-from fourfold.models.roles import WeightedReward
 from fourfold.run.common import quiet_transformers
 
 Scorer = Callable[..., list[float]]
@@ -178,7 +177,7 @@ def describe(scorer: InferenceScorer) -> str:
             return f"reward server {part.source}"
         return f"reward function {part.source if isinstance(part.source, str) else part.source.__qualname__}"
 
-    if len(scorer.parts) == 1 and not isinstance(scorer.reward, WeightedReward):
+    if not is_weighted(scorer.parts):
         return one(scorer.parts[0])
     return "weighted reward " + " + ".join(f"{p.weight:g} x {p.name} ({one(p)})" for p in scorer.parts)
 

@@ -239,7 +239,16 @@ def adapter_base(path: str, key: str) -> str:
     base = json.loads((Path(path) / ADAPTER_CONFIG).read_text()).get("base_model_name_or_path")
     if not base:
         raise ConfigError(f"{key}: {path}: the adapter names no base model (base_model_name_or_path)")
-    return str(Path(base).resolve()) if Path(base).is_dir() else base
+    return resolvable_base(base)
+
+
+def resolvable_base(name: Optional[str]) -> Optional[str]:
+    """The base model an adapter directory records (``base_model_name_or_path``), as a path that
+    resolves from any directory: a local directory made absolute (the command line's relative
+    ``runs/sft/model`` would only load from the directory the run started in); a hub name as it is."""
+    if name and Path(name).is_dir():
+        return str(Path(name).resolve())
+    return name
 
 
 SERVED_BASE = LoraSettings(r=1, alpha=1.0)

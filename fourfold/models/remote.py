@@ -103,15 +103,17 @@ class RemoteReward:
         self.fingerprint = tokenizer_fingerprint(tokenizer) if tokenizer is not None else None
         self.sends_ids: Optional[bool] = None if self.fingerprint is not None else False  # None: not asked yet
 
-    def health(self) -> dict:
-        return with_retries(lambda: get_json(self.url + "/health", self.timeout_s), self.url, self.retries, self.backoff_s)
+    def health(self, retries: Optional[int] = None) -> dict:
+        """The server's ``GET /health`` answer, tried as a request is (``retries``: this many instead)."""
+        retries = self.retries if retries is None else retries
+        return with_retries(lambda: get_json(self.url + "/health", self.timeout_s), self.url, retries, self.backoff_s)
 
     def _sends_ids(self) -> bool:
         """Whether the server scores with the run's tokenizer, asked once (a server that cannot say,
         or is not up yet, gets text now and is asked again at the next request)."""
         if self.sends_ids is None:
             try:
-                answer = with_retries(lambda: get_json(self.url + "/health", self.timeout_s), self.url, 0, 0.0)
+                answer = self.health(retries=0)
             except RewardServerError:
                 return False
             self.sends_ids = isinstance(answer, dict) and answer.get("tokenizer") == self.fingerprint

@@ -51,7 +51,7 @@ from fourfold.dist import full_tensor
 from fourfold.errors import ModelLoadError
 from fourfold.models.lora.base import SharedBase, adapter_keys
 from fourfold.models.lora.roles import AdapterLM, AdapterScalarModel
-from fourfold.models.plan import ADAPTER_CONFIG, is_adapter_dir
+from fourfold.models.plan import ADAPTER_CONFIG, is_adapter_dir, resolvable_base
 
 SCORE_FILE = "fourfold_score.json"
 __all__ = ["ADAPTER_CONFIG", "ADAPTER_WEIGHTS", "PEFT_PREFIX", "SCORE_FILE", "is_adapter_dir", "save_adapter",
@@ -80,15 +80,6 @@ def save_adapter_dir(peft_model, adapter: str, path, state: Optional[dict] = Non
         for f in sub.iterdir():
             os.replace(f, path / f.name)
         sub.rmdir()
-
-
-def resolvable_base(name: Optional[str]) -> Optional[str]:
-    """The base model an adapter directory records (``base_model_name_or_path``), as a path that
-    resolves from any directory: a local directory made absolute (the command line's relative
-    ``runs/sft/model`` would only load from the directory the run started in); a hub name as it is."""
-    if name and Path(name).is_dir():
-        return str(Path(name).resolve())
-    return name
 
 
 def lora_delta(module, adapter: str, lora_a: torch.Tensor, lora_b: torch.Tensor) -> torch.Tensor:
