@@ -7,25 +7,10 @@ import threading
 import pytest
 from safetensors.torch import load_file
 
-from fourfold.apps.reward_server import model_scorer, start_server
+from fourfold.apps.reward_server import model_scorer
 from fourfold.cli import main
 from fourfold.config import PPOConfig, load_config
 from fourfold.reporting import is_timing_key, read_metrics
-
-
-@pytest.fixture
-def served():
-    servers = []
-
-    def serve(scorer, port=0):
-        server = start_server(scorer, port=port, window_s=0.0)
-        servers.append(server)
-        return server, f"http://127.0.0.1:{server.server_address[1]}"
-
-    yield serve
-    for s in servers:
-        s.shutdown()
-        s.server_close()
 
 
 def _overrides(tiny_lm, **extra):

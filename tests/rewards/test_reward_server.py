@@ -8,7 +8,7 @@ import urllib.request
 import pytest
 import torch
 
-from fourfold.apps.reward_server import BadRequest, Batcher, function_scorer, model_scorer, parse_request, start_server
+from fourfold.apps.reward_server import BadRequest, Batcher, function_scorer, model_scorer, parse_request
 from fourfold.data import ResponseRecord, collate_responses, encode_responses
 from fourfold.errors import RewardServerError
 from fourfold.models.factory import llama_config, random_scalar_model
@@ -22,21 +22,6 @@ WORDS = [f"w{i}" for i in range(30)]
 
 def exact(prompts, responses, answer):
     return [float(r.split()[-1] == a) for r, a in zip(responses, answer)]
-
-
-@pytest.fixture
-def served():
-    servers = []
-
-    def serve(scorer, **kw):
-        server = start_server(scorer, port=0, **kw)
-        servers.append(server)
-        return server, f"http://127.0.0.1:{server.server_address[1]}"
-
-    yield serve
-    for s in servers:
-        s.shutdown()
-        s.server_close()
 
 
 def test_a_served_function_sees_the_columns_and_scores_as_called_here(served):

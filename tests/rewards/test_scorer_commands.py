@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from fourfold.apps.reward_server import model_scorer, start_server
+from fourfold.apps.reward_server import model_scorer
 from fourfold.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -24,20 +24,6 @@ ROWS = [{"prompt": "w1 w2", "response": "w7 w8 w9", "finished": True, "answer": 
         {"prompt": "w4 w5 w6", "response": "", "finished": True, "answer": "w1"}]
 RULE = "def hit(prompts, responses, answer):\n    return [float(r.endswith(a)) for r, a in zip(responses, answer)]\n"
 
-
-@pytest.fixture
-def served():
-    servers = []
-
-    def serve(scorer):
-        server = start_server(scorer, port=0, window_s=0.0)
-        servers.append(server)
-        return f"http://127.0.0.1:{server.server_address[1]}"
-
-    yield serve
-    for s in servers:
-        s.shutdown()
-        s.server_close()
 
 
 def _rows(path):
@@ -53,7 +39,7 @@ def _score(tmp_path, name, *keys, capsys):
 
 
 def test_score_through_reward_url_is_the_local_reward_models(tiny_lm, tmp_path, served, capsys):
-    url = served(model_scorer(str(tiny_lm / "rm")))
+    _, url = served(model_scorer(str(tiny_lm / "rm")))
     local = _score(tmp_path, "local", f"model.reward={tiny_lm / 'rm'}", capsys=capsys)
     text = _score(tmp_path, "text", f"model.reward_url={url}", capsys=capsys)  # no tokenizer here: text
     ids = _score(tmp_path, "ids", f"model.reward_url={url}", f"model.tokenizer={tiny_lm / 'rm'}", capsys=capsys)
@@ -69,7 +55,7 @@ def test_score_through_reward_url_is_the_local_reward_models(tiny_lm, tmp_path, 
 
 
 def test_bon_through_reward_url_chooses_as_the_local_reward_model(tiny_lm, tmp_path, served, capsys):
-    url = served(model_scorer(str(tiny_lm / "rm")))
+    _, url = served(model_scorer(str(tiny_lm / "rm")))
     base = [f"model.path={tiny_lm / 'sft'}", f"data.prompts={tiny_lm / 'prompts.jsonl'}", "generation.max_new_tokens=5",
             "bon.n=3", "data.batch_size=12", "run.threads=1", "run.seed=3"]
     runs = {}

@@ -7,9 +7,8 @@ its run differs, so the equality above is not true by construction. Measured (se
 iterations of 8 rows): ids, every metric equal (largest gap 0.0); 8 of the 48 rows scored hold a
 pad or BOS after the prompt's BOS; text only, metrics up to 0.10 apart."""
 
-import pytest
 
-from fourfold.apps.reward_server import model_scorer, start_server
+from fourfold.apps.reward_server import model_scorer
 from fourfold.cli import main
 from fourfold.models.loading import load_tokenizer
 from fourfold.reporting import is_timing_key, read_metrics
@@ -17,20 +16,6 @@ from fourfold.reporting import is_timing_key, read_metrics
 ITERATIONS = 6
 SEED = 0
 
-
-@pytest.fixture
-def served():
-    servers = []
-
-    def serve(scorer):
-        server = start_server(scorer, port=0, window_s=0.0)
-        servers.append(server)
-        return f"http://127.0.0.1:{server.server_address[1]}"
-
-    yield serve
-    for s in servers:
-        s.shutdown()
-        s.server_close()
 
 
 def _run(tiny_lm, out, source, capsys):
@@ -59,7 +44,7 @@ def test_a_ppo_run_through_the_server_equals_the_local_reward_models_run(tiny_lm
 
     with_ids.fingerprint = scorer.fingerprint
     local = _run(tiny_lm, tmp_path / "local", f"model.reward={tiny_lm / 'rm'}", capsys)
-    served_run = _run(tiny_lm, tmp_path / "ids", f"model.reward_url={served(with_ids)}", capsys)
+    served_run = _run(tiny_lm, tmp_path / "ids", f"model.reward_url={served(with_ids)[1]}", capsys)
     assert _largest_gap(local, served_run) <= 1e-5
 
     # what makes it a test: the policy sampled special tokens other than EOS inside responses
@@ -72,5 +57,5 @@ def test_a_ppo_run_through_the_server_equals_the_local_reward_models_run(tiny_lm
         assert not ids
         return scorer(prompts, responses, finished, columns)
 
-    text = _run(tiny_lm, tmp_path / "text", f"model.reward_url={served(text_only)}", capsys)
+    text = _run(tiny_lm, tmp_path / "text", f"model.reward_url={served(text_only)[1]}", capsys)
     assert _largest_gap(local, text) > 1e-3  # the null: the decoded text loses those tokens

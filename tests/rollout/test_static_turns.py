@@ -111,6 +111,18 @@ def test_static_multi_turn_rollout_gives_the_eager_trajectories(tok, arch):
     assert_same_trajectories(_run(model, tok, engine, eos=eos, seed=4), _run(model, tok, eos=eos, seed=4))
 
 
+def _plain_rollout(model, tok, eos, **kw):
+    """The plain single-turn rollout (eager.sample) of the prompts' first observations, left-padded,
+    with the row noise and settings the one-turn runs use (``kw``: e.g. the truncation)."""
+    enc = ObservationEncoder(tok)
+    first = [enc.first(p, "p", 64) for p in PROMPTS]
+    width = max(map(len, first))
+    ids = torch.tensor([[tok.pad_token_id] * (width - len(f)) + f for f in first])
+    mask = torch.tensor([[0] * (width - len(f)) + [1] * len(f) for f in first])
+    return sample(model, ids, mask, max_new_tokens=8, temperature=1.5, eos_token_id=eos, pad_token_id=tok.pad_token_id,
+                  noise=RowNoise(3, 0).uniforms(range(len(PROMPTS)), 30), **kw)
+
+
 def test_turns_under_top_k_top_p_on_both_engines_and_as_one_plain_turn(tok):
     """The turn loop's picks apply the sampling filters (TurnSettings.truncation): the static
     engine's trajectories are the eager one's (kept masses too: < 0 on policy tokens somewhere, 0 on
@@ -126,13 +138,7 @@ def test_turns_under_top_k_top_p_on_both_engines_and_as_one_plain_turn(tok):
     assert (kept[policy] < -1e-3).any() and (kept[~policy] == 0).all() and (kept <= 0).all()
     assert want.samples.sequences.tolist() != _run(model, tok, eos=eos).samples.sequences.tolist()
     one = _run(model, tok, eos=eos, max_turns=1, max_new_tokens=8, truncation=trunc)
-    enc = ObservationEncoder(tok)
-    first = [enc.first(p, "p", 64) for p in PROMPTS]
-    width = max(map(len, first))
-    ids = torch.tensor([[tok.pad_token_id] * (width - len(f)) + f for f in first])
-    mask = torch.tensor([[0] * (width - len(f)) + [1] * len(f) for f in first])
-    plain = sample(model, ids, mask, max_new_tokens=8, temperature=1.5, eos_token_id=eos, pad_token_id=tok.pad_token_id,
-                   noise=RowNoise(3, 0).uniforms(range(len(PROMPTS)), 30), truncation=trunc)
+    plain = _plain_rollout(model, tok, eos, truncation=trunc)
     assert one.samples.sequences.tolist() == plain.sequences.tolist()
     torch.testing.assert_close(one.samples.logprobs, plain.logprobs, **TOL)
     torch.testing.assert_close(one.samples.kept_logmass, plain.kept_logmass, **TOL)
@@ -158,13 +164,7 @@ def test_one_turn_on_the_static_engine_is_the_plain_rollout(tok):
     model = _model(tok, "llama")
     eos = _frequent_token(model, tok)
     batch = _run(model, tok, StaticEngine(), eos=eos, max_turns=1, max_new_tokens=8)
-    enc = ObservationEncoder(tok)
-    first = [enc.first(p, "p", 64) for p in PROMPTS]
-    width = max(map(len, first))
-    ids = torch.tensor([[tok.pad_token_id] * (width - len(f)) + f for f in first])
-    mask = torch.tensor([[0] * (width - len(f)) + [1] * len(f) for f in first])
-    plain = sample(model, ids, mask, max_new_tokens=8, temperature=1.5, eos_token_id=eos, pad_token_id=tok.pad_token_id,
-                   noise=RowNoise(3, 0).uniforms(range(len(PROMPTS)), 30))
+    plain = _plain_rollout(model, tok, eos)
     assert batch.samples.sequences.tolist() == plain.sequences.tolist()
     assert torch.equal(batch.samples.response_mask, plain.response_mask)
     torch.testing.assert_close(batch.samples.logprobs, plain.logprobs, **TOL)
