@@ -61,15 +61,20 @@ def _scaled(x: Tensor, cdt: torch.dtype, temperature: float) -> Tensor:
     return z
 
 
-def _save(ctx, temperature: float, logits: Tensor, saved: Tensor, lse: Tensor) -> None:
-    """What both backwards read: the input logits, one tensor of their own and the row logsumexps."""
-    ctx.save_for_backward(logits, saved, lse)
+def _forward_blocks(ctx, temperature: float, block: Callable[..., None], logits: Tensor, *aligned: Tensor) -> None:
+    """A forward of both functions: ``block`` over the row blocks of ``logits`` and ``aligned``
+    (:func:`_for_row_blocks`, no graph), then saved for backward what it reads: the input logits,
+    ``aligned[0]`` (the function's own tensor: the tokens, the entropies) and ``aligned[-1]`` (the
+    row logsumexps the block wrote)."""
+    with torch.no_grad():
+        _for_row_blocks(block, logits, *aligned)
+    ctx.save_for_backward(logits, aligned[0], aligned[-1])
     ctx.temperature = temperature
 
 
 def _logits_grad(ctx, grad_out: Tensor, grad_z: Callable[..., Tensor]) -> Tensor:
     """d loss / d logits, block by block: ``grad_z(z, saved, lse, grad_out)`` gives d loss / d z
-    for a row block (``z = logits / T`` recomputed in the compute dtype; see :func:`_save`), and the
+    for a row block (``z = logits / T`` recomputed in the compute dtype; see :func:`_forward_blocks`), and the
     chain rule through ``z = x / T`` divides it by T. Written straight into the logits' dtype."""
     logits, saved, lse = ctx.saved_tensors
     temperature = ctx.temperature
@@ -87,6 +92,17 @@ def _logits_grad(ctx, grad_out: Tensor, grad_z: Callable[..., Tensor]) -> Tensor
     return grad
 
 
+def _backward(grad_z: Callable[..., Tensor], inputs: int):
+    """The backward of both functions (a ``staticmethod``, first order only): d loss / d logits by
+    :func:`_logits_grad` with ``grad_z``, None for the ``inputs - 1`` other inputs of forward."""
+
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_out: Tensor):
+        return (_logits_grad(ctx, grad_out, grad_z), *[None] * (inputs - 1))
+
+    return staticmethod(backward)
+
+
 class _TokenLogprob(torch.autograd.Function):
     """out = z[token] - logsumexp(z), z = logits / temperature; grad = (onehot - softmax(z)) / T."""
 
@@ -102,20 +118,16 @@ class _TokenLogprob(torch.autograd.Function):
             l.copy_(torch.logsumexp(z, dim=-1))
             o.copy_(z.gather(-1, tok.unsqueeze(-1)).squeeze(-1) - l)
 
-        with torch.no_grad():
-            _for_row_blocks(block, logits, tokens, out, lse)
-        _save(ctx, temperature, logits, tokens, lse)
+        _forward_blocks(ctx, temperature, block, logits, tokens, out, lse)
         return out
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx, grad_out: Tensor):
-        def grad_z(z: Tensor, tok: Tensor, l: Tensor, go: Tensor) -> Tensor:
-            # d out / d z = onehot(token) - softmax(z)
-            gz = torch.exp(z - l.unsqueeze(-1)).mul_(-go.unsqueeze(-1))
-            return gz.scatter_add_(-1, tok.unsqueeze(-1), go.unsqueeze(-1))
+    def grad_z(z: Tensor, tok: Tensor, l: Tensor, go: Tensor) -> Tensor:
+        # d out / d z = onehot(token) - softmax(z)
+        gz = torch.exp(z - l.unsqueeze(-1)).mul_(-go.unsqueeze(-1))
+        return gz.scatter_add_(-1, tok.unsqueeze(-1), go.unsqueeze(-1))
 
-        return _logits_grad(ctx, grad_out, grad_z), None, None
+    backward = _backward(grad_z, inputs=3)
 
 
 class _Entropy(torch.autograd.Function):
@@ -136,21 +148,17 @@ class _Entropy(torch.autograd.Function):
             pz = torch.where(p > 0, p * z, 0.0)  # p = 0 where z = -inf: contributes 0, not NaN
             h.copy_(l - pz.sum(-1))
 
-        with torch.no_grad():
-            _for_row_blocks(block, logits, ent, lse)
-        _save(ctx, temperature, logits, ent, lse)
+        _forward_blocks(ctx, temperature, block, logits, ent, lse)
         return ent
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx, grad_out: Tensor):
-        def grad_z(z: Tensor, h: Tensor, l: Tensor, go: Tensor) -> Tensor:
-            p = torch.exp(z - l.unsqueeze(-1))
-            mean_z = (l - h).unsqueeze(-1)  # sum_u p_u z_u = lse - H
-            # z may alias x (float32 input, temperature 1): never modify it in place
-            return torch.where(p > 0, p * (z - mean_z), 0.0).mul_(-go.unsqueeze(-1))
+    def grad_z(z: Tensor, h: Tensor, l: Tensor, go: Tensor) -> Tensor:
+        p = torch.exp(z - l.unsqueeze(-1))
+        mean_z = (l - h).unsqueeze(-1)  # sum_u p_u z_u = lse - H
+        # z may alias x (float32 input, temperature 1): never modify it in place
+        return torch.where(p > 0, p * (z - mean_z), 0.0).mul_(-go.unsqueeze(-1))
 
-        return _logits_grad(ctx, grad_out, grad_z), None
+    backward = _backward(grad_z, inputs=2)
 
 
 def logprobs_from_logits(logits: Tensor, tokens: Tensor, temperature: float = 1.0) -> Tensor:

@@ -179,22 +179,12 @@ def encode_prompts(
 
 
 def tokenize_prompts(
-    prompts: Sequence[str | PromptRecord],
-    tokenizer: Any,
-    max_prompt_len: int,
-    *,
-    lines: Sequence[int] | None = None,
-    source: str | None = None,
-    truncate: bool = False,
-    add_bos: bool = True,
+    prompts: Sequence[str | PromptRecord], tokenizer: Any, max_prompt_len: int, **options: Any
 ) -> list[list[int]]:
-    """Prompt ids, one list per prompt, in order; raises
-    ``DataError("{source}:{line}: prompt has {n} tokens, more than data.max_prompt_len=...")``
+    """Prompt ids, one list per prompt, in order: :func:`encode_prompts` (``options``: its keywords);
+    raises ``DataError("{source}:{line}: prompt has {n} tokens, more than data.max_prompt_len=...")``
     unless ``truncate=True``. Pad a batch with :func:`left_pad`."""
-    examples = encode_prompts(
-        prompts, tokenizer, max_prompt_len, lines=lines, source=source, truncate=truncate, add_bos=add_bos
-    )
-    return [e.input_ids for e in examples]
+    return [e.input_ids for e in encode_prompts(prompts, tokenizer, max_prompt_len, **options)]
 
 
 # ---------------------------------------------------------------------------- prompt + reply(s)
@@ -306,22 +296,11 @@ def collate_sft(examples: Sequence[SFTExample], pad_id: int) -> dict[str, torch.
     return {"input_ids": input_ids, "attention_mask": attention_mask, "loss_mask": loss_mask, "truncated": truncated}
 
 
-def tokenize_sft(
-    records: Sequence[SFTRecord],
-    tokenizer: Any,
-    max_len: int,
-    eos: bool = True,
-    *,
-    add_bos: bool = True,
-    truncate: bool = True,
-    max_prompt_len: int | None = None,
-) -> dict[str, torch.Tensor]:
-    """:func:`encode_sft` then :func:`collate_sft` with the tokenizer's pad id (bad rows raise)."""
+def tokenize_sft(records: Sequence[SFTRecord], tokenizer: Any, max_len: int, **options: Any) -> dict[str, torch.Tensor]:
+    """:func:`encode_sft` (``options``: its keywords; bad rows raise by default) then
+    :func:`collate_sft` with the tokenizer's pad id."""
     pad_id = require_special_id(tokenizer, "pad_token_id", "needed to pad")
-    examples = encode_sft(
-        records, tokenizer, max_len, eos=eos, add_bos=add_bos, truncate=truncate, max_prompt_len=max_prompt_len
-    )
-    return collate_sft(examples, pad_id)
+    return collate_sft(encode_sft(records, tokenizer, max_len, **options), pad_id)
 
 
 def encode_preferences(
@@ -396,21 +375,12 @@ def collate_preferences(examples: Sequence[PreferenceExample], pad_id: int) -> d
 
 
 def tokenize_preferences(
-    records: Sequence[PreferenceRecord],
-    tokenizer: Any,
-    max_len: int,
-    *,
-    eos: bool = True,
-    add_bos: bool = True,
-    truncate: bool = True,
-    max_prompt_len: int | None = None,
+    records: Sequence[PreferenceRecord], tokenizer: Any, max_len: int, **options: Any
 ) -> dict[str, torch.Tensor]:
-    """:func:`encode_preferences` then :func:`collate_preferences` (bad rows raise; ties are left out)."""
+    """:func:`encode_preferences` (``options``: its keywords; bad rows raise by default, ties are
+    left out) then :func:`collate_preferences` with the tokenizer's pad id."""
     pad_id = require_special_id(tokenizer, "pad_token_id", "needed to pad")
-    examples = encode_preferences(
-        records, tokenizer, max_len, eos=eos, add_bos=add_bos, truncate=truncate, max_prompt_len=max_prompt_len
-    )
-    return collate_preferences(examples, pad_id)
+    return collate_preferences(encode_preferences(records, tokenizer, max_len, **options), pad_id)
 
 
 # ------------------------------------------------------------------------------------ sampler

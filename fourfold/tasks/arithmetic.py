@@ -8,12 +8,11 @@ from __future__ import annotations
 import math
 import random
 import re
-import zlib
 from dataclasses import dataclass
 from typing import Callable, Iterable, Optional, Sequence
 
 from fourfold.rewards import final_answer, normalize_answer
-from fourfold.tasks.base import KnobCheck, task_config
+from fourfold.tasks.base import HeldoutSplit, KnobCheck, task_config
 
 MARKER = "answer :"
 """What precedes the final answer; :func:`fourfold.rewards.final_answer` reads what follows it."""
@@ -27,28 +26,24 @@ WORDS = tuple("0123456789") + ("+", "=", ",", ":", "answer", "what", "is", "?")
 
 
 @dataclass(frozen=True)
-class ArithmeticTaskConfig:
+class ArithmeticTaskConfig(HeldoutSplit):
     """Knobs of the arithmetic world (see the module docstring).
 
     - ``digits``: digits of each operand (2: ``10 + 10`` to ``99 + 99``).
     - ``error_rate``: share of SFT demonstrations with one mistake (a dropped carry, else a slip).
     - ``heldout_share``: share of the (unordered) problem pairs held out from SFT and RL.
     - ``split_seed``: which pairs those are (the split is a CRC-32 of the pair and this seed).
+      These two are the :class:`~fourfold.tasks.base.HeldoutSplit` knobs, first in the fields.
     - ``labeler_noise``: probability that a simulated label is a fair coin flip.
     """
 
     digits: int = 2
     error_rate: float = 0.6
-    heldout_share: float = 0.2
-    split_seed: int = 0
     labeler_noise: float = 0.1
 
-    def __post_init__(self) -> None:
-        check = KnobCheck(self)
+    def check_knobs(self, check: KnobCheck) -> None:
         check.int_in("digits", 1, 6)
-        check.shares("error_rate")
-        check.open_share("heldout_share")
-        check.shares("labeler_noise")
+        check.shares("error_rate", "labeler_noise")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -156,8 +151,7 @@ class ArithmeticTask:
 
     def split_of(self, a: int, b: int) -> str:
         """``"train"`` or ``"heldout"``: the side of the unordered pair ``{a, b}``."""
-        key = f"{self.config.split_seed}:{min(a, b)}+{max(a, b)}".encode()
-        return "heldout" if zlib.crc32(key) / 2**32 < self.config.heldout_share else "train"
+        return self.config.side(f"{min(a, b)}+{max(a, b)}")
 
     def _pair(self, rng: random.Random, split: str) -> tuple[int, int]:
         if split not in self.SPLITS:

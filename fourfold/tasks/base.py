@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
+import zlib
 from typing import Any, Callable, Iterable, Optional, Protocol, TypeVar, runtime_checkable
 
 from fourfold.errors import ConfigError
@@ -124,6 +125,33 @@ class KnobCheck:
         """``key`` a share in (0, 1) (a held-out share: neither side empty)."""
         if not 0.0 < getattr(self.config, key) < 1.0:
             self.bad(key, f"must be in (0, 1), got {getattr(self.config, key)}")
+
+
+@dataclasses.dataclass(frozen=True)
+class HeldoutSplit:
+    """The knobs of a world's held-out split, and the split itself, the same in every world with one
+    (arithmetic, lookup): a share ``heldout_share`` of the world's items (problem pairs, chains) is
+    held out from SFT and RL, which ones decided by a CRC-32 of the item's text and ``split_seed``.
+
+    A world's config subclasses it (these two knobs, then its own) and checks its own knobs in
+    :meth:`check_knobs`; ``heldout_share`` is checked after them, a share in (0, 1).
+    """
+
+    heldout_share: float = 0.2
+    split_seed: int = 0
+
+    def __post_init__(self) -> None:
+        check = KnobCheck(self)
+        self.check_knobs(check)
+        check.open_share("heldout_share")
+
+    def check_knobs(self, check: KnobCheck) -> None:
+        """The subclass's own knobs' checks (none here)."""
+
+    def side(self, item: str) -> str:
+        """``"train"`` or ``"heldout"``: the side of the item whose text is ``item``."""
+        key = f"{self.split_seed}:{item}".encode()
+        return "heldout" if zlib.crc32(key) / 2**32 < self.heldout_share else "train"
 
 
 def task_prompts(task: Task, batch_size: int, seed: int) -> list[str]:

@@ -25,12 +25,11 @@ trajectories, not one completion to a prompt. Imports only the standard library.
 from __future__ import annotations
 
 import random
-import zlib
 from dataclasses import dataclass
 from typing import Iterable, Optional
 
 from fourfold.errors import ConfigError
-from fourfold.tasks.base import KnobCheck, task_config
+from fourfold.tasks.base import HeldoutSplit, KnobCheck, task_config
 
 KEYS = tuple("abcdefghijklmnop")
 """The keys of the world (one word each)."""
@@ -43,7 +42,7 @@ WORDS = KEYS + DIGITS + ("find", "look", "answer", "is", ".", "no", "such", "key
 
 
 @dataclass(frozen=True)
-class LookupTaskConfig:
+class LookupTaskConfig(HeldoutSplit):
     """Knobs of the lookup world (see the module docstring).
 
     - ``hops``: lookups before the answer (perfect play: ``hops + 1`` turns); 0 to 3.
@@ -52,22 +51,19 @@ class LookupTaskConfig:
     - ``error_rate``: share of SFT episodes with one mistake (a guess, else a slip).
     - ``guess_share``: share of those mistakes that are guesses without looking (hops >= 1).
     - ``heldout_share``: share of chains held out from SFT and RL (a CRC-32 of the chain).
-    - ``split_seed``: which chains those are.
+    - ``split_seed``: which chains those are. These two are the
+      :class:`~fourfold.tasks.base.HeldoutSplit` knobs, first in the fields.
     """
 
     hops: int = 1
     value_digits: int = 1
     error_rate: float = 0.5
     guess_share: float = 0.5
-    heldout_share: float = 0.2
-    split_seed: int = 0
 
-    def __post_init__(self) -> None:
-        check = KnobCheck(self)
+    def check_knobs(self, check: KnobCheck) -> None:
         check.int_in("hops", 0, 3)
         check.int_in("value_digits", 1, 3)
         check.shares("error_rate", "guess_share")
-        check.open_share("heldout_share")
 
 
 def parse_chain(text: str, where: str = "row") -> list[str]:
@@ -158,8 +154,7 @@ class LookupTask:
         return f"LookupTask({self.config!r})"
 
     def split_of(self, chain: list[str]) -> str:
-        key = f"{self.config.split_seed}:{' '.join(chain)}".encode()
-        return "heldout" if zlib.crc32(key) / 2**32 < self.config.heldout_share else "train"
+        return self.config.side(" ".join(chain))
 
     def _value(self, rng: random.Random) -> str:
         return " ".join(rng.choice(DIGITS) for _ in range(self.config.value_digits))
