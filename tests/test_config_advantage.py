@@ -57,14 +57,66 @@ def test_impossible_estimator_settings_are_one_line_errors(overrides, fragment):
 
 
 def test_critic_free_estimators_load_no_critic_and_need_no_critic_init():
-    # a reward function and the default critic_init=reward: only a run with a critic needs a fix
-    assert "model.critic_init: 'reward' needs model.reward" in err(FN)
+    # critic_init unset: a critic starts from the reward model when there is one, else from the policy
+    assert load_config(PPOConfig, None, OK).model.critic_init == "reward"
+    assert load_config(PPOConfig, None, FN).model.critic_init == "policy"
+    assert "model.critic_init: 'reward' needs model.reward" in err(FN + ["model.critic_init=reward"])
     for extra in (["ppo.advantage=grpo", "ppo.samples_per_prompt=4"], ["ppo.advantage=rloo"],
                   ["ppo.advantage=reinforce_pp"], ["ppo.use_critic=false"]):
-        assert not load_config(PPOConfig, None, FN + extra).ppo.loads_critic, extra
+        cfg = load_config(PPOConfig, None, FN + extra)
+        assert not cfg.ppo.loads_critic and cfg.model.critic_init is None, extra
     assert load_config(PPOConfig, None, OK).ppo.loads_critic
     # use_critic does not bring a critic to an estimator that reads none
     assert not PPOAlgoConfig(advantage="reinforce_pp", use_critic=True).loads_critic
+
+
+def test_the_unset_critic_init_is_the_start_the_plan_builds():
+    """Validation writes the default's choice into the config, so the role plan (and the saved
+    config.yaml) read 'reward' beside a reward model and 'policy' without one, as before the
+    default was null; a critic directory is used as it is."""
+    from fourfold.models.plan import plan_roles
+
+    critic = {name: plan_roles("ppo", load_config(PPOConfig, None, over)).role("critic")
+              for name, over in (("rm", OK), ("fn", FN), ("dir", OK + ["model.critic=c"]))}
+    assert [(c.start, c.key) for c in critic.values()] == [("copy-reward", "model.reward"),
+                                                          ("zero-head", "model.policy"), ("load", "model.critic")]
+
+
+NO_CRITIC = [
+    ("ppo", ["ppo.advantage=grpo", "ppo.samples_per_prompt=4"], "ppo.advantage=grpo has no critic"),
+    ("ppo", ["ppo.advantage=dr_grpo", "ppo.samples_per_prompt=4"], "ppo.advantage=dr_grpo has no critic"),
+    ("ppo", ["ppo.advantage=rloo"], "ppo.advantage=rloo has no critic"),
+    ("ppo", ["ppo.advantage=reinforce_pp"], "ppo.advantage=reinforce_pp has no critic"),
+    ("ppo", ["ppo.use_critic=false"], "ppo.advantage=gae with use_critic=false (reinforce_pp) has no critic"),
+    ("reinforce", [], "fourfold reinforce has no critic"),
+]
+
+
+@pytest.mark.parametrize("value", ["reward", "policy"])
+@pytest.mark.parametrize("stage,extra,why", NO_CRITIC, ids=lambda x: x if isinstance(x, str) and "=" not in x else None)
+def test_critic_init_without_a_critic_is_one_line_through_the_cli(capsys, stage, extra, why, value):
+    """model.critic_init set where nothing reads it (a critic-free estimator, REINFORCE) is refused,
+    as the other keys that would do nothing are: exit 2, one line naming the key and the estimator."""
+    from fourfold.cli import main
+
+    assert main([stage, *OK, *extra, f"model.critic_init={value}"]) == 2
+    out, errors = capsys.readouterr()
+    assert out == "" and errors == (f"fourfold {stage}: error: command line: model.critic_init: set to {value!r}, "
+                                    f"and {why}: leave it unset\n")
+
+
+@pytest.mark.parametrize("extra,printed", [([], "reward"), (["ppo.advantage=grpo", "ppo.samples_per_prompt=4"], "null")])
+def test_the_default_critic_init_runs_gae_and_grpo_and_round_trips(capsys, tmp_path, extra, printed):
+    """Unset, critic_init is accepted with gae and with grpo; --print-config shows the resolved
+    start (null where there is no critic) and --config reads that file back to the same config."""
+    from fourfold.cli import main
+
+    assert main(["ppo", "--print-config", *OK, *extra]) == 0
+    text = capsys.readouterr().out
+    assert f"\n  critic_init: {printed}\n" in text
+    (tmp_path / "c.yaml").write_text(text)
+    assert main(["ppo", "--print-config", "--config", str(tmp_path / "c.yaml")]) == 0
+    assert capsys.readouterr().out == text
 
 
 def test_use_critic_false_is_the_reinforce_pp_estimator_in_the_config():

@@ -50,7 +50,7 @@ def test_bad_reward_sources_are_one_line_naming_the_key(overrides, message):
 
 def test_critic_init_reward_still_needs_a_reward_model():
     assert "model.critic_init: 'reward' needs model.reward; use critic_init=policy with a reward function or a " \
-           "reward server" in err(["model.policy=a", "data.prompts=p", "model.reward_url=http://h:1"])
+           "reward server" in err(["model.policy=a", "data.prompts=p", "model.reward_url=http://h:1", "model.critic_init=reward"])
 
 
 def test_the_sources_that_load_and_their_parts():

@@ -19,7 +19,7 @@ from fourfold.apps.experiments.config import (
     ExperimentsClaimsConfig,
     ExperimentsConfig,
 )
-from fourfold.config import PPOConfig, load_config, save_config
+from fourfold.config import PPOConfig, load_config, save_config, validate_tree
 from fourfold.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -56,7 +56,8 @@ def test_practice_arms_configs(tmp_path):
     sft, rm = tmp_path / "sft", tmp_path / "rm"
     rc = {n: run_config(cfg, a, 0, sft=sft, rm=rm, run_dir=tmp_path / n) for n, a in arms.items()}
     base = rc["ppo"]
-    assert (base.model.precision, base.model.critic_init, base.generation.weights) == ("fp32", "reward", "auto")
+    # critic_init unset: the validated run starts its critic from the RM (run_key counts it as 'reward')
+    assert (base.model.precision, base.model.critic_init, base.generation.weights) == ("fp32", None, "auto")
 
     def changed(n):
         c = rc[n]
@@ -76,6 +77,7 @@ def test_practice_arms_configs(tmp_path):
     for n in PRACTICE_ARMS:
         assert models_in_memory(cfg, arms[n]) == (2, 2)
         save_config(rc[n], tmp_path / f"{n}.yaml")
+        validate_tree(rc[n])  # as the trainer's start does: critic_init resolved
         assert load_config(PPOConfig, tmp_path / f"{n}.yaml") == rc[n]
     # precision counts in the key; the run directory does not
     key = run_key(rc["ppo-bf16-copy"], "ppo", {"sft": "s"})

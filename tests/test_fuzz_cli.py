@@ -207,7 +207,7 @@ def _model_dir(root, limit_key="max_position_embeddings", limit=16):
 def test_prompt_plus_response_longer_than_the_policy_allows(capsys, tmp_path, stage):
     policy = _model_dir(tmp_path / "policy")
     _one_line_error(capsys, [stage, f"model.policy={policy}", "model.reward_fn=f.py:score", "data.prompts=p.jsonl",
-                             "model.critic_init=policy", "data.max_prompt_len=12", "generation.max_new_tokens=8"],
+                             "data.max_prompt_len=12", "generation.max_new_tokens=8"],
                     "data.max_prompt_len + generation.max_new_tokens = 12 + 8 = 20", "model.policy",
                     "max_position_embeddings=16", "config.json")
 
@@ -231,7 +231,7 @@ def test_max_len_longer_than_the_model_allows(capsys, tmp_path, stage):
     ("reward", ["model.from_scratch=true", "data.train=t.jsonl"], "model.tokenizer"),
     ("ppo", ["model.reward=rm", "data.prompts=p"], "model.policy: missing"),
     ("reinforce", ["model.policy=m", "data.prompts=p"], "model.reward"),
-    ("ppo", ["model.policy=m", "model.reward_fn=f.py:fn", "data.prompts=p"], "model.critic_init"),
+    ("ppo", ["model.policy=m", "model.reward_fn=f.py:fn", "data.prompts=p", "model.critic_init=reward"], "model.critic_init"),
 ])
 def test_missing_model_paths(capsys, stage, argv, needle):
     _one_line_error(capsys, [stage, *argv], needle)
@@ -337,7 +337,7 @@ def _rl(stage, tiny_lm, tmp_path, prompts, *extra):
     path.write_text("".join((p if isinstance(p, str) else json.dumps(p)) + "\n" for p in prompts))
     algo = "ppo" if stage == "ppo" else "reinforce"
     return [stage, f"model.policy={tiny_lm / 'sft'}", f"model.reward_fn={tiny_lm / 'reward_fn.py'}:reward",
-            "model.critic_init=policy", f"data.prompts={path}", f"{algo}.iterations=1", f"{algo}.rollout_batch_size=4",
+            f"data.prompts={path}", f"{algo}.iterations=1", f"{algo}.rollout_batch_size=4",
             *(["ppo.minibatch_size=2", "ppo.ppo_epochs=1"] if stage == "ppo" else []), "generation.max_new_tokens=3",
             f"run.output_dir={tmp_path / 'run'}", "run.progress=false", "run.tensorboard=false", "run.device=cpu",
             *extra]

@@ -25,7 +25,8 @@ of the models under torchrun, on sft, reward, dpo, ppo and reinforce; ``lora``: 
 ``model.lora`` section of the language-model stages; ``sft``: the SFT stage
 and the initial-model and training-loop sections the reward stage and DPO reuse; ``reward``;
 ``dpo`` (with reward's preference data); ``rewards``: the reward sources of the RL stages and
-``score`` (``model.reward_fns``, the parts' names); ``ppo``: the language-model sections shared with
+``score`` (``model.reward_fns``, the parts' names); ``critic``: ``model.critic_init``'s rule
+(only with a critic; its unset default resolved); ``ppo``: the language-model sections shared with
 ``reinforce`` and ``demo``; ``reinforce``; ``gym``; ``demo``; ``inference``: ``generate`` and
 ``score``; ``bon``: best-of-n over generate's and score's sections). Every name is importable
 from ``fourfold.config`` itself. The experiments' own settings live with them, in ``fourfold.apps.experiments.config``.

@@ -8,6 +8,7 @@ import dataclasses
 import difflib
 from typing import Literal, Optional
 
+from fourfold.config.critic import require_critic_init
 from fourfold.config.dist import LMDistConfig, check_dist
 from fourfold.config.env import EnvConfig
 from fourfold.config.loader import require, validate_precision
@@ -48,9 +49,12 @@ class LMModelConfig(RewardSourcesConfig, PolicySourcesConfig):
 
     critic: Optional[str] = None
     """Critic directory; null = initialise from `critic_init`."""
-    critic_init: Literal["reward", "policy"] = "reward"
-    """Initialise the critic's backbone from the reward model (default, its head too) or from the
-    policy (fresh head, zero-initialised)."""
+    critic_init: Optional[Literal["reward", "policy"]] = None
+    """Where the critic starts (with model.critic null): 'reward', the reward model's backbone and
+    head, or 'policy', the policy's backbone and a zero-initialised head; null (default) = reward
+    when the run has a reward model (model.reward), else policy (validation writes the choice into
+    the config). Only with a critic (ppo.advantage gae): refused with the critic-free estimators and in
+    fourfold reinforce."""
     tokenizer: Optional[str] = None
     """Tokenizer directory; null = the policy's."""
     trust_remote_code: bool = False
@@ -543,12 +547,7 @@ class PPOConfig(RolloutStageConfig):
                 "a truncated response is one without EOS: it needs generation.stop_at_eos true")
         require(self.ppo.critic_from is None or self.model.critic is None, "ppo.critic_from",
                 "model.critic is set too: keep one source of the critic's weights")
-        if self.env.factory is not None and self.ppo.loads_critic and self.model.critic is None:
-            require(self.model.critic_init == "policy" or self.model.reward is not None, "model.critic_init",
-                    "'reward' needs model.reward, which this environment run has none of; use critic_init=policy")
-        elif self.model.reward is None and self.ppo.loads_critic and self.model.critic is None:
-            require(self.model.critic_init == "policy", "model.critic_init",
-                    "'reward' needs model.reward; use critic_init=policy with a reward function or a reward server")
+        require_critic_init(self.model, self.ppo, env_run=self.env.factory is not None)
 
 
 def resolve_old_logprobs(algo: PPOAlgoConfig, precision: str) -> tuple[str, str]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Literal, Optional
 
+from fourfold.config.critic import require_critic_init
 from fourfold.config.dist import LMDistConfig
 from fourfold.config.loader import require
 from fourfold.config.ppo import RolloutStageConfig
@@ -62,3 +63,7 @@ class ReinforceConfig(RolloutStageConfig):
     reinforce: ReinforceAlgoConfig = dataclasses.field(default_factory=ReinforceAlgoConfig)
     run: RunConfig = dataclasses.field(default_factory=lambda: RunConfig(output_dir="runs/reinforce"))
     dist: LMDistConfig = dataclasses.field(default_factory=LMDistConfig)
+
+    def validate(self, prefix: str = "") -> None:
+        super().validate(prefix)
+        require_critic_init(self.model, None)

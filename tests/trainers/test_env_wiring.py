@@ -80,7 +80,7 @@ def _cfg(tiny_lm, out, prompts, cls=PPOConfig, **extra):
             "run.output_dir": out, "run.progress": False, "run.device": "cpu", "run.samples_every": 1}
     if cls is PPOConfig:
         over.update({"ppo.iterations": 2, "ppo.rollout_batch_size": 8, "ppo.minibatch_size": 4, "ppo.ppo_epochs": 2,
-                     "ppo.lr": 1e-3, "model.critic_init": "policy"})
+                     "ppo.lr": 1e-3})  # a critic (gae) starts from the policy: no reward model
     else:
         over.update({"reinforce.iterations": 2, "reinforce.rollout_batch_size": 8, "reinforce.lr": 1e-3})
     over.update(extra)

@@ -28,6 +28,7 @@ from fourfold.config import (
     SFTConfig,
     config_to_dict,
     load_config,
+    validate_tree,
 )
 from fourfold.errors import ConfigError, ModelLoadError
 from fourfold.models.build import build_roles, load_roles
@@ -383,4 +384,6 @@ def test_demo_switch_keeps_the_stage_keys_without_lora_and_sets_up_one_base_with
     assert (q.model.reward, q.model.critic_mode) == (str(tmp_path / "reward"), "separate")
     full = ppo_stage_config(cfg, tmp_path, tmp_path / "prompts.jsonl", run)
     assert full.model.lora is None and full.ppo == cfg.ppo and full.run is run
+    assert full.model.critic_init is None  # the default: validation resolves it to the RM, as the demo's critic starts
+    validate_tree(full)
     assert config_to_dict(full)["model"]["critic_init"] == "reward"

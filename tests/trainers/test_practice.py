@@ -14,7 +14,7 @@ from fourfold.reporting import read_metrics
 
 def _over(tiny_lm, out, **extra):
     base = {"model.policy": tiny_lm / "sft", "model.reward_fn": f"{tiny_lm / 'reward_fn.py'}:reward",
-            "model.critic_init": "policy", "data.prompts": tiny_lm / "prompts.jsonl", "ppo.iterations": 2,
+            "data.prompts": tiny_lm / "prompts.jsonl", "ppo.iterations": 2,
             "ppo.rollout_batch_size": 8, "ppo.minibatch_size": 4, "ppo.ppo_epochs": 1, "ppo.lr": 1e-3,
             "generation.max_new_tokens": 6, "generation.temperature": 0.7, "run.output_dir": out,
             "run.progress": False, "run.seed": 0, "run.device": "cpu"}

@@ -155,7 +155,7 @@ def ppo_stage_config(cfg: DemoConfig, out: Path, prompts: Path, run: RunConfig) 
     ``data.task`` (and ``data.task_options``) name the review task although the stage passes its prompts
     and gold probe to the trainer itself: ``fourfold ppo --config stages/ppo/config.yaml`` then logs the
     gold reward too."""
-    model = LMModelConfig(policy=str(out / "sft"), reward=str(out / "reward"), critic_init="reward")
+    model = LMModelConfig(policy=str(out / "sft"), reward=str(out / "reward"))  # a critic starts as the RM
     algo, lora = cfg.ppo, cfg.lora
     if lora is not None:
         model = dataclasses.replace(model, lora=lora.adapter(), critic_mode="adapter" if lora.reward else "separate",

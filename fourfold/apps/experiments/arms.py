@@ -46,7 +46,8 @@ class Arm:
     """PPOAlgoConfig fields changed from demo.ppo (ppo arms)."""
     model: dict = dataclasses.field(default_factory=dict)
     """LMModelConfig fields changed from the sweep's model section (policy = the SFT model, reward =
-    the arm's RM, critic_init 'reward'): e.g. precision, critic_init (ppo and reinforce arms)."""
+    the arm's RM, critic_init unset: 'reward' with a critic): e.g. precision (ppo and reinforce arms),
+    critic_init (ppo arms with a critic)."""
     generation: dict = dataclasses.field(default_factory=dict)
     """GenerationConfig fields changed from demo.generation: e.g. weights (ppo and reinforce arms)."""
     lr_multiplier: float = 1.0
@@ -184,7 +185,7 @@ def run_config(cfg: ExperimentsConfig, arm: Arm, seed: int, *, sft: Path, rm: Pa
     generation = dataclasses.replace(d.generation, **arm.generation)
     if arm.stage == "ppo":
         algo = dataclasses.replace(d.ppo, iterations=cfg.iterations, **arm.ppo)
-        model = LMModelConfig(policy=str(sft), reward=str(rm), critic_init="reward")
+        model = LMModelConfig(policy=str(sft), reward=str(rm))  # a critic (gae) starts as the RM
         return PPOConfig(model=dataclasses.replace(model, **arm.model), data=data, generation=generation,
                          ppo=algo, run=run)
     algo = ReinforceAlgoConfig(
@@ -203,16 +204,18 @@ from are counted by their keys)."""
 def run_key(run_cfg, stage: str, demo_keys: Mapping[str, Any]) -> str:
     """What a run's result depends on: its algorithm/generation/data settings, its seed and the demo
     stages its models come from (paths, device, threads and logging do not count). The model section
-    counts by critic_init and by every other key an arm changes from LMModelConfig's defaults (e.g.
-    precision); a key at its default is left out, so the keys of arms that change none stay as they
-    were before the model section was counted (the cache of their results stays valid)."""
+    counts by critic_init (unset, as a critic-free run leaves it, counts as 'reward', the value
+    every run had before it could be unset) and by every other key an arm changes from
+    LMModelConfig's defaults (e.g. precision); a key at its default is left out, so the keys of
+    arms that change none stay as they were before the model section was counted (the cache of
+    their results stays valid)."""
     d = config_to_dict(run_cfg)
     if stage == "dpo":
         return digest({"stage": stage, "algo": d["dpo"], "train": d["train"], "seed": d["run"]["seed"],
                        "demo": demo_keys})
     algo = run_cfg.ppo if stage == "ppo" else run_cfg.reinforce
     key = {"stage": stage, "algo": keyed(algo), "generation": keyed(run_cfg.generation),
-           "data": keyed(run_cfg.data), "critic_init": d["model"].get("critic_init"), "seed": d["run"]["seed"],
+           "data": keyed(run_cfg.data), "critic_init": d["model"].get("critic_init") or "reward", "seed": d["run"]["seed"],
            "demo": demo_keys}
     default = config_to_dict(LMModelConfig())
     model = {k: v for k, v in d["model"].items()
