@@ -8,6 +8,15 @@ from __future__ import annotations
 from fourfold.config.loader import require
 
 
+def critic_start(model) -> str:
+    """Where the critic starts: ``model.critic_init``, or for the default (null) 'reward' beside a
+    reward model and 'policy' without one (the rule validation resolves the key by, and the role
+    plan reads when a config was built without validation)."""
+    if model.critic_init is not None:
+        return model.critic_init
+    return "reward" if model.reward is not None else "policy"
+
+
 def require_critic_init(model, algo, env_run: bool = False) -> None:
     """``model.critic_init`` only where a critic is loaded (``algo`` None: REINFORCE, which has
     none), 'reward' only beside a reward model; then its default (null) resolved in place: 'reward'
@@ -23,5 +32,4 @@ def require_critic_init(model, algo, env_run: bool = False) -> None:
                 "'reward' needs model.reward, which this environment run has none of; use critic_init=policy")
         require(False, "model.critic_init",
                 "'reward' needs model.reward; use critic_init=policy with a reward function or a reward server")
-    if model.critic_init is None:
-        model.critic_init = "reward" if model.reward is not None else "policy"
+    model.critic_init = critic_start(model)

@@ -384,7 +384,9 @@ def _critic_spec(m, lora: Optional[LoraSettings], reward: RoleSpec, trained: tor
                  frozen: torch.dtype) -> RoleSpec:
     """The critic: ``model.critic``, else from ``critic_init`` (a copy of the reward model, or the
     policy's backbone with a zero value head); an adapter on the base with ``critic_mode: adapter``."""
-    from_reward = m.critic_init == "reward"
+    from fourfold.config.critic import critic_start  # here: the memory estimate imports the plan without the config
+
+    from_reward = critic_start(m) == "reward"
     if m.critic_mode == "adapter":  # the config requires model.lora and no model.critic
         if from_reward and reward.form != ADAPTER:
             raise ConfigError("model.critic_init: 'reward' with an adapter critic needs the reward model as a LoRA "

@@ -289,6 +289,8 @@ def test_roles_with_a_critic_are_refused_by_gae_without_the_critic(tiny_lm, tmp_
     cfg = load_config(PPOConfig, None, _over(tiny_lm, tmp_path / "x", **{"ppo.advantage": "gae"}))
     roles = load_roles("ppo", cfg, torch.device("cpu"))  # with a critic
     assert roles.critic is not None
-    no_critic = dataclasses.replace(cfg, ppo=dataclasses.replace(cfg.ppo, use_critic=False))
+    # (validation resolved the unset critic_init to 'reward'; the critic-free run leaves it unset)
+    no_critic = dataclasses.replace(cfg, ppo=dataclasses.replace(cfg.ppo, use_critic=False),
+                                    model=dataclasses.replace(cfg.model, critic_init=None))
     with pytest.raises(ConfigError, match="ppo.advantage: gae uses no critic"):
         train(no_critic, roles=roles)
