@@ -167,7 +167,7 @@ def collect(fam: Overopt, state: dict[str, str]) -> dict:
         if rec and state.get(f"bon/seed{s}") in ("done", "cached"):
             gold_std.append(rec["gold_std"])
             for size, c in rec["curves"].items():
-                bon.setdefault(int(size), []).append({"seed": s, **c})
+                bon.setdefault(int(size), []).append({"seed": s, **_means(c)})
         for p in fam.sizes:
             for kind, into in (("ppo", ppo), ("default", default)):
                 rec = read_json(fam.run_dir(kind, p, s) / "curve.json")
@@ -178,9 +178,15 @@ def collect(fam: Overopt, state: dict[str, str]) -> dict:
                     into.setdefault(p, []).append({"seed": s, **{k: [pt[k] for pt in pts]
                                                                for k in ("iteration", "d", "gold", "proxy", "kl")}})
                 else:
-                    into.setdefault(p, []).append({"seed": s, **pts[-1]})
+                    into.setdefault(p, []).append({"seed": s, **_means(pts[-1])})
     return {"bon": bon, "ppo": ppo, "default": default,
             "sft_gold_std": sum(gold_std) / len(gold_std) if gold_std else None}
+
+
+def _means(rec: dict) -> dict:
+    """A curve or point without its per-prompt gold (kept in the run's own files for
+    fourfold.core.curve_fits.peak_test; the family's record holds the means)."""
+    return {k: v for k, v in rec.items() if k != "gold_by_prompt"}
 
 
 def write_overopt_report(out: Path, cfg: ExperimentsConfig, record: dict) -> None:

@@ -54,8 +54,9 @@ def bon_curve_spec(spec: Mapping[str, Any]) -> dict:
         rm = load_saved(spec["sft"], reward=rm_dir).reward_model.eval()
         with torch.no_grad():
             proxy = torch.cat([rm.score(s.sequences, s.attention_mask).double() for s in batches]).view(len(prompts), N)
-        curves[str(size)] = {"n": list(range(1, N + 1)), "d": d,
-                             "gold": expected_best_of_n(proxy, gold).mean(0).tolist(),
+        by_prompt = expected_best_of_n(proxy, gold)  # (P, N): what curve_fits.peak_test reads
+        curves[str(size)] = {"n": list(range(1, N + 1)), "d": d, "gold": by_prompt.mean(0).tolist(),
+                             "gold_by_prompt": [[round(x, 6) for x in row] for row in by_prompt.tolist()],
                              "proxy": expected_best_of_n(proxy, proxy).mean(0).tolist()}
     result = {"key": spec["key"], "curves": curves, "gold_std": float(gold.std()), "samples": len(flat),
               "seconds": round(time.perf_counter() - t0, 1)}
@@ -103,9 +104,10 @@ def ppo_curve_spec(spec: Mapping[str, Any]) -> dict:
         if path is not None:
             load_checkpoint(path, modules={"policy": roles.policy}, restore_rng=False)
         torch.manual_seed(spec["sample_seed"])
-        summary, _ = evaluate_policy(roles.policy, roles.reference, roles.reward_model, roles.tokenizer, task,
-                                     prompts, gen)
-        out.append({"iteration": int(it), "d": math.sqrt(max(summary["kl"], 0.0)), **summary})
+        summary, rows = evaluate_policy(roles.policy, roles.reference, roles.reward_model, roles.tokenizer, task,
+                                        prompts, gen)
+        out.append({"iteration": int(it), "d": math.sqrt(max(summary["kl"], 0.0)), **summary,
+                    "gold_by_prompt": [r["gold"] for r in rows]})  # per prompt: curve_fits.peak_test
     result = {"key": spec["key"], "points": out, "seconds": round(time.perf_counter() - t0, 1)}
     write_text_atomic(Path(spec["out"]), json.dumps(result, sort_keys=True))
     if spec.get("prune"):  # evaluated: the run's finished policy/ stays, and its last checkpoint
