@@ -66,7 +66,9 @@ class FormFit:
     params: tuple[float, ...]
     """bon/rl: (alpha, beta); linear: (a,); saturating/hyperbolic: (a, tau)."""
     sse: float
+    """Sum of squared residuals over the fitted points."""
     n: int
+    """How many points were fitted."""
 
     @property
     def aic(self) -> float:
