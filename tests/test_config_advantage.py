@@ -146,3 +146,19 @@ def test_estimator_examples_load(name, advantage, k, kl_in, loss_agg):
     ppo = load_config(PPOConfig, ROOT / "examples" / f"{name}.yaml").ppo
     assert (ppo.advantage, ppo.samples_per_prompt, ppo.kl_in, ppo.loss_agg) == (advantage, k, kl_in, loss_agg)
     assert not ppo.loads_critic
+
+
+@pytest.mark.parametrize("stage", ["ppo", "reinforce"])
+def test_a_correction_cap_without_a_correction_mode_is_one_line_through_the_cli(capsys, stage):
+    """<stage>.rollout_correction_cap with rollout_correction none would do nothing: refused, exit 2,
+    one line naming the key (issue 40, item 9; it was silently ignored); with a mode it is taken."""
+    from fourfold.cli import main
+
+    assert main([stage, *OK, f"{stage}.rollout_correction_cap=2"]) == 2
+    out, errors = capsys.readouterr()
+    assert out == "" and errors.count("\n") == 1
+    assert errors.startswith(f"fourfold {stage}: error: command line: {stage}.rollout_correction_cap: set, "
+                             f"and {stage}.rollout_correction is none"), errors
+    assert main([stage, *OK, f"{stage}.rollout_correction_cap=2", f"{stage}.rollout_correction=token_tis",
+                 "--print-config"]) == 0
+    assert "rollout_correction_cap: 2" in capsys.readouterr().out
