@@ -91,6 +91,17 @@ def test_the_lora_page_quotes_loras_defaults():
     assert config_defaults("ppo")["model.critic_mode"] == "separate"
 
 
+def test_the_readmes_help_entry_and_precision_default_are_ppos(capsys):
+    from fourfold.cli import main
+
+    key, kind, default = _one(r"\(`  (ppo\.\w+)  (\w+)  default: ([\w.]+)  \.\.\.`", _read("README.md")).groups()
+    text = " ".join(_read("README.md").split())
+    with pytest.raises(SystemExit):
+        main(["ppo", "--help"])
+    assert re.search(rf"^  {re.escape(key)}  {kind}  default: {re.escape(default)}  ", capsys.readouterr().out, re.M)
+    assert "`fp32` (default)" in text and config_defaults("ppo")["model.precision"] == "fp32"
+
+
 def _subcommands() -> argparse._SubParsersAction:
     from fourfold.cli import build_parser
 
@@ -212,6 +223,17 @@ def test_every_command_the_pages_run_exists_and_the_readme_names_every_command()
     assert {c: p for c, p in named.items() if c not in commands} == {}
     readme = set(re.findall(r"fourfold ([a-z][a-z-]*)", _read("README.md")))
     assert set(commands) - readme == set()
+
+
+def test_the_readme_names_the_stages_torchrun_runs_and_the_pages_only_worlds_that_exist():
+    from fourfold.config.stages import STAGES, torchrun_stages
+
+    text = " ".join(_read("README.md").split())
+    m = _one(r"-m fourfold\.cli (\w+) --config \w+\.yaml` \(likewise ((?:`\w+`, )+)`(\w+)`,", text)
+    assert [m.group(1), *re.findall(r"`(\w+)`", m.group(2)), m.group(3)] == torchrun_stages()
+    worlds = {name for stage in STAGES.values() for name in (stage.task, *(t[0] for t in stage.tasks)) if name}
+    quoted = {w for page in PAGES for w in re.findall(r"--task ([a-z_]+)", page.read_text())}
+    assert quoted and quoted <= worlds
 
 
 METRIC = re.compile(r"`((?:[a-z]+)/[a-z0-9_]+)`")
