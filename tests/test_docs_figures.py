@@ -81,6 +81,27 @@ def test_the_readme_no_critic_table_quotes_ppos_defaults_first():
     assert wrong == {}
 
 
+def test_the_engines_page_quotes_the_generation_defaults_first():
+    quoted = documented_defaults(table_rows(_read("docs/engines.md"), "key", "values (default first)"))
+    assert len(quoted) == 7
+    defaults = config_defaults("ppo")
+    assert {k: yaml.safe_load(v) for k, v in quoted.items()} == {k: defaults[k] for k in quoted}
+
+
+def test_the_marked_defaults_and_presets_of_correction_and_dpo():
+    from fourfold.names import CORRECTION_CAPS
+
+    defaults = config_defaults("ppo")
+    assert "| `none` (default) |" in _read("docs/correction.md") and defaults["ppo.rollout_correction"] == "none"
+    assert "| `sigmoid` (default) |" in _read("README.md") and config_defaults("dpo")["dpo.loss"] == "sigmoid"
+    text = " ".join(_read("docs/correction.md").split())
+    token, seq, geo = _one(r"CORRECTION_CAPS`: ([\d.]+) for the token modes, ([\d.]+) for the sequence modes, "
+                           r"([\d.]+) for `geo_mis`", text).groups()
+    assert {m: str(c).removesuffix(".0") for m, c in CORRECTION_CAPS.items()} == {
+        "token_tis": token, "token_mis": token, "seq_tis": seq, "seq_mis": seq, "geo_mis": geo}
+    assert "so it is off by default" in _read("README.md") and defaults["model.compile"] is False
+
+
 def test_the_lora_page_quotes_loras_defaults():
     from fourfold.config.lora import LoraConfig
 
