@@ -230,6 +230,31 @@ def test_the_new_model_page_counts_its_parameters_and_smallest_vocabulary():
     assert f"the {specials} and one word ({word})" in text
 
 
+def test_the_new_model_pages_worked_example_writes_what_the_page_says(tmp_path, monkeypatch, capsys):
+    """The page's corpus script and its new-model command, run: the line it prints is the page's
+    (316 tokens, 171,840 parameters), and the SFT step count and entropy figures follow from it."""
+    from fourfold.cli import main
+
+    page = _read("docs/new-model.md")
+    script = _one(r"(?s)python - <<'EOF'\n(.*?)\nEOF\n", page).group(1)
+    command = _one(r"\nfourfold new-model (--corpus corpus\.txt --out tiny [^\n\\]*)\n", page).group(1).split()
+    shown = _one(r"\nfourfold new-model (--corpus corpus\.txt --out tiny \\\n[^\n]*)\n", page).group(1)
+    assert sorted(shown.replace("\\\n", " ").split()) == sorted(command)  # the command the output is shown for
+    monkeypatch.chdir(tmp_path)
+    exec(compile(script, "docs/new-model.md", "exec"), {})
+    assert main(["new-model", *command]) == 0
+    printed = " ".join(capsys.readouterr().out.split())
+    said = _one(r"```bash\nfourfold new-model --corpus corpus.txt --out tiny \\\n[^\n]*\n((?:# [^\n]*\n)+)", page).group(1)
+    said = " ".join(said.replace("\n#", "\n").lstrip("# ").split())
+    assert printed == said
+    text = " ".join(page.split())
+    lines = sum(1 for _ in open("corpus.txt"))
+    epochs, batch = (int(x) for x in _one(r"train\.epochs=(\d+) train\.lr=\S+ train\.batch_size=(\d+)", text).groups())
+    assert f"{epochs * math.ceil(lines / batch)} steps; `sft/loss`" in text
+    entropy = 3 * math.log(4)
+    assert f"3 x ln 4 = {entropy:.2f} nats a sentence over its 8 predicted tokens, about {entropy / 8:.2f} a token" in text
+
+
 # ---- names the pages use ---------------------------------------------------------------------------
 
 def test_every_command_the_pages_run_exists_and_the_readme_names_every_command():
