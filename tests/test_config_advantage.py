@@ -146,3 +146,36 @@ def test_estimator_examples_load(name, advantage, k, kl_in, loss_agg):
     ppo = load_config(PPOConfig, ROOT / "examples" / f"{name}.yaml").ppo
     assert (ppo.advantage, ppo.samples_per_prompt, ppo.kl_in, ppo.loss_agg) == (advantage, k, kl_in, loss_agg)
     assert not ppo.loads_critic
+
+
+@pytest.mark.parametrize("stage", ["ppo", "reinforce"])
+def test_a_correction_cap_without_a_correction_mode_is_one_line_through_the_cli(capsys, stage):
+    """<stage>.rollout_correction_cap with rollout_correction none would do nothing: refused, exit 2,
+    one line naming the key (issue 40, item 9; it was silently ignored); with a mode it is taken."""
+    from fourfold.cli import main
+
+    assert main([stage, *OK, f"{stage}.rollout_correction_cap=2"]) == 2
+    out, errors = capsys.readouterr()
+    assert out == "" and errors.count("\n") == 1
+    assert errors.startswith(f"fourfold {stage}: error: command line: {stage}.rollout_correction_cap: set, "
+                             f"and {stage}.rollout_correction is none"), errors
+    assert main([stage, *OK, f"{stage}.rollout_correction_cap=2", f"{stage}.rollout_correction=token_tis",
+                 "--print-config"]) == 0
+    assert "rollout_correction_cap: 2" in capsys.readouterr().out
+
+
+def test_gspo_with_a_token_level_clip_warns_once_through_the_cli(tiny_lm, tmp_path, capsys):
+    """ppo.ratio_level=sequence with the default clip_eps 0.2 (which clips nothing at the sequence
+    level) runs, with one warning line on stdout naming GSPO's sizes and nothing on stderr (issue 40,
+    item 12: a warning, not a refusal, since a large clip is a choice a user may make on purpose)."""
+    from fourfold.cli import main
+
+    run = [f"model.policy={tiny_lm / 'sft'}", f"model.reward={tiny_lm / 'rm'}", f"data.prompts={tiny_lm / 'prompts.jsonl'}",
+           "ppo.ratio_level=sequence", "ppo.iterations=1", "ppo.rollout_batch_size=4", "ppo.minibatch_size=4",
+           "ppo.ppo_epochs=1", "generation.max_new_tokens=4", "run.device=cpu", "run.progress=false"]
+    assert main(["ppo", *run, "--output-dir", str(tmp_path / "a")]) == 0
+    out, errors = capsys.readouterr()
+    warned = [line for line in out.splitlines() if "warning: ppo.ratio_level: sequence (GSPO) with a clip of 0.2" in line]
+    assert len(warned) == 1 and "3e-4" in warned[0] and errors == "", (out, errors)
+    assert main(["ppo", *run, "ppo.clip_eps=4e-4", "--output-dir", str(tmp_path / "b")]) == 0
+    assert "ppo.ratio_level" not in capsys.readouterr().out

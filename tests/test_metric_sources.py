@@ -81,3 +81,37 @@ def _check(run, trainer, met, rows, every_row):
         # a conditional metric the run does not meet is not logged
         unmet = sorted(k for k in logged if logged_by(k)[trainer] not in {"", *met})
         assert not unmet, f"{run}: logged under a condition the run does not meet: {unmet}"
+
+
+def _words(rng, n):
+    return " ".join(f"w{rng.randrange(60)}" for _ in range(n))
+
+
+SUPERVISED = {  # stage: (the data's rows, overrides, the conditions the run meets)
+    "sft": (lambda rng: {"prompt": _words(rng, 3), "completion": _words(rng, 4)},
+            ["data.eval={data}"], {"an eval file: data.eval"}),  # sft has no eval_fraction
+    "reward": (lambda rng: {"prompt": _words(rng, 3), "chosen": _words(rng, 4), "rejected": _words(rng, 5)},
+               ["data.eval_fraction=0.25"], {"an eval split"}),
+    "dpo": (lambda rng: {"prompt": _words(rng, 3), "chosen": _words(rng, 4), "rejected": _words(rng, 5)},
+            ["data.eval_fraction=0.25"], {"an eval split"}),
+}
+
+
+@pytest.mark.parametrize("stage", list(SUPERVISED))
+def test_a_brief_supervised_run_logs_what_the_table_says(tiny_lm, tmp_path, stage, capsys):
+    """sft, reward and dpo (through the CLI, with an eval split) log what the table gives them."""
+    import json
+    import random
+
+    from fourfold.cli import main
+
+    row, overrides, met = SUPERVISED[stage]
+    rng = random.Random(0)
+    data = tmp_path / "data.jsonl"
+    data.write_text("".join(json.dumps(row(rng)) + "\n" for _ in range(16)))
+    overrides = [o.format(data=data) for o in overrides]
+    assert main([stage, f"model.path={tiny_lm / 'sft'}", f"data.train={data}", "train.max_steps=2", "train.batch_size=4",
+                 "train.max_len=16", "run.device=cpu", "run.progress=false", "run.tensorboard=false",
+                 *overrides, "--output-dir", str(tmp_path / stage)]) == 0, capsys.readouterr().err
+    rows = read_metrics(tmp_path / stage / "metrics.jsonl")
+    _check(stage, stage, met, rows, every_row=False)  # the eval metrics are on the eval steps' rows

@@ -57,3 +57,13 @@ def test_reward_server_benchmark_prints_one_json_line():
     for part in ("model", "function"):
         assert out[part]["local_scores_per_s"] > 0 and out[part]["served_scores_per_s"] > 0, part
     assert out["rows"] == 4 and out["machine"]
+
+
+def test_bf16_matmul_benchmark_prints_one_json_line():
+    """The line docs/benchmarks.md tabulates per CPU kind (issue 40, item 17): the CPU, torch's
+    capability, whether it has native bf16, both times and their ratio."""
+    out = _one_json_line(["benchmarks/bf16_matmul.py", "--repeats", "1", "--threads", "1"])
+    assert out["benchmark"] == "bf16_matmul" and out["shape"] == "256x512 @ 512x2048" and out["threads"] == 1
+    assert {"cpu", "torch", "capability", "native_bf16", "fp32_ms", "bf16_ms"} <= set(out)
+    assert out["fp32_ms"] > 0 and out["bf16_ms"] > 0
+    assert abs(out["bf16_over_fp32"] - out["bf16_ms"] / out["fp32_ms"]) < 0.01 + 0.001 / out["fp32_ms"]
