@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from fourfold.apps.claim_kit import counts_text
 from fourfold.apps.experiments import (
     QUICK_CLAIMS,
     Job,
@@ -93,7 +94,8 @@ def test_every_claim_holds_on_healthy_numbers():
     bad = [r for r in rows if r["holds"] != "yes"]
     assert bad == [], bad
     for r in rows:
-        assert set(r) == {"group", "claim", "measured", "threshold", "holds"}
+        assert set(r) == {"group", "claim", "measured", "threshold", "holds", "kind", "why", "null"}
+    assert [r["kind"] for r in rows].count("check") == 5  # ppo's KL bound, beta0's drift and fooled RM, reinforce-pp x2
     best = [r for r in rows if "best learning rate" in r["claim"]][0]
     assert "reinforce-lr10x" in best["claim"]  # the better of the two learning rates (mean gold)
     assert "3/3 seeds" in best["measured"]
@@ -436,7 +438,7 @@ def _claims_table(md: str) -> list[list[str]]:
     table = lines[start:]
     assert all(line.startswith("|") for line in table), "summary.md must end with the claims table"
     header = [c.strip() for c in table[0].strip("|").split("|")]
-    assert header == ["claim", "measured", "threshold", "holds"]
+    assert header == ["claim", "kind", "measured", "threshold", "holds", "null"]
     return [[c.strip() for c in line.strip("|").split(" | ")] for line in table[2:]]
 
 
@@ -455,9 +457,9 @@ def test_quick_end_to_end(tmp_path):
     md = (out / "summary.md").read_text()
     rows = _claims_table(md)
     assert len(rows) == 4  # quick: what its budget settles (3 beta0 claims, DPO's length), nothing else
-    assert all(r[3] in ("yes", "no") for r in rows)
+    assert all(r[4] in ("yes", "no") and r[1] in ("finding", "check") for r in rows)
     assert sum("beta = 0" in r[0] for r in rows) == 3 and any("DPO inherits" in r[0] for r in rows)
-    assert all("evaluation standard errors" in r[2] for r in rows)
+    assert all("evaluation standard errors" in r[3] for r in rows)
     assert md.count("needs the full sweep") >= 8 + 2  # the groups quick leaves out, then 2 of its groups' claims
     for a in ("ppo", "ppo-beta0", "grpo", "dpo", "SFT (reference)"):
         assert f"| {a} |" in md
@@ -492,7 +494,7 @@ def test_quick_end_to_end(tmp_path):
     assert set(rec["summaries"]) == {"ppo", "ppo-beta0", "grpo", "dpo"} and rec["provenance"]["commit"]
     table = publish.experiments_table({"experiments": rec})
     assert f"| grpo (K = 4) | {rec['summaries']['grpo']['proxy_delta_sd']:+.2f} |" in table
-    assert f"of the {len(rows)} claims hold" in table and table.index("| ppo-beta0 |") < table.index("| grpo (K = 4) |")
+    assert f"**{counts_text(rows)}, in" in table and table.index("| ppo-beta0 |") < table.index("| grpo (K = 4) |")
     assert not (demo_dir / "policy").exists()  # the experiments stop the demo after the reward model
     cfg = (out / "configs" / "ppo-beta0-seed0.yaml").read_text()
     assert "kl_coef: 0.0" in cfg and "resume: false" in cfg and "overwrite: true" in cfg  # started afresh

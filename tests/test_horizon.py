@@ -266,7 +266,7 @@ def test_report_from_numbers(tmp_path):
     write_horizon_report(tmp_path, cfg, record, credit)
     md = (tmp_path / "summary.md").read_text()
     lines = md.rstrip("\n").split("\n")
-    start = max(i for i, line in enumerate(lines) if line.startswith("| claim | measured | threshold | holds |"))
+    start = max(i for i, line in enumerate(lines) if line.startswith("| claim | kind | measured | threshold | holds | null |"))
     assert len(lines) - start == 2 + len(rows) and all(line.startswith("|") for line in lines[start:])  # claims last
     assert "| h6-k8 | grpo | 3 |" in md and "| h1 | SFT | 1 |" in md
     assert [r["arm"] for r in result_rows(record) if r["world"] == "h6-noisy"] == ["SFT", "ppo", "grpo"]

@@ -17,6 +17,7 @@ import dataclasses
 import math
 from typing import Mapping, Sequence
 
+from fourfold.apps.claim_kinds import annotate
 from fourfold.apps.claim_kit import ClaimTable, claim_row
 from fourfold.apps.experiments.config import DEFAULT_CLAIM_GROUPS, GROUP_ARMS, ExperimentsClaimsConfig
 from fourfold.apps.report_kit import fmt, mean, signed, std
@@ -509,7 +510,7 @@ def compute_claims(finals: Mapping[str, Sequence[Mapping]], sft: Mapping, claims
     _practice_claims(t)
     if claims.quick:
         _quick_notes(t)
-    return t.rows, t.notes
+    return annotate("experiments", t.rows), t.notes
 
 
 def _quick_notes(t: _Table) -> None:

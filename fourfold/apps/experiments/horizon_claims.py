@@ -27,6 +27,7 @@ from __future__ import annotations
 import math
 from typing import Mapping, Sequence
 
+from fourfold.apps.claim_kinds import annotate
 from fourfold.apps.experiments.claims import WorldClaims, eval_se, fmt_list, paired, seeds_txt
 from fourfold.apps.experiments.config import GROUP_ARMS, HorizonConfig
 from fourfold.apps.report_kit import fmt, mean, signed
@@ -176,7 +177,7 @@ def compute_horizon_claims(finals: Mapping[str, Mapping[str, Sequence[Mapping]]]
     _knob(t, ks)
     if quick:
         t.notes += [f"needs the full sweep: claims '{g}'" for g in HORIZON_GROUPS if g not in QUICK_HORIZON_GROUPS]
-        return t.rows, t.notes
+        return annotate("horizon", t.rows), t.notes
     if "ppo-no-critic" in hc.arms and "ppo" in hc.arms:
         _critic(t, ks)
     for arm in [a for a in GROUP_ARMS if a in hc.arms and "ppo" in hc.arms]:
@@ -186,4 +187,4 @@ def compute_horizon_claims(finals: Mapping[str, Mapping[str, Sequence[Mapping]]]
         for arm in [a for a in GROUP_ARMS if a in hc.noisy_arms]:
             _match(t, "noisy", [world_label(ks[-1], "noisy")], arm, f"under noisier labels ({noise})")
     _group_size(t, hc, group_size)
-    return t.rows, t.notes
+    return annotate("horizon", t.rows), t.notes

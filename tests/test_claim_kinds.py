@@ -1,0 +1,68 @@
+"""Every published claim has a kind (finding or check), a reason and a null; the README's headline
+counts findings only, recomputed here from results/*.json (issue 39)."""
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from fourfold.apps import claim_kinds, claim_reeval
+from fourfold.apps.claim_kit import claim_row, claims_held, counts, counts_text, headline_row
+
+ROOT = Path(__file__).resolve().parents[1]
+HEADLINE_ORDER = ("experiments.json", "horizon.json", "overoptimization.json", "turns.json", "practice.json")
+"""The README headline rows' families, top to bottom."""
+
+
+def _claims(name):
+    return json.loads((ROOT / "results" / name).read_text())["claims"]
+
+
+@pytest.mark.parametrize("name", sorted(claim_kinds.RESULT_FAMILY))
+def test_every_published_claim_has_a_kind_a_reason_and_a_null(name):
+    for c in _claims(name):
+        assert c["kind"] in ("finding", "check"), c["claim"]
+        assert c["why"].strip() and c["null"].strip(), c["claim"]
+        assert (c["null"] == claim_kinds.CHECK_NULL) == (c["kind"] == "check"), c["claim"]
+
+
+def test_the_stored_results_are_what_reevaluation_gives():
+    for name in claim_kinds.RESULT_FAMILY:
+        rec = json.loads((ROOT / "results" / name).read_text())
+        assert claim_reeval.reevaluate(name, rec) == rec, f"python -m fourfold.apps.claim_reeval changes {name}"
+
+
+def test_the_readme_headline_counts_findings_as_results_say():
+    rows = re.findall(r"(\d+) of (\d+) findings hold; (\d+) of (\d+) checks pass",
+                      (ROOT / "README.md").read_text())
+    assert len(rows) == len(HEADLINE_ORDER)
+    for name, got in zip(HEADLINE_ORDER, rows):
+        cs = _claims(name)
+        findings = [c for c in cs if c["kind"] == "finding"]
+        checks = [c for c in cs if c["kind"] == "check"]
+        held = sum(c["holds"] == "yes" and not c["null"].startswith("yes") for c in findings)
+        want = (held, len(findings), sum(c["holds"] == "yes" for c in checks), len(checks))
+        assert tuple(map(int, got)) == want, name
+
+
+def test_the_seed_sweeps_checks_are_the_ones_the_review_names():
+    checks = [c["claim"] for c in _claims("experiments.json") if c["kind"] == "check"]
+    assert len(checks) == 5 and sum("reinforce-pp" in c for c in checks) == 2
+    assert [c["kind"] for c in _claims("practice.json")] == ["check", "finding", "finding", "check", "check", "check"]
+
+
+def test_a_finding_whose_null_says_yes_is_flagged_not_held():
+    rows = [claim_kinds.annotate("turns", [claim_row("learns", "every arm learns", "m", "t", True, null=null)])[0]
+            for null in ("no (SFT against itself)", "yes (SFT against itself)")]
+    rows += claim_kinds.annotate("turns", [claim_row("knob", "the knob works", "m", "t", True),
+                                           claim_row("critic", "the gain grows", "m", "t", False)])
+    assert claims_held(rows) == 1
+    assert counts(rows) == {"findings": 3, "held": 1, "checks": 1, "passed": 1, "flagged": 1}
+    assert counts_text(rows) == "1 of 3 findings hold; 1 of 1 checks pass; 1 flagged (null says yes)"
+    assert headline_row("w", rows, "d", "cmd", "x") == (
+        "| w | 1 of 3 findings hold; 1 of 1 checks pass; 1 flagged (null says yes) (d) | `cmd` | x |")
+
+
+def test_a_claim_without_a_rule_is_an_error_naming_it():
+    with pytest.raises(ValueError, match="'a new claim' .*'knob2'.*add a rule"):
+        claim_kinds.annotate("turns", [claim_row("knob2", "a new claim", "m", "t", True)])
