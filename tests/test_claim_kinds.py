@@ -66,3 +66,28 @@ def test_a_finding_whose_null_says_yes_is_flagged_not_held():
 def test_a_claim_without_a_rule_is_an_error_naming_it():
     with pytest.raises(ValueError, match="'a new claim' .*'knob2'.*add a rule"):
         claim_kinds.annotate("turns", [claim_row("knob2", "a new claim", "m", "t", True)])
+
+
+def test_synthetic_nulls_run_the_familys_own_verdict():
+    from fourfold.apps.claim_nulls import synthetic_rate
+
+    # a flat-then-falling PPO curve passes "rises, peaks and falls" on most draws (its max over noisy flat
+    # points sits after the SFT point): the published PPO peak is flagged; a saturating BoN curve never passes
+    assert synthetic_rate("ppo", "peak", draws=20) > 0.5
+    assert synthetic_rate("bon", "peak", draws=20) == 0.0
+    # three sizes with the same curve: a strict order passes by chance (about 1/6), more than 5%
+    assert 0.05 < synthetic_rate("ppo", "size-peak", draws=60) < 0.4
+
+
+def test_stored_nulls():
+    from fourfold.apps.claim_nulls import stored_null
+
+    rec = json.loads((ROOT / "results" / "experiments.json").read_text())
+    row = {"group": "ppo", "claim": "ppo raises gold reward above the SFT model's"}
+    assert stored_null("experiments", rec, row).startswith("no (stored mean: ppo-beta-high's gold gain (sd) 0.0588")
+    rec["summaries"]["ppo-beta-high"]["gold_delta_sd"] = 0.5  # a control that gains: the mean no longer settles it
+    assert stored_null("experiments", rec, row).startswith("yes")
+    assert stored_null("experiments", rec, {"group": "critic", "claim": "x"}).startswith("no (by construction")
+    assert stored_null("experiments", rec, {"group": "beta0", "claim": "beta = 0 degenerates"}) is None
+    flagged = [c["claim"] for c in _claims("overoptimization.json") if c["null"].startswith("yes")]
+    assert "PPO: gold rises, peaks and falls while the proxy rises" in flagged

@@ -200,13 +200,6 @@ def rule_for(family: str, row: Mapping) -> tuple[str, str, str, str, str]:
     )
 
 
-def annotate_record(name: str, record: Mapping) -> dict:
-    """results/``name``'s ``record`` with its claims annotated (:func:`annotate`; a file of no family unchanged)."""
-    if name not in RESULT_FAMILY or "claims" not in record:
-        return dict(record)
-    return {**record, "claims": annotate(RESULT_FAMILY[name], record["claims"])}
-
-
 def annotate(family: str, rows: Sequence[Mapping]) -> list[dict]:
     """``rows`` with ``kind`` and ``why`` from :data:`RULES`; ``null`` kept where a row has one (a
     null the run computed), else the rule's (a check: :data:`CHECK_NULL`)."""

@@ -16,16 +16,31 @@ import sys
 from pathlib import Path
 from typing import Mapping, Optional, Sequence
 
-from fourfold.apps.claim_kinds import RESULT_FAMILY, annotate
+from fourfold.apps.claim_kinds import FINDING, RESULT_FAMILY, annotate
+from fourfold.apps.claim_nulls import stored_null
 from fourfold.atomic import write_text_atomic
 
 REPO = Path(__file__).resolve().parents[2]
 
 
+def annotate_record(name: str, record: Mapping) -> dict:
+    """results/``name``'s ``record`` with its claims annotated (:func:`~fourfold.apps.claim_kinds.annotate`),
+    each finding whose null was not run given the null the record can give
+    (:func:`~fourfold.apps.claim_nulls.stored_null`); a file of no family unchanged."""
+    if name not in RESULT_FAMILY or "claims" not in record:
+        return dict(record)
+    family = RESULT_FAMILY[name]
+    rows = annotate(family, record["claims"])
+    for row in rows:
+        if row["kind"] == FINDING and row["null"].startswith("not run"):
+            row["null"] = stored_null(family, record, row) or row["null"]
+    return {**record, "claims": rows}
+
+
 def reevaluate(name: str, record: Mapping) -> dict:
     """``record`` (results/``name``) with its claims re-annotated from scratch (kind, why, null)."""
     fresh = [{k: v for k, v in c.items() if k not in ("kind", "why", "null")} for c in record["claims"]]
-    return {**record, "claims": annotate(RESULT_FAMILY[name], fresh)}
+    return annotate_record(name, {**record, "claims": fresh})
 
 
 def rewrite(root: Path) -> list[str]:

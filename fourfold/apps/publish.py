@@ -30,8 +30,8 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, Mapping, Optional, Sequence
 
-from fourfold.apps.claim_kinds import annotate_record
 from fourfold.apps.claim_kit import claims_md, counts_text, headline_row
+from fourfold.apps.claim_reeval import annotate_record
 from fourfold.apps.demo.arithmetic_results import RUNS as ARITHMETIC_RUNS
 from fourfold.apps.demo.arithmetic_results import arithmetic_line, arithmetic_table, collect_arithmetic
 from fourfold.apps.publish_overopt import overopt_headline, overopt_record, overopt_text
