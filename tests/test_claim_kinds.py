@@ -91,3 +91,21 @@ def test_stored_nulls():
     assert stored_null("experiments", rec, {"group": "beta0", "claim": "beta = 0 degenerates"}) is None
     flagged = [c["claim"] for c in _claims("overoptimization.json") if c["null"].startswith("yes")]
     assert "PPO: gold rises, peaks and falls while the proxy rises" in flagged
+
+
+def test_old_margin_rows_are_reposed_from_their_stored_values():
+    from fourfold.apps.claim_repose import repose
+
+    rec = {"summaries": {"ppo": {"gold_delta_sd": 0.5}}}
+    row = {"group": "critic-free", "claim": "removing the critic costs PPO less than 0.3 sd of gold (grpo)",
+           "measured": "ppo's gold minus grpo's +0.10, +0.05, +0.06 sd, mean +0.07 sd (+- 0.04 sd: 2 evaluation "
+                       "standard errors of the mean); ppo +0.50 +- 0.04 sd, grpo +0.43 +- 0.02 sd",
+           "threshold": "mean over seeds < 0.3 sd", "holds": "yes"}
+    new = repose("experiments", rec, row)
+    # mean 0.07; SE max(0.02, sd(0.10, 0.05, 0.06) / sqrt 3 = 0.0153) = 0.02; bound 0.07 + 0.0329 = 0.1029 >= 0.1
+    assert new["holds"] == "no" and "mean +0.07 sd (SE 0.020; 90% interval +0.04 to +0.10 sd)" in new["measured"]
+    assert new["threshold"] == "upper 95% bound < 20% of ppo's mean gold gain (0.100 sd): non-inferiority"
+    assert new["claim"] == "removing the critic costs PPO less than 20% of its gold gain (grpo)"
+    rec["summaries"]["ppo"]["gold_delta_sd"] = 0.6  # margin 0.12 > 0.1029: holds
+    assert repose("experiments", rec, row)["holds"] == "yes"
+    assert repose("experiments", rec, new) == new  # a row in the new form is left alone

@@ -18,6 +18,7 @@ from typing import Mapping, Optional, Sequence
 
 from fourfold.apps.claim_kinds import FINDING, RESULT_FAMILY, annotate
 from fourfold.apps.claim_nulls import stored_null
+from fourfold.apps.claim_repose import repose
 from fourfold.atomic import write_text_atomic
 
 REPO = Path(__file__).resolve().parents[2]
@@ -38,8 +39,11 @@ def annotate_record(name: str, record: Mapping) -> dict:
 
 
 def reevaluate(name: str, record: Mapping) -> dict:
-    """``record`` (results/``name``) with its claims re-annotated from scratch (kind, why, null)."""
-    fresh = [{k: v for k, v in c.items() if k not in ("kind", "why", "null")} for c in record["claims"]]
+    """``record`` (results/``name``) with its claims re-annotated from scratch (kind, why, null), the
+    old-form margin claims re-posed first (:func:`~fourfold.apps.claim_repose.repose`, which sets their null)."""
+    family = RESULT_FAMILY[name]
+    fresh = [repose(family, record, {k: v for k, v in c.items() if k not in ("kind", "why", "null")})
+             for c in record["claims"]]
     return annotate_record(name, {**record, "claims": fresh})
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import Sequence
 
 Z_ONE_SIDED_5 = 1.6448536269514722
 """The one-sided 5% normal quantile: each of TOST's two tests at alpha = 0.05 (a 90% interval)."""
@@ -50,3 +51,39 @@ def noninferior(cost: float, se: float, margin: float, z: float = Z_ONE_SIDED_5)
     _check(se, margin, z)
     lo, hi = cost - z * se, cost + z * se
     return Bound(lo, hi, margin, bool(hi < margin))
+
+
+def seed_se(values: Sequence[float], eval_se_mean: float) -> float:
+    """The SE of a mean over seeds: the larger of the evaluation's (``eval_se_mean``) and the seeds'
+    spread (their sd / sqrt(n); n < 2: the evaluation's alone)."""
+    n = len(values)
+    if n < 2:
+        return eval_se_mean
+    m = sum(values) / n
+    return max(eval_se_mean, math.sqrt(sum((v - m) ** 2 for v in values) / (n - 1) / n))
+
+
+def margin_verdict(diff: float, se: float, effect: float, share: float = MARGIN_SHARE, two_sided: bool = False) -> Bound:
+    """:func:`noninferior` (``two_sided``: :func:`tost`) with the margin ``share`` x ``effect``; an
+    effect <= 0 leaves no margin, and the claim does not hold."""
+    margin = share * effect
+    if not (math.isfinite(margin) and margin > 0):
+        return Bound(diff - Z_ONE_SIDED_5 * se, diff + Z_ONE_SIDED_5 * se, margin, False)
+    return (tost if two_sided else noninferior)(diff, se, margin)
+
+
+NULL_AT_MARGIN = ("no (by construction: a difference exactly at the margin with the same SE has its bound "
+                  "beyond the margin)")
+"""The null of a margin claim: the verdict on a difference at the margin, which a level-5% test rejects."""
+
+
+def margin_threshold(b: Bound, share: float, effect: str, unit: str = "sd", two_sided: bool = False) -> str:
+    """The threshold text of a margin claim (``effect``: what the margin is a share of)."""
+    if two_sided:
+        return f"90% interval inside +-{share:.0%} of {effect} (+-{b.margin:.3f} {unit}): equivalence (TOST)"
+    return f"upper 95% bound < {share:.0%} of {effect} ({b.margin:.3f} {unit}): non-inferiority"
+
+
+def interval_text(b: Bound, se: float, unit: str = "sd") -> str:
+    """'SE x; 90% interval lo to hi unit'."""
+    return f"SE {se:.3f}; 90% interval {b.lower:+.2f} to {b.upper:+.2f} {unit}"
