@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from fourfold.apps import claim_kinds
 from fourfold.apps.experiments.config import ExperimentsConfig, TurnsClaimsConfig, TurnsConfig
 from fourfold.apps.experiments.turns import TURNS_QUICK, Turns, turns_quick_config
 from fourfold.apps.experiments.turns_claims import compute_turns_claims, growth
@@ -153,7 +154,7 @@ def test_report_and_publish_block_from_a_record(tmp_path):
     cfg = load_config(ExperimentsConfig, ROOT / "examples" / "turns.yaml")
     write_turns_report(tmp_path, cfg, rec)
     md = (tmp_path / "summary.md").read_text()
-    assert "| h3 | 4 | ppo-no-critic | 3 | 0.600 ± 0.100 | +0.50 |" in md and md.rstrip().endswith("| no | not run (needs rerun: the rule on ppo against itself, seed s against seed s+1) |")
+    assert "| h3 | 4 | ppo-no-critic | 3 | 0.600 ± 0.100 | +0.50 |" in md and md.rstrip().endswith("| no | " + claim_kinds.rotated("ppo") + " |")
     assert md.index("## Claims") > md.index("## Held-out gold")
     assert (tmp_path / "turns.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "0.40 -&gt; 0.60 -&gt; 0.90" in (tmp_path / "report.html").read_text()

@@ -182,6 +182,36 @@ RULES: dict[str, list[tuple[str, str, str, str, str]]] = {
 """{family: [(group, claim regex, kind, why, null)]}: the first rule whose group is the row's and whose
 regex matches its claim (re.search) gives the row's kind, its one-line reason and its stored null."""
 
+ROTATED = ("no (by construction: {who} against itself with seeds rotated, seed s against s+1; the rotated "
+           "{what} {how}, so one seed fails the rule)")
+
+
+def rotated(who: str, ratio: bool = False) -> str:
+    return ROTATED.format(who=who, what="ratios" if ratio else "differences",
+                          how="multiply to 1" if ratio else "sum to 0")
+
+
+SFT_SELF = "no (by construction: the SFT model against itself gains exactly 0, below the rule's positive bar)"
+
+BY_CONSTRUCTION = {
+    ("experiments", "beta0", "hacks"): rotated("ppo-beta0"),
+    ("experiments", "epochs", ""): rotated("ppo-1epoch"),
+    ("experiments", "reinforce", ""): rotated("the REINFORCE arm"),
+    ("experiments", "critic", ""): rotated("ppo-no-critic"),
+    ("experiments", "length", ""): rotated("ppo-unbiased-rm"),
+    ("experiments", "critic-free", "raises gold"): SFT_SELF,
+    ("experiments", "baseline", ""): rotated("the REINFORCE arm"),
+    ("experiments", "dpo", ""): SFT_SELF,
+    ("experiments", "practice", "dual-clip"): rotated("ppo-beta0", ratio=True),
+    ("horizon", "critic", ""): rotated("ppo-no-critic"),
+    ("horizon", "group-size", ""): rotated("the K = 2 arm"),
+    ("turns", "learns", ""): SFT_SELF,
+    ("turns", "critic", ""): rotated("ppo"),
+}
+"""{(family, group, claim regex): null}: the nulls a rule's form settles without data (the first
+matching key replaces the rule's null in :func:`annotate`)."""
+
+
 RESULT_FAMILY = {
     "experiments.json": "experiments",
     "practice.json": "experiments",
@@ -208,6 +238,8 @@ def annotate(family: str, rows: Sequence[Mapping]) -> list[dict]:
     out = []
     for row in rows:
         _, _, kind, why, null = rule_for(family, row)
+        null = next((v for (f, g, pat), v in BY_CONSTRUCTION.items()
+                     if f == family and g == row["group"] and re.search(pat, row["claim"])), null)
         new = {**row, "kind": kind, "why": why}
         new["null"] = CHECK_NULL if kind == CHECK else (row.get("null") or null)
         out.append(new)

@@ -3,10 +3,10 @@
 
 Three sources, each named in the null's text:
 
-- *by construction*: a rule "the difference beats a positive bar in every seed" (or its mean does)
-  run on an arm against itself with its seeds rotated (seed s against seed s+1): the rotated
-  differences sum to 0, so one is <= 0 and the rule says no; a gain over the SFT model run on the
-  SFT model against itself is 0 and says no the same way; a ratio rule's rotated ratios multiply to 1;
+- *by construction* (:data:`~fourfold.apps.claim_kinds.BY_CONSTRUCTION`, set at every run): a rule
+  "the difference beats a positive bar in every seed" (or its mean does) run on an arm against
+  itself with its seeds rotated (seed s against s+1) says no, as the rotated differences sum to 0
+  (a ratio rule's ratios multiply to 1); a gain over SFT run on SFT against itself is 0;
 - *the stored means*: "x in every seed" is false when the mean over seeds of a control arm already
   fails it (some seed is no better than the mean);
 - *synthetic curves* (overoptimization): the family's own verdict (:func:`summarize_curves`,
@@ -34,16 +34,6 @@ DRAWS = 200
 SIZES = (500, 1500, 4000)
 """The reward-model sizes of the synthetic overoptimization nulls (the family's)."""
 
-ROTATED = ("no (by construction: {who} against itself with seeds rotated, seed s against s+1; the rotated "
-           "{what} {how}, so one seed fails the rule)")
-
-
-def _rotated(who: str, ratio: bool = False) -> str:
-    return ROTATED.format(who=who, what="ratios" if ratio else "differences",
-                          how="multiply to 1" if ratio else "sum to 0")
-
-
-SFT_SELF = "no (by construction: the SFT model against itself gains exactly 0, below the rule's positive bar)"
 
 
 def _mean_fails(record: Mapping, arm: str, key: str, ok: Callable[[float], bool], what: str) -> str:
@@ -109,23 +99,12 @@ NULLS: dict[str, list[tuple[str, str, Callable[[Mapping, Mapping], Optional[str]
     "experiments": [
         ("ppo", r"raises gold", _ppo_gold_null),
         ("ppo", r"well formed", _wf_null),
-        ("beta0", r"hacks", lambda r, c: _rotated("ppo-beta0")),
         ("beta-high", r"\(KL\)", _beta_high_kl_null),
-        ("epochs", r"", lambda r, c: _rotated("ppo-1epoch")),
-        ("reinforce", r"", lambda r, c: _rotated("the REINFORCE arm")),
-        ("critic", r"", lambda r, c: _rotated("ppo-no-critic")),
-        ("length", r"", lambda r, c: _rotated("ppo-unbiased-rm")),
-        ("critic-free", r"raises gold", lambda r, c: SFT_SELF),
-        ("baseline", r"", lambda r, c: _rotated("the REINFORCE arm")),
-        ("dpo", r"", lambda r, c: SFT_SELF),
-        ("practice", r"dual-clip", lambda r, c: _rotated("ppo-beta0", ratio=True)),
     ],
-    "horizon": [("critic", r"", lambda r, c: _rotated("ppo-no-critic")),
-                ("group-size", r"", lambda r, c: _rotated("the K = 2 arm"))],
-    "turns": [("learns", r"", lambda r, c: SFT_SELF), ("critic", r"", lambda r, c: _rotated("ppo"))],
     "overopt": [("peak", r"", _overopt_null), ("size-peak", r"", _overopt_null), ("size-beta", r"", _overopt_null)],
 }
-"""{family: [(group, claim regex, null(record, row))]}: the nulls the stored results give (first match)."""
+"""{family: [(group, claim regex, null(record, row))]}: the nulls the stored results give (first match);
+the by-construction ones are :data:`fourfold.apps.claim_kinds.BY_CONSTRUCTION`, which every run gets."""
 
 
 def stored_null(family: str, record: Mapping, row: Mapping) -> Optional[str]:
