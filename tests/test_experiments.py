@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from fourfold.apps.claim_kit import counts_text
 from fourfold.apps.experiments import (
     QUICK_CLAIMS,
     Job,
@@ -63,16 +64,18 @@ def healthy_finals():
                     "well_formed": 0.88}),
         "ppo-beta0": arm({"proxy": 1.3, "gold": [-0.6, -0.5, -0.7], "kl": [60.0, 45.0, 50.0], "length": 30.0,
                           "well_formed": 0.2, "repetition": 0.4}),
-        "ppo-beta-high": arm({"proxy": 0.05, "gold": [0.01, -0.02, 0.0], "kl": [0.05, 0.08, 0.04], "length": 15.2}),
+        # beta-high: at SFT within TOST's margin (20% of ppo's 0.62 sd gain: 0.124 sd; 1.645 SE = 0.118 sd at 256 prompts)
+        "ppo-beta-high": arm({"proxy": 0.05, "gold": [0.0, 0.0, 0.0], "kl": [0.05, 0.08, 0.04], "length": 15.2}),
         "ppo-1epoch": arm({"proxy": 0.6, "gold": [0.10, 0.12, 0.05], "kl": 2.0}),
         "ppo-no-critic": arm({"proxy": 0.9, "gold": [0.1, 0.0, 0.15], "kl": 5.0}),
         "reinforce-lr1x": arm({"proxy": 0.05, "gold": [0.0, 0.01, -0.01], "kl": 0.1}),
         "reinforce-lr10x": arm({"proxy": 0.4, "gold": [0.05, -0.2, 0.1], "kl": 8.0}),
         "ppo-unbiased-rm": arm({"proxy": 1.0, "gold": 0.3, "kl": 5.0, "length": 15.5}),
-        # critic-free: 0.1-0.2 sd below ppo, 0.4-0.6 sd above SFT and above REINFORCE
-        "grpo": arm({"proxy": 1.1, "gold": [0.25, 0.30, 0.22], "kl": 5.0, "length": 21.0}),
-        "rloo": arm({"proxy": 1.1, "gold": [0.28, 0.26, 0.25], "kl": 5.0, "length": 21.0}),
-        "reinforce-pp": arm({"proxy": 1.0, "gold": [0.20, 0.25, 0.20], "kl": 6.0, "length": 22.0}),
+        # critic-free: within 0.02 sd of ppo (non-inferior at 20% of its gain: upper bound 0.02 + 1.645 x 0.051 <
+        # 0.124 sd), 0.5-0.7 sd above SFT and above REINFORCE
+        "grpo": arm({"proxy": 1.1, "gold": [0.30, 0.34, 0.28], "kl": 5.0, "length": 21.0}),
+        "rloo": arm({"proxy": 1.1, "gold": [0.31, 0.35, 0.28], "kl": 5.0, "length": 21.0}),
+        "reinforce-pp": arm({"proxy": 1.0, "gold": [0.30, 0.35, 0.27], "kl": 6.0, "length": 22.0}),
         # dpo: above SFT on gold (0.24-0.4 sd) and 4 words longer (2 SE of the difference: 0.88 words)
         "dpo": arm({"proxy": 0.8, "gold": [0.15, 0.20, 0.12], "kl": 3.0, "length": 19.0}),
     }
@@ -93,7 +96,8 @@ def test_every_claim_holds_on_healthy_numbers():
     bad = [r for r in rows if r["holds"] != "yes"]
     assert bad == [], bad
     for r in rows:
-        assert set(r) == {"group", "claim", "measured", "threshold", "holds"}
+        assert set(r) == {"group", "claim", "measured", "threshold", "holds", "kind", "why", "null"}
+    assert [r["kind"] for r in rows].count("check") == 5  # ppo's KL bound, beta0's drift and fooled RM, reinforce-pp x2
     best = [r for r in rows if "best learning rate" in r["claim"]][0]
     assert "reinforce-lr10x" in best["claim"]  # the better of the two learning rates (mean gold)
     assert "3/3 seeds" in best["measured"]
@@ -186,13 +190,20 @@ def test_critic_free_cost_is_measured_either_way():
     del f["reinforce-pp"]
     rows, notes = claims_of(f, groups=["critic-free"])
     assert notes == ["claims 'critic-free' not checked: arm reinforce-pp did not run or has no results"]
-    grpo = find_claim(rows, "less than 0.3 sd of gold (grpo)")
+    grpo = find_claim(rows, "less than 20% of its gold gain (grpo)")
     assert grpo["holds"] == "no" and "mean +0.40 sd" in grpo["measured"]  # the cost, reported either way
     assert find_claim(rows, "grpo raises gold")["holds"] == "no"  # +0.16 sd in seed 2: within 2 SE (0.18 sd)
-    rloo = find_claim(rows, "less than 0.3 sd of gold (rloo)")
-    assert rloo["holds"] == "yes" and "mean +0.09 sd" in rloo["measured"]  # (0.04 + 0.18 + 0.06) / 3
+    # rloo costs -0.02, 0, 0 sd: mean -0.007; SE of the mean: the evaluation's sqrt(3 x 0.0884^2) / 3 = 0.051
+    # (above the seeds' 0.0067); upper bound -0.007 + 1.645 x 0.051 = +0.08 < 20% of ppo's 0.62 sd gain = 0.124
+    rloo = find_claim(rows, "less than 20% of its gold gain (rloo)")
+    assert rloo["holds"] == "yes" and "mean -0.01 sd (SE 0.051; 90% interval -0.09 to +0.08 sd)" in rloo["measured"]
     assert find_claim(rows, "rloo raises gold")["holds"] == "yes"
-    assert rloo["threshold"] == "mean over seeds < 0.3 sd"
+    assert rloo["threshold"] == "upper 95% bound < 20% of ppo's mean gold gain (0.124 sd): non-inferiority"
+    assert rloo["null"].startswith("no (by construction: a difference exactly at the margin")
+    # a cost of 0.1 sd passed the old fixed bar (< 0.3 sd); its upper bound 0.1 + 0.084 is beyond the margin
+    for r, p in zip(f["rloo"], f["ppo"]):
+        r["gold"] = p["gold"] - 0.05
+    assert find_claim(claims_of(f, groups=["critic-free"])[0], "(rloo)")["holds"] == "no"
 
 
 def test_group_baseline_against_reinforce_at_its_best_learning_rate():
@@ -436,7 +447,7 @@ def _claims_table(md: str) -> list[list[str]]:
     table = lines[start:]
     assert all(line.startswith("|") for line in table), "summary.md must end with the claims table"
     header = [c.strip() for c in table[0].strip("|").split("|")]
-    assert header == ["claim", "measured", "threshold", "holds"]
+    assert header == ["claim", "kind", "measured", "threshold", "holds", "null"]
     return [[c.strip() for c in line.strip("|").split(" | ")] for line in table[2:]]
 
 
@@ -455,9 +466,9 @@ def test_quick_end_to_end(tmp_path):
     md = (out / "summary.md").read_text()
     rows = _claims_table(md)
     assert len(rows) == 4  # quick: what its budget settles (3 beta0 claims, DPO's length), nothing else
-    assert all(r[3] in ("yes", "no") for r in rows)
+    assert all(r[4] in ("yes", "no") and r[1] in ("finding", "check") for r in rows)
     assert sum("beta = 0" in r[0] for r in rows) == 3 and any("DPO inherits" in r[0] for r in rows)
-    assert all("evaluation standard errors" in r[2] for r in rows)
+    assert all("evaluation standard errors" in r[3] for r in rows)
     assert md.count("needs the full sweep") >= 8 + 2  # the groups quick leaves out, then 2 of its groups' claims
     for a in ("ppo", "ppo-beta0", "grpo", "dpo", "SFT (reference)"):
         assert f"| {a} |" in md
@@ -492,7 +503,7 @@ def test_quick_end_to_end(tmp_path):
     assert set(rec["summaries"]) == {"ppo", "ppo-beta0", "grpo", "dpo"} and rec["provenance"]["commit"]
     table = publish.experiments_table({"experiments": rec})
     assert f"| grpo (K = 4) | {rec['summaries']['grpo']['proxy_delta_sd']:+.2f} |" in table
-    assert f"of the {len(rows)} claims hold" in table and table.index("| ppo-beta0 |") < table.index("| grpo (K = 4) |")
+    assert f"**{counts_text(rows)}, in" in table and table.index("| ppo-beta0 |") < table.index("| grpo (K = 4) |")
     assert not (demo_dir / "policy").exists()  # the experiments stop the demo after the reward model
     cfg = (out / "configs" / "ppo-beta0-seed0.yaml").read_text()
     assert "kl_coef: 0.0" in cfg and "resume: false" in cfg and "overwrite: true" in cfg  # started afresh

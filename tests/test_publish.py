@@ -107,9 +107,9 @@ def test_collect_and_render_from_fixture_outputs(tmp_path):
     assert publish.main(["check", "--root", str(root)]) == 0
     readme = (root / "README.md").read_text()
     assert "+0.51 / +0.90 / +0.72 sd (seeds 0, 1, 2; 256 held-out prompts)" in readme
-    assert "1 of 2 claims hold in 3/3 seeds (5 arms x 3 seeds, 2048 held-out prompts, 28.7 min on 2 cores)" in readme
+    assert "1 of 2 findings hold; 0 of 0 checks pass in 3/3 seeds (5 arms x 3 seeds, 2048 held-out prompts, 28.7 min on 2 cores)" in readme
     assert "(+0.44, +0.49, +0.21 sd against PPO's +0.55)" in readme and "raise gold in every seed" in readme
-    assert "when the critic pays: horizons 1, 6 | 1 of 1 claims hold (the critic's baseline helps more" in readme
+    assert "when the critic pays: horizons 1, 6 | 1 of 1 findings hold; 0 of 0 checks pass (the critic's baseline helps more" in readme
     assert "gold +0.26 / +0.45 / +0.36 SFT sd over SFT on seeds 0 / 1 / 2 (512 held-out prompts;" in readme
     commit = json.loads((runs / "demo-s0" / "provenance.json").read_text())["commit"]
     assert f"commit {commit}" in readme and machine() in readme

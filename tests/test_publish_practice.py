@@ -57,10 +57,10 @@ def test_block_from_a_hand_made_record():
     assert rows["ppo-critic-warmup"] == "| ppo-critic-warmup | 3 | +0.50 ± 0.10 | 3.9 ± 0.3 | -0.50 ± 0.00 | +0.40 ± 0.10 | - | - | - |"
     assert rows["ppo-bf16-copy-tis"] == ("| ppo-bf16-copy-tis | 3 | -0.12 ± 0.02 | 6.2 ± 0.1 | +0.20 ± 0.00 | "
                                          "+0.20 ± 0.00 | 2.00e-03 ± 1.00e-03 | 0.00e+00 ± 0.00e+00 | 0.0008 ± 0.0000 |")
-    assert "**1 of the 2 practice claims hold**" in text
-    assert ("| token TIS costs no gold (ppo-bf16-copy-tis vs ppo-bf16-copy) | gold minus ppo-bf16-copy's -0.02, "
-            "+0.00, +0.00 sd | t1 | yes |") in lines
-    assert "| warm-up fixes the bad start (ppo-critic-warmup) | m2 | t2 | no |" in lines
+    assert "**Practice claims: 1 of 2 findings hold; 0 of 0 checks pass**" in text
+    assert ("| token TIS costs no gold (ppo-bf16-copy-tis vs ppo-bf16-copy) |  | gold minus ppo-bf16-copy's -0.02, "
+            "+0.00, +0.00 sd | t1 | yes |  |") in lines  # a hand-made record: no kind, no null
+    assert "| warm-up fixes the bad start (ppo-critic-warmup) |  | m2 | t2 | no |  |" in lines
     assert lines[-1] == "- claims 'practice' not checked: arm ppo-critic-policy-init did not run or has no results"
     # one seed: no sd; no notes: no list
     one = {**_record(), "notes": [], "summaries": {**_record()["summaries"], "ppo": _summary(0.553, math.nan, 4.04, None)}}
@@ -74,8 +74,8 @@ def test_block_from_a_hand_made_record():
 def test_headline_row_from_a_hand_made_record():
     assert practice_headline(None) == []
     assert practice_headline(_record()) == [
-        "| PPO as practised now: critic warm-up, dual-clip, the bf16 copy with and without correction | 1 of 2 checked "
-        "claims hold (3 seeds; token TIS costs no gold: yes; warm-up fixes the bad start: no) | `fourfold experiments "
+        "| PPO as practised now: critic warm-up, dual-clip, the bf16 copy with and without correction | 1 of 2 findings "
+        "hold; 0 of 0 checks pass (3 seeds; token TIS costs no gold: yes; warm-up fixes the bad start: no) | `fourfold experiments "
         "--config examples/practice.yaml` | [docs/correction.md](docs/correction.md#results) |"]
     table = publish.headline_table(publish.load_results(ROOT))  # the README's table has the row once published
     assert (practice_headline(json.loads((ROOT / "results" / "practice.json").read_text()))[0] in table.splitlines()
@@ -188,8 +188,8 @@ def test_collect_from_a_sweep_directory_then_render(tmp_path, capsys):
     assert "| ppo | 2 | +0.60 ± 0.00 | 4.5 ± 0.7 | - | - | - | - | - |" in body
     assert "| ppo-bf16-copy-tis |" not in body  # did not run: absent from the table
     # warm-up: EV 0.35, 0.45 >= 0.3 and gold -0.1, +0.1 sd from ppo's: holds; the bf16 copy's 1e-4 in seed 0: not
-    assert "**1 of the 2 practice claims hold**" in body
-    assert "(ppo-critic-warmup) | value/explained_variance at iteration 3 (the first policy iteration) +0.35, +0.45;" in body
+    assert "**Practice claims: 1 of 1 findings hold; 0 of 1 checks pass**" in body
+    assert "(ppo-critic-warmup) | finding | value/explained_variance at iteration 3 (the first policy iteration) +0.35, +0.45;" in body
     assert "| > 0.0001 every iteration, in every seed | no |" in body
     assert "- claims 'practice' not checked: arm ppo-bf16-copy-tis did not run or has no results" in body
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from fourfold.apps import claim_kinds
 from fourfold.apps.experiments.config import ExperimentsConfig, TurnsClaimsConfig, TurnsConfig
 from fourfold.apps.experiments.turns import TURNS_QUICK, Turns, turns_quick_config
 from fourfold.apps.experiments.turns_claims import compute_turns_claims, growth
@@ -153,7 +154,7 @@ def test_report_and_publish_block_from_a_record(tmp_path):
     cfg = load_config(ExperimentsConfig, ROOT / "examples" / "turns.yaml")
     write_turns_report(tmp_path, cfg, rec)
     md = (tmp_path / "summary.md").read_text()
-    assert "| h3 | 4 | ppo-no-critic | 3 | 0.600 ± 0.100 | +0.50 |" in md and md.rstrip().endswith("| no |")
+    assert "| h3 | 4 | ppo-no-critic | 3 | 0.600 ± 0.100 | +0.50 |" in md and md.rstrip().endswith("| no | " + claim_kinds.rotated("ppo") + " |")
     assert md.index("## Claims") > md.index("## Held-out gold")
     assert (tmp_path / "turns.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "0.40 -&gt; 0.60 -&gt; 0.90" in (tmp_path / "report.html").read_text()
@@ -164,7 +165,7 @@ def test_report_and_publish_block_from_a_record(tmp_path):
     assert "| 4 | ppo-no-critic | 0.600 ± 0.100 | +0.50 | 0.700 | +0.50 |" in block and "img/turns.png" in block
     assert "No results published yet" in publish.BLOCKS["docs/experiments.md"]["turns"]({})
     head = publish.turns_headline(r)[0]
-    assert "1, 2, 4 turns | 4 of 7 claims hold" in head and "ppo's gold gain over ppo-no-critic grows with the turns: yes" in head
+    assert "1, 2, 4 turns | 3 of 6 findings hold; 1 of 1 checks pass" in head and "ppo's gold gain over ppo-no-critic grows with the turns: yes" in head
 
 
 def _tiny(out: Path, world: Path) -> list[str]:

@@ -30,7 +30,8 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, Mapping, Optional, Sequence
 
-from fourfold.apps.claim_kit import claims_held, claims_md, headline_row
+from fourfold.apps.claim_kit import claims_md, counts_text, headline_row
+from fourfold.apps.claim_reeval import annotate_record
 from fourfold.apps.demo.arithmetic_results import RUNS as ARITHMETIC_RUNS
 from fourfold.apps.demo.arithmetic_results import arithmetic_line, arithmetic_table, collect_arithmetic
 from fourfold.apps.publish_overopt import overopt_headline, overopt_record, overopt_text
@@ -290,7 +291,6 @@ def _cell(s: Mapping, key: str, digits: int, sign: bool = False) -> str:
 
 def experiments_table(res: Mapping) -> str:
     e = res["experiments"]
-    held = claims_held(e["claims"])
     sft = e["sft"]
     lines = [f"`fourfold experiments --config examples/experiments.yaml` ({len(e['summaries'])} arms x "
              f"{len(e['seeds'])} seeds, {e['iterations']} iterations x {e['rollout_batch_size']} responses per RL run, "
@@ -311,8 +311,8 @@ def experiments_table(res: Mapping) -> str:
                      f"{_cell(s, 'gold_delta_sd', 2, True)} | {fmt(s['kl'], 1 if s['kl'] >= 0.95 else 2)} | "
                      f"{fmt(s['length'], 1)} | {fmt(s['well_formed'], 2)} | {fmt(s['repetition'], 2)} | {s['models']} | "
                      f"{_cell(s, 'peak_rss_mb', 0)} | {fmt(s['s_per_iteration'], 2)} | {_cell(s, 'train_s', 0)} |")
-    lines += ["", f"**{held} of the {len(e['claims'])} claims hold in {len(e['seeds'])}/{len(e['seeds'])} seeds** "
-                  "(`summary.md` has each one's measured value, threshold and yes/no)."]
+    lines += ["", f"**{counts_text(e['claims'])}, in {len(e['seeds'])}/{len(e['seeds'])} seeds** (`summary.md` has each "
+                  "one's kind, measured value, threshold, yes/no and null; a finding holds only if its null is not yes)."]
     return "\n".join(lines)
 
 
@@ -367,7 +367,7 @@ def headline_table(res: Mapping) -> str:
             f"| the demo: gold gain of PPO over SFT | {gains} sd (seeds {', '.join(seeds)}; "
             f"{d[seeds[0]]['eval_prompts']} held-out prompts) | `fourfold demo --output-dir runs/demo-s$SEED --seed $SEED` "
             "| [docs/demo.md](docs/demo.md) |",
-            f"| the method's claims as experiments | {sum(v == 'yes' for v in claims.values())} of {len(claims)} claims hold "
+            f"| the method's claims as experiments | {counts_text(e['claims'])} "
             f"in {len(e['seeds'])}/{len(e['seeds'])} seeds ({len(s)} arms x {len(e['seeds'])} seeds, {e['eval_prompts']} "
             f"held-out prompts, {e['wall_s'] / 60:.1f} min on 2 cores); grpo, rloo and DPO "
             + ("raise gold in every seed " if raise_all else "raise gold ")
@@ -509,7 +509,7 @@ def write_results(root: Path, demo: Sequence[Path], demo_quick: Sequence[Path], 
     done = []
 
     def write(name: str, rec: dict) -> None:
-        write_text_atomic(d / name, json.dumps(rec, indent=1, sort_keys=True) + "\n")
+        write_text_atomic(d / name, json.dumps(annotate_record(name, rec), indent=1, sort_keys=True) + "\n")
         done.append(f"wrote {d / name}")
 
     record = read(d / "demo.json") or {}

@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 from typing import Callable, Mapping, Optional
 
-from fourfold.apps.claim_kit import claims_md, headline_row
+from fourfold.apps.claim_kit import claims_md, headline_row, null_says_yes
 from fourfold.apps.report_kit import fmt, mean, signed
 
 NOT_YET = ("*No results published yet.* `fourfold experiments --config examples/overoptimization.yaml` runs it and "
@@ -59,6 +59,7 @@ def overopt_headline(o: Optional[Mapping]) -> list[str]:
     return [headline_row(
         f"reward hacking as a law (Gao et al.): best-of-n and PPO at RMs of {', '.join(map(str, o['rm_pairs']))} pairs",
         o["claims"], f"{len(o['seeds'])} seed{'s' if len(o['seeds']) > 1 else ''}; "
-        + "; ".join(f"{c['claim']}: {c['holds']}" for c in o["claims"] if c["group"] == "peak"),
+        + "; ".join(f"{c['claim']}: {c['holds']}{' (flagged: its null says yes)' if null_says_yes(c) else ''}"
+                    for c in o["claims"] if c["group"] == "peak"),
         "fourfold experiments --config examples/overoptimization.yaml",
         "[docs/experiments.md](docs/experiments.md#the-overoptimization-family)")] if o else []

@@ -12,7 +12,7 @@ import math
 from pathlib import Path
 from typing import Callable, Mapping, Optional
 
-from fourfold.apps.claim_kit import claims_held, claims_md, headline_row
+from fourfold.apps.claim_kit import claims_md, counts_text, headline_row
 from fourfold.apps.report_kit import finite, fmt, mean, signed, std
 
 NOT_YET = ("*Not run yet.* `fourfold experiments --config examples/practice.yaml` runs it and `python -m "
@@ -100,8 +100,7 @@ def practice_text(r: Optional[Mapping], made: Callable[[Mapping], str]) -> str:
         kl = fmt(s.get("kl"), 1) + (f" ± {s['kl_sd']:.1f}" if _finite(s, "kl_sd") else "")
         lines.append(f"| {arm} | {s.get('seeds')} | {gold} | {kl} | "
                      + " | ".join(_pm([m.get(k) for m in runs], f) for k, f in cols) + " |")
-    held = claims_held(r["claims"])
-    lines += ["", f"**{held} of the {len(r['claims'])} practice claims hold** (thresholds in the table above):", "",
+    lines += ["", f"**Practice claims: {counts_text(r['claims'])}** (thresholds in the table above):", "",
               claims_md(r["claims"])]
     lines += ([""] + [f"- {n}" for n in r["notes"]]) if r["notes"] else []
     return "\n".join(lines)
@@ -111,11 +110,12 @@ def practice_headline(r: Optional[Mapping]) -> list[str]:
     """The README headline table's row ([] until the sweep is published)."""
     if not r:
         return []
-    each = "; ".join(f"{c['claim'].split(' (')[0]}: {c['holds']}" for c in r["claims"])
+    each = "; ".join(f"{c['claim'].split(' (')[0]}: {c['holds']}{' (check)' if c.get('kind') == 'check' else ''}"
+                     for c in r["claims"])
     return [headline_row("PPO as practised now: critic warm-up, dual-clip, the bf16 copy with and without correction",
                          r["claims"], f"{len(r['seeds'])} seeds; {each or 'none checked'}",
                          "fourfold experiments --config examples/practice.yaml",
-                         "[docs/correction.md](docs/correction.md#results)", held="checked claims hold")]
+                         "[docs/correction.md](docs/correction.md#results)")]
 
 
 def _finite(s: Mapping, key: str) -> bool:

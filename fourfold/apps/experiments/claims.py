@@ -17,7 +17,9 @@ import dataclasses
 import math
 from typing import Mapping, Sequence
 
+from fourfold.apps.claim_kinds import annotate
 from fourfold.apps.claim_kit import ClaimTable, claim_row
+from fourfold.apps.claim_stats import MARGIN_SHARE, NULL_AT_MARGIN, interval_text, margin_threshold, margin_verdict, seed_se
 from fourfold.apps.experiments.config import DEFAULT_CLAIM_GROUPS, GROUP_ARMS, ExperimentsClaimsConfig
 from fourfold.apps.report_kit import fmt, mean, signed, std
 
@@ -37,7 +39,7 @@ GROUP_CLAIMS = {
     "reinforce": "ppo beats naive REINFORCE (clearly at the same learning rate; at its best learning rate)",
     "critic": "the critic's baseline helps (ppo vs ppo-no-critic)",
     "length": "the labelers' length bias makes ppo verbose (ppo vs ppo-unbiased-rm)",
-    "critic-free": "removing the critic costs PPO less than critic_free_max_cost_sd of gold; grpo, rloo and "
+    "critic-free": "removing the critic costs PPO less than critic_free_margin_share of its gold gain; grpo, rloo and "
                    "reinforce-pp raise gold",
     "baseline": "a group baseline (grpo, rloo) beats naive REINFORCE on gold at the same samples",
     "dpo": "DPO raises gold over SFT; DPO inherits the labelers' length bias",
@@ -163,12 +165,20 @@ class _Table:
             return False
         return True
 
-    def add(self, group: str, claim: str, measured: str, threshold: str, holds: bool, key: str = "") -> None:
+    def add(self, group: str, claim: str, measured: str, threshold: str, holds: bool, key: str = "",
+            null: str = "") -> None:
         """A row of the table; under claims.quick only a claim of QUICK_CLAIMS (``group.key``)."""
         if self.c.quick and f"{group}.{key}" not in QUICK_CLAIMS:
             self.full_only.append(claim)
             return
-        self.rows.append(claim_row(group, claim, measured, threshold, holds))
+        self.rows.append(claim_row(group, claim, measured, threshold, holds, null))
+
+    def ppo_effect(self, key: str) -> float:
+        """ppo's mean change over SFT's: gold in sd, length in words (the effect a margin is a share of)."""
+        rows = self.finals.get("ppo") or []
+        if not rows:
+            return math.nan
+        return mean([(r[key] - self.sft[key]) / (self.gsd if key == "gold" else 1.0) for r in rows])
 
     def noise(self, a: Mapping, b: Mapping, key: str) -> float:
         """noise_z standard errors of the evaluation of the difference a - b of ``key`` (raw units)."""
@@ -289,17 +299,17 @@ def _beta_high_claims(t: _Table) -> None:
     t.add("beta-high", "a very high beta keeps the policy at the SFT model (KL)",
           f"KL {fmt_list(kls, 3, False)} nats per response",
           f"< {c.beta_high_max_kl:g} nats in every seed", all(k < c.beta_high_max_kl for k in kls))
-    for key, unit in (("gold", "sd"), ("length", "words")):
-        m = mean([r[key] for r in hi])
+    for key, unit, effect in (("gold", "sd", "ppo's gold gain"), ("length", "words", "ppo's length drift")):
+        scale = t.gsd if key == "gold" else 1.0
         n_all = sum(int(r.get("n", 1)) for r in hi)
         var = mean([float(r.get(f"{key}_std", 0.0)) ** 2 for r in hi])
-        se = math.hypot(math.sqrt(var / max(n_all, 1)), eval_se(sft, key))
-        diff, thr = m - sft[key], c.noise_z * se
-        scale = t.gsd if key == "gold" else 1.0
+        eval_se_ = math.hypot(math.sqrt(var / max(n_all, 1)), eval_se(sft, key)) / scale
+        diffs = [(r[key] - sft[key]) / scale for r in hi]
+        se = seed_se(diffs, eval_se_)
+        b = margin_verdict(mean(diffs), se, t.ppo_effect(key), MARGIN_SHARE, two_sided=True)
         t.add("beta-high", f"a very high beta keeps the policy at the SFT model ({key})",
-              f"{key} {signed(diff / scale)} {unit} from SFT's (mean over {len(hi)} seeds)",
-              f"within +-{fmt(thr / scale, 2)} {unit} ({c.noise_z:g} standard errors of the evaluation)",
-              abs(diff) <= thr)
+              f"{key} {signed(mean(diffs))} {unit} from SFT's (mean over {len(hi)} seeds; {interval_text(b, se, unit)})",
+              margin_threshold(b, MARGIN_SHARE, effect, unit, two_sided=True), b.holds, null=NULL_AT_MARGIN)
 
 
 def _reinforce_claims(t: _Table, rf: list[str]) -> None:
@@ -332,11 +342,12 @@ def _critic_free_claims(t: _Table, arm: str) -> None:
     pairs = paired(t.finals, "ppo", arm)
     costs = [(p["gold"] - a["gold"]) / t.gsd for _, (p, a) in pairs]
     se_mean = math.sqrt(sum(eval_se(p, "gold") ** 2 + eval_se(a, "gold") ** 2 for _, (p, a) in pairs)) / len(pairs) / t.gsd
-    cost = mean(costs)
-    t.add("critic-free", f"removing the critic costs PPO less than {c.critic_free_max_cost_sd:g} sd of gold ({arm})",
-          f"ppo's gold minus {arm}'s {fmt_list(costs)} sd, mean {signed(cost)} sd (+- {fmt(c.noise_z * se_mean, 2)} "
-          f"sd: {c.noise_z:g} evaluation standard errors of the mean); {t.spread('ppo')}, {t.spread(arm)}",
-          f"mean over seeds < {c.critic_free_max_cost_sd:g} sd", cost < c.critic_free_max_cost_sd, key="cost")
+    cost, se, share = mean(costs), seed_se(costs, se_mean), c.critic_free_margin_share
+    b = margin_verdict(cost, se, t.ppo_effect("gold"), share)
+    t.add("critic-free", f"removing the critic costs PPO less than {share:.0%} of its gold gain ({arm})",
+          f"ppo's gold minus {arm}'s {fmt_list(costs)} sd, mean {signed(cost)} sd ({interval_text(b, se)}); "
+          f"{t.spread('ppo')}, {t.spread(arm)}",
+          margin_threshold(b, share, "ppo's mean gold gain"), b.holds, key="cost", null=NULL_AT_MARGIN)
     d, thr, ok = t.gain(arm, "gold")
     t.add("critic-free", f"{arm} raises gold above the SFT model's", f"gold gain {fmt_list(d)} sd ({seeds_txt(ok)})",
           f"> {c.noise_z:g} evaluation standard errors ({fmt_list(thr, 2, False)} sd) in every seed", all(ok), key="gain")
@@ -509,7 +520,7 @@ def compute_claims(finals: Mapping[str, Sequence[Mapping]], sft: Mapping, claims
     _practice_claims(t)
     if claims.quick:
         _quick_notes(t)
-    return t.rows, t.notes
+    return annotate("experiments", t.rows), t.notes
 
 
 def _quick_notes(t: _Table) -> None:

@@ -57,9 +57,10 @@ class ExperimentsClaimsConfig:
     sample of prompts and responses) of the difference."""
     clear_margin_sd: float = 0.5
     """'Clearly beats': gold higher by at least this many sd, in every seed."""
-    critic_free_max_cost_sd: float = 0.3
-    """critic-free: removing the critic costs PPO less than this many sd of gold (ppo's gold minus
-    grpo's, rloo's, reinforce-pp's; mean over seeds), each arm its own claim."""
+    critic_free_margin_share: float = 0.2
+    """critic-free: removing the critic costs PPO less than this share of PPO's gold gain, by
+    non-inferiority (ppo's gold minus grpo's, rloo's, reinforce-pp's, mean over seeds: its upper 95%
+    bound below the margin; fourfold.apps.claim_stats), each arm its own claim."""
     quick: bool = False
     """The claims a short budget settles, and only those (set by --quick): the claims of
     fourfold.apps.experiments.claims.QUICK_CLAIMS, each against noise_z standard errors of its own
@@ -76,7 +77,7 @@ class ExperimentsClaimsConfig:
         require(self.beta_high_max_kl > 0, f"{prefix}.beta_high_max_kl", "must be > 0")
         require(self.noise_z > 0, f"{prefix}.noise_z", "must be > 0")
         require(self.clear_margin_sd >= 0, f"{prefix}.clear_margin_sd", "must be >= 0")
-        require(self.critic_free_max_cost_sd > 0, f"{prefix}.critic_free_max_cost_sd", "must be > 0")
+        require(0 < self.critic_free_margin_share < 1, f"{prefix}.critic_free_margin_share", "must be in (0, 1)")
 
 
 HORIZON_ARMS = ("ppo", "ppo-beta0", "ppo-beta-high", "ppo-1epoch", "ppo-no-critic", "grpo", "rloo", "reinforce-pp",
@@ -97,15 +98,17 @@ class HorizonClaimsConfig:
     """'The critic's baseline helps more as the horizon grows': its gain (ppo's gold minus
     ppo-no-critic's) at the longest horizon minus its gain at the shortest must be at least this
     (mean over seeds), and above noise_z standard errors of the evaluation in every seed."""
-    match_max_cost_sd: float = 0.3
+    match_margin_share: float = 0.2
     """'A group baseline matches the critic at every horizon tried': ppo's gold minus the group arm's
-    (grpo, rloo; mean over seeds) below this at every horizon, and under the noisier labels."""
+    (grpo, rloo; mean over seeds) non-inferior at a margin of this share of ppo's gold gain there
+    (the upper 95% bound below it; fourfold.apps.claim_stats), at every horizon and under the
+    noisier labels."""
     noise_z: float = 2.0
     """'Beyond noise': this many standard errors of the evaluation of the difference."""
 
     def validate(self, prefix: str = "horizon.claims") -> None:
         require(self.critic_min_increase_sd >= 0, f"{prefix}.critic_min_increase_sd", "must be >= 0")
-        require(self.match_max_cost_sd > 0, f"{prefix}.match_max_cost_sd", "must be > 0")
+        require(0 < self.match_margin_share < 1, f"{prefix}.match_margin_share", "must be in (0, 1)")
         require(self.noise_z > 0, f"{prefix}.noise_z", "must be > 0")
 
 

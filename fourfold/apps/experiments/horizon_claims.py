@@ -16,7 +16,7 @@ The claims and their thresholds (``horizon.claims``), fixed before the family's 
   at the longest horizon, minus the same at the shortest, is at least ``critic_min_increase_sd``
   (mean over seeds) and above ``noise_z`` SE in every seed.
 - ``match``: a group baseline (grpo, rloo) matches the critic at every horizon tried: ppo's gold minus
-  the arm's, mean over seeds, below ``match_max_cost_sd`` at every horizon (one row per arm).
+  the arm's, mean over seeds, non-inferior at ``match_margin_share`` of ppo's gold gain at every horizon (one row per arm).
 - ``noisy``: the same under noisier labels (the noisy world; one row per group arm run there).
 - ``group-size``: a group of the largest K beats one of the smallest K on gold (the longest horizon's
   group arm; same responses per iteration), by more than ``noise_z`` SE in every seed.
@@ -27,6 +27,8 @@ from __future__ import annotations
 import math
 from typing import Mapping, Sequence
 
+from fourfold.apps.claim_kinds import annotate
+from fourfold.apps.claim_stats import NULL_AT_MARGIN, Bound, margin_verdict, seed_se
 from fourfold.apps.experiments.claims import WorldClaims, eval_se, fmt_list, paired, seeds_txt
 from fourfold.apps.experiments.config import GROUP_ARMS, HorizonConfig
 from fourfold.apps.report_kit import fmt, mean, signed
@@ -81,12 +83,15 @@ class _Claims(WorldClaims):
         """{seed: (gold of a minus gold of b, the SE of that difference)}, in the world's sd."""
         return self.gold_diffs(world, a, b, lambda r: eval_se(r, "gold"), self.sd(world))
 
-    def cost_text(self, world: str, arm: str) -> tuple[float, str]:
-        """ppo's gold minus ``arm``'s in ``world``: mean over seeds (sd), and its text with its band."""
+    def cost_verdict(self, world: str, arm: str) -> tuple[Bound, str]:
+        """ppo's gold minus ``arm``'s in ``world`` (sd): its non-inferiority verdict at match_margin_share
+        of ppo's gold gain there, and its text (mean, upper bound, margin, seeds)."""
         d, se = zip(*self.seed_diffs(world, "ppo", arm).values())
         m = mean(d)
-        band = self.c.noise_z * math.sqrt(sum(x * x for x in se)) / len(se)
-        return m, f"{world} {signed(m)} (+- {fmt(band, 2)}; seeds {fmt_list(d)})"
+        s = seed_se(d, math.sqrt(sum(x * x for x in se)) / len(se))
+        gain = mean([(r["gold"] - self.sft[world]["gold"]) / self.sd(world) for r in self.finals[world]["ppo"]])
+        b = margin_verdict(m, s, gain, self.c.match_margin_share)
+        return b, f"{world} {signed(m)} (bound {signed(b.upper)} / margin {fmt(b.margin, 3)}; seeds {fmt_list(d)})"
 
 
 def _knob(t: _Claims, ks: list[int]) -> None:
@@ -129,13 +134,13 @@ def _match(t: _Claims, group: str, worlds: list[str], arm: str, what: str) -> No
     ok_worlds = [w for w in worlds if t.have(group, w, "ppo", arm)]
     if not ok_worlds:
         return
-    costs = [t.cost_text(w, arm) for w in ok_worlds]
-    bar = t.c.match_max_cost_sd
+    share, verdicts = t.c.match_margin_share, [t.cost_verdict(w, arm) for w in ok_worlds]
     t.add(group, f"a group baseline ({arm}) matches the critic {what}",
-          f"ppo's gold minus {arm}'s, mean over seeds (+- {t.c.noise_z:g} standard errors of the mean): "
-          + "; ".join(text for _, text in costs) + " sd"
+          f"ppo's gold minus {arm}'s, mean over seeds, upper 95% bound / margin: "
+          + "; ".join(text for _, text in verdicts) + " sd"
           + ("" if len(ok_worlds) == len(worlds) else f"; not run: {', '.join(w for w in worlds if w not in ok_worlds)}"),
-          f"< {bar:g} sd at every one", len(ok_worlds) == len(worlds) and all(m < bar for m, _ in costs))
+          f"upper 95% bound < {share:.0%} of ppo's gold gain at that horizon: non-inferiority, at every one",
+          len(ok_worlds) == len(worlds) and all(b.holds for b, _ in verdicts), null=NULL_AT_MARGIN)
 
 
 def _group_size(t: _Claims, hc: HorizonConfig, group_size: int) -> None:
@@ -176,7 +181,7 @@ def compute_horizon_claims(finals: Mapping[str, Mapping[str, Sequence[Mapping]]]
     _knob(t, ks)
     if quick:
         t.notes += [f"needs the full sweep: claims '{g}'" for g in HORIZON_GROUPS if g not in QUICK_HORIZON_GROUPS]
-        return t.rows, t.notes
+        return annotate("horizon", t.rows), t.notes
     if "ppo-no-critic" in hc.arms and "ppo" in hc.arms:
         _critic(t, ks)
     for arm in [a for a in GROUP_ARMS if a in hc.arms and "ppo" in hc.arms]:
@@ -186,4 +191,4 @@ def compute_horizon_claims(finals: Mapping[str, Mapping[str, Sequence[Mapping]]]
         for arm in [a for a in GROUP_ARMS if a in hc.noisy_arms]:
             _match(t, "noisy", [world_label(ks[-1], "noisy")], arm, f"under noisier labels ({noise})")
     _group_size(t, hc, group_size)
-    return t.rows, t.notes
+    return annotate("horizon", t.rows), t.notes

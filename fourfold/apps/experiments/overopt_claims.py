@@ -27,6 +27,7 @@ from __future__ import annotations
 import math
 from typing import Mapping, Sequence
 
+from fourfold.apps.claim_kinds import annotate
 from fourfold.apps.claim_kit import ClaimTable
 from fourfold.apps.report_kit import fmt, mean, signed, std
 from fourfold.core.overoptimization import fit_bon, fit_rl
@@ -120,4 +121,4 @@ def compute_overopt_claims(summaries: Mapping[str, Mapping[int, Mapping]], defau
                           for p in both),
                 "final d <= the d of the gold peak, at every size",
                 len(both) == len(sizes) and all(d_def[p] <= ppo[p]["peak_d"] for p in both))
-    return rows, notes
+    return annotate("overopt", rows), notes

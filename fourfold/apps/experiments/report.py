@@ -226,14 +226,16 @@ def summary_header(cfg: ExperimentsConfig, arms: Sequence[Arm], *, n_prompts: in
 
 def claims_html(claims: Sequence[Mapping], notes: Sequence[str]) -> list[str]:
     claim_rows = "\n".join(
-        f"<tr><td>{esc(c['claim'])}</td><td>{esc(c['measured'])}</td>"
+        f"<tr><td>{esc(c['claim'])}</td><td>{esc(c.get('kind', ''))}</td><td>{esc(c['measured'])}</td>"
         f"<td>{esc(c['threshold'])}</td>"
-        f"<td style=\"font-weight:bold;color:{'#186a18' if c['holds'] == 'yes' else '#a01010'}\">{c['holds']}</td></tr>"
+        f"<td style=\"font-weight:bold;color:{'#186a18' if c['holds'] == 'yes' else '#a01010'}\">{c['holds']}</td>"
+        f"<td>{esc(c.get('null', ''))}</td></tr>"
         for c in claims)
     body = ["<h2>Claims</h2>",
             "<p>Computed from the final evaluations by <code>fourfold.apps.experiments.compute_claims</code>; "
             "thresholds are config keys (<code>claims.*</code>).</p>",
-            "<table><thead><tr><th>claim</th><th>measured</th><th>threshold</th><th>holds</th></tr></thead>"
+            "<table><thead><tr><th>claim</th><th>kind</th><th>measured</th><th>threshold</th><th>holds</th><th>null</th>"
+            "</tr></thead>"
             f"<tbody>{claim_rows}</tbody></table>"]
     if notes:
         body.append("<ul>" + "".join(f"<li>{esc(n)}</li>" for n in notes) + "</ul>")

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from fourfold.apps.cache import digest, done_key, read_json
-from fourfold.apps.claim_kit import claims_held
+from fourfold.apps.claim_kit import counts_text
 from fourfold.apps.demo import pipeline as demo
 from fourfold.apps.experiments.arms import (
     Arm,
@@ -317,8 +317,7 @@ def _start(cfg: ExperimentsConfig) -> tuple[ExperimentsConfig, Path, Callable[..
 
 
 def log_claims(log: Callable[..., Any], claims: list[dict], out: Path, total_s: float) -> None:
-    held = claims_held(claims)
-    log(f"\nclaims: {held}/{len(claims)} hold")
+    log(f"\nclaims: {counts_text(claims)}")
     for c in claims:
         log(f"  [{'green' if c['holds'] == 'yes' else 'red'}]{c['holds']:3s}[/] {c['claim']}: {c['measured']}")
     log(f"\nreport: {out / 'report.html'}\nsummary: {out / 'summary.md'}   ({duration(total_s)})")

@@ -27,6 +27,7 @@ from __future__ import annotations
 import math
 from typing import Mapping, Sequence
 
+from fourfold.apps.claim_kinds import annotate
 from fourfold.apps.experiments.claims import WorldClaims, fmt_list, paired, seeds_txt
 from fourfold.apps.experiments.config import TurnsClaimsConfig
 from fourfold.apps.report_kit import fmt, mean, signed, std
@@ -136,9 +137,9 @@ def compute_turns_claims(finals: Mapping[str, Mapping[str, Sequence[Mapping]]], 
     _knob(t, hs)
     if quick:
         t.notes += [f"needs the full family: claims '{g}'" for g in TURNS_GROUPS if g not in QUICK_TURNS_GROUPS]
-        return t.rows, t.notes
+        return annotate("turns", t.rows), t.notes
     _learns(t, hs, list(arms))
     if "ppo" in arms and len(hs) >= 2:
         for arm in [a for a in ("ppo-no-critic", "grpo", "rloo") if a in arms]:
             _critic(t, hs, arm)
-    return t.rows, t.notes
+    return annotate("turns", t.rows), t.notes
