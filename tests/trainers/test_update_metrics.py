@@ -7,7 +7,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from fourfold.config import PPOConfig, load_config
+from fourfold.config import PPOConfig, ReinforceConfig, load_config
 from fourfold.errors import ConfigError
 from fourfold.reporting import is_timing_key, read_metrics
 
@@ -70,3 +70,60 @@ def test_grad_snr_needs_two_minibatches():
     with pytest.raises(ConfigError, match="ppo.log_grad_snr.*2 minibatches"):
         load_config(PPOConfig, None, ["model.policy=p", "model.reward=r", "data.prompts=x.jsonl", "ppo.log_grad_snr=true",
                                        "ppo.rollout_batch_size=8", "ppo.minibatch_size=8"])
+
+
+def test_reinforce_update_rows_default_is_the_one_step_of_before():
+    """The defaults (1 pass, 1 minibatch) are one step on the whole batch, named as before, and draw
+    nothing from torch's generator; 2 passes x 4 minibatches are 8 steps, each pass a partition."""
+    from fourfold.trainers.reinforce import update_rows
+
+    torch.manual_seed(5)
+    state = torch.get_rng_state()
+    assert update_rows(16, 1, 1, 3) == [("iteration 3", None)]
+    assert torch.equal(torch.get_rng_state(), state)
+    steps = update_rows(16, 2, 4, 3)
+    assert len(steps) == 8 and steps[5][0] == "iteration 3 epoch 1 minibatch 1"
+    for e in range(2):
+        rows = torch.cat([r for _, r in steps[4 * e:4 * e + 4]])
+        assert sorted(rows.tolist()) == list(range(16))
+
+
+@pytest.mark.parametrize("baseline", ["none", "mean", "loo"])
+def test_reinforce_at_matched_steps_logs_a_finite_grad_snr(tiny_lm, tmp_path, baseline):
+    """2 passes x 4 minibatches (8 steps per batch, as PPO's 2 epochs x 16 / 4) with each
+    baseline: policy/grad_snr appears, finite and > 0; the measurement changes no other metric
+    and no weight."""
+    steps = {"reinforce.baseline": baseline, "reinforce.batch_epochs": 2, "reinforce.minibatches": 4}
+    plain = _run(tiny_lm, tmp_path / "plain", ReinforceConfig, **steps)
+    snr = _run(tiny_lm, tmp_path / "snr", ReinforceConfig, **steps, **{"reinforce.log_grad_snr": True})
+    values = [r["policy/grad_snr"] for r in snr]
+    assert all(math.isfinite(v) and v > 0 for v in values), values
+    for a, b in zip(plain, snr):
+        _same_but_snr(a, b)
+    wa, wb = _weights(tmp_path / "plain"), _weights(tmp_path / "snr")
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+def test_reinforce_baselines_differ_and_steps_matter(tiny_lm, tmp_path):
+    """The same first batch (seed 0): 'loo' and 'mean' give different losses (their baselines
+    differ per row), and 8 steps per batch move the weights elsewhere than 1."""
+    rows = {b: _run(tiny_lm, tmp_path / b, ReinforceConfig, **{"reinforce.baseline": b, "reinforce.iterations": 1})
+            for b in ("mean", "loo")}
+    assert rows["mean"][0]["reward/score_mean"] == rows["loo"][0]["reward/score_mean"]
+    assert rows["mean"][0]["policy/loss"] != rows["loo"][0]["policy/loss"]
+    _run(tiny_lm, tmp_path / "eight", ReinforceConfig, **{"reinforce.iterations": 1, "reinforce.baseline": "mean",
+                                                          "reinforce.minibatches": 4, "reinforce.batch_epochs": 2})
+    wa, wb = _weights(tmp_path / "mean"), _weights(tmp_path / "eight")
+    assert any(not torch.equal(wa[k], wb[k]) for k in wa)
+
+
+@pytest.mark.parametrize("key,value,message", [
+    ("reinforce.minibatches", "3", "divide rollout_batch_size=16"),
+    ("reinforce.batch_epochs", "0", "must be >= 1"),
+    ("reinforce.log_grad_snr", "true", "needs >= 2 minibatches"),
+    ("reinforce.baseline", "median", "reinforce.baseline"),
+])
+def test_reinforce_bad_update_keys_are_one_line(key, value, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config(ReinforceConfig, None, ["model.policy=p", "model.reward=r", "data.prompts=x.jsonl",
+                                            "reinforce.rollout_batch_size=16", f"{key}={value}"])
