@@ -49,11 +49,17 @@ METRICS: dict[str, str] = {
     "policy/loss": "Clipped surrogate (PPO) or REINFORCE policy loss, mean over minibatches.",
     "policy/clipfrac": "Share of valid tokens whose probability ratio was clipped.",
     "policy/approx_kl": "Mean k3 estimate of KL(old policy || new policy) over the updates.",
+    "policy/dual_clipfrac": ("Share of valid tokens where ppo.dual_clip's bound c*A is active (A < 0 and ratio > c: the "
+                             "loss is bounded and the token's gradient 0), mean over the updates; 0 when dual_clip is "
+                             "null. These tokens are counted in policy/clipfrac too."),
     "policy/entropy": ("Mean per-token entropy of the policy's (temperature-scaled) distribution; under a "
                        "generation.top_k/top_p/min_p filter, of the truncated distribution sampled from."),
     "policy/first_ratio_abs_dev": "Mean |r - 1| on the first minibatch before any step (0 under old_logprobs recompute).",
     "policy/lr": "Policy learning rate at the end of the iteration.",
     "policy/grad_norm": "Policy gradient norm before clipping, mean over updates.",
+    "policy/grad_snr": ("Gradient signal-to-noise of the update: per epoch, with g_1..g_M its M >= 2 minibatch "
+                        "gradients (before clipping) and g their mean, ||g|| / sqrt(mean_i ||g_i - g||^2); the mean "
+                        "over the epochs (fourfold.core.gradients; opt-in: ppo.log_grad_snr, reinforce.log_grad_snr)."),
     "policy/kl_loss": ("Mean k3 estimate of KL(policy || reference) per valid token in the updates (ppo.kl_in: loss only; "
                        "kl_coef times it is part of policy/loss)."),
     # value
@@ -165,6 +171,8 @@ LOGGED_BY: dict[str, str] = {
     **dict.fromkeys(("policy/clipfrac", "policy/approx_kl"), "ppo, gym (algo ppo)"),
     "policy/entropy": f"{_RL}, gym",
     "policy/first_ratio_abs_dev": "ppo",
+    "policy/dual_clipfrac": "ppo",
+    "policy/grad_snr": "ppo (ppo.log_grad_snr), reinforce (reinforce.log_grad_snr)",
     "policy/lr": f"{_RL}, gym (algo ppo)",
     "policy/grad_norm": f"{_RL}, gym",
     "policy/kl_loss": "ppo (ppo.kl_in loss)",

@@ -27,7 +27,8 @@ def digest(obj: Any) -> str:
 
 
 LATER_KEYS = ("micro_batch_tokens", "task_options", "assistant_turns", *GenerationConfig.ENGINE_KEYS,
-              *GenerationConfig.TRUNCATION_KEYS, *PPOAlgoConfig.PRACTICE_KEYS)
+              *GenerationConfig.TRUNCATION_KEYS, *PPOAlgoConfig.PRACTICE_KEYS,
+              "log_grad_snr", "batch_epochs", "minibatches")
 """Settings added after the stage cache's keys were first written; each one's default reproduces
 what ran before it existed (most choose how a step runs, not what it computes; SFT's
 ``assistant_turns`` at ``last`` trains what SFT trained before it). A key leaves them out while

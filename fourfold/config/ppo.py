@@ -370,6 +370,10 @@ class PPOAlgoConfig:
     mask_truncated: bool = False
     """Leave the responses that reached max_new_tokens without EOS out of the losses (their rows'
     tokens get no weight; TRL mask_truncated_completions). Needs generation.stop_at_eos."""
+    log_grad_snr: bool = False
+    """Log policy/grad_snr: ||mean g|| / rms ||g_i - mean g|| of each epoch's minibatch gradients
+    (unclipped), averaged over epochs; needs >= 2 minibatches per epoch. Costs a float32 copy of the
+    gradient per step and two of memory (docs/experiments.md); changes nothing else."""
 
     PRACTICE_KEYS = ("old_logprobs", "measure_mismatch", "rollout_correction", "rollout_correction_cap",
                      "policy_loss", "ratio_level", "dual_clip", "critic_warmup", "critic_lam", "critic_from",
@@ -387,6 +391,8 @@ class PPOAlgoConfig:
                 f"{self.minibatch_size} is larger than rollout_batch_size={self.rollout_batch_size}")
         require(self.rollout_batch_size % self.minibatch_size == 0, f"{prefix}.rollout_batch_size",
                 f"{self.rollout_batch_size} is not divisible by minibatch_size={self.minibatch_size}")
+        require(not self.log_grad_snr or self.rollout_batch_size >= 2 * self.minibatch_size, f"{prefix}.log_grad_snr",
+                "needs >= 2 minibatches per epoch (rollout_batch_size >= 2 x minibatch_size)")
         require(self.micro_batch_tokens is None or self.micro_batch_tokens >= 1, f"{prefix}.micro_batch_tokens",
                 f"must be >= 1 or null, got {self.micro_batch_tokens}")
         require(self.micro_batch_tokens is None or self.micro_batch_size is None, f"{prefix}.micro_batch_tokens",

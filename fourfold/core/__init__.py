@@ -36,6 +36,7 @@ from fourfold.core.estimators import (
     get_advantage_estimator,
     register_advantage_estimator,
 )
+from fourfold.core.gradients import GradMoments, flat_grad, grad_snr, leave_one_out_baseline, snr_from_moments
 from fourfold.core.kl import KL_KINDS, AdaptiveKLController, FixedKLController, kl_estimate, token_rewards
 from fourfold.core.logprobs import dense_logprobs, entropy_from_logits, logprobs_from_logits, sequence_logprobs
 from fourfold.core.losses import (
@@ -95,6 +96,11 @@ __all__ = [
     "gae",
     "discounted_returns",
     "mean_baseline",
+    "leave_one_out_baseline",
+    "GradMoments",
+    "flat_grad",
+    "grad_snr",
+    "snr_from_moments",
     "explained_variance",
     "grpo_advantages",
     "rloo_advantages",

@@ -174,7 +174,10 @@ def ppo_policy_loss(
     ``dual_clip`` where the dual bound acted too); ``approx_kl`` masked mean of (r - 1) - log r on
     the token ratios, the k3 estimate of KL(pi_old || pi); ``ratio_mean``; ``ratio_max`` (0 when no
     token is valid); ``ratio_abs_dev`` mean |r - 1| (exactly 0 when pi equals pi_old); all on the
-    ratio the loss uses (the sequence ratio under 'sequence').
+    ratio the loss uses (the sequence ratio under 'sequence'); ``dual_clipfrac`` share of valid
+    tokens where the dual-clip bound c A_t is the term (A_t < 0 and r_t > c: the bound is below
+    min(r A, clip(r) A), so the token's gradient is 0; exactly 0 without ``dual_clip`` or under
+    cispo, which does not read it; these tokens count in ``clipfrac`` too).
     """
     if ratio_level not in RATIO_LEVELS:
         raise ValueError(f"unknown ratio level {ratio_level!r}; expected one of {', '.join(RATIO_LEVELS)}")
@@ -198,6 +201,13 @@ def ppo_policy_loss(
     if token_weights is not None:
         term = term * torch.where(m, token_weights.detach().to(term.dtype), zero)
     loss = -aggregate_loss(term, m, agg)
+    return loss, _policy_stats(ratio, token_log_ratio, adv, clipped, m, dual_clip if kind == "clip" else None)
+
+
+def _policy_stats(ratio: Tensor, token_log_ratio: Tensor, adv: Tensor, clipped: Tensor, m: Tensor,
+                  dual_clip: Optional[float]) -> Stats:
+    """:func:`ppo_policy_loss`'s statistics (its docstring says each), detached."""
+    zero = _zero(ratio)
     with torch.no_grad():
         token_ratio = torch.exp(token_log_ratio)
         stats = {
@@ -206,8 +216,10 @@ def ppo_policy_loss(
             "ratio_mean": masked_mean(ratio, m),
             "ratio_max": torch.where(m, ratio, zero).max() if ratio.numel() else zero,
             "ratio_abs_dev": masked_mean((ratio - 1.0).abs(), m),
+            "dual_clipfrac": (zero if dual_clip is None
+                              else masked_mean(((adv < 0) & (ratio > dual_clip)).to(ratio.dtype), m)),
         }
-    return loss, {k: v.detach() for k, v in stats.items()}
+    return {k: v.detach() for k, v in stats.items()}
 
 
 def kl_loss(

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
-from typing import Iterable, Optional
+from typing import Callable, Iterable, Optional
 
 import torch
 
@@ -90,15 +90,19 @@ class NonFiniteGuard:
             )
 
 
-def clip_and_step(model, optimizer, scheduler, max_grad_norm: Optional[float], guard: NonFiniteGuard, where: str
-                  ) -> tuple[float, bool]:
+def clip_and_step(model, optimizer, scheduler, max_grad_norm: Optional[float], guard: NonFiniteGuard, where: str,
+                  on_grads: Optional[Callable[[list], None]] = None) -> tuple[float, bool]:
     """Global grad-norm clip, then step only if the norm is finite, and keep the step only if every
     parameter after it is finite (:func:`fourfold.run.finite_step.finite_step`: else the
     pre-step weights and optimizer state are put back and the guard counts quantity
     ``parameters``). Returns ``(grad norm, the weights moved)``. A model replicated under torchrun
-    first has its gradients averaged over the ranks (:func:`~fourfold.run.fsdp.average_gradients`)."""
+    first has its gradients averaged over the ranks (:func:`~fourfold.run.fsdp.average_gradients`).
+    ``on_grads(params)``, when given, sees the parameters' averaged gradients before the clip (a
+    measurement: it must not change them)."""
     average_gradients(model)
     params = [p for p in model.parameters() if p.grad is not None]
+    if on_grads is not None:
+        on_grads(params)
     if max_grad_norm is not None:
         norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
     elif dist.started():  # sharded gradients: the norm of the whole gradient, the same on every rank
@@ -118,8 +122,8 @@ def clip_and_step(model, optimizer, scheduler, max_grad_norm: Optional[float], g
 
 
 def guarded_step(model, optimizer, scheduler, max_grad_norm: Optional[float], guard: NonFiniteGuard, where: str,
-                 losses: Iterable[tuple[torch.Tensor, dict]], *, schedule_on_skip: bool = True
-                 ) -> tuple[Optional[float], bool]:
+                 losses: Iterable[tuple[torch.Tensor, dict]], *, schedule_on_skip: bool = True,
+                 on_grads: Optional[Callable[[list], None]] = None) -> tuple[Optional[float], bool]:
     """The one guarded optimizer step of every trainer (SFT, reward model, PPO's policy and critic,
     REINFORCE, gym).
 
@@ -137,7 +141,8 @@ def guarded_step(model, optimizer, scheduler, max_grad_norm: Optional[float], gu
     else the norm before clipping (not finite: the step was skipped); ``taken``: the weights moved
     (False also when the step itself left a non-finite weight and was undone).
     The guard's consecutive count is the caller's to reset (``guard.good_step()``), because what
-    counts as one update is the caller's: a step, or PPO's whole iteration.
+    counts as one update is the caller's: a step, or PPO's whole iteration. ``on_grads`` as for
+    :func:`clip_and_step` (called only when every check passed).
     """
     for loss, checks in losses:
         if not all(guard.ok(what, value, where) for what, value in checks.items()):
@@ -146,4 +151,4 @@ def guarded_step(model, optimizer, scheduler, max_grad_norm: Optional[float], gu
                 scheduler.step()
             return None, False
         loss.backward()
-    return clip_and_step(model, optimizer, scheduler, max_grad_norm, guard, where)
+    return clip_and_step(model, optimizer, scheduler, max_grad_norm, guard, where, on_grads)

@@ -2,17 +2,20 @@
 micro-batches a minibatch is accumulated over (by rows, or by a token budget), and the trim that
 drops the columns a micro-batch's rows all pad. The pre-update forward of pi_old
 (:func:`fourfold.trainers.practice.trainer_logprobs`) runs over the very same micro-batches, so
-that the first minibatch's ratio is exactly 1."""
+that the first minibatch's ratio is exactly 1. :class:`GradSNR` measures the signal-to-noise ratio
+of an update's minibatch gradients (``policy/grad_snr``), for PPO and REINFORCE alike."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 
 from fourfold.config import PPOAlgoConfig
-from fourfold.core import Rollout, aggregation_units
-from fourfold.run.parallel import rank_slice
+from fourfold.core import GradMoments, Rollout, aggregation_units, flat_grad
+from fourfold.run.parallel import global_sums, rank_slice
 
 
 def trim(mb: Rollout) -> Rollout:
@@ -82,3 +85,36 @@ def micro_batches(rows: Rollout, algo: PPOAlgoConfig, agg: str, total_units: flo
     for rows_of_part in micro_groups(rows, algo):
         part = trim(rows.select(rows_of_part))
         yield part, float(aggregation_units(part.mask, agg)) / total
+
+
+class GradSNR:
+    """``policy/grad_snr`` of one update: the SNR (:mod:`fourfold.core.gradients`) of each epoch's
+    ``per_epoch`` minibatch gradients, averaged over the epochs. The optimizer step passes
+    :meth:`on_grads` to :func:`~fourfold.run.optim.guarded_step` (the averaged, unclipped
+    gradients) and calls :meth:`commit` with the step's grad norm after it: a skipped step (norm
+    None or not finite) adds nothing but still counts as a step of its epoch. Memory: a float32
+    copy of the gradient and the running sum (two vectors of the trained parameters' size)."""
+
+    def __init__(self, per_epoch: int) -> None:
+        self.per_epoch = max(per_epoch, 1)
+        self.epochs: list[GradMoments] = []
+        self.pending: Optional[torch.Tensor] = None
+        self.steps = 0
+
+    def on_grads(self, params) -> None:
+        self.pending = flat_grad(params)
+
+    def commit(self, norm: Optional[float]) -> None:
+        """After a step: its gradient joins its epoch's moments when the step went through."""
+        if self.steps % self.per_epoch == 0:
+            self.epochs.append(GradMoments())
+        self.steps += 1
+        if self.pending is not None and norm is not None and math.isfinite(norm):
+            self.epochs[-1].add(self.pending)
+        self.pending = None
+
+    def metrics(self) -> dict:
+        """``{"policy/grad_snr": mean over epochs}`` (the moments summed over the ranks), or {}
+        when no epoch had 2 steps that went through. The same on every rank."""
+        snrs = [s for s in (m.snr(reduce=global_sums) for m in self.epochs) if s is not None]
+        return {"policy/grad_snr": sum(snrs) / len(snrs)} if snrs else {}

@@ -67,7 +67,7 @@ from fourfold.models.roles import ScalarModel, response_logits, response_logprob
 from fourfold.run.optim import NonFiniteGuard, guarded_step, make_optimizer, make_schedule
 from fourfold.run.parallel import global_sum, loss_scale, sum_over_ranks
 from fourfold.run.scaffold import RunScaffold
-from fourfold.trainers.batches import Minibatch, micro_batches, minibatches
+from fourfold.trainers.batches import GradSNR, Minibatch, micro_batches, minibatches
 from fourfold.trainers.groups import collect_groups
 from fourfold.trainers.practice import (
     mask_truncated,
@@ -194,13 +194,14 @@ def make_optim(roles: Roles, algo: PPOAlgoConfig, compiled: bool = False) -> Opt
 
 
 def policy_step(policy, mb: Minibatch, algo: PPOAlgoConfig, opt: Optim, temperature: float,
-                guard: NonFiniteGuard) -> dict:
+                guard: NonFiniteGuard, snr: Optional[GradSNR] = None) -> dict:
     """One optimizer step of the policy loss (:func:`policy_loss`) on a minibatch, accumulated over
     micro-batches, each aggregated by ``loss_agg`` over the whole minibatch (each part weighted by
     its share of the minibatch's units, scaled by :func:`~fourfold.run.parallel.loss_scale` for
     the ranks' averaged gradients). Returns this rank's share of the logged statistics (the loss as
     the minibatch's aggregate, the others as means over its valid tokens; summed over ranks by the
-    caller) and the grad norm, the same on every rank."""
+    caller) and the grad norm, the same on every rank. ``snr`` (``log_grad_snr``) sees the step's
+    gradient before the clip."""
     stats_sum: dict[str, float] = {}
     total_tokens = max(mb.tokens, 1.0)
 
@@ -214,12 +215,14 @@ def policy_step(policy, mb: Minibatch, algo: PPOAlgoConfig, opt: Optim, temperat
                 stats_sum[k] = stats_sum.get(k, 0.0) + float(v) * share
 
     norm, _ = guarded_step(policy, opt.policy_opt, opt.policy_sched, algo.max_grad_norm, guard, mb.where,
-                           micro_losses(), schedule_on_skip=False)
+                           micro_losses(), schedule_on_skip=False, on_grads=None if snr is None else snr.on_grads)
+    if snr is not None:
+        snr.commit(norm)
     if norm is None:
         return {"policy/loss": float("nan")}
     out = {"policy/loss": stats_sum["loss"], "policy/clipfrac": stats_sum["clipfrac"],
            "policy/approx_kl": stats_sum["approx_kl"], "policy/grad_norm": norm,
-           "policy/ratio_abs_dev": stats_sum["ratio_abs_dev"]}
+           "policy/ratio_abs_dev": stats_sum["ratio_abs_dev"], "policy/dual_clipfrac": stats_sum["dual_clipfrac"]}
     if "kl_loss" in stats_sum:
         out["policy/kl_loss"] = stats_sum["kl_loss"]
     return out
@@ -245,7 +248,7 @@ def critic_step(critic: ScalarModel, mb: Minibatch, algo: PPOAlgoConfig, opt: Op
     return {"value/loss": stats_sum["loss"], "value/clipfrac": stats_sum["clipfrac"], "value/grad_norm": norm}
 
 
-RANK_INDEPENDENT = ("policy/grad_norm", "value/grad_norm")
+RANK_INDEPENDENT = ("policy/grad_norm", "value/grad_norm", "policy/grad_snr")
 """Update statistics that are already global on every rank (the norm of the all-reduced gradient);
 the others are each rank's share, summed over ranks."""
 
@@ -265,7 +268,8 @@ def ppo_update(roles: Roles, rollout: Rollout, algo: PPOAlgoConfig, opt: Optim, 
     the mismatch measured (``measure``), the correction's weights (in the critic's warm-up too).
     ``train_policy`` False (the warm-up): the critic's epochs only; the policy, its optimiser and
     schedule untouched.
-    ``policy/first_ratio_abs_dev``: mean |r - 1| over the first minibatch's tokens, before any step.
+    ``policy/first_ratio_abs_dev``: mean |r - 1| over the first minibatch's tokens, before any step;
+    ``policy/grad_snr`` (``log_grad_snr``): :class:`~fourfold.trainers.batches.GradSNR`.
     """
     perms = [torch.randperm(rollout.batch_size) for _ in range(algo.ppo_epochs)]
     rollout, pre = prepare_old_logprobs(roles.policy, rollout, algo, perms[0], temperature, old_logprobs, measure)
@@ -285,7 +289,9 @@ def ppo_update(roles: Roles, rollout: Rollout, algo: PPOAlgoConfig, opt: Optim, 
     def policy_epochs() -> dict:
         if not train_policy:
             return {}
-        return mean_over(lambda mb: policy_step(roles.policy, mb, algo, opt, temperature, guard))
+        snr = GradSNR(len(mbs) // algo.ppo_epochs) if algo.log_grad_snr else None
+        stats = mean_over(lambda mb: policy_step(roles.policy, mb, algo, opt, temperature, guard, snr))
+        return stats if snr is None else {**stats, **snr.metrics()}
 
     def critic_epochs() -> dict:
         return mean_over(lambda mb: critic_step(roles.critic, mb, algo, opt, guard))

@@ -43,6 +43,28 @@ def test_dual_clip_by_hand():
         ppo_policy_loss(lp, torch.zeros(1, 3), adv, torch.ones(1, 3), dual_clip=1.0)
 
 
+def test_dual_clipfrac_by_hand():
+    """eps 0.2, c = 3, 2 x 4 tokens, the last of row 1 padded (7 valid). The bound acts where A < 0
+    and r > 3: (r 5, A -1) and (r 3.5, A -2) do; (r 2, A -1) has the PPO term -2 > -3; (r 5, A +1)
+    is clipped above, not dual-clipped; (r 0.5, A -1) clipped below; the padded (r 9, A -1) never
+    counts. dual_clipfrac = 2/7, exactly the tokens whose gradient the bound zeroes beyond PPO's;
+    clipfrac counts them with the other clipped ones (4/7: r 5 A +1, r 0.5 A -1 and the two).
+    Without dual_clip, and under cispo, it is exactly 0."""
+    lp = _lp(5.0, 2.0, 5.0, 0.5, 3.5, 1.0, 1.0, 9.0).reshape(2, 4).detach().requires_grad_()
+    adv = torch.tensor([[-1.0, -1.0, 1.0, -1.0], [-2.0, 1.0, -1.0, -1.0]])
+    mask = torch.tensor([[1.0, 1, 1, 1], [1, 1, 1, 0]])
+    loss, stats = ppo_policy_loss(lp, torch.zeros(2, 4), adv, mask, 0.2, dual_clip=3.0)
+    assert float(stats["dual_clipfrac"]) == pytest.approx(2 / 7, abs=1e-7)
+    assert float(stats["clipfrac"]) == pytest.approx(4 / 7, abs=1e-7)
+    plain_grad = torch.autograd.grad(ppo_policy_loss(lp, torch.zeros(2, 4), adv, mask, 0.2)[0], lp)[0]
+    dual_grad = torch.autograd.grad(loss, lp)[0]
+    zeroed = (dual_grad == 0) & (plain_grad != 0)
+    assert zeroed.tolist() == [[True, False, False, False], [True, False, False, False]]
+    for kw in ({}, {"kind": "cispo"}):
+        _, off = ppo_policy_loss(lp.detach(), torch.zeros(2, 4), adv, mask, 0.2, **kw)
+        assert float(off["dual_clipfrac"]) == 0.0
+
+
 def test_gspo_sequence_ratio_is_the_geometric_mean():
     """Token ratios 2, 0.5, 4 (and a padded 4th token): s = 4^(1/3) = 1.587 on every token, not
     their product 4. A = +1: clipped at 1.2 (loss -1.2, gradient 0); A = -1: loss s, gradient s / 3."""

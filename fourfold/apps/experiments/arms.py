@@ -52,6 +52,8 @@ class Arm:
     """GenerationConfig fields changed from demo.generation: e.g. weights (ppo and reinforce arms)."""
     lr_multiplier: float = 1.0
     """REINFORCE: learning rate = this x demo.ppo.lr."""
+    reinforce: dict = dataclasses.field(default_factory=dict)
+    """ReinforceAlgoConfig fields changed from the sweep's REINFORCE (reinforce arms)."""
     rm: str = "biased"
     """'biased' (the demo's RM) or 'unbiased' (the RM of the unbiased labelers)."""
 
@@ -68,6 +70,37 @@ claims): the critic's bad start and its warm-up, dual-clip under beta = 0, the b
 and its corrections."""
 DUAL_CLIP = 3.0
 """ppo-beta0-dual-clip's ppo.dual_clip (docs/correction.md)."""
+
+
+MEASURE_ARMS = ("ppo-snr", "reinforce-steps-none", "reinforce-steps-mean", "reinforce-steps-loo", "ppo-stress",
+                "ppo-stress-dual-clip")
+"""Issue 39's measurement arms (docs/experiments.md, "The update's measurements"): policy/grad_snr of
+PPO's GAE and of REINFORCE with each baseline at PPO's optimizer steps per batch and lr, and PPO
+where the ratios get large (STRESS_EPOCHS epochs at STRESS_LR_MULTIPLIER x the lr) with and
+without dual-clip (policy/dual_clipfrac)."""
+STRESS_EPOCHS = 12
+"""ppo-stress's ppo.ppo_epochs (the demo's 4 x 3)."""
+STRESS_LR_MULTIPLIER = 3.0
+"""ppo-stress's lr, x demo.ppo.lr."""
+
+
+def _measure_arm(name: str, cfg: ExperimentsConfig) -> Arm:
+    """One arm of :data:`MEASURE_ARMS`."""
+    ppo = cfg.demo.ppo
+    if name.startswith("reinforce-steps-"):
+        baseline = name.rsplit("-", 1)[1]
+        steps = {"batch_epochs": ppo.ppo_epochs, "minibatches": ppo.rollout_batch_size // ppo.minibatch_size}
+        return Arm(name, "reinforce", f"REINFORCE, baseline {baseline}, PPO's {ppo.steps_per_iteration} steps per "
+                                      f"batch ({steps['batch_epochs']} passes x {steps['minibatches']} minibatches) "
+                                      "and lr, grad SNR logged",
+                   reinforce={**steps, "baseline": baseline, "log_grad_snr": True})
+    stress = {"ppo_epochs": STRESS_EPOCHS, "lr": ppo.lr * STRESS_LR_MULTIPLIER}
+    what = f"PPO, {STRESS_EPOCHS} epochs at {STRESS_LR_MULTIPLIER:g}x the lr"
+    return {
+        "ppo-snr": Arm(name, "ppo", "PPO (as ppo), grad SNR logged", ppo={"log_grad_snr": True}),
+        "ppo-stress": Arm(name, "ppo", what, ppo=stress),
+        "ppo-stress-dual-clip": Arm(name, "ppo", f"{what}, dual-clip c={DUAL_CLIP:g}", ppo={**stress, "dual_clip": DUAL_CLIP}),
+    }[name]
 
 
 def critic_warmup_iterations(cfg: ExperimentsConfig) -> int:
@@ -108,6 +141,8 @@ def _arms_named(name: str, cfg: ExperimentsConfig) -> list[Arm]:
                     lr_multiplier=m) for m in cfg.reinforce_lr_multipliers]
     if name in PRACTICE_ARMS:
         return [_practice_arm(name, cfg)]
+    if name in MEASURE_ARMS:
+        return [_measure_arm(name, cfg)]
     if name == "ppo-beta-high":
         b = beta * cfg.beta_high_multiplier
         return [Arm(name, "ppo", f"PPO, beta={b:g} ({cfg.beta_high_multiplier:g}x)",
@@ -192,6 +227,7 @@ def run_config(cfg: ExperimentsConfig, arm: Arm, seed: int, *, sft: Path, rm: Pa
         iterations=cfg.iterations, rollout_batch_size=d.ppo.rollout_batch_size, lr=d.ppo.lr * arm.lr_multiplier,
         kl_coef=d.ppo.kl_coef, kl_estimator=d.ppo.kl_estimator, baseline="none", max_grad_norm=None,
         lr_schedule=d.ppo.lr_schedule)
+    algo = dataclasses.replace(algo, **arm.reinforce)
     return ReinforceConfig(model=LMModelConfig(policy=str(sft), reward=str(rm), **arm.model), data=data,
                            generation=generation, reinforce=algo, run=run)
 

@@ -14,10 +14,13 @@ from fourfold.config.run import MAX_SEED, RunConfig
 EXPERIMENT_ARMS = ("ppo", "ppo-beta0", "ppo-beta-high", "ppo-1epoch", "ppo-no-critic", "grpo", "rloo", "reinforce-pp",
                    "reinforce", "dpo", "ppo-unbiased-rm", "ppo-adaptive-kl", "ppo-critic-policy-init",
                    "ppo-critic-warmup", "ppo-beta0-dual-clip", "ppo-bf16-copy", "ppo-bf16-copy-recompute",
-                   "ppo-bf16-copy-tis")
+                   "ppo-bf16-copy-tis", "ppo-snr", "reinforce-steps-none", "reinforce-steps-mean", "reinforce-steps-loo",
+                   "ppo-stress", "ppo-stress-dual-clip")
 """Arms `fourfold experiments` knows (see docs/experiments.md); 'reinforce' runs once per entry
-of reinforce_lr_multipliers (as reinforce-lr1x, reinforce-lr3x, ...). The last six are the
-practice arms (docs/correction.md, "Sweep arms"; examples/practice.yaml runs them)."""
+of reinforce_lr_multipliers (as reinforce-lr1x, reinforce-lr3x, ...). ppo-bf16-copy-tis and the
+five before it are the practice arms (docs/correction.md, "Sweep arms"; examples/practice.yaml runs
+them); the last six are issue 39's measurement arms (the variance and dual-clip questions;
+docs/experiments.md, "The update's measurements"), none of them a default arm."""
 
 DEFAULT_CLAIM_GROUPS = ("ppo", "beta0", "beta-high", "epochs", "reinforce", "critic", "length", "critic-free",
                         "baseline", "dpo")
