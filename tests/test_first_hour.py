@@ -118,6 +118,18 @@ def test_version(capsys):
     assert e.value.code == 0 and capsys.readouterr().out == f"fourfold {fourfold.__version__}\n"
 
 
+def test_python_dash_m_fourfold_is_the_fourfold_command():
+    """``python -m fourfold`` runs the same cli: --version prints it and exits 0; no stage prints the
+    help and exits 2."""
+    import fourfold
+
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    out = subprocess.run([sys.executable, "-m", "fourfold", "--version"], capture_output=True, text=True, env=env)
+    assert (out.returncode, out.stdout) == (0, f"fourfold {fourfold.__version__}\n"), out.stderr
+    bare = subprocess.run([sys.executable, "-m", "fourfold"], capture_output=True, text=True, env=env)
+    assert bare.returncode == 2 and bare.stdout.startswith("usage: fourfold"), bare.stderr
+
+
 def test_a_reward_fn_over_the_examples_placeholder_reward_names_both_sources(tmp_path):
     """examples/grpo.yaml names a placeholder reward model: `model.reward_fn=...` on the command line
     is refused with a line that says which source set which key and how to keep one; with

@@ -264,8 +264,9 @@ def test_nothing_below_the_applications_imports_them(tmp_path):
 
 def test_the_package_root_holds_the_ground_and_the_face_only():
     """At most MAX_ROOT_MODULES modules in fourfold/ itself: the applications, the run, the loops and
-    the rollout live in their own packages."""
-    root = sorted(p.name for p in PACKAGE.glob("*.py"))
+    the rollout live in their own packages. ``__main__.py`` (``python -m fourfold``, three lines
+    calling the cli) is the face's other door, not a module of its own."""
+    root = sorted(p.name for p in PACKAGE.glob("*.py") if p.name != "__main__.py")
     assert len(root) <= MAX_ROOT_MODULES, root
 
 

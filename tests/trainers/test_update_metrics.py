@@ -51,6 +51,17 @@ def _same_but_snr(a, b):
     assert {k: a[k] for k in keys} == {k: b[k] for k in keys}
 
 
+def _check_snr_run(tmp_path, plain, snr):
+    """The SNR run logs a finite, positive policy/grad_snr every iteration and changes no other
+    metric and no weight of the plain run (both under tmp_path's 'plain' and 'snr')."""
+    values = [r["policy/grad_snr"] for r in snr]
+    assert all(math.isfinite(v) and v > 0 for v in values), values
+    for a, b in zip(plain, snr, strict=True):
+        _same_but_snr(a, b)
+    wa, wb = _weights(tmp_path / "plain"), _weights(tmp_path / "snr")
+    assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
 @pytest.mark.parametrize("arm", ["gae", "grpo"])
 def test_ppo_grad_snr_appears_and_changes_nothing_else(tiny_lm, tmp_path, arm):
     extra = ({"model.critic_init": "policy"} if arm == "gae"
@@ -58,12 +69,7 @@ def test_ppo_grad_snr_appears_and_changes_nothing_else(tiny_lm, tmp_path, arm):
     plain = _run(tiny_lm, tmp_path / "plain", **extra)
     snr = _run(tiny_lm, tmp_path / "snr", **extra, **{"ppo.log_grad_snr": True})
     assert all("policy/grad_snr" not in r for r in plain)
-    values = [r["policy/grad_snr"] for r in snr]
-    assert all(math.isfinite(v) and v > 0 for v in values), values
-    for a, b in zip(plain, snr):
-        _same_but_snr(a, b)
-    wa, wb = _weights(tmp_path / "plain"), _weights(tmp_path / "snr")
-    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+    _check_snr_run(tmp_path, plain, snr)
 
 
 def test_grad_snr_needs_two_minibatches():
@@ -96,12 +102,7 @@ def test_reinforce_at_matched_steps_logs_a_finite_grad_snr(tiny_lm, tmp_path, ba
     steps = {"reinforce.baseline": baseline, "reinforce.batch_epochs": 2, "reinforce.minibatches": 4}
     plain = _run(tiny_lm, tmp_path / "plain", ReinforceConfig, **steps)
     snr = _run(tiny_lm, tmp_path / "snr", ReinforceConfig, **steps, **{"reinforce.log_grad_snr": True})
-    values = [r["policy/grad_snr"] for r in snr]
-    assert all(math.isfinite(v) and v > 0 for v in values), values
-    for a, b in zip(plain, snr):
-        _same_but_snr(a, b)
-    wa, wb = _weights(tmp_path / "plain"), _weights(tmp_path / "snr")
-    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+    _check_snr_run(tmp_path, plain, snr)
 
 
 def test_reinforce_baselines_differ_and_steps_matter(tiny_lm, tmp_path):
