@@ -12,6 +12,7 @@ traceback) as its cause.
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import importlib.util
 import inspect
@@ -48,7 +49,10 @@ def load_user_function(spec: str, key: str, kind: str) -> Callable:
     -> the callable. A file is imported as module ``fourfold_user_<kind>_<stem>``. A malformed
     spec, a missing file, an import or syntax error, or no such callable is one ConfigError line
     naming ``key``; an exception the user's module raises while imported is a UserCodeError whose
-    cause is the original."""
+    cause is the original. A file is executed once per process and content: loading the same file
+    again (the server's column sets, a reward named twice) returns the module of the first load, as
+    ``import`` does, so its import-time work (a model it loads, a counter) happens once; a changed
+    file is executed anew."""
     target, _, name = spec.rpartition(":")
     if not target or not name:
         raise ConfigError(f"{key}: {spec!r}: expected 'module:function' or 'file.py:function'")
@@ -57,9 +61,7 @@ def load_user_function(spec: str, key: str, kind: str) -> Callable:
             path = Path(target)
             if not path.is_file():
                 raise ConfigError(f"{key}: {target}: no such file")
-            mod_spec = importlib.util.spec_from_file_location(f"fourfold_user_{kind}_{path.stem}", path)
-            module = importlib.util.module_from_spec(mod_spec)
-            mod_spec.loader.exec_module(module)
+            module = _file_module(path, kind)
         else:
             module = importlib.import_module(target)
     except ConfigError:  # ours (no such file): not the user's code
@@ -75,6 +77,22 @@ def load_user_function(spec: str, key: str, kind: str) -> Callable:
     if not callable(fn):
         raise ConfigError(f"{key}: {target} has no function {name!r}")
     return fn
+
+
+_FILE_MODULES: dict[tuple[str, str, str], Any] = {}
+"""(kind, resolved path, sha256 of the file) -> the module executed from it (:func:`load_user_function`)."""
+
+
+def _file_module(path: Path, kind: str) -> Any:
+    """The module of the file ``path`` as ``fourfold_user_<kind>_<stem>``, executed the first time this
+    content is loaded (an import that raises is not kept: the next load tries again)."""
+    cache_key = (kind, str(path.resolve()), hashlib.sha256(path.read_bytes()).hexdigest())
+    if cache_key not in _FILE_MODULES:
+        mod_spec = importlib.util.spec_from_file_location(f"fourfold_user_{kind}_{path.stem}", path)
+        module = importlib.util.module_from_spec(mod_spec)
+        mod_spec.loader.exec_module(module)
+        _FILE_MODULES[cache_key] = module
+    return _FILE_MODULES[cache_key]
 
 
 def _shown(value: Any, limit: int = 80) -> str:

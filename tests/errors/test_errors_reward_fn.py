@@ -80,6 +80,25 @@ def test_an_exception_while_importing_the_users_file(tmp_path):
     assert isinstance(info.value.__cause__, RuntimeError)
 
 
+def test_a_file_is_executed_once_per_content(tmp_path):
+    """Loading the same file twice returns the same function and runs its import-time code once
+    (the server loads a function per column set); a changed file runs anew; an import that raised
+    is not kept, so the fixed file loads."""
+    log = tmp_path / "imports.txt"
+    body = f"open({str(log)!r}, 'a').write('x')\ndef score(prompts, responses):\n    return [1.0] * len(responses)\n"
+    path = _reward_file(tmp_path, body)
+    first, again = load_reward_fn(f"{path}:score"), load_reward_fn(f"{path}:score", "reward.parts[0]")
+    assert first is again and log.read_text() == "x"
+    _reward_file(tmp_path, body.replace("1.0", "2.0"))
+    changed = load_reward_fn(f"{path}:score")
+    assert changed is not first and changed([""], ["a"]) == [2.0] and log.read_text() == "xx"
+    _reward_file(tmp_path, "raise RuntimeError('not yet')\n")
+    with pytest.raises(UserCodeError):
+        load_reward_fn(f"{path}:score")
+    _reward_file(tmp_path, body)
+    assert load_reward_fn(f"{path}:score") is first and log.read_text() == "xx"
+
+
 def test_scores_that_pass():
     assert check_scores([1, 2.5, True], 3, "f") == [1.0, 2.5, 1.0]
     assert check_scores(np.array([0.5, 1.5]), 2, "f") == [0.5, 1.5]
