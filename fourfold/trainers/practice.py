@@ -18,6 +18,7 @@ from fourfold.config.ppo import resolve_old_logprobs
 from fourfold.config.sampling import filters_said, truncates
 from fourfold.core import (
     Rollout,
+    effective_sample_size,
     frac_zero_std,
     last_valid_index,
     mismatch_stats,
@@ -63,14 +64,18 @@ def truncation_notes(gen, correction: str, section: str) -> list[str]:
 
 
 def mismatch_and_weights(train_lp: torch.Tensor, engine_lp: torch.Tensor, mask: torch.Tensor, correction: str,
-                         cap: float) -> tuple[Optional[torch.Tensor], dict]:
+                         cap: float, ess: bool = False) -> tuple[Optional[torch.Tensor], dict]:
     """The trainer half of the engine-trainer mismatch, for PPO and REINFORCE alike: the
     ``mismatch/*`` metrics of the training forward's log-probs ``train_lp [B, T]`` against the
     engine's ``engine_lp`` (:func:`fourfold.core.mismatch_stats`) and, with a ``correction`` mode
     other than 'none', its per-token weights ``[B, T]`` (cap ``cap``,
     :func:`fourfold.core.rollout_correction_weights`) and their ``mismatch/is_*`` statistics;
-    ``(None, metrics)`` without one."""
+    ``(None, metrics)`` without one. ``ess`` (a sampler running ahead): ``rollout/is_ess`` too, the
+    effective sample size of the token weights pi_train / pi_engine before any cap
+    (:func:`fourfold.core.effective_sample_size`)."""
     metrics = {f"mismatch/{k}": float(v) for k, v in mismatch_stats(train_lp, engine_lp, mask).items()}
+    if ess:
+        metrics["rollout/is_ess"] = float(effective_sample_size(train_lp - engine_lp, mask))
     if correction == "none":
         return None, metrics
     weights, stats = rollout_correction_weights(train_lp, engine_lp, mask, correction, cap)
@@ -101,18 +106,19 @@ def trainer_logprobs(policy, rollout: Rollout, algo: PPOAlgoConfig, perm: torch.
 
 
 def prepare_old_logprobs(policy, rollout: Rollout, algo: PPOAlgoConfig, perm: torch.Tensor, temperature: float,
-                         old_logprobs: str, measure: bool) -> tuple[Rollout, dict]:
+                         old_logprobs: str, measure: bool, ess: bool = False) -> tuple[Rollout, dict]:
     """Step 6a: with ``old_logprobs`` 'recompute', ``measure`` or a ``rollout_correction``, the
     training forward's log-probs of the rollout (:func:`trainer_logprobs`) against the engine's:
     the ``mismatch/*`` metrics, the correction's weights (``rollout.is_weights``) and, under
-    'recompute', pi_old replaced by them. Returns the rollout (a copy when changed) and metrics."""
+    'recompute', pi_old replaced by them (the proximal policy of stale samples); ``ess``: their
+    ``rollout/is_ess`` (:func:`mismatch_and_weights`). Returns the rollout (a copy when changed) and metrics."""
     correct = algo.rollout_correction != "none"
     if old_logprobs != "recompute" and not measure and not correct:
         return rollout, {}
     engine_lp = rollout.logprobs
     train_lp = trainer_logprobs(policy, rollout, algo, perm, temperature)
     weights, metrics = mismatch_and_weights(train_lp, engine_lp, rollout.mask, algo.rollout_correction,
-                                            algo.correction_cap)
+                                            algo.correction_cap, ess)
     rollout = rollout.map(lambda x: x)
     if correct:
         rollout.is_weights = weights

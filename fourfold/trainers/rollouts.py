@@ -76,6 +76,10 @@ class Collected:
     length_limit: int = 0
     """The most policy tokens a row can hold (``generation.max_new_tokens`` for a single turn; an
     environment's trajectory budget): what DAPO's overlong punishment measures lengths against."""
+    version: Optional[int] = None
+    """The policy version (updates done) whose weights sampled the batch, when a sampler ran ahead
+    (``rollout.max_staleness`` >= 1, :mod:`fourfold.trainers.ahead`); None: the weights just
+    before this iteration's update (the synchronous run)."""
 
 
 def collect(
@@ -121,6 +125,17 @@ def collect(
     t0 = time.perf_counter()
     samples = _generate(roles, prompt_ids[rows], prompt_mask[rows], gen, noise, rows, engine)
     t_gen = time.perf_counter() - t0
+    return score_samples(roles, prompts, samples, gen, t_gen, kl_coef=kl_coef, kl_estimator=kl_estimator,
+                         probe=probe, concurrent=concurrent, columns=columns)
+
+
+def score_samples(roles: Roles, prompts: list[str], samples: Samples, gen: GenerationConfig, t_gen: float, *,
+                  kl_coef: float, kl_estimator: str = "k1", probe: Optional[Probe] = None, concurrent: bool = False,
+                  columns: Optional[dict[str, list]] = None) -> Collected:
+    """Steps 3-4 of :func:`collect` on the whole batch's ``samples`` (generated in ``t_gen``
+    seconds, by :func:`collect` or by a sampler running ahead, :mod:`fourfold.trainers.ahead`):
+    score this rank's rows (reference, critic, reward), gather, per-token rewards, metrics."""
+    rows = rank_slice(len(prompts))
     # 3. score with the frozen reference and reward model, and the critic (this rank's rows)
     t0 = time.perf_counter()
     need_text = getattr(roles.reward, "needs_text", False) or probe is not None
@@ -290,11 +305,23 @@ class PromptSource:
     def __init__(self, cfg, stream, probe: Optional[Probe], device: torch.device):
         self.cfg, self.stream, self.probe, self.device = cfg, stream, probe, device
 
+    def next_batch(self, samples_per_prompt: int = 1) -> tuple[list[str], torch.Tensor, torch.Tensor, dict]:
+        """The stream's next batch, each prompt on ``samples_per_prompt`` consecutive rows: its
+        texts, ids and mask ``[B, P]`` and columns (one value per row)."""
+        texts, prompt_ids, prompt_mask, columns = self.stream.next_with_columns(self.device)
+        texts, prompt_ids, prompt_mask = repeat_prompts(texts, prompt_ids, prompt_mask, samples_per_prompt)
+        return texts, prompt_ids, prompt_mask, repeat_columns(columns, samples_per_prompt)
+
     def collect(self, roles: Roles, engine: Engine, it: int, *, kl_coef: float, kl_estimator: str,
                 samples_per_prompt: int = 1, concurrent: bool = False, draw: int = 0) -> Collected:
         cfg = self.cfg
-        texts, prompt_ids, prompt_mask, columns = self.stream.next_with_columns(self.device)
-        texts, prompt_ids, prompt_mask = repeat_prompts(texts, prompt_ids, prompt_mask, samples_per_prompt)
+        texts, prompt_ids, prompt_mask, columns = self.next_batch(samples_per_prompt)
         return collect(roles, texts, prompt_ids, prompt_mask, cfg.generation, engine=engine,
                        kl_coef=kl_coef, kl_estimator=kl_estimator, probe=self.probe, concurrent=concurrent,
-                       noise=RowNoise(cfg.run.seed + draw, it), columns=repeat_columns(columns, samples_per_prompt))
+                       noise=RowNoise(cfg.run.seed + draw, it), columns=columns)
+
+    def score(self, roles: Roles, texts: list[str], samples: Samples, t_gen: float, *, kl_coef: float,
+              kl_estimator: str, concurrent: bool = False, columns: Optional[dict] = None) -> Collected:
+        """Steps 3-4 on a batch sampled ahead (:func:`score_samples`, with the run's probe)."""
+        return score_samples(roles, texts, samples, self.cfg.generation, t_gen, kl_coef=kl_coef,
+                             kl_estimator=kl_estimator, probe=self.probe, concurrent=concurrent, columns=columns)
