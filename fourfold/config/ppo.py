@@ -559,17 +559,26 @@ class PPOConfig(RolloutStageConfig):
         require_critic_init(self.model, self.ppo, env_run=self.env.factory is not None)
 
 
-def resolve_old_logprobs(algo: PPOAlgoConfig, precision: str) -> tuple[str, str]:
+def resolve_old_logprobs(algo: PPOAlgoConfig, precision: str, staleness: int = 0) -> tuple[str, str]:
     """``(engine | recompute, why)``: the pi_old a run uses for ``ppo.old_logprobs`` (``auto``:
     recompute under a rollout correction or a bf16 ``model.precision``, whose engine log-probs
     differ from the training forward's by bf16 rounding; else engine). The engine does not enter:
     in fp32 the eager engine and the static one, compiled by inductor or not, give the training
     forward's log-probs to float rounding (at most 4.8e-7 per token on the tiny test model, as a
-    KV-cache step and a full forward round apart: tests/trainers/test_practice.py)."""
+    KV-cache step and a full forward round apart: tests/trainers/test_practice.py).
+
+    With a sampler running ahead (``staleness`` = ``rollout.max_staleness`` >= 1) and no rollout
+    correction, ``auto`` is engine whatever the precision: the sampler's log-probs as pi_old keep
+    the whole ratio pi / pi_sampler, staleness included, under the clip; a recomputed pi_old
+    without a correction would drop the k updates between the sampler's policy and the trainer's
+    from the objective (docs/correction.md, Stale samples)."""
     if algo.old_logprobs != "auto":
         return algo.old_logprobs, f"ppo.old_logprobs: {algo.old_logprobs}"
     if algo.rollout_correction != "none":
         return "recompute", f"ppo.old_logprobs: auto = recompute (rollout_correction {algo.rollout_correction})"
+    if staleness > 0:
+        return "engine", (f"ppo.old_logprobs: auto = engine (rollout.max_staleness {staleness} without a "
+                          "rollout_correction: the ratio is pi / pi_sampler, its staleness included)")
     if precision != "fp32":
         return "recompute", (f"ppo.old_logprobs: auto = recompute (model.precision {precision}: the engine's "
                              "log-probs differ from the training forward's by bf16 rounding)")

@@ -103,14 +103,16 @@ class RunAhead:
     def next(self, it: int, policy: torch.nn.Module, draw: Draw) -> Sampled:
         """At the start of iteration ``it`` (``policy`` holding version it - 1): every batch of
         it .. it + k not yet in flight handed to the sampler with a snapshot of ``policy`` (its
-        prompts from ``draw``), then batch ``it``, waited for."""
+        prompts from ``draw``), then batch ``it``, waited for.
+
+        In a run, only batch it + k is new here (version it - 1 = v(it + k)). A run extended past
+        the iterations of the run that wrote its checkpoint (``--resume`` with more iterations)
+        finds no batch in flight beyond the old end, which the sampler never runs past: those
+        batches are sampled now with the checkpoint's weights, a lag below k for the first k
+        iterations of the extension (logged as such), deterministically."""
         for b in range(it, min(it + self.k, self.total) + 1):
             if b in self.pending:
                 continue
-            if self.version_for(b) != it - 1:
-                raise ConfigError(f"rollout.max_staleness: iteration {b} should have been sampled with the weights "
-                                  f"of update {self.version_for(b)}, which the checkpoint does not hold; resume with "
-                                  "the rollout.max_staleness of the run that wrote it")
             texts, ids, mask, columns = draw()
             engine = self.slots[b % (self.k + 1)]
             engine.sync(policy)  # the snapshot: in this thread, before the update changes the policy

@@ -359,7 +359,7 @@ def train(cfg: PPOConfig, *, prompts: Optional[Sequence[str]] = None, probe: Opt
                                                   "ppo.minibatch_size": algo.minibatch_size},
                         roles=checked_roles(roles, algo), concurrent=concurrent, reward_functions=rewards.functions,
                         before_placing=warm)
-    old_logprobs = said_old_logprobs(run, algo, cfg.model.precision, cfg.generation)
+    old_logprobs = said_old_logprobs(run, algo, cfg.model.precision, cfg.generation, cfg.rollout.max_staleness)
     opt = make_optim(roles, algo, compiled=cfg.model.compile)
     kl_ctl = (AdaptiveKLController(algo.kl_coef, algo.kl_target, algo.kl_horizon) if algo.adaptive_kl
               else FixedKLController(algo.kl_coef))

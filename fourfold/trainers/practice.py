@@ -173,16 +173,37 @@ def warm_start_critic(critic, path: str) -> None:
     load_checkpoint(ckpt, modules={"critic": critic}, restore_rng=False)
 
 
-def said_old_logprobs(run, algo: PPOAlgoConfig, precision: str, gen=None) -> str:
-    """The run's pi_old (:func:`~fourfold.config.ppo.resolve_old_logprobs`), said in its first
-    lines (rank 0) when it is the trainer's recompute. ``auto`` is also recompute under a truncating
-    filter of the generation section ``gen`` (top_k, top_p, min_p): the engine's log-probs are then
-    the truncated distribution's, which differ from the trainer's full softmax by the log of the
-    kept mass, far beyond float rounding."""
-    old_logprobs, why = resolve_old_logprobs(algo, precision)
-    if algo.old_logprobs == "auto" and old_logprobs == "engine" and gen is not None and truncates(gen):
+def said_old_logprobs(run, algo: PPOAlgoConfig, precision: str, gen=None, staleness: int = 0) -> str:
+    """The run's pi_old (:func:`~fourfold.config.ppo.resolve_old_logprobs`, ``staleness``: the
+    run's ``rollout.max_staleness``), said in its first lines (rank 0) when it is the trainer's
+    recompute or the sampler runs ahead. In a synchronous run ``auto`` is also recompute under a
+    truncating filter of the generation section ``gen`` (top_k, top_p, min_p): the engine's
+    log-probs are then the truncated distribution's, which differ from the trainer's full softmax by
+    the log of the kept mass, far beyond float rounding."""
+    old_logprobs, why = resolve_old_logprobs(algo, precision, staleness)
+    if (algo.old_logprobs == "auto" and old_logprobs == "engine" and not staleness and gen is not None
+            and truncates(gen)):
         old_logprobs, why = "recompute", (f"ppo.old_logprobs: auto = recompute ({filters_said(gen)}: the engine's "
                                           "log-probs are the truncated distribution's, the trainer's the full softmax)")
-    if old_logprobs == "recompute" and run.is_main:
+    if (old_logprobs == "recompute" or staleness) and run.is_main:
         print(f"fourfold ppo: {why}", flush=True)
     return old_logprobs
+
+
+def staleness_notes(cfg, section: str) -> list[str]:
+    """The warning line of a sampler running ahead (``rollout.max_staleness`` >= 1) whose samples
+    nothing corrects for their staleness: PPO with ``old_logprobs: recompute`` and no
+    ``rollout_correction`` (the ratio pi / pi_proximal then ignores the updates between the
+    sampler's policy and the trainer's, miles PR #1829's bug, kept runnable as a baseline), and
+    REINFORCE without a ``rollout_correction`` (its gradient treats the sampler's tokens as the
+    trainer's policy's). Said once at the run's start; [] otherwise."""
+    k, algo = cfg.rollout.max_staleness, getattr(cfg, section)
+    if k == 0 or algo.rollout_correction != "none":
+        return []
+    if section == "ppo" and algo.old_logprobs != "recompute":
+        return []
+    what = ("ppo.old_logprobs: recompute clips around the trainer's policy and nothing weights" if section == "ppo"
+            else "the REINFORCE gradient is the trainer's policy's, and nothing weights")
+    return [f"rollout.max_staleness {k} without {section}.rollout_correction: {what} the samples for the up to {k} "
+            f"updates since the sampler's weights (the staleness is ignored; rollout/is_ess shows how far off); set "
+            f"{section}.rollout_correction (e.g. token_tis: the decoupled objective)"]

@@ -41,6 +41,7 @@ from fourfold.rollout.engine import make_engine
 from fourfold.run.export import save_trained
 from fourfold.trainers.ahead import RunAhead, require_one_process
 from fourfold.trainers.env_rollouts import rollout_source
+from fourfold.trainers.practice import staleness_notes
 from fourfold.trainers.prompts import PromptStream
 from fourfold.trainers.rollouts import KEY_METRICS, Collected, Probe, sample_rows
 
@@ -94,7 +95,7 @@ class RLSteps:
                                    batch_key=f"{section}.rollout_batch_size")
         self.source = rollout_source(cfg, self.stream, probe, device)
         """The run's rollout: the prompts' single turns, or an environment per row (``env.factory``)."""
-        self.ahead = self._run_ahead(run, cfg, roles)
+        self.ahead = self._run_ahead(run, cfg, roles, section)
         """The sampler running ahead (``rollout.max_staleness`` >= 1, :mod:`fourfold.trainers.ahead`); None: synchronous."""
         extra = dict(state or {}) if self.ahead is None else {**(state or {}), "ahead": self.ahead}
         run.track(modules={k: v[0] for k, v in trained.items()}, optimizers={k: v[1] for k, v in trained.items()},
@@ -115,12 +116,14 @@ class RLSteps:
         self._written: dict = {}
         self._outputs: dict = {}
 
-    def _run_ahead(self, run, cfg, roles: Roles) -> Optional[RunAhead]:
-        """The sampler of ``rollout.max_staleness`` k >= 1 (one process only), else None."""
+    def _run_ahead(self, run, cfg, roles: Roles, section: str) -> Optional[RunAhead]:
+        """The sampler of ``rollout.max_staleness`` k >= 1 (one process only; its warning when
+        nothing corrects the staleness, :func:`~fourfold.trainers.practice.staleness_notes`), else None."""
         k = cfg.rollout.max_staleness
         if k == 0:
             return None
         require_one_process(run.world_size)
+        self.notes += staleness_notes(cfg, section)
         tok, gen = roles.tokenizer, cfg.generation
         return RunAhead(k, gen, precision=cfg.model.precision, max_prompt_len=cfg.data.max_prompt_len,
                         seed=cfg.run.seed, total=self.total,

@@ -185,3 +185,53 @@ def test_resume_after_sigkill_is_exact_with_batches_in_flight(tiny_lm, tmp_path)
     a, b = load_file(str(tmp_path / "full" / "policy" / "model.safetensors")), \
         load_file(str(tmp_path / "killed" / "policy" / "model.safetensors"))
     assert _same_weights(a, b)
+
+
+def test_bf16_auto_keeps_the_samplers_pi_old_when_stale(tiny_lm, tmp_path, capsys):
+    """Under bf16-mixed a synchronous run's old_logprobs auto is recompute; with a sampler running
+    ahead and no rollout_correction it is engine: a recomputed pi_old without a correction would make
+    the first ratio exactly 1 and drop the staleness (miles PR #1829). With token_tis it is the
+    decoupled objective: recompute, the first ratio 1, the weights off 1."""
+    rows, _, _ = _run(tiny_lm, tmp_path / "auto", **{"rollout.max_staleness": 1, "ppo.iterations": 3,
+                                                     "model.precision": "bf16-mixed"})
+    assert "ppo.old_logprobs: auto = engine (rollout.max_staleness 1" in capsys.readouterr().out
+    dev = [r["policy/first_ratio_abs_dev"] for r in rows]
+    assert all(d > 1e-3 for d in dev[1:]), dev
+    rows, _, _ = _run(tiny_lm, tmp_path / "tis", **{"rollout.max_staleness": 1, "ppo.iterations": 3,
+                                                    "model.precision": "bf16-mixed", "ppo.rollout_correction": "token_tis"})
+    assert [r["policy/first_ratio_abs_dev"] for r in rows] == [0.0] * 3
+    assert all(r["mismatch/is_weight_mean"] != 1.0 for r in rows[1:])
+
+
+def test_uncorrected_staleness_is_said(tiny_lm, tmp_path):
+    """The warning of a stale run that nothing corrects: PPO's recompute without a correction and
+    REINFORCE without one; none for engine, a correction, or k = 0."""
+    from fourfold.trainers.practice import staleness_notes
+
+    def notes(stage, **extra):
+        cls = PPOConfig if stage == "ppo" else ReinforceConfig
+        return staleness_notes(load_config(cls, None, _overrides(tiny_lm, tmp_path, stage, **extra)), stage)
+
+    [line] = notes("ppo", **{"rollout.max_staleness": 2, "ppo.old_logprobs": "recompute"})
+    assert line.startswith("rollout.max_staleness 2 without ppo.rollout_correction: ppo.old_logprobs: recompute")
+    assert "set ppo.rollout_correction" in line
+    [line] = notes("reinforce", **{"rollout.max_staleness": 1})
+    assert "the REINFORCE gradient" in line and "set reinforce.rollout_correction" in line
+    assert notes("ppo", **{"rollout.max_staleness": 1}) == []  # auto: engine
+    assert notes("ppo", **{"rollout.max_staleness": 1, "ppo.rollout_correction": "token_tis"}) == []
+    assert notes("reinforce", **{"rollout.max_staleness": 1, "reinforce.rollout_correction": "token_tis"}) == []
+    assert notes("ppo", **{"ppo.old_logprobs": "recompute"}) == []
+
+
+def test_a_run_ahead_extends_on_resume(tiny_lm, tmp_path):
+    """--resume with more iterations: the run that wrote the checkpoint sampled nothing past its
+    end, so the first k batches of the extension are sampled with the checkpoint's weights (a lag
+    below k, logged as such); two extensions are equal."""
+    for name in ("a", "b"):
+        _run(tiny_lm, tmp_path / name, **{"rollout.max_staleness": 2, "ppo.iterations": 3})
+        rows, samples, weights = _run(tiny_lm, tmp_path / name, **{"rollout.max_staleness": 2, "ppo.iterations": 6,
+                                                                   "run.resume": "true"})
+        if name == "a":
+            first = rows, samples, weights
+    assert [r["rollout/version_lag"] for r in rows] == [0.0, 1.0, 2.0, 0.0, 1.0, 2.0]
+    assert _comparable(first[0]) == _comparable(rows) and first[1] == samples and _same_weights(first[2], weights)
