@@ -321,7 +321,8 @@ class PPOAlgoConfig:
     autocast over a KV cache: 1e-3 per token on the tiny test model), a rollout_correction, or a
     generation.top_k/top_p/min_p filter (the engine's log-probs are the truncated distribution's);
     else engine (fp32: the eager and static engines, compiled or not, agree with the training
-    forward to ~5e-7). The run's first lines say which (resolve_old_logprobs)."""
+    forward to ~5e-7). rollout.max_staleness >= 1 without a rollout_correction: engine (docs/correction.md,
+    Stale samples). The run's first lines say which (resolve_old_logprobs)."""
     measure_mismatch: bool = True
     """Log mismatch/* every iteration: the training forward's log-probs against the engine's on the
     same tokens. Free under recompute (that forward is it); under engine it costs one no-grad
@@ -567,11 +568,9 @@ def resolve_old_logprobs(algo: PPOAlgoConfig, precision: str, staleness: int = 0
     forward's log-probs to float rounding (at most 4.8e-7 per token on the tiny test model, as a
     KV-cache step and a full forward round apart: tests/trainers/test_practice.py).
 
-    With a sampler running ahead (``staleness`` = ``rollout.max_staleness`` >= 1) and no rollout
-    correction, ``auto`` is engine whatever the precision: the sampler's log-probs as pi_old keep
-    the whole ratio pi / pi_sampler, staleness included, under the clip; a recomputed pi_old
-    without a correction would drop the k updates between the sampler's policy and the trainer's
-    from the objective (docs/correction.md, Stale samples)."""
+    With a sampler running ahead (``staleness`` = ``rollout.max_staleness`` >= 1) and no correction,
+    ``auto`` is engine whatever the precision: the ratio pi / pi_sampler keeps the staleness, which a
+    recomputed pi_old without a correction would drop (docs/correction.md, Stale samples)."""
     if algo.old_logprobs != "auto":
         return algo.old_logprobs, f"ppo.old_logprobs: {algo.old_logprobs}"
     if algo.rollout_correction != "none":

@@ -13,14 +13,17 @@ class RolloutConfig:
     """How the rollouts are produced against the updates (``RolloutStageConfig.rollout``)."""
 
     max_staleness: int = 0
-    """The sampler's lag k, in policy versions (updates). 0 = today's synchronous run: each
-    iteration samples with the weights of the update just before it. k >= 1: a sampler thread
-    samples ahead while the trainer trains; iteration i (1-based) always samples with the
-    weights after update max(0, i - 1 - k) (a fixed lag, so a run does not depend on thread
-    timing; rollout/version_lag = min(i - 1, k)), each from its own copy of those weights. The
-    update sees stale samples: ppo.old_logprobs engine clips around the sampler's policy,
-    recompute (with rollout_correction) around the trainer's (docs/correction.md, Stale samples).
-    Not with env.factory, ppo.filter_groups or several processes (refused)."""
+    """How many updates the sampler may run ahead of the trainer (k): 0 = the synchronous run (each
+    iteration samples with the weights of the update just before it); k >= 1 = a sampler thread
+    samples the next batches while the trainer trains, iteration i (1-based) always with the
+    weights after update max(0, i - 1 - k). The lag is fixed, so a run does not depend on thread
+    timing (rollout/version_lag = min(i - 1, k)); each batch in flight has its own copy of its
+    weights (k + 1 copies of the policy), and the k batches in flight are saved in every checkpoint.
+    The update sees stale samples: ppo.old_logprobs engine (auto's choice without a correction)
+    clips around the sampler's policy; recompute with a rollout_correction is the decoupled
+    objective (clip around the trainer's policy, the tokens weighted pi_trainer / pi_sampler);
+    rollout/is_ess measures the staleness (docs/correction.md, Stale samples; docs/engines.md,
+    Running ahead). Not with ppo.filter_groups (refused)."""
 
     def validate(self, prefix: str = "rollout") -> None:
         require(self.max_staleness >= 0, f"{prefix}.max_staleness",
@@ -29,16 +32,12 @@ class RolloutConfig:
 
 def require_staleness(cfg) -> None:
     """What a run-ahead sampler (``rollout.max_staleness`` >= 1) does not support, each refused in
-    one line naming the key: an environment run (its turns call the user's environment, which
-    would then run in the sampler's thread), and PPO's ``filter_groups`` (its further rollouts of
+    one line naming the key: PPO's ``filter_groups`` (its further rollouts of
     one iteration would sample past the fixed lag). Several processes are refused when the run
     starts (:func:`fourfold.trainers.ahead.require_one_process`)."""
     k = cfg.rollout.max_staleness
     if k == 0:
         return
-    require(cfg.env.factory is None, "rollout.max_staleness",
-            f"{k} runs the sampler ahead of the trainer, which an environment run (env.factory) does not "
-            "support yet; set rollout.max_staleness=0")
     algo = getattr(cfg, "ppo", None)
     require(algo is None or not algo.filter_groups, "rollout.max_staleness",
             f"{k} runs the sampler ahead of the trainer, which ppo.filter_groups (further rollouts within "

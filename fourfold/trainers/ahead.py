@@ -1,40 +1,26 @@
 """The sampler that runs ahead of the trainer (``rollout.max_staleness`` k >= 1; docs/engines.md,
-"Running ahead"): while the trainer updates on iteration i's batch, a background thread samples
-the next ones, each with weights at most k updates old.
+"Running ahead", says why a thread, what the lag buys and what is refused): while the trainer
+updates on iteration i's batch, a background thread samples the next ones, each with weights at
+most k updates old.
 
 The lag is fixed, so a run is the same whatever the threads' timing: iteration i (1-based) is
-sampled with the policy of version v(i) = max(0, i - 1 - k), the weights after that many updates
-(version 0: the initial weights; the synchronous run, k = 0, samples iteration i with version
-i - 1). At the start of iteration i the trainer holds version i - 1, which is what batch i + k
-needs: :meth:`RunAhead.next` snapshots it (in the trainer's thread, before the update changes it)
-and hands batch i + k to the sampler, then waits for batch i (sampled earlier, or now at the
-run's first iteration, where batches 1 .. k + 1 all need version 0). The lag the update sees,
-``rollout/version_lag``, is (i - 1) - v(i) = min(i - 1, k).
+sampled with the policy of version v(i) = max(0, i - 1 - k), the weights after that many updates.
+At the start of iteration i the trainer holds version i - 1, which is what batch i + k needs:
+:meth:`RunAhead.next` snapshots it (in the trainer's thread, before the update changes it) and
+hands batch i + k to the sampler, then waits for batch i. ``rollout/version_lag`` = min(i - 1, k).
 
-What makes the batches independent of timing:
+What makes the batches independent of timing: each batch in flight has its own snapshot (a
+:class:`~fourfold.rollout.weights.CopiedWeights` copy, one of k + 1 slots, slot ``i mod (k + 1)``:
+the batch that used it last was consumed at iteration i - k - 1); its prompts (or an environment
+run's rows) are drawn in the trainer's thread in batch order when its job is made (the source's
+``ahead_job``); its tokens come from its own per-row noise (:class:`~fourfold.rollout.noise.RowNoise`,
+``run.seed`` and the batch's iteration); an environment run's episodes are made, reset and stepped
+in the sampler's thread one batch after the other (a tokenizer of its own). Scoring (reference,
+critic, reward) stays in the trainer's thread when the batch is consumed (the source's ``score_ahead``).
 
-* the weights: each batch in flight has its own snapshot, a plain inference copy of the policy
-  (:class:`~fourfold.rollout.weights.CopiedWeights`, the ``generation.weights: copy`` seam: a LoRA
-  adapter merged, bf16 under a bf16 precision), one of k + 1 slots refreshed in place (slot
-  ``i mod (k + 1)``: the batch that used it last was consumed at iteration i - k - 1);
-* the prompts: drawn from the prompt stream in the trainer's thread, in batch order;
-* the tokens: picked with the batch's own per-row noise, seeded by ``run.seed`` and the batch's
-  iteration (:class:`~fourfold.rollout.noise.RowNoise`), never from a shared generator.
-
-Scoring (reference, critic, reward) stays in the trainer's thread when the batch is consumed:
-the critic's values are then the critic's of the update, the reward's user code never runs in
-the sampler's thread, and the KL coefficient is the one of the iteration that trains on it.
-
-A thread, not a process: torch's kernels release the GIL, so one thread samples while the other
-trains; a process would need the weights shipped to it after every update (a copy of the whole
-policy through shared memory or a pipe) and its own copy of the tokenizer and engine, for nothing
-on CPU, where the cost is the kernels. The sampler's thread runs as many torch threads as the
-trainer (``run.threads``).
-
-Resume is exact: the checkpoint holds the k batches in flight (their prompts, columns, token ids,
-behaviour log-probs and versions: :meth:`RunAhead.state_dict`, tensors in the checkpoint's
-safetensors, the rest JSON), since each was sampled with a version older than the checkpoint's
-weights; the batch after them needs exactly the checkpoint's weights and is sampled anew.
+Resume is exact: the checkpoint holds the k batches in flight (:meth:`RunAhead.state_dict`: each
+job's result, token ids and behaviour log-probs or an environment run's trajectories, and its
+version), since each was sampled with weights older than the checkpoint's.
 """
 
 from __future__ import annotations
@@ -49,25 +35,25 @@ import torch
 from fourfold.errors import ConfigError
 from fourfold.rollout.engine import make_engine
 from fourfold.rollout.noise import RowNoise
-from fourfold.rollout.sampling import Samples
 
-Draw = Callable[[], tuple[list[str], torch.Tensor, torch.Tensor, dict]]
-"""The prompt stream's next batch: (texts, ids [B, P], mask [B, P], columns), each prompt on its
-rows (:meth:`fourfold.trainers.rollouts.PromptSource.next_batch`)."""
+Job = Callable[[object, RowNoise], dict]
+"""What the sampler's thread runs for one batch, given the batch's engine (its snapshot in
+``engine.weights.copy``) and per-row noise: the batch's result as plain data (lists, dicts,
+tensors: what a checkpoint holds), scored later in the trainer's thread. A rollout source makes
+it (``ahead_job``: :meth:`fourfold.trainers.rollouts.PromptSource.ahead_job`, the single turns;
+:meth:`fourfold.trainers.env_rollouts.EnvSource.ahead_job`, the environments' episodes), drawing
+the batch's prompts or rows in the trainer's thread when it is made."""
 
 
 @dataclasses.dataclass
 class Sampled:
     """One batch the sampler produced: the ``iteration`` it is for, the policy ``version`` that
-    sampled it, its prompts' ``texts`` and ``columns``, the ``samples`` (behaviour log-probs
-    included) and the sampler's seconds on it (``generate_s``); ``wait_s``: how long the trainer
-    waited for it (0 for a batch restored from a checkpoint)."""
+    sampled it, the job's ``result`` and the sampler's seconds on it (``generate_s``);
+    ``wait_s``: how long the trainer waited for it (0 for a batch restored from a checkpoint)."""
 
     iteration: int
     version: int
-    texts: list[str]
-    columns: dict
-    samples: Samples
+    result: dict
     generate_s: float
     wait_s: float = 0.0
 
@@ -84,12 +70,10 @@ class RunAhead:
     """The sampler of a run with lag ``k`` >= 1 over ``total`` iterations: ``gen`` (the generation
     section: its engine, filters, lengths), the run's ``precision`` and ``max_prompt_len`` (the
     engines' settings, :func:`~fourfold.rollout.engine.make_engine`), ``seed`` (``run.seed``: the
-    batches' noise), the tokenizer's ``eos_token_id`` (None: no stop) and ``pad_token_id``."""
+    batches' noise)."""
 
-    def __init__(self, k: int, gen, *, precision: str, max_prompt_len: int, seed: int, total: int,
-                 eos_token_id: Optional[int], pad_token_id: int):
-        self.k, self.gen, self.seed, self.total = k, gen, seed, total
-        self.eos_token_id, self.pad_token_id = eos_token_id, pad_token_id
+    def __init__(self, k: int, gen, *, precision: str, max_prompt_len: int, seed: int, total: int):
+        self.k, self.seed, self.total = k, seed, total
         copy_gen = dataclasses.replace(gen, weights="copy")
         self.slots = [make_engine(copy_gen, precision=precision, max_prompt_len=max_prompt_len) for _ in range(k + 1)]
         self.threads = torch.get_num_threads()
@@ -100,10 +84,10 @@ class RunAhead:
         """The policy version iteration ``it`` samples with: max(0, it - 1 - k)."""
         return max(0, it - 1 - self.k)
 
-    def next(self, it: int, policy: torch.nn.Module, draw: Draw) -> Sampled:
+    def next(self, it: int, policy: torch.nn.Module, make_job: Callable[[], Job]) -> Sampled:
         """At the start of iteration ``it`` (``policy`` holding version it - 1): every batch of
         it .. it + k not yet in flight handed to the sampler with a snapshot of ``policy`` (its
-        prompts from ``draw``), then batch ``it``, waited for.
+        job from ``make_job``, which draws its prompts), then batch ``it``, waited for.
 
         In a run, only batch it + k is new here (version it - 1 = v(it + k)). A run extended past
         the iterations of the run that wrote its checkpoint (``--resume`` with more iterations)
@@ -113,35 +97,29 @@ class RunAhead:
         for b in range(it, min(it + self.k, self.total) + 1):
             if b in self.pending:
                 continue
-            texts, ids, mask, columns = draw()
+            job = make_job()
             engine = self.slots[b % (self.k + 1)]
             engine.sync(policy)  # the snapshot: in this thread, before the update changes the policy
-            self.pending[b] = self.pool.submit(self._sample, engine, b, it - 1, texts, ids, mask, columns)
+            self.pending[b] = self.pool.submit(self._sample, engine, b, it - 1, job)
         t0 = time.perf_counter()
         got = self.pending.pop(it).result()
         return dataclasses.replace(got, wait_s=time.perf_counter() - t0)
 
-    def _sample(self, engine, it: int, version: int, texts: list[str], ids: torch.Tensor, mask: torch.Tensor,
-                columns: dict) -> Sampled:
-        """The sampler thread's job: batch ``it`` from the snapshot in ``engine``, with its own noise."""
+    def _sample(self, engine, it: int, version: int, job: Job) -> Sampled:
+        """The sampler thread's work: batch ``it``'s job on the snapshot in ``engine``, with its own noise."""
         torch.set_num_threads(self.threads)
-        gen = self.gen
-        uniforms = RowNoise(self.seed, it).uniforms(range(ids.shape[0]), gen.max_new_tokens)
         t0 = time.perf_counter()
-        samples = engine(engine.weights.copy, ids, mask, max_new_tokens=gen.max_new_tokens,
-                         temperature=gen.temperature, eos_token_id=self.eos_token_id, pad_token_id=self.pad_token_id,
-                         noise=uniforms, sync_stop=False)
-        return Sampled(it, version, texts, columns, samples, time.perf_counter() - t0)
+        result = job(engine, RowNoise(self.seed, it))
+        return Sampled(it, version, result, time.perf_counter() - t0)
 
     def state_dict(self) -> dict:
         """The batches in flight (waited for), for the checkpoint: per batch its iteration,
-        version, texts, columns, the sampler's seconds and every tensor of its samples."""
+        version, the sampler's seconds and its job's result (tensors in the checkpoint's safetensors)."""
         batches = []
         for b in sorted(self.pending):
             got = self.pending[b].result()
-            batches.append({"iteration": got.iteration, "version": got.version, "texts": list(got.texts),
-                            "columns": dict(got.columns), "generate_s": got.generate_s,
-                            "samples": {f.name: getattr(got.samples, f.name) for f in dataclasses.fields(Samples)}})
+            batches.append({"iteration": got.iteration, "version": got.version, "generate_s": got.generate_s,
+                            "result": got.result})
         return {"max_staleness": self.k, "batches": batches}
 
     def load_state_dict(self, state: Optional[dict]) -> None:
@@ -153,8 +131,8 @@ class RunAhead:
                               f"{written}; resume with rollout.max_staleness={written}")
         for batch in state["batches"]:
             done: Future = Future()
-            done.set_result(Sampled(int(batch["iteration"]), int(batch["version"]), list(batch["texts"]),
-                                    dict(batch["columns"]), Samples(**batch["samples"]), float(batch["generate_s"])))
+            done.set_result(Sampled(int(batch["iteration"]), int(batch["version"]), batch["result"],
+                                    float(batch["generate_s"])))
             self.pending[int(batch["iteration"])] = done
 
     def close(self) -> None:

@@ -124,10 +124,8 @@ class RLSteps:
             return None
         require_one_process(run.world_size)
         self.notes += staleness_notes(cfg, section)
-        tok, gen = roles.tokenizer, cfg.generation
-        return RunAhead(k, gen, precision=cfg.model.precision, max_prompt_len=cfg.data.max_prompt_len,
-                        seed=cfg.run.seed, total=self.total,
-                        eos_token_id=tok.eos_token_id if gen.stop_at_eos else None, pad_token_id=tok.pad_token_id)
+        return RunAhead(k, cfg.generation, precision=cfg.model.precision, max_prompt_len=cfg.data.max_prompt_len,
+                        seed=cfg.run.seed, total=self.total)
 
     @contextmanager
     def loop(self, desc: str) -> Iterator:
@@ -167,10 +165,10 @@ class RLSteps:
         """:meth:`rollout` with a sampler running ahead: batch ``it`` from the sampler (sampled with
         the weights of version max(0, it - 1 - k)), the batches after it handed over, then scored
         here; ``rollout/version_lag`` and ``time/sampler_wait_s`` join its metrics."""
-        got = self.ahead.next(it, self.roles.policy, lambda: self.source.next_batch(samples_per_prompt))
+        got = self.ahead.next(it, self.roles.policy, lambda: self.source.ahead_job(self.roles, samples_per_prompt))
         with autocast_region(self.cfg.model.precision, self.device.type):
-            col = self.source.score(self.roles, got.texts, got.samples, got.generate_s, kl_coef=kl_coef,
-                                    kl_estimator=kl_estimator, concurrent=concurrent, columns=got.columns)
+            col = self.source.score_ahead(self.roles, got.result, got.generate_s, kl_coef=kl_coef,
+                                          kl_estimator=kl_estimator, concurrent=concurrent)
         col.version = got.version
         col.metrics.update({"rollout/version_lag": float(it - 1 - got.version), "time/sampler_wait_s": got.wait_s})
         return col

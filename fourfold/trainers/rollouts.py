@@ -18,7 +18,7 @@ CLI and the demo build both from a task (``task_prompts`` and ``task_probe`` in 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Callable, Optional
 
 import torch
@@ -320,8 +320,30 @@ class PromptSource:
                        kl_coef=kl_coef, kl_estimator=kl_estimator, probe=self.probe, concurrent=concurrent,
                        noise=RowNoise(cfg.run.seed + draw, it), columns=columns)
 
-    def score(self, roles: Roles, texts: list[str], samples: Samples, t_gen: float, *, kl_coef: float,
-              kl_estimator: str, concurrent: bool = False, columns: Optional[dict] = None) -> Collected:
-        """Steps 3-4 on a batch sampled ahead (:func:`score_samples`, with the run's probe)."""
-        return score_samples(roles, texts, samples, self.cfg.generation, t_gen, kl_coef=kl_coef,
-                             kl_estimator=kl_estimator, probe=self.probe, concurrent=concurrent, columns=columns)
+    def ahead_job(self, roles: Roles, samples_per_prompt: int = 1):
+        """A sampler running ahead (:mod:`fourfold.trainers.ahead`): the next batch drawn here (the
+        trainer's thread, in batch order), and the job the sampler's thread runs on it: this
+        rank's rows sampled with the engine's snapshot and the batch's per-row noise, as
+        :func:`collect` samples them (no collective: the rows are gathered when scored); it
+        returns the prompts' texts and columns and the samples' tensors (a checkpoint can hold them)."""
+        gen, tok = self.cfg.generation, roles.tokenizer
+        texts, prompt_ids, prompt_mask, columns = self.next_batch(samples_per_prompt)
+        rows = rank_slice(len(texts))
+        eos = tok.eos_token_id if gen.stop_at_eos else None
+
+        def job(engine, noise: RowNoise) -> dict:
+            samples = engine(engine.weights.copy, prompt_ids[rows], prompt_mask[rows], max_new_tokens=gen.max_new_tokens,
+                             temperature=gen.temperature, eos_token_id=eos, pad_token_id=tok.pad_token_id,
+                             noise=noise.uniforms(range(rows.start, rows.stop), gen.max_new_tokens), sync_stop=False)
+            return {"texts": texts, "columns": columns,
+                    "samples": {f.name: getattr(samples, f.name) for f in fields(Samples)}}
+        return job
+
+    def score_ahead(self, roles: Roles, result: dict, t_gen: float, *, kl_coef: float, kl_estimator: str,
+                    concurrent: bool = False) -> Collected:
+        """Steps 3-4 on a batch a sampler ran ahead (:meth:`ahead_job`'s ``result``, sampled in
+        ``t_gen`` seconds): every rank's rows gathered, then :func:`score_samples` with the run's probe."""
+        samples = gather_rows(Samples(**result["samples"]))
+        return score_samples(roles, list(result["texts"]), samples, self.cfg.generation, t_gen, kl_coef=kl_coef,
+                             kl_estimator=kl_estimator, probe=self.probe, concurrent=concurrent,
+                             columns=dict(result["columns"]))

@@ -124,8 +124,6 @@ def test_static_engine_and_lora_run_ahead(tiny_lm, tmp_path):
 
 @pytest.mark.parametrize("extra,message", [
     ({"rollout.max_staleness": -1}, "rollout.max_staleness: must be >= 0 (0 = synchronous), got -1"),
-    ({"rollout.max_staleness": 1, "env.factory": "envs.py:make_env"},
-     "rollout.max_staleness: 1 runs the sampler ahead of the trainer, which an environment run (env.factory)"),
     ({"rollout.max_staleness": 1, "ppo.filter_groups": "true", "ppo.samples_per_prompt": 2},
      "rollout.max_staleness: 1 runs the sampler ahead of the trainer, which ppo.filter_groups"),
 ])
@@ -173,7 +171,7 @@ def test_resume_after_sigkill_is_exact_with_batches_in_flight(tiny_lm, tmp_path)
             shutil.rmtree(later)
     state = read_component(target, "state")
     assert [(b["iteration"], b["version"]) for b in state["ahead"]["batches"]] == [(3, 0), (4, 1)]
-    assert state["ahead"]["batches"][0]["samples"]["sequences"].dtype == torch.long
+    assert state["ahead"]["batches"][0]["result"]["samples"]["sequences"].dtype == torch.long
     p = _cli(["ppo", *[o for o in killed if "max_staleness" not in o], "rollout.max_staleness=1", "run.resume=true"])
     out, _ = p.communicate(timeout=300)
     assert p.returncode == 2 and "rollout.max_staleness: 1, but the checkpoint resumed was written with 2" in out.decode()
@@ -235,3 +233,71 @@ def test_a_run_ahead_extends_on_resume(tiny_lm, tmp_path):
             first = rows, samples, weights
     assert [r["rollout/version_lag"] for r in rows] == [0.0, 1.0, 2.0, 0.0, 1.0, 2.0]
     assert _comparable(first[0]) == _comparable(rows) and first[1] == samples and _same_weights(first[2], weights)
+
+
+ECHO = '''
+class Echo:
+    """Three turns: each reply is the row's `secret` word; saying it scores 1, else 0."""
+
+    def __init__(self, row):
+        self.secret = row["secret"]
+
+    def reset(self):
+        return "w3 w4"
+
+    def step(self, action):
+        return " " + self.secret, float(self.secret in action.split()), False
+
+
+def echo(row):
+    return Echo(row)
+'''
+
+
+def _env_run(tiny_lm, tmp_path, out, **extra):
+    """A three-turn environment run (PPO with a critic), its metrics, samples and weights."""
+    import json
+    import random
+
+    if not (tmp_path / "echo_envs.py").exists():
+        (tmp_path / "echo_envs.py").write_text(ECHO)
+        rng = random.Random(0)
+        (tmp_path / "secret.jsonl").write_text("".join(
+            json.dumps({"prompt": f"w{rng.randrange(60)} w{rng.randrange(60)}", "secret": f"w{rng.randrange(60)}"}) + "\n"
+            for _ in range(32)))
+    env = {"env.factory": f"{tmp_path / 'echo_envs.py'}:echo", "env.max_turns": 3, "env.max_tokens": 40,
+           "data.prompts": tmp_path / "secret.jsonl", "model.reward_fn": "null", "generation.max_new_tokens": 5,
+           "ppo.iterations": 3, "run.samples_every": 1}
+    return _run(tiny_lm, out, **{**env, **extra})
+
+
+def test_an_environment_run_ahead_is_deterministic_with_the_lag(tiny_lm, tmp_path):
+    """k = 1 with a three-turn environment: the sampler runs whole episodes with its snapshot (the
+    environments made and stepped in its thread), the trainer scores them. Two runs are equal
+    (metrics minus timing, samples, weights); the lag is exactly min(i - 1, 1); iteration 1
+    samples with version 0, so its turns are the synchronous run's."""
+    sync, _, _ = _env_run(tiny_lm, tmp_path, tmp_path / "sync")
+    a = _env_run(tiny_lm, tmp_path, tmp_path / "a", **{"rollout.max_staleness": 1})
+    b = _env_run(tiny_lm, tmp_path, tmp_path / "b", **{"rollout.max_staleness": 1})
+    assert _comparable(a[0]) == _comparable(b[0]) and a[1] == b[1] and _same_weights(a[2], b[2])
+    rows = a[0]
+    assert [r["rollout/version_lag"] for r in rows] == [0.0, 1.0, 1.0]
+    assert all(r["env/turns_mean"] == 3.0 for r in rows)
+    for key in ("rollout/tokens", "env/return_mean", "env/observation_tokens_mean"):
+        assert rows[0][key] == sync[0][key], key
+    assert rows[1]["rollout/is_ess"] < 0.9999 and _comparable(rows)[1] != _comparable(sync)[1]
+
+
+def test_an_environment_run_ahead_resumes_exactly(tiny_lm, tmp_path):
+    """k = 2, resumed from iteration 1's checkpoint (two episode batches in flight, their
+    trajectories in the checkpoint): the uninterrupted run's metrics and weights."""
+    over = {"rollout.max_staleness": 2, "ppo.iterations": 4, "run.save_every": 1, "run.keep_checkpoints": 10}
+    full = _env_run(tiny_lm, tmp_path, tmp_path / "full", **over)
+    _env_run(tiny_lm, tmp_path, tmp_path / "cut", **over)
+    for later in ("step-00000002", "step-00000003", "step-00000004"):
+        shutil.rmtree(tmp_path / "cut" / "checkpoints" / later)
+    state = read_component(tmp_path / "cut" / "checkpoints" / "step-00000001", "state")
+    assert [(b["iteration"], b["version"]) for b in state["ahead"]["batches"]] == [(2, 0), (3, 0)]
+    assert len(state["ahead"]["batches"][0]["result"]["trajectories"]) == 8
+    resumed = _env_run(tiny_lm, tmp_path, tmp_path / "cut", **over, **{"run.resume": "true"})
+    assert _comparable(resumed[0]) == _comparable(full[0]) and _same_weights(resumed[2], full[2])
