@@ -32,9 +32,8 @@ class RolloutConfig:
 
 def require_staleness(cfg) -> None:
     """What a run-ahead sampler (``rollout.max_staleness`` >= 1) does not support, each refused in
-    one line naming the key: PPO's ``filter_groups`` (its further rollouts of
-    one iteration would sample past the fixed lag). Several processes are refused when the run
-    starts (:func:`fourfold.trainers.ahead.require_one_process`)."""
+    one line naming the key: PPO's ``filter_groups`` (its further rollouts of one iteration would
+    sample past the fixed lag)."""
     k = cfg.rollout.max_staleness
     if k == 0:
         return

@@ -35,6 +35,7 @@ import torch
 from fourfold.errors import ConfigError
 from fourfold.rollout.engine import make_engine
 from fourfold.rollout.noise import RowNoise
+from fourfold.run.parallel import gather_items, several_ranks
 
 Job = Callable[[object, RowNoise], dict]
 """What the sampler's thread runs for one batch, given the batch's engine (its snapshot in
@@ -56,24 +57,34 @@ class Sampled:
     result: dict
     generate_s: float
     wait_s: float = 0.0
+    whole: bool = False
+    """The result is the whole batch's (gathered over the ranks, or restored from a checkpoint);
+    False: this rank's rows, as the sampler's thread left them."""
 
 
-def require_one_process(world_size: int) -> None:
-    """A run-ahead sampler runs in one process: under torchrun the sampler's forwards would be
-    collectives (FSDP's gathers, the stop check) racing the trainer's. One ConfigError line."""
-    if world_size > 1:
-        raise ConfigError(f"rollout.max_staleness: a sampler running ahead works in one process, this run has "
-                          f"{world_size}; set rollout.max_staleness=0 under torchrun")
+def done(got: Sampled) -> Future:
+    """A future already holding ``got`` (a batch restored or gathered)."""
+    future: Future = Future()
+    future.set_result(got)
+    return future
 
 
 class RunAhead:
     """The sampler of a run with lag ``k`` >= 1 over ``total`` iterations: ``gen`` (the generation
     section: its engine, filters, lengths), the run's ``precision`` and ``max_prompt_len`` (the
     engines' settings, :func:`~fourfold.rollout.engine.make_engine`), ``seed`` (``run.seed``: the
-    batches' noise)."""
+    batches' noise); ``gather``: a rank's result -> the whole batch's (the source's ``gather_ahead``,
+    a collective under torchrun, called in the trainer's thread only).
 
-    def __init__(self, k: int, gen, *, precision: str, max_prompt_len: int, seed: int, total: int):
-        self.k, self.seed, self.total = k, seed, total
+    Under torchrun every rank runs its own sampler thread on its rows of each batch, with its own
+    snapshots: the sampler's thread makes no collective (no stop check's all-reduce: each rank's
+    responses run as long as its own rows need, and are padded when gathered), the trainer's
+    thread makes them all in the same order on every rank (the snapshots' FSDP gathers in
+    :meth:`next`, the gathers of the results, an error of one rank's sampler raised on every rank)."""
+
+    def __init__(self, k: int, gen, *, precision: str, max_prompt_len: int, seed: int, total: int,
+                 gather: Callable[[dict], dict] = lambda result: result):
+        self.k, self.seed, self.total, self.gather = k, seed, total, gather
         copy_gen = dataclasses.replace(gen, weights="copy")
         self.slots = [make_engine(copy_gen, precision=precision, max_prompt_len=max_prompt_len) for _ in range(k + 1)]
         self.threads = torch.get_num_threads()
@@ -102,8 +113,25 @@ class RunAhead:
             engine.sync(policy)  # the snapshot: in this thread, before the update changes the policy
             self.pending[b] = self.pool.submit(self._sample, engine, b, it - 1, job)
         t0 = time.perf_counter()
-        got = self.pending.pop(it).result()
-        return dataclasses.replace(got, wait_s=time.perf_counter() - t0)
+        got = self._wait(self.pending.pop(it))
+        wait_s = time.perf_counter() - t0
+        result = got.result if got.whole else self.gather(got.result)
+        return dataclasses.replace(got, result=result, whole=True, wait_s=wait_s)
+
+    @staticmethod
+    def _wait(future: Future) -> Sampled:
+        """A batch's result; under torchrun an error of any rank's sampler (an environment's, say)
+        is raised on every rank here, before any of them enters the gather."""
+        try:
+            got, error = future.result(), None
+        except Exception as e:  # re-raised below, on every rank
+            got, error = None, e
+        if several_ranks():
+            errors = [e for e in gather_items([error]) if e is not None]
+            error = error or (errors[0] if errors else None)
+        if error is not None:
+            raise error
+        return got
 
     def _sample(self, engine, it: int, version: int, job: Job) -> Sampled:
         """The sampler thread's work: batch ``it``'s job on the snapshot in ``engine``, with its own noise."""
@@ -117,7 +145,10 @@ class RunAhead:
         version, the sampler's seconds and its job's result (tensors in the checkpoint's safetensors)."""
         batches = []
         for b in sorted(self.pending):
-            got = self.pending[b].result()
+            got = self._wait(self.pending[b])
+            if not got.whole:  # the whole batch's, which rank 0 writes (a collective, as every rank saves)
+                got = dataclasses.replace(got, result=self.gather(got.result), whole=True)
+                self.pending[b] = done(got)
             batches.append({"iteration": got.iteration, "version": got.version, "generate_s": got.generate_s,
                             "result": got.result})
         return {"max_staleness": self.k, "batches": batches}
@@ -130,10 +161,8 @@ class RunAhead:
             raise ConfigError(f"rollout.max_staleness: {self.k}, but the checkpoint resumed was written with "
                               f"{written}; resume with rollout.max_staleness={written}")
         for batch in state["batches"]:
-            done: Future = Future()
-            done.set_result(Sampled(int(batch["iteration"]), int(batch["version"]), batch["result"],
-                                    float(batch["generate_s"])))
-            self.pending[int(batch["iteration"])] = done
+            self.pending[int(batch["iteration"])] = done(Sampled(int(batch["iteration"]), int(batch["version"]),
+                                                                 batch["result"], float(batch["generate_s"]), whole=True))
 
     def close(self) -> None:
         """Stop the sampler: the batches not started are dropped, the running one finishes."""

@@ -275,12 +275,16 @@ class EnvSource:
             return {"columns": columns, "trajectories": [asdict(t) for t in batch.trajectories]}
         return job
 
+    def gather_ahead(self, result: dict, pad_token_id: int) -> dict:
+        """:meth:`ahead_job`'s ``result`` of this rank's rows -> the whole batch's: every rank's
+        trajectories, in rank order (``result`` itself in one process). A collective."""
+        return {**result, "trajectories": gather_items(list(result["trajectories"]))}
+
     def score_ahead(self, roles: Roles, result: dict, t_gen: float, *, kl_coef: float, kl_estimator: str,
                     concurrent: bool = False) -> Collected:
-        """Steps 3-4 on a batch a sampler ran ahead (:meth:`ahead_job`'s ``result``, sampled in
-        ``t_gen`` seconds): every rank's trajectories gathered in rank order, stacked, scored here."""
+        """Steps 3-4 on a batch a sampler ran ahead (the whole batch's result, :meth:`gather_ahead`,
+        sampled in ``t_gen`` seconds): its trajectories stacked and scored here."""
         trajs = [Trajectory(**t) for t in result["trajectories"]]
-        trajs = gather_items(trajs) if several_ranks() else trajs
         batch = stack_trajectories(trajs, roles.tokenizer.pad_token_id, self.device)
         return score_turns(roles, batch, self.cfg.env, self.cfg.generation, t_gen, kl_coef=kl_coef,
                            kl_estimator=kl_estimator, columns=result["columns"], reward_names=self.reward_names)

@@ -39,7 +39,7 @@ from fourfold.models.plan import plan_roles
 from fourfold.models.reward_parts import load_functions
 from fourfold.rollout.engine import make_engine
 from fourfold.run.export import save_trained
-from fourfold.trainers.ahead import RunAhead, require_one_process
+from fourfold.trainers.ahead import RunAhead
 from fourfold.trainers.env_rollouts import rollout_source
 from fourfold.trainers.practice import staleness_notes
 from fourfold.trainers.prompts import PromptStream
@@ -117,15 +117,15 @@ class RLSteps:
         self._outputs: dict = {}
 
     def _run_ahead(self, run, cfg, roles: Roles, section: str) -> Optional[RunAhead]:
-        """The sampler of ``rollout.max_staleness`` k >= 1 (one process only; its warning when
+        """The sampler of ``rollout.max_staleness`` k >= 1 (under torchrun: one per rank; its warning when
         nothing corrects the staleness, :func:`~fourfold.trainers.practice.staleness_notes`), else None."""
         k = cfg.rollout.max_staleness
         if k == 0:
             return None
-        require_one_process(run.world_size)
         self.notes += staleness_notes(cfg, section)
+        pad = roles.tokenizer.pad_token_id
         return RunAhead(k, cfg.generation, precision=cfg.model.precision, max_prompt_len=cfg.data.max_prompt_len,
-                        seed=cfg.run.seed, total=self.total)
+                        seed=cfg.run.seed, total=self.total, gather=lambda result: self.source.gather_ahead(result, pad))
 
     @contextmanager
     def loop(self, desc: str) -> Iterator:

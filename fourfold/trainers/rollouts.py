@@ -30,7 +30,7 @@ from fourfold.rollout.engine import Engine
 from fourfold.rollout.noise import RowNoise
 from fourfold.rollout.sampling import Samples, decode_responses
 from fourfold.rollout.score import Scores, score_rollout, select_rows
-from fourfold.run.parallel import gather_rows, mean_over_ranks, rank_slice, several_ranks
+from fourfold.run.parallel import gather_items, gather_rows, mean_over_ranks, rank_slice, several_ranks
 from fourfold.trainers.prompts import repeat_columns, repeat_prompts
 
 Probe = Callable[[list[str], list[str]], dict[str, float]]
@@ -127,6 +127,30 @@ def collect(
     t_gen = time.perf_counter() - t0
     return score_samples(roles, prompts, samples, gen, t_gen, kl_coef=kl_coef, kl_estimator=kl_estimator,
                          probe=probe, concurrent=concurrent, columns=columns)
+
+
+def pad_responses(samples: Samples, width: int, pad_token_id: int) -> Samples:
+    """``samples`` with its responses padded on the right to ``width`` tokens: pad ids, masks and
+    log-probs 0, what the engine writes after a row's EOS (so a batch that ran longer looks the same)."""
+    extra = width - samples.n_response
+    if extra <= 0:
+        return samples
+    pad = lambda t, value=0: None if t is None else torch.nn.functional.pad(t, (0, extra), value=value)
+    return Samples(pad(samples.sequences, pad_token_id), pad(samples.attention_mask), pad(samples.response_mask),
+                   pad(samples.logprobs), samples.finished, pad(samples.entropy), pad(samples.kept_logmass))
+
+
+def gather_samples(samples: Samples, pad_token_id: int) -> Samples:
+    """Every rank's rows of ``samples`` sampled without the stop check's all-reduce (a sampler
+    running ahead: each rank's responses as long as its own rows need), each padded to the longest
+    rank's (:func:`pad_responses`), concatenated in rank order; ``samples`` itself in one process."""
+    if not several_ranks():
+        return samples
+    parts = gather_items([samples])
+    width = max(p.n_response for p in parts)
+    parts = [pad_responses(p, width, pad_token_id) for p in parts]
+    return Samples(*[None if getattr(parts[0], f.name) is None else torch.cat([getattr(p, f.name) for p in parts])
+                     for f in fields(Samples)])
 
 
 def score_samples(roles: Roles, prompts: list[str], samples: Samples, gen: GenerationConfig, t_gen: float, *,
@@ -339,11 +363,19 @@ class PromptSource:
                     "samples": {f.name: getattr(samples, f.name) for f in fields(Samples)}}
         return job
 
+    def gather_ahead(self, result: dict, pad_token_id: int) -> dict:
+        """:meth:`ahead_job`'s ``result`` of this rank's rows -> the whole batch's (every rank's
+        samples, :func:`gather_samples`; ``result`` itself in one process). A collective."""
+        if not several_ranks():
+            return result
+        samples = gather_samples(Samples(**result["samples"]), pad_token_id)
+        return {**result, "samples": {f.name: getattr(samples, f.name) for f in fields(Samples)}}
+
     def score_ahead(self, roles: Roles, result: dict, t_gen: float, *, kl_coef: float, kl_estimator: str,
                     concurrent: bool = False) -> Collected:
-        """Steps 3-4 on a batch a sampler ran ahead (:meth:`ahead_job`'s ``result``, sampled in
-        ``t_gen`` seconds): every rank's rows gathered, then :func:`score_samples` with the run's probe."""
-        samples = gather_rows(Samples(**result["samples"]))
+        """Steps 3-4 on a batch a sampler ran ahead (the whole batch's result, :meth:`gather_ahead`,
+        sampled in ``t_gen`` seconds): :func:`score_samples` with the run's probe."""
+        samples = Samples(**result["samples"])
         return score_samples(roles, list(result["texts"]), samples, self.cfg.generation, t_gen, kl_coef=kl_coef,
                              kl_estimator=kl_estimator, probe=self.probe, concurrent=concurrent,
                              columns=dict(result["columns"]))

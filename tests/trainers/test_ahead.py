@@ -1,6 +1,7 @@
 """The sampler that runs ahead (rollout.max_staleness, fourfold.trainers.ahead): k = 0 is the
 synchronous run; k >= 1 samples iteration i with the weights of update max(0, i - 1 - k) exactly,
 deterministically, under PPO with a critic, GRPO and REINFORCE; the stale ratio; resume after SIGKILL."""
+import dataclasses
 import os
 import shutil
 import signal
@@ -131,14 +132,6 @@ def test_what_running_ahead_refuses_is_one_line(tiny_lm, tmp_path, extra, messag
     with pytest.raises(ConfigError) as e:
         load_config(PPOConfig, None, _overrides(tiny_lm, tmp_path / "x", **extra))
     assert message in str(e.value) and "\n" not in str(e.value)
-
-
-def test_several_processes_are_refused():
-    from fourfold.trainers.ahead import require_one_process
-
-    require_one_process(1)
-    with pytest.raises(ConfigError, match=r"^rollout.max_staleness: a sampler running ahead works in one process"):
-        require_one_process(2)
 
 
 def _cli(args):
@@ -301,3 +294,39 @@ def test_an_environment_run_ahead_resumes_exactly(tiny_lm, tmp_path):
     assert len(state["ahead"]["batches"][0]["result"]["trajectories"]) == 8
     resumed = _env_run(tiny_lm, tmp_path, tmp_path / "cut", **over, **{"run.resume": "true"})
     assert _comparable(resumed[0]) == _comparable(full[0]) and _same_weights(resumed[2], full[2])
+
+
+@pytest.mark.parametrize("engine", ["eager", "static"])
+def test_rows_sampled_apart_and_padded_are_the_batch_sampled_whole(engine):
+    """What a rank's sampler thread does under torchrun (no stop check across ranks): each part of
+    the rows sampled alone stops when its own rows end; padded to the longest part's responses
+    (pad_responses) and concatenated, the parts are the whole batch sampled at once (tokens, masks,
+    finished flags exactly, the pads included; log-probs and entropies to float rounding, as a batch
+    of 2 rows rounds apart from one of 8), with rows that stop early at different steps (the eager
+    and static engines)."""
+    from types import SimpleNamespace
+
+    from fourfold.rollout.engine import make_engine
+    from fourfold.rollout.noise import RowNoise
+    from fourfold.rollout.sampling import Samples
+    from fourfold.trainers.rollouts import pad_responses
+    from tests.rollout.test_engine import PAD, _frequent_token, _model, _prompts
+
+    model, (ids, mask), T = _model("llama"), _prompts(rows=8), 10
+    eos = _frequent_token(model, ids, mask, T)
+    eng = make_engine(SimpleNamespace(engine=engine, weights="live", compile=False, stop_check_every=3))
+
+    def run(rows):
+        return eng(model, ids[rows], mask[rows], max_new_tokens=T, temperature=0.5, eos_token_id=eos,
+                   pad_token_id=PAD, noise=RowNoise(1, 2).uniforms(range(rows.start, rows.stop), T), sync_stop=False)
+
+    whole, parts = run(slice(0, 8)), [run(slice(0, 2)), run(slice(2, 4)), run(slice(4, 8))]
+    assert parts[1].n_response < parts[0].n_response == whole.n_response  # rows 2, 3 stop early (lengths 5, 4)
+    width = max(h.n_response for h in parts)
+    padded = [pad_responses(h, width, PAD) for h in parts]
+    for f in dataclasses.fields(Samples):
+        got = getattr(whole, f.name)
+        if got is not None:
+            cat = torch.cat([getattr(p, f.name) for p in padded])
+            assert torch.equal(cat, got) if not got.is_floating_point() or f.name.endswith("mask") else \
+                torch.allclose(cat, got, rtol=0, atol=1e-5), f.name
