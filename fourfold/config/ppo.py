@@ -15,7 +15,7 @@ from fourfold.config.loader import require, validate_precision
 from fourfold.config.lora import LoraConfig
 from fourfold.config.model_limits import require_fits
 from fourfold.config.rewards import ENV_PART, RewardSourcesConfig, require_rewards, reward_part_names
-from fourfold.config.rollout import RolloutConfig, require_staleness
+from fourfold.config.rollout import RolloutConfig
 from fourfold.config.run import RunConfig
 from fourfold.config.sampling import FILTERS_OFF, require_filters
 from fourfold.names import (  # the zoo's names, written once there (fourfold.core reads them too)
@@ -508,7 +508,6 @@ class RolloutStageConfig:
 
     def validate(self, prefix: str = "") -> None:
         check_dist(self.dist, self.run)
-        require_staleness(self)
         if self.env.factory is None:
             unused = [f.name for f in dataclasses.fields(EnvConfig) if getattr(self.env, f.name) != getattr(EnvConfig(), f.name)]
             require(not unused, f"env.{unused[0] if unused else ''}",

@@ -23,21 +23,10 @@ class RolloutConfig:
     clips around the sampler's policy; recompute with a rollout_correction is the decoupled
     objective (clip around the trainer's policy, the tokens weighted pi_trainer / pi_sampler);
     rollout/is_ess measures the staleness (docs/correction.md, Stale samples; docs/engines.md,
-    Running ahead). Not with ppo.filter_groups (refused)."""
+    Running ahead). ppo.filter_groups' further rollouts of an iteration are sampled by the trainer,
+    then, with its current weights."""
 
     def validate(self, prefix: str = "rollout") -> None:
         require(self.max_staleness >= 0, f"{prefix}.max_staleness",
                 f"must be >= 0 (0 = synchronous), got {self.max_staleness}")
 
-
-def require_staleness(cfg) -> None:
-    """What a run-ahead sampler (``rollout.max_staleness`` >= 1) does not support, each refused in
-    one line naming the key: PPO's ``filter_groups`` (its further rollouts of one iteration would
-    sample past the fixed lag)."""
-    k = cfg.rollout.max_staleness
-    if k == 0:
-        return
-    algo = getattr(cfg, "ppo", None)
-    require(algo is None or not algo.filter_groups, "rollout.max_staleness",
-            f"{k} runs the sampler ahead of the trainer, which ppo.filter_groups (further rollouts within "
-            "an iteration) does not support; set ppo.filter_groups=false or rollout.max_staleness=0")

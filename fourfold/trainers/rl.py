@@ -152,8 +152,10 @@ class RLSteps:
         consecutive rows, generated (pi_old), scored and given per-token rewards with ``kl_coef`` x
         the ``kl_estimator`` KL, with the iteration's per-row noise, under the run's autocast (the
         weights fixed: the cast cache kept). ``draw`` > 0: a further rollout of the same iteration
-        (PPO's filter_groups), its noise seeded ``run.seed + draw``."""
-        if self.ahead is not None:
+        (PPO's filter_groups), its noise seeded ``run.seed + draw``; with a sampler running ahead,
+        batch ``it`` (draw 0) is the sampler's and a further one is sampled here and now, with the
+        trainer's weights (no lag: the sampler cannot have known it would be needed)."""
+        if self.ahead is not None and draw == 0:
             return self._rollout_ahead(it, kl_coef, kl_estimator, samples_per_prompt, concurrent)
         self.engine.sync(self.roles.policy)
         with autocast_region(self.cfg.model.precision, self.device.type):
