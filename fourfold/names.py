@@ -90,6 +90,12 @@ METRICS: dict[str, str] = {
                               "top_p/min_p filter kept (<= 0): the per-token gap between the rollout's (truncated) "
                               "log-probs and the policy's full softmax; mismatch/* measure it from the trainer's side."),
     "rollout/masked_truncated_share": "Share of responses without EOS left out of the losses (ppo.mask_truncated).",
+    "rollout/version_lag": ("Updates between the weights that sampled this iteration's batch and the trainer's "
+                            "(rollout.max_staleness k: min(iteration - 1, k), exactly k after the first k iterations; "
+                            "below k in the first k iterations of an extended resume)."),
+    "rollout/is_ess": ("Effective sample size of the token weights pi_trainer / pi_sampler (proximal over behaviour) over "
+                       "valid tokens, before any cap: (sum w)^2 / (n sum w^2), in (0, 1], 1 when on-policy "
+                       "(rollout.max_staleness >= 1; docs/correction.md, Stale samples)."),
     # time
     "time/generate_s": "Seconds spent generating responses this iteration.",
     "time/score_s": "Seconds spent in reward, reference and critic forward passes this iteration.",
@@ -97,6 +103,9 @@ METRICS: dict[str, str] = {
     "time/iteration_s": "Wall-clock seconds of the whole iteration.",
     "time/step_s": "Mean seconds per optimizer step since the previous row (SFT, reward model, DPO).",
     "time/gen_tokens_per_s": "Generated response tokens per second of generation time.",
+    "time/sampler_wait_s": ("Seconds the trainer waited for the sampler running ahead this iteration, near 0 when the "
+                            "batch was ready (rollout.max_staleness >= 1; time/generate_s is then the sampler's own "
+                            "time on the batch, overlapped with the previous update)."),
     "time/train_tokens_per_s": ("Trained tokens per second of training time (ppo: all epochs of the iteration; "
                                 "sft: the tokens in the loss since the previous row)."),
     "time/env_steps_per_s": "Environment steps per second of wall-clock time (gym).",
@@ -186,6 +195,8 @@ LOGGED_BY: dict[str, str] = {
     **dict.fromkeys(("rollout/response_length", "rollout/no_eos_share", "rollout/tokens"), _RL),
     "rollout/masked_truncated_share": "ppo (ppo.mask_truncated)",
     "rollout/log_kept_mass": "ppo (a generation filter: top_k, top_p, min_p), reinforce (the same)",
+    **dict.fromkeys(("rollout/version_lag", "rollout/is_ess", "time/sampler_wait_s"),
+                    "ppo (rollout.max_staleness >= 1), reinforce (the same)"),
     **dict.fromkeys(("time/generate_s", "time/score_s", "time/gen_tokens_per_s"), _RL),
     **dict.fromkeys(("time/train_s", "time/iteration_s"), f"{_RL}, gym"),
     "time/train_tokens_per_s": "ppo, sft",

@@ -79,6 +79,7 @@ from fourfold.config.ppo import GenerationConfig, LMModelConfig, PPOAlgoConfig, 
 from fourfold.config.reinforce import ReinforceAlgoConfig, ReinforceConfig
 from fourfold.config.reward import PreferenceDataConfig, RewardConfig, RewardLossConfig
 from fourfold.config.rewards import RewardFnConfig
+from fourfold.config.rollout import RolloutConfig
 from fourfold.config.run import RunConfig
 from fourfold.config.sft import InitModelConfig, SFTConfig, SFTDataConfig, TrainLoopConfig
 from fourfold.errors import ConfigError
@@ -114,6 +115,7 @@ __all__ = [
     "DPOConfig",
     # env (a multi-turn environment: the env section of ppo and reinforce)
     "EnvConfig",
+    "RolloutConfig",
     # ppo (and the language-model sections shared with reinforce and demo)
     "LMModelConfig",
     "PromptDataConfig",

@@ -15,6 +15,7 @@ from fourfold.config.loader import require, validate_precision
 from fourfold.config.lora import LoraConfig
 from fourfold.config.model_limits import require_fits
 from fourfold.config.rewards import ENV_PART, RewardSourcesConfig, require_rewards, reward_part_names
+from fourfold.config.rollout import RolloutConfig
 from fourfold.config.run import RunConfig
 from fourfold.config.sampling import FILTERS_OFF, require_filters
 from fourfold.names import (  # the zoo's names, written once there (fourfold.core reads them too)
@@ -320,7 +321,8 @@ class PPOAlgoConfig:
     autocast over a KV cache: 1e-3 per token on the tiny test model), a rollout_correction, or a
     generation.top_k/top_p/min_p filter (the engine's log-probs are the truncated distribution's);
     else engine (fp32: the eager and static engines, compiled or not, agree with the training
-    forward to ~5e-7). The run's first lines say which (resolve_old_logprobs)."""
+    forward to ~5e-7). rollout.max_staleness >= 1 without a rollout_correction: engine (docs/correction.md,
+    Stale samples). The run's first lines say which (resolve_old_logprobs)."""
     measure_mismatch: bool = True
     """Log mismatch/* every iteration: the training forward's log-probs against the engine's on the
     same tokens. Free under recompute (that forward is it); under engine it costs one no-grad
@@ -502,6 +504,7 @@ class RolloutStageConfig:
     data: PromptDataConfig = dataclasses.field(default_factory=PromptDataConfig)
     generation: GenerationConfig = dataclasses.field(default_factory=GenerationConfig)
     env: EnvConfig = dataclasses.field(default_factory=EnvConfig)
+    rollout: RolloutConfig = dataclasses.field(default_factory=RolloutConfig)
 
     def validate(self, prefix: str = "") -> None:
         check_dist(self.dist, self.run)
@@ -556,17 +559,24 @@ class PPOConfig(RolloutStageConfig):
         require_critic_init(self.model, self.ppo, env_run=self.env.factory is not None)
 
 
-def resolve_old_logprobs(algo: PPOAlgoConfig, precision: str) -> tuple[str, str]:
+def resolve_old_logprobs(algo: PPOAlgoConfig, precision: str, staleness: int = 0) -> tuple[str, str]:
     """``(engine | recompute, why)``: the pi_old a run uses for ``ppo.old_logprobs`` (``auto``:
     recompute under a rollout correction or a bf16 ``model.precision``, whose engine log-probs
     differ from the training forward's by bf16 rounding; else engine). The engine does not enter:
     in fp32 the eager engine and the static one, compiled by inductor or not, give the training
     forward's log-probs to float rounding (at most 4.8e-7 per token on the tiny test model, as a
-    KV-cache step and a full forward round apart: tests/trainers/test_practice.py)."""
+    KV-cache step and a full forward round apart: tests/trainers/test_practice.py).
+
+    With a sampler running ahead (``staleness`` = ``rollout.max_staleness`` >= 1) and no correction,
+    ``auto`` is engine whatever the precision: the ratio pi / pi_sampler keeps the staleness, which a
+    recomputed pi_old without a correction would drop (docs/correction.md, Stale samples)."""
     if algo.old_logprobs != "auto":
         return algo.old_logprobs, f"ppo.old_logprobs: {algo.old_logprobs}"
     if algo.rollout_correction != "none":
         return "recompute", f"ppo.old_logprobs: auto = recompute (rollout_correction {algo.rollout_correction})"
+    if staleness > 0:
+        return "engine", (f"ppo.old_logprobs: auto = engine (rollout.max_staleness {staleness} without a "
+                          "rollout_correction: the ratio is pi / pi_sampler, its staleness included)")
     if precision != "fp32":
         return "recompute", (f"ppo.old_logprobs: auto = recompute (model.precision {precision}: the engine's "
                              "log-probs differ from the training forward's by bf16 rounding)")

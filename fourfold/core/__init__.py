@@ -22,6 +22,7 @@ from fourfold.core.advantages import (
 from fourfold.core.correction import (
     CORRECTION_MODES,
     CORRECTION_WEIGHTS,
+    effective_sample_size,
     frac_zero_std,
     group_keep,
     mismatch_stats,
@@ -121,6 +122,7 @@ __all__ = [
     "CORRECTION_WEIGHTS",
     "mismatch_stats",
     "rollout_correction_weights",
+    "effective_sample_size",
     "overlong_penalty",
     "zero_std_groups",
     "frac_zero_std",

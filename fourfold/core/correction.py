@@ -126,6 +126,25 @@ def rollout_correction_weights(
     return w.detach(), {k: v.detach() for k, v in stats.items()}
 
 
+def effective_sample_size(log_ratios: Tensor, mask: Tensor) -> Tensor:
+    """The effective sample size of importance weights, as a fraction of their number: with
+    w_t = exp(log_ratios_t) on the n valid tokens of ``mask`` (``[B, T]`` each),
+
+        ess = (sum_t w_t)^2 / (n * sum_t w_t^2)
+
+    in (0, 1]: 1 exactly when every weight is equal (on-policy samples, w = 1), 1/n when one
+    weight dominates all others. The weights are shifted by their largest log-ratio before the
+    exponent (the ratio does not change) so a large lag cannot overflow. 0-d float64, detached; 1
+    without a valid token. The run-ahead sampler logs it as ``rollout/is_ess`` with log_ratios =
+    log pi_train - log pi_behaviour (docs/correction.md, Stale samples)."""
+    m = as_bool_mask(mask)
+    d = log_ratios.detach().double()[m]
+    if d.numel() == 0:
+        return torch.ones((), dtype=torch.float64)
+    w = torch.exp(d - d.max())
+    return (w.sum() ** 2 / (d.numel() * (w * w).sum())).clamp(max=1.0)
+
+
 def overlong_penalty(lengths: Tensor, max_len: int, buffer: int, factor: float = 1.0) -> Tensor:
     """DAPO's soft overlong punishment (Yu et al. 2025, eq. 13), added to each response's score:
     with L = ``max_len`` (generation.max_new_tokens) and the buffer B = ``buffer``,

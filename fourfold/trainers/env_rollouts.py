@@ -20,8 +20,9 @@ whole groups, metrics) is computed on the whole batch alike on every rank.
 
 from __future__ import annotations
 
+import copy
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Callable, Optional, Sequence, Union
 
 import torch
@@ -37,7 +38,7 @@ from fourfold.rollout.engine import truncation_of
 from fourfold.rollout.env import BoundEnv, load_env_factory, make_envs
 from fourfold.rollout.noise import RowNoise
 from fourfold.rollout.score import Scores, reward_scores
-from fourfold.rollout.turns import TurnBatch, TurnSettings, sample_turns, stack_trajectories
+from fourfold.rollout.turns import Trajectory, TurnBatch, TurnSettings, sample_turns, stack_trajectories
 from fourfold.run.parallel import gather_items, gather_rows, rank_slice, several_ranks
 from fourfold.trainers.rollouts import Collected, Probe, PromptSource, rollout_metrics
 
@@ -87,7 +88,27 @@ def collect_turns(roles: Roles, envs: Union[Sequence[BoundEnv], Callable[[], Seq
     one process gives: every rank stops at once, none waits in a collective for the one that failed."""
     if several_ranks() and noise is None:
         raise ValueError("collect_turns: a rollout over several ranks needs per-row noise")
-    tok = roles.tokenizer
+    t0 = time.perf_counter()
+    roles.policy.eval()
+    batch = run_episodes(roles.policy, envs, env, gen, roles.tokenizer, noise=noise, max_first_tokens=max_first_tokens,
+                         first_row=first_row, engine=engine, sync_stop=several_ranks())
+    roles.policy.train()
+    if several_ranks():  # every rank's trajectories, in rank order: the one-process batch's layout
+        batch = stack_trajectories(gather_items(batch.trajectories), roles.tokenizer.pad_token_id,
+                                   batch.samples.sequences.device)
+    return score_turns(roles, batch, env, gen, time.perf_counter() - t0, kl_coef=kl_coef, kl_estimator=kl_estimator,
+                       columns=columns, reward_names=reward_names)
+
+
+@torch.no_grad()
+def run_episodes(model, envs: Union[Sequence[BoundEnv], Callable[[], Sequence[BoundEnv]]], env: EnvConfig,
+                 gen: GenerationConfig, tok, *, noise: Optional[RowNoise], max_first_tokens: Optional[int],
+                 first_row: int, engine, sync_stop: bool) -> TurnBatch:
+    """The episodes of :func:`collect_turns` (this rank's rows), unscored: ``envs`` made (when a
+    function) and reset, their first observations encoded with ``tok``, the turns run with
+    ``model`` on ``engine``. ``sync_stop`` (under torchrun, in the trainer's thread): an error of
+    this rank's environments is raised on every rank at the turns' next all-reduce; without it
+    (one process, or a sampler running ahead: :mod:`fourfold.trainers.ahead`) it is raised here."""
     encoder = ObservationEncoder(tok, env.observation_role)
     # a first observation too long for env.max_tokens is refused by sample_turns, naming that key
     failed = None
@@ -95,7 +116,7 @@ def collect_turns(roles: Roles, envs: Union[Sequence[BoundEnv], Callable[[], Seq
         envs = list(envs() if callable(envs) else envs)
         first = [encoder.first(e.reset(), e.where, max_first_tokens or FIRST_TOKENS_UNCHECKED) for e in envs]
     except Exception as e:  # under torchrun: raised on every rank at sample_turns' first all-reduce
-        if not several_ranks():
+        if not sync_stop:
             raise
         envs, first, failed = [], [], e
     settings = TurnSettings(
@@ -104,14 +125,16 @@ def collect_turns(roles: Roles, envs: Union[Sequence[BoundEnv], Callable[[], Seq
         eos_token_id=tok.eos_token_id if gen.stop_at_eos else None, pad_token_id=tok.pad_token_id, stop=tuple(env.stop),
         truncation=truncation_of(gen))
     uniforms = None if noise is None else noise.uniforms(range(first_row, first_row + len(envs)), env.max_tokens)
-    t0 = time.perf_counter()
-    roles.policy.eval()
-    batch = sample_turns(roles.policy, envs, first, settings, encoder.next, noise=uniforms, engine=engine,
-                         sync_stop=several_ranks(), failed=failed)
-    roles.policy.train()
-    if several_ranks():  # every rank's trajectories, in rank order: the one-process batch's layout
-        batch = stack_trajectories(gather_items(batch.trajectories), tok.pad_token_id, batch.samples.sequences.device)
-    t_gen = time.perf_counter() - t0
+    return sample_turns(model, envs, first, settings, encoder.next, noise=uniforms, engine=engine,
+                        sync_stop=sync_stop, failed=failed)
+
+
+@torch.no_grad()
+def score_turns(roles: Roles, batch: TurnBatch, env: EnvConfig, gen: GenerationConfig, t_gen: float, *,
+                kl_coef: float, kl_estimator: str = "k1", columns: Optional[dict] = None,
+                reward_names: Sequence[str] = ()) -> Collected:
+    """The scoring half of :func:`collect_turns` on the whole batch (sampled in ``t_gen`` seconds,
+    there or by a sampler running ahead): :func:`score_trajectories`, the metrics, the Collected."""
     t0 = time.perf_counter()
     s = batch.samples
     rollout, kl, boot, parts = score_trajectories(roles, batch, env, gen.temperature, kl_coef, kl_estimator,
@@ -208,23 +231,63 @@ class EnvSource:
     single-turn rollout samples its slice), inside collect_turns, which gathers every rank's
     trajectories and raises an error of one rank's environments on every rank."""
 
-    def __init__(self, cfg, stream):
-        self.cfg, self.stream = cfg, stream
+    def __init__(self, cfg, stream, device: Optional[torch.device] = None):
+        self.cfg, self.stream, self.device = cfg, stream, device
         self.factory = load_env_factory(cfg.env.factory)[0]
         self.reward_names = [name for name, _ in reward_part_names(cfg.model)]
         """The reward parts beside the environment's (none: the environment alone)."""
+        self._sampler_tok = None
+
+    def _next_rows(self, k: int) -> tuple[list, list, dict]:
+        """The stream's next rows, each on ``k`` consecutive rows, their where-labels and columns."""
+        _, rows, wheres = self.stream.next_rows()
+        rows, wheres = [r for r in rows for _ in range(k)], [w for w in wheres for _ in range(k)]
+        return rows, wheres, {c: [r.get(c) for r in rows] for c in self.stream.columns}
 
     def collect(self, roles: Roles, engine, it: int, *, kl_coef: float, kl_estimator: str,
                 samples_per_prompt: int = 1, concurrent: bool = False, draw: int = 0) -> Collected:
-        cfg, k = self.cfg, samples_per_prompt
-        _, rows, wheres = self.stream.next_rows()
-        rows, wheres = [r for r in rows for _ in range(k)], [w for w in wheres for _ in range(k)]
+        cfg = self.cfg
+        rows, wheres, columns = self._next_rows(samples_per_prompt)
         mine = rank_slice(len(rows))
         make = lambda: make_envs(self.factory, rows[mine], wheres[mine])  # called by collect_turns
-        columns = {c: [r.get(c) for r in rows] for c in self.stream.columns}
         return collect_turns(roles, make, cfg.env, cfg.generation, kl_coef=kl_coef, kl_estimator=kl_estimator,
                              noise=RowNoise(cfg.run.seed + draw, it), max_first_tokens=cfg.data.max_prompt_len,
                              first_row=mine.start, engine=engine, columns=columns, reward_names=self.reward_names)
+
+    def ahead_job(self, roles: Roles, samples_per_prompt: int = 1):
+        """A sampler running ahead (:mod:`fourfold.trainers.ahead`): the next rows drawn here (the
+        trainer's thread, in batch order), and the job the sampler's thread runs on them: this
+        rank's environments made, reset and stepped through their episodes (:func:`run_episodes`)
+        with the engine's snapshot, with a tokenizer of the sampler's own (a copy: a fast
+        tokenizer is not to be shared between threads); it returns the episodes as plain data
+        (their trajectories, a checkpoint can hold them) with the rows' columns."""
+        cfg = self.cfg
+        rows, wheres, columns = self._next_rows(samples_per_prompt)
+        mine = rank_slice(len(rows))
+        if self._sampler_tok is None:
+            self._sampler_tok = copy.deepcopy(roles.tokenizer)
+        tok = self._sampler_tok
+
+        def job(engine, noise: RowNoise) -> dict:
+            batch = run_episodes(engine.weights.copy, lambda: make_envs(self.factory, rows[mine], wheres[mine]),
+                                 cfg.env, cfg.generation, tok, noise=noise, max_first_tokens=cfg.data.max_prompt_len,
+                                 first_row=mine.start, engine=engine, sync_stop=False)
+            return {"columns": columns, "trajectories": [asdict(t) for t in batch.trajectories]}
+        return job
+
+    def gather_ahead(self, result: dict, pad_token_id: int) -> dict:
+        """:meth:`ahead_job`'s ``result`` of this rank's rows -> the whole batch's: every rank's
+        trajectories, in rank order (``result`` itself in one process). A collective."""
+        return {**result, "trajectories": gather_items(list(result["trajectories"]))}
+
+    def score_ahead(self, roles: Roles, result: dict, t_gen: float, *, kl_coef: float, kl_estimator: str,
+                    concurrent: bool = False) -> Collected:
+        """Steps 3-4 on a batch a sampler ran ahead (the whole batch's result, :meth:`gather_ahead`,
+        sampled in ``t_gen`` seconds): its trajectories stacked and scored here."""
+        trajs = [Trajectory(**t) for t in result["trajectories"]]
+        batch = stack_trajectories(trajs, roles.tokenizer.pad_token_id, self.device)
+        return score_turns(roles, batch, self.cfg.env, self.cfg.generation, t_gen, kl_coef=kl_coef,
+                           kl_estimator=kl_estimator, columns=result["columns"], reward_names=self.reward_names)
 
 
 def rollout_source(cfg, stream, probe: Optional[Probe], device: torch.device) -> Union[PromptSource, EnvSource]:
@@ -236,4 +299,4 @@ def rollout_source(cfg, stream, probe: Optional[Probe], device: torch.device) ->
     if probe is not None:
         raise ConfigError("data.task: a task's probe measures single responses, and env.factory is set; "
                           "an environment run's measure is its returns (env/return_mean): unset data.task")
-    return EnvSource(cfg, stream)
+    return EnvSource(cfg, stream, device)

@@ -255,7 +255,7 @@ the others are each rank's share, summed over ranks."""
 
 def ppo_update(roles: Roles, rollout: Rollout, algo: PPOAlgoConfig, opt: Optim, temperature: float,
                guard: NonFiniteGuard, iteration: int, concurrent: bool = False, *, old_logprobs: str = "engine",
-               measure: bool = False, train_policy: bool = True) -> dict:
+               measure: bool = False, train_policy: bool = True, ess: bool = False) -> dict:
     """Step 6: ``ppo_epochs`` passes over shuffled minibatches; returns mean statistics.
 
     The minibatch order of every epoch is drawn up front (the same on every rank: the same seed
@@ -265,14 +265,15 @@ def ppo_update(roles: Roles, rollout: Rollout, algo: PPOAlgoConfig, opt: Optim, 
     order. Under torchrun each rank trains on its share of every minibatch (:func:`minibatches`).
 
     First (6a, :func:`prepare_old_logprobs`): pi_old recomputed (``old_logprobs`` 'recompute'),
-    the mismatch measured (``measure``), the correction's weights (in the critic's warm-up too).
+    the mismatch measured (``measure``; ``ess``: with ``rollout/is_ess``), the correction's weights
+    (in the critic's warm-up too).
     ``train_policy`` False (the warm-up): the critic's epochs only; the policy, its optimiser and
     schedule untouched.
     ``policy/first_ratio_abs_dev``: mean |r - 1| over the first minibatch's tokens, before any step;
     ``policy/grad_snr`` (``log_grad_snr``): :class:`~fourfold.trainers.batches.GradSNR`.
     """
     perms = [torch.randperm(rollout.batch_size) for _ in range(algo.ppo_epochs)]
-    rollout, pre = prepare_old_logprobs(roles.policy, rollout, algo, perms[0], temperature, old_logprobs, measure)
+    rollout, pre = prepare_old_logprobs(roles.policy, rollout, algo, perms[0], temperature, old_logprobs, measure, ess)
     mbs = minibatches(rollout, algo, perms, iteration)
 
     def mean_over(step_fn) -> dict:
@@ -347,7 +348,7 @@ def train(cfg: PPOConfig, *, prompts: Optional[Sequence[str]] = None, probe: Opt
     ``prompts``: the prompts to train on (else the ``data.prompts`` file); ``probe(prompts,
     responses) -> {name: value}``: extra measurements logged every iteration; ``roles``: models
     already loaded (else loaded from ``cfg.model``)."""
-    algo, concurrent = cfg.ppo, cfg.run.concurrent_roles
+    algo, concurrent, stale = cfg.ppo, cfg.run.concurrent_roles, cfg.rollout.max_staleness > 0
     # 0. set-up: the reward functions against the prompts' columns (before anything is created), seed,
     #    run directory, roles (placed on the ranks), optimisers, KL controller, engine, prompt stream, resume
     rewards = prepare_rewards("ppo", cfg, prompts, roles)
@@ -358,7 +359,7 @@ def train(cfg: PPOConfig, *, prompts: Optional[Sequence[str]] = None, probe: Opt
                                                   "ppo.minibatch_size": algo.minibatch_size},
                         roles=checked_roles(roles, algo), concurrent=concurrent, reward_functions=rewards.functions,
                         before_placing=warm)
-    old_logprobs = said_old_logprobs(run, algo, cfg.model.precision, cfg.generation)
+    old_logprobs = said_old_logprobs(run, algo, cfg.model.precision, cfg.generation, cfg.rollout.max_staleness)
     opt = make_optim(roles, algo, compiled=cfg.model.compile)
     kl_ctl = (AdaptiveKLController(algo.kl_coef, algo.kl_target, algo.kl_horizon) if algo.adaptive_kl
               else FixedKLController(algo.kl_coef))
@@ -391,8 +392,8 @@ def train(cfg: PPOConfig, *, prompts: Optional[Sequence[str]] = None, probe: Opt
             # the critic's epochs only)
             t0, skips_before, lrs = time.perf_counter(), guard.total, opt.lrs()  # the rates this update starts with
             stats = ppo_update(roles, rollout, algo, opt, cfg.generation.temperature, guard, it, concurrent=concurrent,
-                               old_logprobs=old_logprobs, measure=algo.measure_mismatch,
-                               train_policy=it > algo.critic_warmup)
+                               old_logprobs=old_logprobs, measure=algo.measure_mismatch or stale,
+                               train_policy=it > algo.critic_warmup, ess=stale)
             t_train = time.perf_counter() - t0
             if guard.total == skips_before:  # one good update: the whole iteration went through
                 guard.good_step()

@@ -18,6 +18,7 @@ from fourfold.config.ppo import resolve_old_logprobs
 from fourfold.config.sampling import filters_said, truncates
 from fourfold.core import (
     Rollout,
+    effective_sample_size,
     frac_zero_std,
     last_valid_index,
     mismatch_stats,
@@ -63,14 +64,18 @@ def truncation_notes(gen, correction: str, section: str) -> list[str]:
 
 
 def mismatch_and_weights(train_lp: torch.Tensor, engine_lp: torch.Tensor, mask: torch.Tensor, correction: str,
-                         cap: float) -> tuple[Optional[torch.Tensor], dict]:
+                         cap: float, ess: bool = False) -> tuple[Optional[torch.Tensor], dict]:
     """The trainer half of the engine-trainer mismatch, for PPO and REINFORCE alike: the
     ``mismatch/*`` metrics of the training forward's log-probs ``train_lp [B, T]`` against the
     engine's ``engine_lp`` (:func:`fourfold.core.mismatch_stats`) and, with a ``correction`` mode
     other than 'none', its per-token weights ``[B, T]`` (cap ``cap``,
     :func:`fourfold.core.rollout_correction_weights`) and their ``mismatch/is_*`` statistics;
-    ``(None, metrics)`` without one."""
+    ``(None, metrics)`` without one. ``ess`` (a sampler running ahead): ``rollout/is_ess`` too, the
+    effective sample size of the token weights pi_train / pi_engine before any cap
+    (:func:`fourfold.core.effective_sample_size`)."""
     metrics = {f"mismatch/{k}": float(v) for k, v in mismatch_stats(train_lp, engine_lp, mask).items()}
+    if ess:
+        metrics["rollout/is_ess"] = float(effective_sample_size(train_lp - engine_lp, mask))
     if correction == "none":
         return None, metrics
     weights, stats = rollout_correction_weights(train_lp, engine_lp, mask, correction, cap)
@@ -101,18 +106,19 @@ def trainer_logprobs(policy, rollout: Rollout, algo: PPOAlgoConfig, perm: torch.
 
 
 def prepare_old_logprobs(policy, rollout: Rollout, algo: PPOAlgoConfig, perm: torch.Tensor, temperature: float,
-                         old_logprobs: str, measure: bool) -> tuple[Rollout, dict]:
+                         old_logprobs: str, measure: bool, ess: bool = False) -> tuple[Rollout, dict]:
     """Step 6a: with ``old_logprobs`` 'recompute', ``measure`` or a ``rollout_correction``, the
     training forward's log-probs of the rollout (:func:`trainer_logprobs`) against the engine's:
     the ``mismatch/*`` metrics, the correction's weights (``rollout.is_weights``) and, under
-    'recompute', pi_old replaced by them. Returns the rollout (a copy when changed) and metrics."""
+    'recompute', pi_old replaced by them (the proximal policy of stale samples); ``ess``: their
+    ``rollout/is_ess`` (:func:`mismatch_and_weights`). Returns the rollout (a copy when changed) and metrics."""
     correct = algo.rollout_correction != "none"
     if old_logprobs != "recompute" and not measure and not correct:
         return rollout, {}
     engine_lp = rollout.logprobs
     train_lp = trainer_logprobs(policy, rollout, algo, perm, temperature)
     weights, metrics = mismatch_and_weights(train_lp, engine_lp, rollout.mask, algo.rollout_correction,
-                                            algo.correction_cap)
+                                            algo.correction_cap, ess)
     rollout = rollout.map(lambda x: x)
     if correct:
         rollout.is_weights = weights
@@ -167,16 +173,37 @@ def warm_start_critic(critic, path: str) -> None:
     load_checkpoint(ckpt, modules={"critic": critic}, restore_rng=False)
 
 
-def said_old_logprobs(run, algo: PPOAlgoConfig, precision: str, gen=None) -> str:
-    """The run's pi_old (:func:`~fourfold.config.ppo.resolve_old_logprobs`), said in its first
-    lines (rank 0) when it is the trainer's recompute. ``auto`` is also recompute under a truncating
-    filter of the generation section ``gen`` (top_k, top_p, min_p): the engine's log-probs are then
-    the truncated distribution's, which differ from the trainer's full softmax by the log of the
-    kept mass, far beyond float rounding."""
-    old_logprobs, why = resolve_old_logprobs(algo, precision)
-    if algo.old_logprobs == "auto" and old_logprobs == "engine" and gen is not None and truncates(gen):
+def said_old_logprobs(run, algo: PPOAlgoConfig, precision: str, gen=None, staleness: int = 0) -> str:
+    """The run's pi_old (:func:`~fourfold.config.ppo.resolve_old_logprobs`, ``staleness``: the
+    run's ``rollout.max_staleness``), said in its first lines (rank 0) when it is the trainer's
+    recompute or the sampler runs ahead. In a synchronous run ``auto`` is also recompute under a
+    truncating filter of the generation section ``gen`` (top_k, top_p, min_p): the engine's
+    log-probs are then the truncated distribution's, which differ from the trainer's full softmax by
+    the log of the kept mass, far beyond float rounding."""
+    old_logprobs, why = resolve_old_logprobs(algo, precision, staleness)
+    if (algo.old_logprobs == "auto" and old_logprobs == "engine" and not staleness and gen is not None
+            and truncates(gen)):
         old_logprobs, why = "recompute", (f"ppo.old_logprobs: auto = recompute ({filters_said(gen)}: the engine's "
                                           "log-probs are the truncated distribution's, the trainer's the full softmax)")
-    if old_logprobs == "recompute" and run.is_main:
+    if (old_logprobs == "recompute" or staleness) and run.is_main:
         print(f"fourfold ppo: {why}", flush=True)
     return old_logprobs
+
+
+def staleness_notes(cfg, section: str) -> list[str]:
+    """The warning line of a sampler running ahead (``rollout.max_staleness`` >= 1) whose samples
+    nothing corrects for their staleness: PPO with ``old_logprobs: recompute`` and no
+    ``rollout_correction`` (the ratio pi / pi_proximal then ignores the updates between the
+    sampler's policy and the trainer's, miles PR #1829's bug, kept runnable as a baseline), and
+    REINFORCE without a ``rollout_correction`` (its gradient treats the sampler's tokens as the
+    trainer's policy's). Said once at the run's start; [] otherwise."""
+    k, algo = cfg.rollout.max_staleness, getattr(cfg, section)
+    if k == 0 or algo.rollout_correction != "none":
+        return []
+    if section == "ppo" and algo.old_logprobs != "recompute":
+        return []
+    what = ("ppo.old_logprobs: recompute clips around the trainer's policy and nothing weights" if section == "ppo"
+            else "the REINFORCE gradient is the trainer's policy's, and nothing weights")
+    return [f"rollout.max_staleness {k} without {section}.rollout_correction: {what} the samples for the up to {k} "
+            f"updates since the sampler's weights (the staleness is ignored; rollout/is_ess shows how far off); set "
+            f"{section}.rollout_correction (e.g. token_tis: the decoupled objective)"]

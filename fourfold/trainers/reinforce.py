@@ -45,14 +45,16 @@ from fourfold.trainers.rollouts import Probe, score_quantity
 
 
 def rank_loss(policy, r: Rollout, returns: Tensor, baseline: Optional[Tensor], temperature: float,
-              correction: str = "none", cap: float = 2.0, metrics: Optional[dict] = None) -> tuple[Tensor, Tensor]:
+              correction: str = "none", cap: float = 2.0, metrics: Optional[dict] = None,
+              ess: bool = False) -> tuple[Tensor, Tensor]:
     """Step 6's loss on this rank's contiguous share of the batch ``r`` (the whole batch, the same
     on every rank; :func:`~fourfold.run.parallel.rank_slice`): ``(to_backward, loss)``. ``loss`` is
     the batch's token-mean REINFORCE loss (summed over ranks, so the same on each); ``to_backward``
     is this rank's part of it, scaled by :func:`~fourfold.run.parallel.loss_scale` for the ranks'
     averaged gradients. Each token's term is weighted by the rollout ``correction``'s weights (cap
     ``cap``; the loss's forward is pi_train); ``metrics``, when given, receives the ``mismatch/*``
-    metrics of that forward (detached, gathered over ranks) against the engine's log-probs."""
+    metrics of that forward (detached, gathered over ranks) against the engine's log-probs (with
+    ``ess``, a sampler running ahead: ``rollout/is_ess`` of its weights pi_train / pi_engine)."""
     rows = rank_slice(r.batch_size)
     mine = r.select(rows)
     ids, attn = mine.context["input_ids"], mine.context["attention_mask"]
@@ -62,7 +64,7 @@ def rank_loss(policy, r: Rollout, returns: Tensor, baseline: Optional[Tensor], t
         train_lp = torch.zeros_like(r.logprobs)
         train_lp[rows] = logprobs.detach().to(train_lp.dtype) * mine.mask
         train_lp = global_sum(train_lp) if several_ranks() else train_lp
-        w, found = mismatch_and_weights(train_lp, r.logprobs, r.mask, correction, cap)
+        w, found = mismatch_and_weights(train_lp, r.logprobs, r.mask, correction, cap, ess)
         weights = None if w is None else w[rows]
         if metrics is not None:
             metrics.update(found)
@@ -112,7 +114,8 @@ def update(policy, optimizer, schedule, r: Rollout, returns: Tensor, baseline: O
             part, ret = r.select(rows), returns[rows]
             base = baseline if baseline is None or baseline.dim() == 0 else baseline[rows]
         local_loss, loss = rank_loss(policy, part, ret, base, cfg.generation.temperature, algo.rollout_correction,
-                                     algo.correction_cap, metrics=mismatch if j == 0 else None)
+                                     algo.correction_cap, metrics=mismatch if j == 0 else None,
+                                     ess=cfg.rollout.max_staleness > 0)
         norm, taken = guarded_step(policy, optimizer, schedule, algo.max_grad_norm, guard, where,
                                    [(local_loss, {checked: r.scores, "policy_loss": loss})],
                                    on_grads=None if snr is None else snr.on_grads)

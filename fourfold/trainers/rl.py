@@ -32,13 +32,16 @@ import torch
 
 from fourfold.config import validate_tree
 from fourfold.data import prompt_columns
+from fourfold.errors import ConfigError
 from fourfold.models.build import Roles
 from fourfold.models.levers import autocast_region
 from fourfold.models.plan import plan_roles
 from fourfold.models.reward_parts import load_functions
 from fourfold.rollout.engine import make_engine
 from fourfold.run.export import save_trained
+from fourfold.trainers.ahead import RunAhead
 from fourfold.trainers.env_rollouts import rollout_source
+from fourfold.trainers.practice import staleness_notes
 from fourfold.trainers.prompts import PromptStream
 from fourfold.trainers.rollouts import KEY_METRICS, Collected, Probe, sample_rows
 
@@ -92,7 +95,9 @@ class RLSteps:
                                    batch_key=f"{section}.rollout_batch_size")
         self.source = rollout_source(cfg, self.stream, probe, device)
         """The run's rollout: the prompts' single turns, or an environment per row (``env.factory``)."""
-        extra = dict(state or {})
+        self.ahead = self._run_ahead(run, cfg, roles, section)
+        """The sampler running ahead (``rollout.max_staleness`` >= 1, :mod:`fourfold.trainers.ahead`); None: synchronous."""
+        extra = dict(state or {}) if self.ahead is None else {**(state or {}), "ahead": self.ahead}
         run.track(modules={k: v[0] for k, v in trained.items()}, optimizers={k: v[1] for k, v in trained.items()},
                   schedulers={k: v[2] for k, v in trained.items()},
                   state=lambda it: {"iteration": it, **{k: v.state_dict() for k, v in extra.items()},
@@ -102,19 +107,38 @@ class RLSteps:
         if resumed is not None:
             run.require_not_past(resumed["iteration"], self.total, f"{section}.iterations", "iteration")
             for k, v in extra.items():
-                v.load_state_dict(resumed[k])
+                v.load_state_dict(resumed.get(k) if k == "ahead" else resumed[k])
+            if self.ahead is None and resumed.get("ahead", {}).get("batches"):
+                raise ConfigError(f"rollout.max_staleness: 0, but the checkpoint resumed was written with "
+                                  f"{resumed['ahead']['max_staleness']}; resume with that value")
             self.stream.load_state_dict(resumed["prompts"])
             self.start = resumed["iteration"]
         self._written: dict = {}
         self._outputs: dict = {}
 
+    def _run_ahead(self, run, cfg, roles: Roles, section: str) -> Optional[RunAhead]:
+        """The sampler of ``rollout.max_staleness`` k >= 1 (under torchrun: one per rank; its warning when
+        nothing corrects the staleness, :func:`~fourfold.trainers.practice.staleness_notes`), else None."""
+        k = cfg.rollout.max_staleness
+        if k == 0:
+            return None
+        self.notes += staleness_notes(cfg, section)
+        pad = roles.tokenizer.pad_token_id
+        return RunAhead(k, cfg.generation, precision=cfg.model.precision, max_prompt_len=cfg.data.max_prompt_len,
+                        seed=cfg.run.seed, total=self.total, gather=lambda result: self.source.gather_ahead(result, pad))
+
     @contextmanager
     def loop(self, desc: str) -> Iterator:
         """The run's loop context (:meth:`RunScaffold.loop`: the metrics logger, the stop signal),
-        after saying how many bad prompt rows were skipped and the prompts' other notes."""
-        with self.run_ctx.loop(total=self.total, desc=desc, key_metrics=KEY_METRICS) as logger:
-            self.run_ctx.warn_skipped(logger, self.stream.skipped, self.stream.notes + self.notes)
-            yield logger
+        after saying how many bad prompt rows were skipped and the prompts' other notes; a sampler
+        running ahead is stopped when it ends."""
+        try:
+            with self.run_ctx.loop(total=self.total, desc=desc, key_metrics=KEY_METRICS) as logger:
+                self.run_ctx.warn_skipped(logger, self.stream.skipped, self.stream.notes + self.notes)
+                yield logger
+        finally:
+            if self.ahead is not None:
+                self.ahead.close()
 
     def iterations(self) -> range:
         """The iterations left: from the one after the resumed checkpoint's to the last."""
@@ -128,11 +152,28 @@ class RLSteps:
         consecutive rows, generated (pi_old), scored and given per-token rewards with ``kl_coef`` x
         the ``kl_estimator`` KL, with the iteration's per-row noise, under the run's autocast (the
         weights fixed: the cast cache kept). ``draw`` > 0: a further rollout of the same iteration
-        (PPO's filter_groups), its noise seeded ``run.seed + draw``."""
+        (PPO's filter_groups), its noise seeded ``run.seed + draw``; with a sampler running ahead,
+        batch ``it`` (draw 0) is the sampler's and a further one is sampled here and now, with the
+        trainer's weights (no lag: the sampler cannot have known it would be needed)."""
+        if self.ahead is not None and draw == 0:
+            return self._rollout_ahead(it, kl_coef, kl_estimator, samples_per_prompt, concurrent)
         self.engine.sync(self.roles.policy)
         with autocast_region(self.cfg.model.precision, self.device.type):
             return self.source.collect(self.roles, self.engine, it, kl_coef=kl_coef, kl_estimator=kl_estimator,
                                        samples_per_prompt=samples_per_prompt, concurrent=concurrent, draw=draw)
+
+    def _rollout_ahead(self, it: int, kl_coef: float, kl_estimator: str, samples_per_prompt: int,
+                       concurrent: bool) -> Collected:
+        """:meth:`rollout` with a sampler running ahead: batch ``it`` from the sampler (sampled with
+        the weights of version max(0, it - 1 - k)), the batches after it handed over, then scored
+        here; ``rollout/version_lag`` and ``time/sampler_wait_s`` join its metrics."""
+        got = self.ahead.next(it, self.roles.policy, lambda: self.source.ahead_job(self.roles, samples_per_prompt))
+        with autocast_region(self.cfg.model.precision, self.device.type):
+            col = self.source.score_ahead(self.roles, got.result, got.generate_s, kl_coef=kl_coef,
+                                          kl_estimator=kl_estimator, concurrent=concurrent)
+        col.version = got.version
+        col.metrics.update({"rollout/version_lag": float(it - 1 - got.version), "time/sampler_wait_s": got.wait_s})
+        return col
 
     def log(self, logger, it: int, metrics: dict, col: Collected) -> None:
         """Step 7's log: the metrics row of iteration ``it``, and a few rows of its batch (decoded

@@ -18,7 +18,7 @@ CLI and the demo build both from a task (``task_prompts`` and ``task_probe`` in 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Callable, Optional
 
 import torch
@@ -30,7 +30,7 @@ from fourfold.rollout.engine import Engine
 from fourfold.rollout.noise import RowNoise
 from fourfold.rollout.sampling import Samples, decode_responses
 from fourfold.rollout.score import Scores, score_rollout, select_rows
-from fourfold.run.parallel import gather_rows, mean_over_ranks, rank_slice, several_ranks
+from fourfold.run.parallel import gather_items, gather_rows, mean_over_ranks, rank_slice, several_ranks
 from fourfold.trainers.prompts import repeat_columns, repeat_prompts
 
 Probe = Callable[[list[str], list[str]], dict[str, float]]
@@ -76,6 +76,10 @@ class Collected:
     length_limit: int = 0
     """The most policy tokens a row can hold (``generation.max_new_tokens`` for a single turn; an
     environment's trajectory budget): what DAPO's overlong punishment measures lengths against."""
+    version: Optional[int] = None
+    """The policy version (updates done) whose weights sampled the batch, when a sampler ran ahead
+    (``rollout.max_staleness`` >= 1, :mod:`fourfold.trainers.ahead`); None: the weights just
+    before this iteration's update (the synchronous run)."""
 
 
 def collect(
@@ -121,6 +125,41 @@ def collect(
     t0 = time.perf_counter()
     samples = _generate(roles, prompt_ids[rows], prompt_mask[rows], gen, noise, rows, engine)
     t_gen = time.perf_counter() - t0
+    return score_samples(roles, prompts, samples, gen, t_gen, kl_coef=kl_coef, kl_estimator=kl_estimator,
+                         probe=probe, concurrent=concurrent, columns=columns)
+
+
+def pad_responses(samples: Samples, width: int, pad_token_id: int) -> Samples:
+    """``samples`` with its responses padded on the right to ``width`` tokens: pad ids, masks and
+    log-probs 0, what the engine writes after a row's EOS (so a batch that ran longer looks the same)."""
+    extra = width - samples.n_response
+    if extra <= 0:
+        return samples
+    pad = lambda t, value=0: None if t is None else torch.nn.functional.pad(t, (0, extra), value=value)
+    return Samples(pad(samples.sequences, pad_token_id), pad(samples.attention_mask), pad(samples.response_mask),
+                   pad(samples.logprobs), samples.finished, pad(samples.entropy), pad(samples.kept_logmass))
+
+
+def gather_samples(samples: Samples, pad_token_id: int) -> Samples:
+    """Every rank's rows of ``samples`` sampled without the stop check's all-reduce (a sampler
+    running ahead: each rank's responses as long as its own rows need), each padded to the longest
+    rank's (:func:`pad_responses`), concatenated in rank order; ``samples`` itself in one process."""
+    if not several_ranks():
+        return samples
+    parts = gather_items([samples])
+    width = max(p.n_response for p in parts)
+    parts = [pad_responses(p, width, pad_token_id) for p in parts]
+    return Samples(*[None if getattr(parts[0], f.name) is None else torch.cat([getattr(p, f.name) for p in parts])
+                     for f in fields(Samples)])
+
+
+def score_samples(roles: Roles, prompts: list[str], samples: Samples, gen: GenerationConfig, t_gen: float, *,
+                  kl_coef: float, kl_estimator: str = "k1", probe: Optional[Probe] = None, concurrent: bool = False,
+                  columns: Optional[dict[str, list]] = None) -> Collected:
+    """Steps 3-4 of :func:`collect` on the whole batch's ``samples`` (generated in ``t_gen``
+    seconds, by :func:`collect` or by a sampler running ahead, :mod:`fourfold.trainers.ahead`):
+    score this rank's rows (reference, critic, reward), gather, per-token rewards, metrics."""
+    rows = rank_slice(len(prompts))
     # 3. score with the frozen reference and reward model, and the critic (this rank's rows)
     t0 = time.perf_counter()
     need_text = getattr(roles.reward, "needs_text", False) or probe is not None
@@ -290,11 +329,53 @@ class PromptSource:
     def __init__(self, cfg, stream, probe: Optional[Probe], device: torch.device):
         self.cfg, self.stream, self.probe, self.device = cfg, stream, probe, device
 
+    def next_batch(self, samples_per_prompt: int = 1) -> tuple[list[str], torch.Tensor, torch.Tensor, dict]:
+        """The stream's next batch, each prompt on ``samples_per_prompt`` consecutive rows: its
+        texts, ids and mask ``[B, P]`` and columns (one value per row)."""
+        texts, prompt_ids, prompt_mask, columns = self.stream.next_with_columns(self.device)
+        texts, prompt_ids, prompt_mask = repeat_prompts(texts, prompt_ids, prompt_mask, samples_per_prompt)
+        return texts, prompt_ids, prompt_mask, repeat_columns(columns, samples_per_prompt)
+
     def collect(self, roles: Roles, engine: Engine, it: int, *, kl_coef: float, kl_estimator: str,
                 samples_per_prompt: int = 1, concurrent: bool = False, draw: int = 0) -> Collected:
         cfg = self.cfg
-        texts, prompt_ids, prompt_mask, columns = self.stream.next_with_columns(self.device)
-        texts, prompt_ids, prompt_mask = repeat_prompts(texts, prompt_ids, prompt_mask, samples_per_prompt)
+        texts, prompt_ids, prompt_mask, columns = self.next_batch(samples_per_prompt)
         return collect(roles, texts, prompt_ids, prompt_mask, cfg.generation, engine=engine,
                        kl_coef=kl_coef, kl_estimator=kl_estimator, probe=self.probe, concurrent=concurrent,
-                       noise=RowNoise(cfg.run.seed + draw, it), columns=repeat_columns(columns, samples_per_prompt))
+                       noise=RowNoise(cfg.run.seed + draw, it), columns=columns)
+
+    def ahead_job(self, roles: Roles, samples_per_prompt: int = 1):
+        """A sampler running ahead (:mod:`fourfold.trainers.ahead`): the next batch drawn here (the
+        trainer's thread, in batch order), and the job the sampler's thread runs on it: this
+        rank's rows sampled with the engine's snapshot and the batch's per-row noise, as
+        :func:`collect` samples them (no collective: the rows are gathered when scored); it
+        returns the prompts' texts and columns and the samples' tensors (a checkpoint can hold them)."""
+        gen, tok = self.cfg.generation, roles.tokenizer
+        texts, prompt_ids, prompt_mask, columns = self.next_batch(samples_per_prompt)
+        rows = rank_slice(len(texts))
+        eos = tok.eos_token_id if gen.stop_at_eos else None
+
+        def job(engine, noise: RowNoise) -> dict:
+            samples = engine(engine.weights.copy, prompt_ids[rows], prompt_mask[rows], max_new_tokens=gen.max_new_tokens,
+                             temperature=gen.temperature, eos_token_id=eos, pad_token_id=tok.pad_token_id,
+                             noise=noise.uniforms(range(rows.start, rows.stop), gen.max_new_tokens), sync_stop=False)
+            return {"texts": texts, "columns": columns,
+                    "samples": {f.name: getattr(samples, f.name) for f in fields(Samples)}}
+        return job
+
+    def gather_ahead(self, result: dict, pad_token_id: int) -> dict:
+        """:meth:`ahead_job`'s ``result`` of this rank's rows -> the whole batch's (every rank's
+        samples, :func:`gather_samples`; ``result`` itself in one process). A collective."""
+        if not several_ranks():
+            return result
+        samples = gather_samples(Samples(**result["samples"]), pad_token_id)
+        return {**result, "samples": {f.name: getattr(samples, f.name) for f in fields(Samples)}}
+
+    def score_ahead(self, roles: Roles, result: dict, t_gen: float, *, kl_coef: float, kl_estimator: str,
+                    concurrent: bool = False) -> Collected:
+        """Steps 3-4 on a batch a sampler ran ahead (the whole batch's result, :meth:`gather_ahead`,
+        sampled in ``t_gen`` seconds): :func:`score_samples` with the run's probe."""
+        samples = Samples(**result["samples"])
+        return score_samples(roles, list(result["texts"]), samples, self.cfg.generation, t_gen, kl_coef=kl_coef,
+                             kl_estimator=kl_estimator, probe=self.probe, concurrent=concurrent,
+                             columns=dict(result["columns"]))

@@ -26,6 +26,19 @@ def test_ppo_iteration_benchmark_prints_one_json_line():
     assert out["rss_file_mib"] is None or 0 < out["rss_file_mib"] < out["peak_mem_mib"]  # None off Linux
 
 
+def test_async_benchmark_prints_one_json_line():
+    """benchmarks/async.py --tiny: fourfold ppo synchronous with 2 threads against the sampler
+    running ahead by 1 and 2 (one thread each), each in its own process; the lags are exact."""
+    out = _one_json_line(["benchmarks/async.py", "--tiny"])
+    assert out["workload"] == "tiny" and [r["config"] for r in out["runs"]] == ["k0", "k1", "k2"]
+    assert [r["version_lag"] for r in out["runs"]] == [[0.0] * 3, [0.0, 1.0, 1.0], [0.0, 1.0, 2.0]]
+    assert [r["threads"] for r in out["runs"]] == [2, 1, 1] and out["runs"][0]["s_sampler_wait"] is None
+    for run in out["runs"]:
+        for key in ("s_first_iteration", "s_per_iteration", "gen_tokens_per_s", "s_generate", "s_train", "peak_mem_mib"):
+            assert run[key] > 0, (run["config"], key)
+    assert out["speedup_k1"] > 0 and out["speedup_k2"] > 0
+
+
 def test_gym_benchmark_prints_one_json_line(tmp_path):
     out = _one_json_line(["benchmarks/gym_cartpole.py", "--configs", "examples/cartpole.yaml", "--seeds", "1",
                           "--milestones", "1000", "--set", "ppo.total_timesteps=2048", "eval.every_steps=1024",

@@ -134,3 +134,30 @@ def test_zero_std_groups_and_group_keep():
     assert group_keep(torch.tensor([0.0, 1, 2, 3, 4, 5]), 2, need=2).tolist() == [True] * 4 + [False] * 2
     with pytest.raises(ValueError, match="groups of 4"):
         zero_std_groups(scores, 4)
+
+
+def test_effective_sample_size_by_hand():
+    """Weights 2, 0.5, 4 and 1.5 (the padding left out): (8)^2 / (4 * (4 + 0.25 + 16 + 2.25)) =
+    64 / 90; equal weights give 1; one valid token gives 1; no valid token gives 1."""
+    from fourfold.core import effective_sample_size
+
+    assert float(effective_sample_size(TRAIN, MASK)) == pytest.approx(64 / 90, rel=1e-6)  # TRAIN is float32
+    assert float(effective_sample_size(torch.full((2, 3), 0.7), MASK)) == 1.0
+    assert float(effective_sample_size(TRAIN, torch.tensor([[0.0, 0, 1], [0, 0, 0]]))) == 1.0
+    assert float(effective_sample_size(TRAIN, torch.zeros(2, 3))) == 1.0
+    # a huge lag does not overflow: weights e^800 and 1 give (e^800 + 1)^2 / (2 (e^1600 + 1)) ~ 1/2
+    assert float(effective_sample_size(torch.tensor([[800.0, 0.0]]), torch.ones(1, 2))) == pytest.approx(0.5)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(-6, 6), min_size=1, max_size=12), st.floats(-3, 3))
+def test_effective_sample_size_is_in_0_1_and_1_iff_equal(steps, shift):
+    """In (0, 1] for any weights; exactly 1 when all are equal (any common value), < 1 as soon as
+    two differ (log-ratios on a grid of 0.25, so two different weights differ by a factor >= e^0.25)."""
+    from fourfold.core import effective_sample_size
+
+    d = torch.tensor([[shift + 0.25 * s for s in steps]], dtype=torch.float64)
+    ess = float(effective_sample_size(d, torch.ones_like(d)))
+    assert 0 < ess <= 1
+    assert (ess == 1.0) == (len(set(steps)) == 1)
+    assert ess >= 1 / len(steps) - 1e-12
