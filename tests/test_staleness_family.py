@@ -145,7 +145,7 @@ def test_every_claim_holds_on_healthy_numbers():
     assert all(r["null"] == claim_kinds.CHECK_NULL for r in rows if r["kind"] == "check")
     assert all(r["null"].startswith("no (") for r in rows if r["group"] in ("stale-cost", "top-p", "stability", "agree"))
     cost = next(r for r in rows if r["claim"].startswith("the engine objective's cost"))
-    assert "k = 4 minus k = 1 per seed +0.45, +0.45, +0.45" in cost["measured"]  # 0.95 - 0.5 in every seed
+    assert "cost at k = 4 minus at k = 1 (gold at k = 1 minus at k = 4) per seed +0.45, +0.45, +0.45" in cost["measured"]  # 0.95 - 0.5 in every seed
 
 
 def test_every_claim_fails_on_broken_numbers():
@@ -256,7 +256,7 @@ def test_report_from_a_hand_made_record(tmp_path):
            "wall_s": 10.0, "jobs_s": 8.0}
     write_staleness_report(tmp_path, cfg, rec)
     md = (tmp_path / "summary.md").read_text()
-    assert "| demo | k4-recompute | 3 | +0.30 |" in md and "## Claims" in md
+    assert "| demo | k4-recompute | 3 | +0.30 | 1.00 | 1.0e-07 | 1.0e-07 |" in md and "## Claims" in md
     assert (tmp_path / "report.html").read_text().count("<tr>") >= len(rows) + 15
 
 
@@ -277,3 +277,54 @@ def test_a_k1_arms_config_runs_one_iteration_on_a_tiny_model(tiny_lm, tmp_path):
     s = run_stats(read_run_curves(tmp_path / "run"), 1, 1.0, CC)
     assert s["lag_ok"] and s["first_ratio_dev"] == 0.0 and s["token_diff"] < 1e-5  # recompute: the first ratio is 1
     assert s["is_ess"] == pytest.approx(1.0, abs=1e-6) and s["is_weight"] == pytest.approx(1.0, abs=1e-5)
+
+
+def _fake_outputs(cfg, out, golds, n_its=20):
+    """What the jobs would leave: the SFT evaluation and, per world, arm and seed, a final
+    evaluation and a metrics.jsonl (healthy curves, the lag as asked, the top-p gap)."""
+    fam = Family(cfg, out, lambda *a, **k: None, ["p"], 0)
+    base = {"proxy": 0.0, "proxy_std": 1.0, "gold": 0.0, "gold_std": 1.0, "kl": 0.0, "length": 15.0, "well_formed": 0.9,
+            "repetition": 0.0, "n": N, "length_std": 3.0}
+    for w in fam.worlds():
+        sw = w.sweep
+        (sw.out / "baseline").mkdir(parents=True, exist_ok=True)
+        (sw.out / "baseline" / "sft-biased-rm.json").write_text(json.dumps({"summary": base, "rows": []}))
+        for arm in sw.arms:
+            k, topp = arm.rollout.get("max_staleness", 0), arm.name.startswith("topp")
+            st = {**_stat(), **GOOD_STATS.get(arm.name, {})}
+            for seed in cfg.seeds:
+                d = sw.run_dir(arm, seed)
+                d.mkdir(parents=True, exist_ok=True)
+                gold = golds[arm.name] + 0.01 * (seed - 1)
+                (d / "final_eval.json").write_text(json.dumps({"summary": {**base, "gold": gold, "kl": 2.0}, "rows": []}))
+                rows = [{"iteration": i, "reward/gold_mean": gold * i / n_its, "policy/grad_norm": 1.0, "policy/entropy": 2.0,
+                         "policy/first_ratio_abs_dev": st["first_ratio_dev"], "mismatch/token_abs_diff_mean": st["token_diff"],
+                         "time/iteration_s": 1.0, "kl/k1": 1.0,
+                         **({"rollout/version_lag": min(i - 1, k), "rollout/is_ess": 0.99} if k else {}),
+                         **({"mismatch/is_weight_mean": st["is_weight"], "mismatch/is_truncated_share": 0.0}
+                            if arm.name.endswith("decoupled") else {}),
+                         **({"rollout/log_kept_mass": -0.03} if topp else {})} for i in range(1, n_its + 1)]
+                (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def test_the_family_collects_claims_and_reports_from_fake_run_outputs(tmp_path, monkeypatch):
+    """run_staleness with the job pool replaced by fake outputs (nothing trains): every world's
+    results, statistics and claims, results.json and the reports. Healthy numbers: every claim holds."""
+    from fourfold.apps.experiments import family, run
+
+    cfg = load_config(ExperimentsConfig, ROOT / "examples" / "staleness.yaml",
+                      [f"run.output_dir={tmp_path / 'out'}", "eval_prompts=8", "run.progress=false"])
+
+    def fake_jobs(cfg_, out, log, jobs):
+        _fake_outputs(cfg_, out, {**GOOD_GOLD, "k0-decoupled": 1.0})
+        return {j.name: "done" for j in jobs}, 1.0
+
+    monkeypatch.setattr(family, "run_family_jobs", fake_jobs)
+    res = run(cfg)
+    assert [c["claim"] for c in res["claims"] if c["holds"] != "yes"] == [] and not res["notes"]
+    assert len(res["claims"]) == 1 + 2 * (sum(GROUP_ROWS.values()) - 1)  # one lag row; the rest per world
+    rec = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert set(rec["worlds"]) == {"demo", "h6"} and len(rec["stats"]["h6"]) == 15
+    assert rec["stats"]["demo"]["k4-engine"]["0"]["lag_ok"] and rec["stats"]["demo"]["k4-engine"]["0"]["is_ess"] == pytest.approx(0.99)
+    md = (tmp_path / "out" / "summary.md").read_text()
+    assert "| h6 | topp-decoupled | 3 | +1.00 |" in md and (tmp_path / "out" / "h6" / "summary.md").is_file()

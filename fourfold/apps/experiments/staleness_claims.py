@@ -254,8 +254,8 @@ def _stale_cost(t: _Table, world: str, objective: str) -> None:
     d, m, se = t.mean_diff(world, arm_name(objective, lo), arm_name(objective, hi))
     bar = t.c.noise_z * se
     t.add("stale-cost", f"the {objective} objective's cost in gold grows with k ({world})",
-          f"cost (k = 0 gold minus k's) at k = {', '.join(map(str, ks))}: {fmt_list(costs)} sd; k = {hi} minus k = {lo} "
-          f"per seed {fmt_list(d)}, mean {signed(m)} (SE {fmt(se, 3)})",
+          f"cost (k = 0 gold minus k's) at k = {', '.join(map(str, ks))}: {fmt_list(costs)} sd; cost at k = {hi} minus at "
+          f"k = {lo} (gold at k = {lo} minus at k = {hi}) per seed {fmt_list(d)}, mean {signed(m)} (SE {fmt(se, 3)})",
           f"mean >= +{t.c.cost_min_growth_sd:g} sd and > {t.c.noise_z:g} SE (> {fmt(bar, 3)})",
           bool(d) and m >= t.c.cost_min_growth_sd and m > bar)
 

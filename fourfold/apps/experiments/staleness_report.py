@@ -24,6 +24,12 @@ def _m(runs: Mapping, key: str, digits: int = 3) -> str:
     return fmt(mean(vals), digits) if vals else ""
 
 
+def _e(runs: Mapping, key: str) -> str:
+    """The mean over seeds in scientific notation (the ratio's deviations run from 1e-7 to 1e-1)."""
+    m = mean([r[key] for r in runs.values()]) if runs else float("nan")
+    return f"{m:.1e}" if m == m else "n/a"
+
+
 def _count(runs: Mapping, key: str) -> str:
     return f"{sum(bool(r[key]) for r in runs.values())}/{len(runs)}"
 
@@ -38,8 +44,8 @@ def result_rows(record: Mapping) -> list[list[str]]:
             finals = record["finals"].get(w, {}).get(arm, [])
             gain = mean([(f["gold"] - sft["gold"]) / sft["gold_std"] for f in finals]) if sft and finals else None
             ess = f"{_m(runs, 'is_ess')} ({_m(runs, 'is_ess_min')})"
-            rows.append([w, arm, str(len(runs)), signed(gain), _m(runs, "kl", 2), _m(runs, "first_ratio_dev", 4),
-                         _m(runs, "token_diff", 4), ess, _m(runs, "is_weight", 4), _m(runs, "clipfrac"),
+            rows.append([w, arm, str(len(runs)), signed(gain), _m(runs, "kl", 2), _e(runs, "first_ratio_dev"),
+                         _e(runs, "token_diff"), ess, _m(runs, "is_weight", 4), _m(runs, "clipfrac"),
                          _count(runs, "crash"), f"{sum(r['spikes'] > 0 for r in runs.values())}/{len(runs)}",
                          _count(runs, "collapse"), _count(runs, "lag_ok")])
     return rows
