@@ -247,6 +247,16 @@ def test_family_worlds_and_jobs(tmp_path):
                                     lambda *a, **k: None, ["x"], 0).worlds()] == ["demo"]
 
 
+def test_every_arms_config_is_validated_before_any_job(tmp_path):
+    from fourfold.apps.experiments.staleness import check_runs
+
+    cfg = load_config(ExperimentsConfig, ROOT / "examples" / "staleness.yaml")
+    check_runs(Family(cfg, tmp_path, lambda *a, **k: None, ["x"], 0).worlds())  # the example's: every arm valid
+    bad = load_config(ExperimentsConfig, ROOT / "examples" / "staleness.yaml", ["demo.ppo.filter_groups=true", "demo.ppo.samples_per_prompt=4"])
+    with pytest.raises(ConfigError, match=r"^staleness arm k1-engine \(demo\): rollout.max_staleness: 1 runs the sampler"):
+        check_runs(Family(bad, tmp_path, lambda *a, **k: None, ["x"], 0).worlds())
+
+
 def test_report_from_a_hand_made_record(tmp_path):
     finals, st = _world(GOOD_GOLD, GOOD_STATS)
     rows, notes = _claims(GOOD_GOLD, GOOD_STATS)

@@ -45,6 +45,8 @@ from fourfold.apps.experiments.sweep import Results, Sweep, collect_results, wri
 from fourfold.apps.experiments.turns import base_config
 from fourfold.apps.experiments.unbiased import unbiased_demo_config
 from fourfold.config import DemoConfig, config_to_dict, load_config
+from fourfold.config.loader import validate_tree
+from fourfold.errors import ConfigError
 
 STALENESS_QUICK: dict[str, Any] = {  # --quick: the pipeline end to end, and the checks its budget settles
     **FAMILY_QUICK,
@@ -146,6 +148,22 @@ class Family(PromptFamilyJobs):
         return jobs
 
 
+def check_runs(worlds: list[StaleWorld]) -> None:
+    """Every world's every arm's run config validated before any job starts (seed 0): a setting the
+    trainer would refuse (e.g. demo.ppo.filter_groups with a lag) is one ConfigError line naming the
+    arm and world, not a failed job per run."""
+    from fourfold.apps.experiments.arms import run_config
+
+    for w in worlds:
+        sw = w.sweep
+        for arm in sw.arms:
+            rc = run_config(sw.cfg, arm, sw.cfg.seeds[0], sft=sw.sft_dir, rm=sw.rm_dir("biased"), run_dir=sw.run_dir(arm, 0))
+            try:
+                validate_tree(rc)
+            except ConfigError as e:
+                raise ConfigError(f"staleness arm {arm.name} ({w.label}): {e}") from None
+
+
 def read_run_curves(run_dir: Path) -> dict[str, list[float]]:
     """Per-iteration series of CURVE_METRICS (and 'iteration') from a run's metrics.jsonl (a resumed
     run's repeated iteration: the last row counts; nan where a row lacks a metric)."""
@@ -194,6 +212,7 @@ def run_staleness(cfg: ExperimentsConfig) -> dict:
     cfg, out = run.cfg, run.out
     fam = Family(cfg, out, run.log, eval_prompts(cfg), eval_sample_seed(cfg))
     worlds = fam.worlds()
+    check_runs(worlds)
     arms = staleness_arms(cfg.staleness)
     run.run_jobs(fam.jobs(worlds), f"{len(worlds)} worlds x {len(arms)} arms x {len(cfg.seeds)} seeds, "
                                    f"{cfg.iterations} iterations x {cfg.demo.ppo.rollout_batch_size} samples")
