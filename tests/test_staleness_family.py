@@ -226,6 +226,13 @@ def test_each_arms_run_config_has_its_rollout_ppo_and_generation_keys(tmp_path):
         keys[a.name] = run_key(rc, "ppo", {})
     assert len(set(keys.values())) == len(arms)  # every arm its own cached result
     assert run_key(dataclasses.replace(ref, rollout=RolloutConfig(max_staleness=0)), "ppo", {}) == keys["k0-engine"]
+    # k0-engine is the claims family's ppo arm with old_logprobs said (auto = engine in fp32)
+    from fourfold.apps.experiments.arms import Arm, run_config
+
+    claims_ppo = run_config(Family(cfg, tmp_path, lambda *a, **k: None, ["x"], 0).worlds()[0].sweep.cfg,
+                            Arm("ppo", "ppo", ""), 0, sft=tmp_path / "sft", rm=tmp_path / "rm", run_dir=tmp_path / "run")
+    assert claims_ppo.ppo.old_logprobs == "auto" and dataclasses.replace(claims_ppo, ppo=dataclasses.replace(
+        claims_ppo.ppo, old_logprobs="engine", rollout_correction="none")) == ref
     h6 = staleness_run_config(cfg, "h6", "k4-decoupled", 2, tmp_path)
     assert h6.rollout.max_staleness == 4 and h6.generation.max_new_tokens == 84 and h6.run.seed == 2
     assert h6.data.task_options == {"labeler_length_bias": 0.0, "sentences": 6}
