@@ -178,6 +178,21 @@ RULES: dict[str, list[tuple[str, str, str, str, str]]] = {
             _n("the rule on ppo against itself, seed s against seed s+1"),
         ),
     ],
+    "staleness": [
+        ("lag", r"", CHECK, "a unit identity: the sampler's lag is fixed by construction (version max(0, i - 1 - k))", CHECK_NULL),
+        ("ratio", r"same ratio", CHECK,
+         "a precision fact: at k = 0 in fp32 the sampler's and the trainer's log-probs agree to ~5e-7", CHECK_NULL),
+        ("ratio", r"opens a gap", CHECK,
+         "a sanity bound: top-p drops the tail's mass wherever the top tokens hold less than p", CHECK_NULL),
+        ("ratio", r"removes", CHECK,
+         "a unit identity: recompute's first ratio is exactly 1, and Z_t <= 1 never reaches the cap 2", CHECK_NULL),
+        ("agree", r"", FINDING, "an equivalence: rounding differences could grow into different policies", _TOST),
+        ("stale-cost", r"", FINDING, "staleness could cost nothing at these lags", _SELF),
+        ("decoupled", r"", FINDING, "an equivalence: the correction could fall short of the synchronous run", _TOST),
+        ("top-p", r"", FINDING, "the truncation's bias could be too small to matter on gold", _SELF),
+        ("stability", r"", FINDING, "stale samples could crash gold, spike the gradient or collapse entropy",
+         _n("the rule on the arm's own curves with a gold drop inserted", _CURVES)),
+    ],
 }
 """{family: [(group, claim regex, kind, why, null)]}: the first rule whose group is the row's and whose
 regex matches its claim (re.search) gives the row's kind, its one-line reason and its stored null."""
@@ -207,6 +222,8 @@ BY_CONSTRUCTION = {
     ("horizon", "group-size", ""): rotated("the K = 2 arm"),
     ("turns", "learns", ""): SFT_SELF,
     ("turns", "critic", ""): rotated("ppo"),
+    ("staleness", "stale-cost", ""): rotated("the smallest lag's arm"),
+    ("staleness", "top-p", ""): rotated("the corrected arm"),
 }
 """{(family, group, claim regex): null}: the nulls a rule's form settles without data (the first
 matching key replaces the rule's null in :func:`annotate`)."""

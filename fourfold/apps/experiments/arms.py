@@ -24,6 +24,7 @@ from fourfold.config import (
     PromptDataConfig,
     ReinforceAlgoConfig,
     ReinforceConfig,
+    RolloutConfig,
     RunConfig,
     TrainLoopConfig,
     config_to_dict,
@@ -56,6 +57,8 @@ class Arm:
     """ReinforceAlgoConfig fields changed from the sweep's REINFORCE (reinforce arms)."""
     rm: str = "biased"
     """'biased' (the demo's RM) or 'unbiased' (the RM of the unbiased labelers)."""
+    rollout: dict = dataclasses.field(default_factory=dict)
+    """RolloutConfig fields (ppo arms): e.g. max_staleness (the staleness family's lags)."""
 
     @property
     def model_dir(self) -> str:
@@ -222,7 +225,7 @@ def run_config(cfg: ExperimentsConfig, arm: Arm, seed: int, *, sft: Path, rm: Pa
         algo = dataclasses.replace(d.ppo, iterations=cfg.iterations, **arm.ppo)
         model = LMModelConfig(policy=str(sft), reward=str(rm))  # a critic (gae) starts as the RM
         return PPOConfig(model=dataclasses.replace(model, **arm.model), data=data, generation=generation,
-                         ppo=algo, run=run)
+                         ppo=algo, run=run, rollout=RolloutConfig(**arm.rollout))
     algo = ReinforceAlgoConfig(
         iterations=cfg.iterations, rollout_batch_size=d.ppo.rollout_batch_size, lr=d.ppo.lr * arm.lr_multiplier,
         kl_coef=d.ppo.kl_coef, kl_estimator=d.ppo.kl_estimator, baseline="none", max_grad_norm=None,
@@ -244,7 +247,8 @@ def run_key(run_cfg, stage: str, demo_keys: Mapping[str, Any]) -> str:
     every run had before it could be unset) and by every other key an arm changes from
     LMModelConfig's defaults (e.g. precision); a key at its default is left out, so the keys of
     arms that change none stay as they were before the model section was counted (the cache of
-    their results stays valid)."""
+    their results stays valid). The rollout section counts the same way: only when it is not the
+    default (the staleness family's lags)."""
     d = config_to_dict(run_cfg)
     if stage == "dpo":
         return digest({"stage": stage, "algo": d["dpo"], "train": d["train"], "seed": d["run"]["seed"],
@@ -258,4 +262,7 @@ def run_key(run_cfg, stage: str, demo_keys: Mapping[str, Any]) -> str:
              if k not in MODEL_PATH_KEYS and k != "critic_init" and v != default.get(k)}
     if model:
         key["model"] = model
+    rollout = getattr(run_cfg, "rollout", None)  # counted only when an arm changes it (older keys stay valid)
+    if rollout is not None and rollout != RolloutConfig():
+        key["rollout"] = config_to_dict(rollout)
     return digest(key)

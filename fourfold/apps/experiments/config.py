@@ -7,6 +7,7 @@ import dataclasses
 import difflib
 from typing import Literal, Optional
 
+from fourfold.apps.experiments.staleness_config import StalenessConfig
 from fourfold.config.demo import DemoConfig
 from fourfold.config.loader import require
 from fourfold.config.run import MAX_SEED, RunConfig
@@ -391,13 +392,14 @@ class ExperimentsConfig:
     pairs, demo.reward.steps steps of demo.reward.batch_size pairs."""
     dpo_lr: float = 1e-4
     """dpo: peak learning rate (linear warm-up over 5% of the steps, then linear decay)."""
-    family: Literal["claims", "horizon", "overoptimization", "turns"] = "claims"
+    family: Literal["claims", "horizon", "overoptimization", "turns", "staleness"] = "claims"
     """Which experiments: 'claims' (the method's claims, the arms above on the demo's task), 'horizon'
     (the same trainers at several response lengths gold wants: the horizon section) or
     'overoptimization' (gold and proxy against sqrt(KL) for best-of-n and PPO at several reward-model
     sizes: the overoptimization section) or 'turns' (PPO with and without a critic, GRPO, RLOO on the
-    lookup world at 1, 2 and 4 turns: the turns section); with the last three, arms, unbiased_* and
-    the claims section are not read."""
+    lookup world at 1, 2 and 4 turns: the turns section) or 'staleness' (a sampler running ahead:
+    the objectives for stale samples and truncated sampling, the staleness section); with the last
+    four, arms, unbiased_* and the claims section are not read."""
     horizon: HorizonConfig = dataclasses.field(default_factory=HorizonConfig)
     """The horizon family's settings (family: horizon)."""
     overoptimization: OveroptimizationConfig = dataclasses.field(default_factory=OveroptimizationConfig)
@@ -405,6 +407,9 @@ class ExperimentsConfig:
     turns: TurnsConfig = dataclasses.field(default_factory=TurnsConfig)
     """The turns family's settings (family: turns; its runs read iterations, seeds, workers,
     group_size, eval_prompts: the held-out rows of every evaluation)."""
+    staleness: StalenessConfig = dataclasses.field(default_factory=StalenessConfig)
+    """The staleness family's settings (family: staleness; its runs read iterations, seeds, workers,
+    eval_prompts and the demo section, as the claims family's)."""
 
     def validate(self, prefix: str = "") -> None:
         for a in self.arms:
