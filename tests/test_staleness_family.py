@@ -259,8 +259,9 @@ def test_every_arms_config_is_validated_before_any_job(tmp_path):
 
     cfg = load_config(ExperimentsConfig, ROOT / "examples" / "staleness.yaml")
     check_runs(Family(cfg, tmp_path, lambda *a, **k: None, ["x"], 0).worlds())  # the example's: every arm valid
-    bad = load_config(ExperimentsConfig, ROOT / "examples" / "staleness.yaml", ["demo.ppo.filter_groups=true", "demo.ppo.samples_per_prompt=4"])
-    with pytest.raises(ConfigError, match=r"^staleness arm k1-engine \(demo\): rollout.max_staleness: 1 runs the sampler"):
+    # a correction the engine arms' explicit old_logprobs refuses (filter_groups, the first example, is no longer refused)
+    bad = load_config(ExperimentsConfig, ROOT / "examples" / "staleness.yaml", ["demo.ppo.rollout_correction=token_tis"])
+    with pytest.raises(ConfigError, match=r"^staleness arm k0-engine \(demo\): ppo.rollout_correction: weights pi_train / pi_engine"):
         check_runs(Family(bad, tmp_path, lambda *a, **k: None, ["x"], 0).worlds())
 
 

@@ -150,7 +150,7 @@ class Family(PromptFamilyJobs):
 
 def check_runs(worlds: list[StaleWorld]) -> None:
     """Every world's every arm's run config validated before any job starts (seed 0): a setting the
-    trainer would refuse (e.g. demo.ppo.filter_groups with a lag) is one ConfigError line naming the
+    trainer would refuse (e.g. a rollout_correction beside an arm's explicit old_logprobs engine) is one ConfigError line naming the
     arm and world, not a failed job per run."""
     from fourfold.apps.experiments.arms import run_config
 
