@@ -196,3 +196,13 @@ def test_compute_claims_publishes_the_measure_group_with_kind_and_null():
     assert rows == [] and any("claims 'measure'" in n for n in notes)
     # not a default group: the default sweep states none of these
     assert "measure" not in ExperimentsClaimsConfig().groups
+
+
+def test_examples_measure_yaml_runs_exactly_the_arms_its_claims_compare():
+    from fourfold.apps.experiments.measure_claims import CLIP_PAIRS, GOLD_PAIRS
+
+    cfg = load_config(ExperimentsConfig, Path(__file__).resolve().parents[1] / "examples" / "measure.yaml")
+    needed = {a for f, c, _, _ in CLIP_PAIRS for a in (f, c)} | {a for _, _, a, b in GOLD_PAIRS for a in (a, b)}
+    needed |= {"reinforce-steps-loo", "ppo-stress-dual-clip"}  # the SNR and dual-clip claims' other arms
+    assert set(cfg.arms) == needed and len(cfg.arms) == 12
+    assert cfg.claims.groups == ["measure"] and cfg.seeds == [0, 1, 2] and cfg.workers == 1
