@@ -123,13 +123,16 @@ def _clip_data(gold_gap=0.2, kl_mult=3.0, step_mult=3.0, ent_mult=0.5, spread=(0
     entropy x ent_mult over the last quarter (its first 3 of 4 iterations at 1.0)."""
     from fourfold.apps.experiments.measure_claims import CLIP_PAIRS, GOLD_PAIRS
 
-    finals, curves, level = {}, {}, {}
+    finals, curves = {}, {}
     pairs = [(c, f) for f, c, _, _ in CLIP_PAIRS] + [(a, b) for _, _, a, b in GOLD_PAIRS]
-    for good, bad in pairs:  # a chain (ppo-snr > ppo-no-critic > ppo-no-baseline): each worse arm one gap lower
-        g = level.setdefault(good, 0.6)
-        level[bad] = g - gold_gap
+    level = dict.fromkeys([a for p in pairs for a in p], 0.6)
+    for _ in pairs:  # chains (ppo-snr > ppo-no-critic > ppo-no-baseline): each worse arm at least one gap lower
+        for good, bad in pairs:
+            level[bad] = min(level[bad], level[good] - gold_gap)
+    for good, bad in pairs:
+        g = level[good]
         finals[good] = [_row(s, g + d, 2.0 + 10 * d) for s, d in enumerate(spread)]
-        finals[bad] = [_row(s, g + d - gold_gap, (2.0 + 10 * d) * kl_mult) for s, d in enumerate(spread)]
+        finals[bad] = [_row(s, level[bad] + d, (2.0 + 10 * d) * kl_mult) for s, d in enumerate(spread)]
         curves[good] = {s: _c(**{"policy/approx_kl": [0.01, 0.01], "policy/entropy": [1.0] * 4,
                                  "policy/clipfrac": [0.1, 0.1]}) for s in range(3)}
         curves[bad] = {s: _c(**{"policy/approx_kl": [0.01 * step_mult, math.nan],
@@ -147,7 +150,7 @@ def test_clip_and_baseline_claims_say_yes_on_clear_effects_with_null_no():
     rows = {r["key"]: r for r in measure_claims(curves, finals=finals, gold_sd=GSD)}
     assert rows.pop("baseline-snr")["measured"].startswith("mean policy/grad_snr, mean / none: ratio n/a")  # not logged
     assert list(rows) == [f"clip-{w}-{t}" for t in ("4ep", "lr3x", "stress") for w in ("gold", "kl", "step", "entropy")] \
-        + ["critic-gold", "baseline-gold-ppo", "baseline-gold-reinforce"]
+        + ["critic-gold", "baseline-gold-ppo", "baseline-gold-reinforce", "ppo-gold-reinforce"]
     assert {k: (r["holds"], r["null"], r["kind"], r["group"]) for k, r in rows.items()} == {
         k: ("yes", "no", "finding", "measure") for k in rows}
     assert rows["clip-gold-stress"]["measured"] == "gold difference 0.29, 0.29, 0.29 sd (seeds 0, 1, 2)"
@@ -161,7 +164,7 @@ def test_clip_and_baseline_claims_say_no_without_the_effect_and_nulls_flag_sprea
     # no effect at all: every claim says no, and so does every null
     finals, curves = _clip_data(gold_gap=0.0, kl_mult=1.0, step_mult=1.0, ent_mult=1.0)
     rows = [r for r in measure_claims(curves, finals=finals, gold_sd=GSD) if r["key"] != "baseline-snr"]
-    assert len(rows) == 15 and {(r["holds"], r["null"]) for r in rows} == {("no", "no")}
+    assert len(rows) == 16 and {(r["holds"], r["null"]) for r in rows} == {("no", "no")}
     # a gold gap of 0.05 raw = 0.071 sd, inside 2 SE (0.088): no
     finals, curves = _clip_data(gold_gap=0.05)
     assert {r["key"]: r["holds"] for r in measure_claims(curves, finals=finals, gold_sd=GSD)}["critic-gold"] == "no"
@@ -186,7 +189,7 @@ def test_compute_claims_publishes_the_measure_group_with_kind_and_null():
     sft = {"gold": 0.4, "gold_std": GSD, "n": 1024, "proxy": 0.0, "length": 10.0, "well_formed": 0.9,
            "repetition": 0.0, "kl": 0.0}
     rows, notes = compute_claims(finals, sft, ExperimentsClaimsConfig(groups=["measure"]), kl_coef=0.05, curves=curves)
-    assert rows.pop(0)["key"] == "baseline-snr" and len(rows) == 15 and notes == []
+    assert rows.pop(0)["key"] == "baseline-snr" and len(rows) == 16 and notes == []
     assert {(r["group"], r["kind"], r["null"], r["holds"]) for r in rows} == {("measure", "finding", "no", "yes")}
     assert all(r["why"] for r in rows)
     rows, notes = compute_claims({}, sft, ExperimentsClaimsConfig(groups=["measure"]), kl_coef=0.05)
