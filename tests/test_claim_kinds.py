@@ -10,7 +10,8 @@ from fourfold.apps import claim_kinds, claim_reeval
 from fourfold.apps.claim_kit import claim_row, claims_held, counts, counts_text, headline_row
 
 ROOT = Path(__file__).resolve().parents[1]
-HEADLINE_ORDER = ("experiments.json", "horizon.json", "overoptimization.json", "turns.json", "practice.json")
+HEADLINE_ORDER = ("experiments.json", "horizon.json", "overoptimization.json", "turns.json", "practice.json",
+                  "measure.json")
 """The README headline rows' families, top to bottom."""
 
 

@@ -108,3 +108,104 @@ def test_measure_claims_fail_and_nulls_flag_seed_spread():
     c["reinforce-steps-none"][0]["policy/grad_snr"] = [math.nan]
     assert {r["key"]: r["holds"] for r in measure_claims(c)}["baseline-snr"] == "no"
     assert spread_pair([math.nan], True) == ([], []) and spread_pair([1.0, 3.0, 2.0], False) == ([1.0], [3.0])
+
+
+GSD = 0.7  # the SFT model's gold sd; n = 1024 and gold_std 0.7 give 2 SE of a difference = 0.0884 sd
+
+
+def _row(seed, gold, kl):
+    return {"seed": seed, "gold": gold, "gold_std": GSD, "n": 1024, "kl": kl}
+
+
+def _clip_data(gold_gap=0.2, kl_mult=3.0, step_mult=3.0, ent_mult=0.5, spread=(0.0, 0.02, 0.01)):
+    """Every clip pair and gold pair: the better (clipped) arm gold 0.6 + spread, KL 2 + spread,
+    approx_kl 0.01, entropy 1.0; the other arm gold - gold_gap, KL x kl_mult, approx_kl x step_mult,
+    entropy x ent_mult over the last quarter (its first 3 of 4 iterations at 1.0)."""
+    from fourfold.apps.experiments.measure_claims import CLIP_PAIRS, GOLD_PAIRS
+
+    finals, curves = {}, {}
+    pairs = [(c, f) for f, c, _, _ in CLIP_PAIRS] + [(a, b) for _, _, a, b in GOLD_PAIRS]
+    level = dict.fromkeys([a for p in pairs for a in p], 0.6)
+    for _ in pairs:  # chains (ppo-snr > ppo-no-critic > ppo-no-baseline): each worse arm at least one gap lower
+        for good, bad in pairs:
+            level[bad] = min(level[bad], level[good] - gold_gap)
+    for good, bad in pairs:
+        g = level[good]
+        finals[good] = [_row(s, g + d, 2.0 + 10 * d) for s, d in enumerate(spread)]
+        finals[bad] = [_row(s, level[bad] + d, (2.0 + 10 * d) * kl_mult) for s, d in enumerate(spread)]
+        curves[good] = {s: _c(**{"policy/approx_kl": [0.01, 0.01], "policy/entropy": [1.0] * 4,
+                                 "policy/clipfrac": [0.1, 0.1]}) for s in range(3)}
+        curves[bad] = {s: _c(**{"policy/approx_kl": [0.01 * step_mult, math.nan],
+                                "policy/entropy": [1.0, 1.0, 1.0, ent_mult * (1 + d)]})
+                       for s, d in enumerate(spread)}
+    return finals, curves
+
+
+def test_clip_and_baseline_claims_say_yes_on_clear_effects_with_null_no():
+    """Gold gap 0.2 = 0.286 sd > 0.088 in every seed; the rotated null (ppo-stress against itself:
+    -0.029, -0.014, +0.043 sd) fails in one seed. KL 6/2 = 3.0, 6.6/2.2 = 3.0: >= 1.5x; its null
+    (the unclipped arm's best seed over its worst: 6.6/6.0 = 1.1) < 1.5. approx_kl 3x; entropy 0.5x
+    (null 0.5/0.51 = 0.98 > 0.8)."""
+    finals, curves = _clip_data()
+    rows = {r["key"]: r for r in measure_claims(curves, finals=finals, gold_sd=GSD)}
+    assert rows.pop("baseline-snr")["measured"].startswith("mean policy/grad_snr, mean / none: ratio n/a")  # not logged
+    assert list(rows) == [f"clip-{w}-{t}" for t in ("4ep", "lr3x", "stress") for w in ("gold", "kl", "step", "entropy")] \
+        + ["critic-gold", "baseline-gold-ppo", "baseline-gold-reinforce", "ppo-gold-reinforce"]
+    assert {k: (r["holds"], r["null"], r["kind"], r["group"]) for k, r in rows.items()} == {
+        k: ("yes", "no", "finding", "measure") for k in rows}
+    assert rows["clip-gold-stress"]["measured"] == "gold difference 0.29, 0.29, 0.29 sd (seeds 0, 1, 2)"
+    assert rows["clip-gold-stress"]["threshold"] == "> 2 evaluation standard errors (0.09, 0.09, 0.09 sd) in every seed"
+    assert "ratio 3.00, 3.00, 3.00" in rows["clip-kl-stress"]["measured"]
+    assert "ratio 0.50, 0.51, 0.51" in rows["clip-entropy-4ep"]["measured"]  # the last 25% of 4 iterations: 1
+    assert "clipfrac 0.100, 0.100, 0.100" in rows["clip-step-lr3x"]["measured"]
+
+
+def test_clip_and_baseline_claims_say_no_without_the_effect_and_nulls_flag_spread():
+    # no effect at all: every claim says no, and so does every null
+    finals, curves = _clip_data(gold_gap=0.0, kl_mult=1.0, step_mult=1.0, ent_mult=1.0)
+    rows = [r for r in measure_claims(curves, finals=finals, gold_sd=GSD) if r["key"] != "baseline-snr"]
+    assert len(rows) == 16 and {(r["holds"], r["null"]) for r in rows} == {("no", "no")}
+    # a gold gap of 0.05 raw = 0.071 sd, inside 2 SE (0.088): no
+    finals, curves = _clip_data(gold_gap=0.05)
+    assert {r["key"]: r["holds"] for r in measure_claims(curves, finals=finals, gold_sd=GSD)}["critic-gold"] == "no"
+    # seeds spread so wide that the better arm against itself passes: gold seed 0 vs 1 is 0.5 / 0.7 = 0.71 sd,
+    # 1 vs 2 0.71, 2 vs 0 -1.43: the rotation fails; KL spread 2 + 10 d: (2+5)x3 / (2+0)x3 = 3.5 >= 1.5: null yes
+    finals, curves = _clip_data(spread=(0.0, 0.5, 1.0))
+    rows = {r["key"]: r for r in measure_claims(curves, finals=finals, gold_sd=GSD)}
+    assert rows["clip-kl-stress"]["holds"] == "yes" and rows["clip-kl-stress"]["null"] == "yes"
+    assert rows["clip-gold-stress"]["null"] == "no"
+    # one seed only: the null is that seed against itself, a difference of 0: no
+    one = {a: rs[:1] for a, rs in finals.items()}
+    assert {r["key"]: r["null"] for r in measure_claims({}, finals=one, gold_sd=GSD)}["critic-gold"] == "no"
+    # no gold sd: gold claims cannot hold
+    assert {r["key"]: r["holds"] for r in measure_claims({}, finals=finals)}["critic-gold"] == "no"
+
+
+def test_compute_claims_publishes_the_measure_group_with_kind_and_null():
+    from fourfold.apps.experiments import compute_claims
+    from fourfold.apps.experiments.config import ExperimentsClaimsConfig
+
+    finals, curves = _clip_data()
+    sft = {"gold": 0.4, "gold_std": GSD, "n": 1024, "proxy": 0.0, "length": 10.0, "well_formed": 0.9,
+           "repetition": 0.0, "kl": 0.0}
+    rows, notes = compute_claims(finals, sft, ExperimentsClaimsConfig(groups=["measure"]), kl_coef=0.05, curves=curves)
+    assert rows.pop(0)["key"] == "baseline-snr" and len(rows) == 16 and notes == []
+    assert {(r["group"], r["kind"], r["null"], r["holds"]) for r in rows} == {("measure", "finding", "no", "yes")}
+    assert all(r["why"] for r in rows)
+    rows, notes = compute_claims({}, sft, ExperimentsClaimsConfig(groups=["measure"]), kl_coef=0.05)
+    assert rows == [] and notes == ["claims 'measure' not checked: none of the measurement arms' comparisons has results"]
+    rows, notes = compute_claims(finals, sft, ExperimentsClaimsConfig(groups=["measure"], quick=True), kl_coef=0.05,
+                                 curves=curves)
+    assert rows == [] and any("claims 'measure'" in n for n in notes)
+    # not a default group: the default sweep states none of these
+    assert "measure" not in ExperimentsClaimsConfig().groups
+
+
+def test_examples_measure_yaml_runs_exactly_the_arms_its_claims_compare():
+    from fourfold.apps.experiments.measure_claims import CLIP_PAIRS, GOLD_PAIRS
+
+    cfg = load_config(ExperimentsConfig, Path(__file__).resolve().parents[1] / "examples" / "measure.yaml")
+    needed = {a for f, c, _, _ in CLIP_PAIRS for a in (f, c)} | {a for _, _, a, b in GOLD_PAIRS for a in (a, b)}
+    needed |= {"reinforce-steps-loo", "ppo-stress-dual-clip"}  # the SNR and dual-clip claims' other arms
+    assert set(cfg.arms) == needed and len(cfg.arms) == 12
+    assert cfg.claims.groups == ["measure"] and cfg.seeds == [0, 1, 2] and cfg.workers == 1

@@ -115,6 +115,13 @@ RULES: dict[str, list[tuple[str, str, str, str, str]]] = {
             "a sanity bound: at a 4e-3 per-token mismatch the IS weights are near 1, cap 2 cannot truncate",
             CHECK_NULL,
         ),
+        (
+            "measure",
+            r"",
+            FINDING,
+            "a measured effect of the update (the clip, a baseline, the critic, dual-clip) that could go either way",
+            _n("the rule on the better arm against itself over seeds"),
+        ),
     ],
     "horizon": [
         ("knob", r"", CHECK, "a sanity bound: the SFT data are written with more sentences per horizon", CHECK_NULL),

@@ -6,7 +6,8 @@
    small summaries committed as the source of the published numbers, in ``results/``: ``demo.json``
    (the full and the quick demo, per seed), ``experiments.json`` (the claims sweep: per-arm
    summaries, claims), ``horizon.json``, ``overoptimization.json``, ``turns.json`` (those families),
-   ``practice.json`` (the practice sweep, examples/practice.yaml), ``arithmetic.json`` (``fourfold
+   ``practice.json`` (the practice sweep, examples/practice.yaml), ``measure.json`` (the measurement
+   sweep, examples/measure.yaml), ``arithmetic.json`` (``fourfold
    demo --task arithmetic``, per seed) and, untouched, ``benchmarks.json`` (measured by hand, see
    docs/benchmarks.md; ``make results`` does not rerun them, workload G needs an H200).
 2. ``render`` rewrites, from ``results/*.json`` alone, the marked blocks of README.md (the headline
@@ -34,6 +35,8 @@ from fourfold.apps.claim_kit import claims_md, counts_text, headline_row
 from fourfold.apps.claim_reeval import annotate_record
 from fourfold.apps.demo.arithmetic_results import RUNS as ARITHMETIC_RUNS
 from fourfold.apps.demo.arithmetic_results import arithmetic_line, arithmetic_table, collect_arithmetic
+from fourfold.apps.publish_markers import check_markers
+from fourfold.apps.publish_measure import measure_headline, measure_record, measure_text
 from fourfold.apps.publish_overopt import overopt_headline, overopt_record, overopt_text
 from fourfold.apps.publish_practice import practice_headline, practice_record, practice_text
 from fourfold.apps.publish_turns import turns_headline, turns_record, turns_text
@@ -356,6 +359,11 @@ def collect_practice(out: Path) -> dict:
     return practice_record(collect_experiments(out), read(out / "results.json"), out)
 
 
+def collect_measure(out: Path) -> dict:
+    """results/measure.json (:func:`fourfold.apps.publish_measure.measure_record`)."""
+    return measure_record(read(out / "results.json") or {}, _provenance(out), out)
+
+
 def headline_table(res: Mapping) -> str:
     d, e, h, b = res["demo"]["full"], res["experiments"], res.get("horizon"), res["benchmarks"]
     seeds = _seeds(d)
@@ -381,6 +389,7 @@ def headline_table(res: Mapping) -> str:
                                  critic, "fourfold experiments --config examples/horizon.yaml",
                                  "[docs/experiments.md](docs/experiments.md#the-horizon-family-when-does-the-critic-pay)"))
     rows += overopt_headline(res.get("overoptimization")) + turns_headline(res.get("turns")) + practice_headline(res.get("practice"))
+    rows += measure_headline(res.get("measure"))
     rows += [f"| {r['what']} | {r['result']} | `{r['command']}` | {r['details']} |" for r in b["rows"]]
     return "\n".join(rows) + f"\n\n(Demo and experiments: {_made(e['provenance'])}; benchmarks: {b['source']}.)"
 
@@ -391,7 +400,8 @@ BLOCKS: dict[str, dict[str, Callable[[Mapping], str]]] = {
     "docs/arithmetic.md": {"arithmetic-seeds": arithmetic_table},
     "docs/demo.md": {"demo-seeds": demo_seed_table, "quick-demo": quick_demo_text, "demo-machines": machines_table},
     "docs/experiments.md": {"experiments-table": experiments_table, "horizon": horizon_block, "overoptimization": overopt_block,
-                            "turns": lambda res: turns_text(res.get("turns"), _made)},
+                            "turns": lambda res: turns_text(res.get("turns"), _made),
+                            "measure": lambda res: measure_text(res.get("measure"), _made)},
     "docs/correction.md": {"practice": lambda res: practice_text(res.get("practice"), _made)},
 }
 """Which generator writes each marked block of each file."""
@@ -406,6 +416,7 @@ REQUIRED_KEYS = {
                          "default_kl_coef", "iterations", "wall_s", "provenance"),
     "turns": ("claims", "summaries", "sft", "worlds", "seeds", "iterations", "eval_prompts", "wall_s", "provenance"),
     "practice": ("claims", "summaries", "arms", "metrics", "notes", "critic_warmup", "seeds", "wall_s", "provenance"),
+    "measure": ("claims", "summaries", "arms", "metrics", "notes", "sft", "seeds", "wall_s", "provenance"),
     "benchmarks": ("rows", "source"),
     "machines": ("machines",),
     "arithmetic": ("runs",),
@@ -414,7 +425,7 @@ REQUIRED_KEYS = {
 
 
 def load_results(root: Path) -> dict:
-    """results/*.json of the checkout ``root`` (horizon, overoptimization, turns, practice, machines, arithmetic: None
+    """results/*.json of the checkout ``root`` (horizon, overoptimization, turns, practice, measure, machines, arithmetic: None
     until made). A missing one (but those), one that does not parse, or one without a key of :data:`REQUIRED_KEYS` is a
     DataError naming the file."""
     root = Path(root)
@@ -424,7 +435,7 @@ def load_results(root: Path) -> dict:
     for name, keys in REQUIRED_KEYS.items():
         path = d / f"{name}.json"
         res[name] = rec = read(path)
-        if rec is None and name not in ("horizon", "machines", "arithmetic", "overoptimization", "turns", "practice"):
+        if rec is None and name not in ("horizon", "machines", "arithmetic", "overoptimization", "turns", "practice", "measure"):
             raise DataError(f"{path}: missing (is --root {root} a fourfold checkout? `python -m "
                             "fourfold.apps.publish collect` writes it from run outputs)")
         if rec is not None and not isinstance(rec, dict):
@@ -436,13 +447,10 @@ def load_results(root: Path) -> dict:
     return res
 
 
-OPEN = re.compile(r"<!-- (?P<end>/?)publish:(?P<name>[a-z-]+) -->")
-
-
 def render_text(text: str, blocks: Mapping[str, Callable[[Mapping], str]], res: Mapping, where: str = "") -> str:
     """``text`` with each marked block rewritten; an unknown or missing block, a marker without its
     partner and results without a key a block reads are DataErrors naming the file (and line)."""
-    _check_markers(text, where)
+    check_markers(text, where)
     seen = set()
 
     def repl(m: re.Match) -> str:
@@ -465,25 +473,6 @@ def render_text(text: str, blocks: Mapping[str, Callable[[Mapping], str]], res: 
     return out
 
 
-def _check_markers(text: str, where: str) -> None:
-    """Every ``<!-- publish:NAME -->`` has its ``<!-- /publish:NAME -->`` after it, and the other way
-    round: else a DataError naming the file, the line and the marker to restore."""
-    open_at: dict[str, int] = {}
-    for m in OPEN.finditer(text):
-        name, line = m.group("name"), text.count("\n", 0, m.start()) + 1
-        if not m.group("end"):
-            if name in open_at:
-                raise DataError(f"{where}:{open_at[name]}: <!-- publish:{name} --> has no end marker "
-                                f"<!-- /publish:{name} --> before the next one at line {line}; put it back where the block ends")
-            open_at[name] = line
-        elif open_at.pop(name, None) is None:
-            raise DataError(f"{where}:{line}: <!-- /publish:{name} --> ends a block that was never opened "
-                            f"(<!-- publish:{name} --> is missing); put it back where the block starts")
-    for name, line in open_at.items():
-        raise DataError(f"{where}:{line}: <!-- publish:{name} --> has no end marker <!-- /publish:{name} -->; "
-                        "put it back where the block ends")
-
-
 def render(root: Path, res: Optional[Mapping] = None) -> dict[str, str]:
     """{file: its text with every block rewritten} for the files of :data:`BLOCKS` under ``root``."""
     res = res or load_results(root)
@@ -501,7 +490,7 @@ def _read_doc(path: Path) -> str:
 def write_results(root: Path, demo: Sequence[Path], demo_quick: Sequence[Path], experiments: Path, horizon: Path,
                   machines_only: bool = False, arithmetic: Sequence[Path] = (),
                   overoptimization: Optional[Path] = None, turns: Optional[Path] = None,
-                  practice: Optional[Path] = None) -> list[str]:
+                  practice: Optional[Path] = None, measure: Optional[Path] = None) -> list[str]:
     """Write each results/*.json of the module's list (and the families' figures) whose run outputs exist; keep the
     others; file the demo runs by machine in results/machines.json too (with ``machines_only``, there alone: another
     machine's runs, the published ones kept). Returns (and prints) what it did."""
@@ -529,7 +518,8 @@ def write_results(root: Path, demo: Sequence[Path], demo_quick: Sequence[Path], 
     overoptimization, turns = overoptimization or root / "runs" / "overoptimization", turns or root / "runs" / "turns"
     fams = [("experiments.json", experiments, collect_experiments), ("horizon.json", horizon, collect_horizon)]
     fams += [f for f in (("overoptimization.json", overoptimization, collect_overopt), ("turns.json", turns, collect_turns),
-                         ("practice.json", practice or root / "runs" / "experiments-practice", collect_practice))
+                         ("practice.json", practice or root / "runs" / "experiments-practice", collect_practice),
+                         ("measure.json", measure or root / "runs" / "experiments-measure", collect_measure))
              if (f[1] / "results.json").is_file()]
     for name, out, fn in fams:
         if (out / "results.json").is_file():
@@ -558,7 +548,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--demo", nargs="*", default=["runs/demo-s0", "runs/demo-s1", "runs/demo-s2"])
     p.add_argument("--demo-quick", nargs="*", default=["runs/demo-quick-s0", "runs/demo-quick-s1", "runs/demo-quick-s2"])
     for name, default in (("experiments", "experiments"), ("horizon", "horizon"), ("overoptimization", "overoptimization"),
-                          ("turns", "turns"), ("practice", "experiments-practice")):  # each sweep's output directory
+                          ("turns", "turns"), ("practice", "experiments-practice"),
+                          ("measure", "experiments-measure")):  # each sweep's output directory
         p.add_argument(f"--{name}", default=f"runs/{default}")
     p.add_argument("--arithmetic", nargs="*", default=list(ARITHMETIC_RUNS), help="the `fourfold demo --task arithmetic` runs")
     p.add_argument("--machines-only", action="store_true",
@@ -580,7 +571,7 @@ def _run(args: argparse.Namespace) -> int:
         write_results(root, [root / r for r in args.demo], [root / r for r in args.demo_quick], root / args.experiments,
                       root / args.horizon, machines_only=args.machines_only,
                       arithmetic=[root / r for r in args.arithmetic], overoptimization=root / args.overoptimization,
-                      turns=root / args.turns, practice=root / args.practice)
+                      turns=root / args.turns, practice=root / args.practice, measure=root / args.measure)
         return 0
     files = render(root)
     changed = [f for f, text in files.items() if (root / f).read_text(encoding="utf-8") != text]

@@ -76,11 +76,17 @@ DUAL_CLIP = 3.0
 
 
 MEASURE_ARMS = ("ppo-snr", "reinforce-steps-none", "reinforce-steps-mean", "reinforce-steps-loo", "ppo-stress",
-                "ppo-stress-dual-clip")
+                "ppo-stress-dual-clip", "ppo-no-clip", "ppo-lr3x", "ppo-lr3x-no-clip", "ppo-stress-no-clip",
+                "ppo-no-baseline")
 """Issue 39's measurement arms (docs/experiments.md, "The update's measurements"): policy/grad_snr of
-PPO's GAE and of REINFORCE with each baseline at PPO's optimizer steps per batch and lr, and PPO
+PPO's GAE and of REINFORCE with each baseline at PPO's optimizer steps per batch and lr; PPO
 where the ratios get large (STRESS_EPOCHS epochs at STRESS_LR_MULTIPLIER x the lr) with and
-without dual-clip (policy/dual_clipfrac)."""
+without dual-clip (policy/dual_clipfrac); the clip removed (ppo.clip_eps = NO_CLIP) at the demo's
+4 epochs, at STRESS_LR_MULTIPLIER x the lr and under the stress; and critic-free PPO without a
+baseline (advantage rloo with K = 1: A = R), beside ppo-no-critic's batch-whitened returns."""
+NO_CLIP = 1e6
+"""The no-clip arms' ppo.clip_eps: the ratio is bounded to [1 - 1e6, 1 + 1e6], i.e. never clipped
+(policy/clipfrac 0); the value clip (vf_clip_eps) stays."""
 STRESS_EPOCHS = 12
 """ppo-stress's ppo.ppo_epochs (the demo's 4 x 3)."""
 STRESS_LR_MULTIPLIER = 3.0
@@ -99,10 +105,19 @@ def _measure_arm(name: str, cfg: ExperimentsConfig) -> Arm:
                    reinforce={**steps, "baseline": baseline, "log_grad_snr": True})
     stress = {"ppo_epochs": STRESS_EPOCHS, "lr": ppo.lr * STRESS_LR_MULTIPLIER}
     what = f"PPO, {STRESS_EPOCHS} epochs at {STRESS_LR_MULTIPLIER:g}x the lr"
+    hot = {"lr": ppo.lr * STRESS_LR_MULTIPLIER}
+    hot_what = f"PPO, {ppo.ppo_epochs} epochs at {STRESS_LR_MULTIPLIER:g}x the lr"
+    off = {"clip_eps": NO_CLIP}
     return {
         "ppo-snr": Arm(name, "ppo", "PPO (as ppo), grad SNR logged", ppo={"log_grad_snr": True}),
         "ppo-stress": Arm(name, "ppo", what, ppo=stress),
         "ppo-stress-dual-clip": Arm(name, "ppo", f"{what}, dual-clip c={DUAL_CLIP:g}", ppo={**stress, "dual_clip": DUAL_CLIP}),
+        "ppo-no-clip": Arm(name, "ppo", f"PPO (as ppo) without the clip (clip_eps={NO_CLIP:g})", ppo=off),
+        "ppo-lr3x": Arm(name, "ppo", hot_what, ppo=hot),
+        "ppo-lr3x-no-clip": Arm(name, "ppo", f"{hot_what}, without the clip", ppo={**hot, **off}),
+        "ppo-stress-no-clip": Arm(name, "ppo", f"{what}, without the clip", ppo={**stress, **off}),
+        "ppo-no-baseline": Arm(name, "ppo", "PPO without a critic or any baseline: A = R, the sequence reward "
+                                            "(advantage rloo, K=1)", ppo={"advantage": "rloo", "samples_per_prompt": 1}),
     }[name]
 
 

@@ -21,6 +21,7 @@ from fourfold.apps.claim_kinds import annotate
 from fourfold.apps.claim_kit import ClaimTable, claim_row
 from fourfold.apps.claim_stats import MARGIN_SHARE, NULL_AT_MARGIN, interval_text, margin_threshold, margin_verdict, seed_se
 from fourfold.apps.experiments.config import DEFAULT_CLAIM_GROUPS, GROUP_ARMS, ExperimentsClaimsConfig
+from fourfold.apps.experiments.measure_claims import measure_claims
 from fourfold.apps.report_kit import fmt, mean, signed, std
 
 QUICK_CLAIMS = ("beta0.hack", "beta0.drift", "beta0.degeneration", "dpo.length")
@@ -45,6 +46,8 @@ GROUP_CLAIMS = {
     "dpo": "DPO raises gold over SFT; DPO inherits the labelers' length bias",
     "practice": "a critic from the policy starts badly and warm-up fixes it; dual-clip under beta = 0; the bf16 "
                 "copy's mismatch, recompute and token TIS",
+    "measure": "the clip, a baseline, the critic and dual-clip measured on gold, KL, ratios, entropy and the gradient "
+               "SNR (issue 39's measurement arms)",
 }
 """What each claim group says, for the notes of the groups a sweep leaves out."""
 
@@ -518,9 +521,24 @@ def compute_claims(finals: Mapping[str, Sequence[Mapping]], sft: Mapping, claims
     if t.need("dpo", "dpo"):
         _dpo_claims(t)
     _practice_claims(t)
+    _measure_group(t)
     if claims.quick:
         _quick_notes(t)
     return annotate("experiments", t.rows), t.notes
+
+
+def _measure_group(t: _Table) -> None:
+    """The 'measure' claims (:func:`~fourfold.apps.experiments.measure_claims.measure_claims`): their
+    rows as computed, each with its null; a note when no arm of theirs ran, or under claims.quick."""
+    if "measure" not in t.c.groups:
+        return
+    if t.c.quick:
+        t.notes.append(f"needs the full sweep: claims 'measure' ({GROUP_CLAIMS['measure']})")
+        return
+    rows = measure_claims(t.curves, finals=t.finals, gold_sd=t.gsd)
+    if not rows:
+        t.notes.append("claims 'measure' not checked: none of the measurement arms' comparisons has results")
+    t.rows += rows
 
 
 def _quick_notes(t: _Table) -> None:

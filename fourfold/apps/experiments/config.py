@@ -16,20 +16,22 @@ EXPERIMENT_ARMS = ("ppo", "ppo-beta0", "ppo-beta-high", "ppo-1epoch", "ppo-no-cr
                    "reinforce", "dpo", "ppo-unbiased-rm", "ppo-adaptive-kl", "ppo-critic-policy-init",
                    "ppo-critic-warmup", "ppo-beta0-dual-clip", "ppo-bf16-copy", "ppo-bf16-copy-recompute",
                    "ppo-bf16-copy-tis", "ppo-snr", "reinforce-steps-none", "reinforce-steps-mean", "reinforce-steps-loo",
-                   "ppo-stress", "ppo-stress-dual-clip")
+                   "ppo-stress", "ppo-stress-dual-clip", "ppo-no-clip", "ppo-lr3x", "ppo-lr3x-no-clip",
+                   "ppo-stress-no-clip", "ppo-no-baseline")
 """Arms `fourfold experiments` knows (see docs/experiments.md); 'reinforce' runs once per entry
 of reinforce_lr_multipliers (as reinforce-lr1x, reinforce-lr3x, ...). ppo-bf16-copy-tis and the
 five before it are the practice arms (docs/correction.md, "Sweep arms"; examples/practice.yaml runs
-them); the last six are issue 39's measurement arms (the variance and dual-clip questions;
+them); the last eleven are issue 39's measurement arms (the variance, clip, baseline and dual-clip questions;
 docs/experiments.md, "The update's measurements"), none of them a default arm."""
 
 DEFAULT_CLAIM_GROUPS = ("ppo", "beta0", "beta-high", "epochs", "reinforce", "critic", "length", "critic-free",
                         "baseline", "dpo")
 """The claim groups of the default sweep (examples/experiments.yaml)."""
-CLAIM_GROUPS = DEFAULT_CLAIM_GROUPS + ("practice",)
+CLAIM_GROUPS = DEFAULT_CLAIM_GROUPS + ("practice", "measure")
 """Groups of claims `fourfold experiments` checks; a group whose arms did not run is left out.
-'practice' (the practice arms' claims, examples/practice.yaml) is not a default group: its arms
-are not default arms."""
+'practice' (the practice arms' claims, examples/practice.yaml) and 'measure' (issue 39's
+measurement arms' claims, examples/measure.yaml) are not default groups: their arms are not
+default arms."""
 
 
 @dataclasses.dataclass
@@ -40,7 +42,8 @@ class ExperimentsClaimsConfig:
 
     groups: list[str] = dataclasses.field(default_factory=lambda: list(DEFAULT_CLAIM_GROUPS))
     """Claim groups to check: ppo, beta0, beta-high, epochs, reinforce, critic, length, critic-free,
-    baseline, dpo; practice (not a default: the practice arms' claims, examples/practice.yaml)."""
+    baseline, dpo; practice and measure (not defaults: the practice arms' claims, examples/practice.yaml;
+    the measurement arms', examples/measure.yaml)."""
     ppo_min_gold_gain_sd: float = 0.3
     """ppo: final gold above SFT's by at least this many sd, in every seed."""
     ppo_min_well_formed_ratio: float = 0.9

@@ -12,11 +12,12 @@ from fourfold.apps.report_kit import mean, std
 CURVE_KEYS = ("reward/gold_mean", "reward/score_mean", "kl/k1", "rollout/response_length",
               "value/explained_variance", "mismatch/token_abs_diff_mean", "policy/first_ratio_abs_dev",
               "mismatch/is_truncated_share", "policy/grad_snr", "policy/dual_clipfrac", "policy/grad_norm",
-              "policy/entropy")
+              "policy/entropy", "policy/approx_kl", "policy/clipfrac")
 """The per-iteration metrics a run's curves keep: the report's curves and the 'practice' claims'
 (the critic's explained variance, the engine-trainer mismatch, the first ratio, the correction's
 truncated share), and what the measurement arms' questions read (the gradient SNR, the dual-clip
-share, grad-norm spikes, entropy collapse); nan in the iterations, or runs, that do not log them."""
+share, grad-norm spikes, entropy collapse, the clip's per-update KL and clipped share); nan in the iterations, or runs, that do not
+log them."""
 
 
 def read_curves(run_dir: Path) -> dict[str, list[float]]:
