@@ -346,3 +346,50 @@ def test_the_family_collects_claims_and_reports_from_fake_run_outputs(tmp_path, 
     assert rec["stats"]["demo"]["k4-engine"]["0"]["lag_ok"] and rec["stats"]["demo"]["k4-engine"]["0"]["is_ess"] == pytest.approx(0.99)
     md = (tmp_path / "out" / "summary.md").read_text()
     assert "| h6 | topp-decoupled | 3 | +1.00 |" in md and (tmp_path / "out" / "h6" / "summary.md").is_file()
+
+
+def test_publish_collects_renders_and_checks_a_demo_world_run(tmp_path, monkeypatch, capsys):
+    """The family's results.json (fake run outputs, the demo's world alone: staleness.horizon_config=null)
+    -> results/staleness.json -> its docs/experiments.md block and README row; publish check passes after render."""
+    import shutil
+
+    from fourfold.apps import publish
+    from fourfold.apps.experiments import family, run
+    from fourfold.apps.provenance import write_provenance
+    from fourfold.apps.publish_staleness import NOT_YET, staleness_headline, staleness_text
+
+    assert staleness_text(None, str) == NOT_YET and "\n" not in NOT_YET and staleness_headline(None) == []
+    out = tmp_path / "out"
+    cfg = load_config(ExperimentsConfig, ROOT / "examples" / "staleness.yaml",
+                      [f"run.output_dir={out}", "eval_prompts=8", "run.progress=false", "staleness.horizon_config=null"])
+
+    def fake_jobs(cfg_, out_, log, jobs):
+        _fake_outputs(cfg_, out_, {**GOOD_GOLD, "k0-decoupled": 1.0})
+        return {j.name: "done" for j in jobs}, 1.0
+
+    monkeypatch.setattr(family, "run_family_jobs", fake_jobs)
+    run(cfg)
+    cmd = "fourfold experiments --config examples/staleness.yaml staleness.horizon_config=null"
+    write_provenance(out, command=cmd)
+    root = tmp_path / "repo"
+    for f in ("README.md", "docs/demo.md", "docs/experiments.md", "docs/arithmetic.md", "docs/correction.md"):
+        (root / f).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(ROOT / f, root / f)
+    shutil.copytree(ROOT / "results", root / "results")
+    (root / "results" / "staleness.json").unlink(missing_ok=True)
+    assert publish.main(["render", "--root", str(root)]) == 0 and NOT_YET in (root / "docs" / "experiments.md").read_text()
+    assert publish.main(["collect", "--root", str(root), "--staleness", str(out)]) == 0
+    assert f"wrote {root / 'results' / 'staleness.json'}" in capsys.readouterr().out
+    rec = json.loads((root / "results" / "staleness.json").read_text())
+    assert set(publish.REQUIRED_KEYS["staleness"]) <= set(rec) and list(rec["worlds"]) == ["demo"]
+    assert rec["provenance"]["command"] == cmd and rec["ks"] == [0, 1, 2, 4] and len(rec["stats"]["demo"]) == 15
+    assert all(c["kind"] in ("finding", "check") and c["null"] for c in rec["claims"])
+    assert publish.main(["check", "--root", str(root)]) == 1
+    assert publish.main(["render", "--root", str(root)]) == 0 and publish.main(["check", "--root", str(root)]) == 0
+    doc = (root / "docs" / "experiments.md").read_text()
+    body = doc[doc.index("<!-- publish:staleness -->"):doc.index("<!-- /publish:staleness -->")]
+    assert NOT_YET not in body and "| demo | k4-recompute | 3 | +0.30 |" in body
+    n_find = sum(c["kind"] == "finding" for c in rec["claims"])
+    assert f"**Staleness claims: {n_find} of {n_find} findings hold;" in body
+    row = staleness_headline(rec)[0]
+    assert row in (root / "README.md").read_text().splitlines() and "stale-cost: 2/2 hold" in row

@@ -7,7 +7,7 @@
    (the full and the quick demo, per seed), ``experiments.json`` (the claims sweep: per-arm
    summaries, claims), ``horizon.json``, ``overoptimization.json``, ``turns.json`` (those families),
    ``practice.json`` (the practice sweep, examples/practice.yaml), ``measure.json`` (the measurement
-   sweep, examples/measure.yaml), ``arithmetic.json`` (``fourfold
+   sweep, examples/measure.yaml), ``staleness.json`` (examples/staleness.yaml), ``arithmetic.json`` (``fourfold
    demo --task arithmetic``, per seed) and, untouched, ``benchmarks.json`` (measured by hand, see
    docs/benchmarks.md; ``make results`` does not rerun them, workload G needs an H200).
 2. ``render`` rewrites, from ``results/*.json`` alone, the marked blocks of README.md (the headline
@@ -39,6 +39,7 @@ from fourfold.apps.publish_markers import check_markers
 from fourfold.apps.publish_measure import measure_headline, measure_record, measure_text
 from fourfold.apps.publish_overopt import overopt_headline, overopt_record, overopt_text
 from fourfold.apps.publish_practice import practice_headline, practice_record, practice_text
+from fourfold.apps.publish_staleness import staleness_headline, staleness_record, staleness_text
 from fourfold.apps.publish_turns import turns_headline, turns_record, turns_text
 from fourfold.apps.report_kit import fmt, mean, pct, signed
 from fourfold.atomic import write_text_atomic
@@ -389,7 +390,7 @@ def headline_table(res: Mapping) -> str:
                                  critic, "fourfold experiments --config examples/horizon.yaml",
                                  "[docs/experiments.md](docs/experiments.md#the-horizon-family-when-does-the-critic-pay)"))
     rows += overopt_headline(res.get("overoptimization")) + turns_headline(res.get("turns")) + practice_headline(res.get("practice"))
-    rows += measure_headline(res.get("measure"))
+    rows += measure_headline(res.get("measure")) + staleness_headline(res.get("staleness"))
     rows += [f"| {r['what']} | {r['result']} | `{r['command']}` | {r['details']} |" for r in b["rows"]]
     return "\n".join(rows) + f"\n\n(Demo and experiments: {_made(e['provenance'])}; benchmarks: {b['source']}.)"
 
@@ -401,7 +402,8 @@ BLOCKS: dict[str, dict[str, Callable[[Mapping], str]]] = {
     "docs/demo.md": {"demo-seeds": demo_seed_table, "quick-demo": quick_demo_text, "demo-machines": machines_table},
     "docs/experiments.md": {"experiments-table": experiments_table, "horizon": horizon_block, "overoptimization": overopt_block,
                             "turns": lambda res: turns_text(res.get("turns"), _made),
-                            "measure": lambda res: measure_text(res.get("measure"), _made)},
+                            "measure": lambda res: measure_text(res.get("measure"), _made),
+                            "staleness": lambda res: staleness_text(res.get("staleness"), _made)},
     "docs/correction.md": {"practice": lambda res: practice_text(res.get("practice"), _made)},
 }
 """Which generator writes each marked block of each file."""
@@ -417,6 +419,7 @@ REQUIRED_KEYS = {
     "turns": ("claims", "summaries", "sft", "worlds", "seeds", "iterations", "eval_prompts", "wall_s", "provenance"),
     "practice": ("claims", "summaries", "arms", "metrics", "notes", "critic_warmup", "seeds", "wall_s", "provenance"),
     "measure": ("claims", "summaries", "arms", "metrics", "notes", "sft", "seeds", "wall_s", "provenance"),
+    "staleness": ("claims", "worlds", "arms", "sft", "finals", "stats", "seeds", "ks", "top_p", "wall_s", "provenance"),
     "benchmarks": ("rows", "source"),
     "machines": ("machines",),
     "arithmetic": ("runs",),
@@ -435,7 +438,8 @@ def load_results(root: Path) -> dict:
     for name, keys in REQUIRED_KEYS.items():
         path = d / f"{name}.json"
         res[name] = rec = read(path)
-        if rec is None and name not in ("horizon", "machines", "arithmetic", "overoptimization", "turns", "practice", "measure"):
+        if rec is None and name not in ("horizon", "machines", "arithmetic", "overoptimization", "turns", "practice", "measure",
+                                    "staleness"):
             raise DataError(f"{path}: missing (is --root {root} a fourfold checkout? `python -m "
                             "fourfold.apps.publish collect` writes it from run outputs)")
         if rec is not None and not isinstance(rec, dict):
@@ -490,7 +494,8 @@ def _read_doc(path: Path) -> str:
 def write_results(root: Path, demo: Sequence[Path], demo_quick: Sequence[Path], experiments: Path, horizon: Path,
                   machines_only: bool = False, arithmetic: Sequence[Path] = (),
                   overoptimization: Optional[Path] = None, turns: Optional[Path] = None,
-                  practice: Optional[Path] = None, measure: Optional[Path] = None) -> list[str]:
+                  practice: Optional[Path] = None, measure: Optional[Path] = None,
+                  staleness: Optional[Path] = None) -> list[str]:
     """Write each results/*.json of the module's list (and the families' figures) whose run outputs exist; keep the
     others; file the demo runs by machine in results/machines.json too (with ``machines_only``, there alone: another
     machine's runs, the published ones kept). Returns (and prints) what it did."""
@@ -519,7 +524,9 @@ def write_results(root: Path, demo: Sequence[Path], demo_quick: Sequence[Path], 
     fams = [("experiments.json", experiments, collect_experiments), ("horizon.json", horizon, collect_horizon)]
     fams += [f for f in (("overoptimization.json", overoptimization, collect_overopt), ("turns.json", turns, collect_turns),
                          ("practice.json", practice or root / "runs" / "experiments-practice", collect_practice),
-                         ("measure.json", measure or root / "runs" / "experiments-measure", collect_measure))
+                         ("measure.json", measure or root / "runs" / "experiments-measure", collect_measure),
+                         ("staleness.json", staleness or root / "runs" / "staleness",
+                          lambda out: staleness_record(read(out / "results.json") or {}, _provenance(out))))
              if (f[1] / "results.json").is_file()]
     for name, out, fn in fams:
         if (out / "results.json").is_file():
@@ -549,7 +556,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--demo-quick", nargs="*", default=["runs/demo-quick-s0", "runs/demo-quick-s1", "runs/demo-quick-s2"])
     for name, default in (("experiments", "experiments"), ("horizon", "horizon"), ("overoptimization", "overoptimization"),
                           ("turns", "turns"), ("practice", "experiments-practice"),
-                          ("measure", "experiments-measure")):  # each sweep's output directory
+                          ("measure", "experiments-measure"), ("staleness", "staleness")):  # each sweep's output
         p.add_argument(f"--{name}", default=f"runs/{default}")
     p.add_argument("--arithmetic", nargs="*", default=list(ARITHMETIC_RUNS), help="the `fourfold demo --task arithmetic` runs")
     p.add_argument("--machines-only", action="store_true",
@@ -571,7 +578,8 @@ def _run(args: argparse.Namespace) -> int:
         write_results(root, [root / r for r in args.demo], [root / r for r in args.demo_quick], root / args.experiments,
                       root / args.horizon, machines_only=args.machines_only,
                       arithmetic=[root / r for r in args.arithmetic], overoptimization=root / args.overoptimization,
-                      turns=root / args.turns, practice=root / args.practice, measure=root / args.measure)
+                      turns=root / args.turns, practice=root / args.practice, measure=root / args.measure,
+                      staleness=root / args.staleness)
         return 0
     files = render(root)
     changed = [f for f, text in files.items() if (root / f).read_text(encoding="utf-8") != text]
