@@ -40,9 +40,13 @@ def staleness_text(r: Optional[Mapping], made: Callable[[Mapping], str]) -> str:
     """The docs/experiments.md block (``made``: the provenance sentence of :mod:`fourfold.apps.publish`)."""
     if not r:
         return NOT_YET
+    from fourfold.apps.experiments.staleness_claims import arm_name, topp_name
     from fourfold.apps.experiments.staleness_report import COLUMNS, result_rows
 
     p = r["provenance"]
+    order = [arm_name(o, k) for k in r["ks"] for o in r["objectives"]] + [topp_name(o) for o in r["objectives"]]
+    rank = {a: i for i, a in enumerate(order)}
+    stats = {w: dict(sorted(arms.items(), key=lambda kv: rank.get(kv[0], len(rank)))) for w, arms in r["stats"].items()}
     lines = [f"`{p.get('command')}`: {r['wall_s'] / 60:.1f} minutes for this invocation, {made(p)}; worlds "
              f"{', '.join(r['worlds'])}; seeds {', '.join(map(str, r['seeds']))}; {r['iterations']} iterations x "
              f"{r['rollout_batch_size']} responses per run, {r['eval_prompts']} held-out prompts. Per world and arm: "
@@ -50,7 +54,7 @@ def staleness_text(r: Optional[Mapping], made: Callable[[Mapping], str]) -> str:
              "iterations, then over seeds, of the first minibatch's |r - 1|, the sampler-trainer token mismatch "
              "|d|, the importance weights' ESS (its smallest), the TIS weight, the clip share; seeds with a gold "
              "crash, a grad-norm spike, an entropy collapse; seeds whose lag was exactly min(i - 1, k):", "",
-             md_table(COLUMNS, result_rows(r)), "",
+             md_table(COLUMNS, result_rows({**r, "stats": stats})), "",
              f"**Staleness claims: {counts_text(r['claims'])}** (thresholds fixed before the run, "
              "`staleness.claims` in examples/staleness.yaml; the null column: the same verdict on the comparison "
              "the row's `null_what` names in results/staleness.json):", "", claims_md(r["claims"])]
@@ -69,5 +73,5 @@ def staleness_headline(r: Optional[Mapping]) -> list[str]:
     return [headline_row(f"a sampler running ahead: lag k = {', '.join(map(str, r['ks']))} x the objectives for "
                          f"stale samples, and top-p {r['top_p']:g} (worlds {', '.join(r['worlds'])})", r["claims"],
                          f"{len(r['seeds'])} seeds; {each or 'no finding stated'}",
-                         "fourfold experiments --config examples/staleness.yaml",
+                         r["provenance"].get("command") or "fourfold experiments --config examples/staleness.yaml",
                          "[docs/experiments.md](docs/experiments.md#running-ahead-the-corrections-where-they-matter)")]
