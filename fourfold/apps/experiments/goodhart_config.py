@@ -28,6 +28,54 @@ shows each world's property on SFT samples."""
 
 
 @dataclasses.dataclass
+class GoodhartClaimsConfig:
+    """Thresholds of the re-posed family's claims, written before its first run (docs/experiments.md,
+    "Overoptimization that can turn over"; fourfold.apps.experiments.goodhart_claims). A curve is
+    one (world, reward model, method): gold per prompt (mean over seeds) at points ordered by d =
+    sqrt(KL to the SFT model), the first the SFT model; gains are over that first point."""
+
+    peak_z: float = 2.0
+    """'Rise, peak and fall': the peak's rise and fall each beyond this many paired SE on the half of
+    the prompts that did not choose it, both ways round (fourfold.core.curve_fits.peak_test)."""
+    beta_share: float = 0.95
+    """... and the law's beta > 0 in at least this share of bootstrap resamples of the prompts."""
+    bootstrap_reps: int = 200
+    """Bootstrap resamples of the prompts (beta's sign)."""
+    peak_min_levels: int = 1
+    """'Rise, peak and fall' holds for a (world, method) when it holds at >= this many RM levels."""
+    train_share: float = 0.6
+    """'The law beats peak-free forms': each form fit on the smallest train_share of the d points
+    and scored on the rest (fourfold.core.curve_fits.compare_forms)."""
+    accuracy_min_spread: float = 0.05
+    """'RM quality is an axis': gold pair accuracy on the policies' own samples strictly increasing
+    with the pairs and its highest level above its lowest by at least this."""
+    min_levels: int = 4
+    """The quality claims need at least this many RM levels."""
+    margin_share: float = 0.2
+    """'A KL penalty acts as early stopping': the equivalence margin (TOST), this share of the
+    unpenalised curve's peak gold gain."""
+    noise_z: float = 2.0
+    """'Best-of-n is more KL-efficient than PPO': its mean gain over the common d range above PPO's
+    by more than this many SE."""
+    null_draws: int = 100
+    """Draws of each computed null (a peak-free curve matched to the data, noise resampled from it)."""
+    null_rate: float = 0.05
+    """A computed null 'says yes' when its rule passes on more than this share of its draws."""
+
+    def validate(self, prefix: str = "overoptimization.goodhart.claims") -> None:
+        require(self.peak_z > 0 and self.noise_z > 0, f"{prefix}.peak_z", "z thresholds must be > 0")
+        require(0.5 <= self.beta_share <= 1, f"{prefix}.beta_share", "must be in [0.5, 1]")
+        require(self.bootstrap_reps >= 20, f"{prefix}.bootstrap_reps", "must be >= 20")
+        require(self.peak_min_levels >= 1, f"{prefix}.peak_min_levels", "must be >= 1")
+        require(0 < self.train_share < 1, f"{prefix}.train_share", "must be in (0, 1)")
+        require(self.accuracy_min_spread >= 0, f"{prefix}.accuracy_min_spread", "must be >= 0")
+        require(self.min_levels >= 2, f"{prefix}.min_levels", "must be >= 2")
+        require(0 < self.margin_share < 1, f"{prefix}.margin_share", "must be in (0, 1)")
+        require(self.null_draws >= 10, f"{prefix}.null_draws", "must be >= 10")
+        require(0 < self.null_rate < 1, f"{prefix}.null_rate", "must be in (0, 1)")
+
+
+@dataclasses.dataclass
 class GoodhartConfig:
     """The re-posed design's settings (read when overoptimization.design is 'goodhart'; the 'sizes'
     design, the published family, reads none of them)."""
@@ -63,6 +111,8 @@ class GoodhartConfig:
     """... then every checkpoint_every-th, and the last."""
     demo_dir: str = "runs/demo-goodhart"
     """Each (world, pairs) demo's stages are cached in '<demo_dir>-<world>-p<pairs>'."""
+    claims: GoodhartClaimsConfig = dataclasses.field(default_factory=GoodhartClaimsConfig)
+    """The claims' thresholds."""
 
     def validate(self, prefix: str = "overoptimization.goodhart") -> None:
         require(len(self.worlds) >= 1 and all(isinstance(v, dict) for v in self.worlds.values()),
