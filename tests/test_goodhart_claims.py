@@ -157,3 +157,12 @@ def test_the_example_config_is_the_design_and_does_not_run_yet():
     assert OveroptimizationConfig().design == "sizes"  # the published family's default is unchanged
     with pytest.raises(ConfigError, match="designed, not yet run"):
         run_overopt(cfg)
+
+
+def test_the_ppo_runs_of_a_seed():
+    runs = GoodhartConfig().ppo_runs()
+    assert len(runs) == 2 * (4 + 2 + 1)  # per world: kl 0 at 4 levels, 0.01 and 0.05 at 1000 pairs, the gold arm
+    assert ("extremal", 1000, 0.05) in runs and ("regressional", "gold", 0.0) in runs
+    assert ("extremal", 100, 0.05) not in runs
+    with pytest.raises(ValueError, match="sweep_pairs"):
+        GoodhartConfig(sweep_pairs=50).validate()

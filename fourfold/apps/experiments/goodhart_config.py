@@ -100,6 +100,9 @@ class GoodhartConfig:
     pairwise gold accuracy on the policies' own samples (fourfold.core.overopt_measures.pair_accuracy)."""
     kl_coefs: list[float] = dataclasses.field(default_factory=lambda: [0.0, 0.01, 0.05])
     """PPO's KL coefficients, all at the one learning rate lr_multiplier x demo.ppo's (no lr confound)."""
+    sweep_pairs: int = 1000
+    """The level whose reward model the kl_coefs > 0 run against (kl_coef 0 runs against every
+    level: the quality claims need its curve at each); one of rm_pairs."""
     lr_multiplier: float = 0.1
     """The one learning-rate multiplier (policy and critic) of every PPO run, the gold arm's included."""
     gold_arm: bool = True
@@ -130,9 +133,21 @@ class GoodhartConfig:
         require(len(self.kl_coefs) >= 1 and all(c >= 0 for c in self.kl_coefs), f"{prefix}.kl_coefs",
                 "must list KL coefficients >= 0")
         require(0.0 in self.kl_coefs, f"{prefix}.kl_coefs", "must include 0 (the unpenalised curve)")
+        require(self.sweep_pairs in self.rm_pairs, f"{prefix}.sweep_pairs", "must be one of rm_pairs")
         require(self.lr_multiplier > 0, f"{prefix}.lr_multiplier", "must be > 0")
         require(self.dense_checkpoints >= 0, f"{prefix}.dense_checkpoints", "must be >= 0")
         require(self.checkpoint_every >= 1, f"{prefix}.checkpoint_every", "must be >= 1")
+
+    def ppo_runs(self) -> list[tuple[str, object, float]]:
+        """The PPO runs of one seed: (world, reward, kl_coef), reward the pairs of an RM level or
+        'gold' (the gold arm, kl_coef 0): kl_coef 0 at every level, the other coefficients at
+        sweep_pairs, the gold arm once per world (each world has its own gold)."""
+        runs: list[tuple[str, object, float]] = []
+        for w in self.worlds:
+            runs += [(w, p, 0.0) for p in sorted(self.rm_pairs)]
+            runs += [(w, self.sweep_pairs, c) for c in sorted(self.kl_coefs) if c > 0]
+            runs += [(w, "gold", 0.0)] if self.gold_arm else []
+        return runs
 
     def grid(self) -> list[int]:
         """The n of best-of-n: bon_grid, or the powers of 2 up to bon_n (and bon_n)."""
