@@ -166,3 +166,33 @@ def test_the_ppo_runs_of_a_seed():
     assert ("extremal", 100, 0.05) not in runs
     with pytest.raises(ValueError, match="sweep_pairs"):
         GoodhartConfig(sweep_pairs=50).validate()
+
+
+def test_compute_goodhart_claims_on_a_synthetic_record():
+    from fourfold.apps.experiments.goodhart_claims import compute_goodhart_claims
+
+    accs = {100: 0.60, 300: 0.64, 1000: 0.68, 4000: 0.72}
+
+    def bon_level(k, p):  # higher quality: a higher, later peak
+        d, g = curve(BON_D, lambda x: x * (0.5 - (0.25 - 0.03 * k) * x), seed=20 + k)
+        return {"d": d, "gold_by_prompt": g.tolist()}
+
+    def ppo_level(k, p):
+        d, g = curve(PPO_D, lambda x: x * (0.4 + 0.05 * k - 0.5 * math.log(x)) if x > 0 else 0.0, prompts=128, seed=30 + k)
+        return {"d": d, "gold_by_prompt": g.tolist()}
+
+    ppo = {str(p): ppo_level(k, p) for k, p in enumerate(accs)}
+    d1000, g1000 = ppo["1000"]["d"], torch.tensor(ppo["1000"]["gold_by_prompt"])
+    record = {"extremal": {
+        "bon": {"levels": {str(p): bon_level(k, p) for k, p in enumerate(accs)}},
+        "ppo": ppo, "accuracy": {str(p): a for p, a in accs.items()}, "sweep_pairs": 1000,
+        "kl": {"0.05": {"d": 0.5, "gold_by_prompt": interp_rows(d1000, g1000, 0.5).tolist()}}},
+        "regressional": {"accuracy": {"100": 0.6}}}
+    rows, notes = compute_goodhart_claims(record, CC)
+    groups = [r["group"] for r in rows]
+    assert groups.count("peak") == 2 and groups.count("form") == 2 and groups.count("quality") == 4
+    assert {"quality-axis", "kl-stop", "kl-frontier", "efficiency"} <= set(groups)
+    held = {(r["group"], r["claim"][:4]): r["holds"] for r in rows if r["claim"].startswith(("best", "PPO"))}
+    assert held[("peak", "best")] == "yes" and held[("peak", "PPO ")] == "yes"
+    assert all(r["kind"] == "finding" and r["null"] and r["paper"] for r in rows)
+    assert any(n.startswith("regressional: no best-of-n curves") for n in notes)

@@ -275,3 +275,57 @@ def efficiency_rows(world: str, bon: tuple, ppo: tuple, cc: GoodhartClaimsConfig
                     f"{'yes' if ngap > cc.noise_z * nse else 'no'} (computed: best-of-n's prompts in two halves, "
                     f"{ngap:+.3f}, SE {nse:.3f})")
     return _rows([row], "efficiency")
+
+
+# --- the whole table from a family record ----------------------------------------------------------
+
+
+def level_summary(d, gold, method: str) -> dict:
+    """A curve's peak gain (the mean curve's maximum over its start), its d, and the law's beta."""
+    d_t, g = _curve(d, gold)
+    mean = g.mean(0)
+    gain = mean - mean[0]
+    j = int(torch.argmax(gain))
+    return {"peak_gain": float(gain[j]), "peak_d": float(d_t[j]), "beta": fit_form(d_t, gain, LAW[method]).params[1]}
+
+
+def compute_goodhart_claims(record: Mapping[str, Mapping], cc: GoodhartClaimsConfig) -> tuple[list[dict], list[str]]:
+    """Every claim of every world from the family's ``record`` {world: {"bon": bon_measures(...)
+    (fourfold.apps.experiments.goodhart_eval), "ppo": {level: {"d", "gold_by_prompt"}} (kl_coef 0
+    against each level's RM), "accuracy": {level: pair accuracy on the policies' own samples},
+    "kl": {kl_coef: {"d", "gold_by_prompt"}} (the final points of kl_coef > 0 at sweep_pairs),
+    "sweep_pairs": level}} (levels as strings, as JSON keeps them). Returns (rows, notes): a world
+    without a piece leaves out the claims that need it, with a note."""
+    rows: list[dict] = []
+    notes: list[str] = []
+    for world in sorted(record):
+        w = record[world]
+        curves = {"bon": {int(p): (v["d"], v["gold_by_prompt"]) for p, v in (w.get("bon") or {}).get("levels", {}).items()},
+                  "ppo": {int(p): (v["d"], v["gold_by_prompt"]) for p, v in (w.get("ppo") or {}).items()}}
+        acc = {int(p): float(a) for p, a in (w.get("accuracy") or {}).items()}
+        for method in METHODS:
+            levels = curves[method]
+            if not levels:
+                notes.append(f"{world}: no {METHODS[method]} curves")
+                continue
+            rows += peak_rows(world, method, levels, cc) + form_rows(world, method, levels, cc)
+            if acc and set(acc) >= set(levels):
+                summ = {p: {"accuracy": acc[p], **level_summary(*levels[p], method)} for p in levels}
+                rows += quality_rows(world, method, summ, cc)
+            else:
+                notes.append(f"{world}: {METHODS[method]}'s quality claims need every level's accuracy")
+        if acc:
+            rows += quality_axis_rows(world, acc, cc)
+        sweep = w.get("sweep_pairs")
+        unpen = curves["ppo"].get(int(sweep)) if sweep is not None else None
+        if unpen is not None and w.get("kl"):
+            finals = {float(c): (float(v["d"]), v["gold_by_prompt"]) for c, v in w["kl"].items()}
+            rows += kl_rows(world, unpen, finals, cc)
+        else:
+            notes.append(f"{world}: the KL claims need the unpenalised curve at sweep_pairs and the kl_coef > 0 runs")
+        bon_at = curves["bon"].get(int(sweep)) if sweep is not None else None
+        if bon_at is not None and unpen is not None:
+            rows += efficiency_rows(world, bon_at, unpen, cc)
+        else:
+            notes.append(f"{world}: the efficiency claim needs best-of-n and PPO against the sweep_pairs RM")
+    return rows, notes
