@@ -68,3 +68,17 @@ def test_regressional_labelers_are_noisy_and_unbiased(sft):
         else:
             assert 0.6 < acc < 0.9  # noisy: far from gold's own ordering
             assert abs(longer - 0.5) < 3 * se  # unbiased: a coin on length where gold ties
+
+
+def test_gold_reward_fn_is_the_worlds_gold(sft):
+    import functools
+
+    from fourfold.models.reward_fn import load_reward_fn
+
+    prompts, responses, _, _ = sft
+    fn = load_reward_fn("fourfold.tasks.review:gold_reward_fn")
+    assert fn(prompts[:50], responses[:50]) == ReviewTask().gold_reward(prompts[:50], responses[:50])
+    extremal = functools.partial(fn, task_options=GOODHART_WORLDS["extremal"])
+    assert extremal(prompts[:200], responses[:200]) == ReviewTask(**GOODHART_WORLDS["extremal"]).gold_reward(
+        prompts[:200], responses[:200])
+    assert extremal(prompts[:200], responses[:200]) != fn(prompts[:200], responses[:200])  # long ones lose gold
