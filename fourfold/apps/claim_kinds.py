@@ -32,6 +32,8 @@ def _n(what: str, base: str = _SEEDS) -> str:
 
 
 _SELF = _n("the same rule on the comparator arm against itself, seed s against seed s+1")
+_QUALITY = ("no (by construction: L levels in a random order are strictly ordered with chance 1/L!, 1/24 at the "
+            "4 levels the rule needs)")
 _TOST = NULL_AT_MARGIN
 
 RULES: dict[str, list[tuple[str, str, str, str, str]]] = {
@@ -173,6 +175,20 @@ RULES: dict[str, list[tuple[str, str, str, str, str]]] = {
             _n("the rule on 3 RMs with permuted sizes", _FIT),
         ),
         ("default-kl", r"", FINDING, "the default KL could stop PPO before its peak", _n("the rule on a beta = 0 run", _FIT)),
+    ],
+    "goodhart": [  # issue 41's re-posed overoptimization family (designed, not yet run)
+        ("peak", r"", FINDING, "gold could saturate without turning over (regressional error only shrinks the gain)",
+         _n("the rule on a peak-free curve matched to the data", _FIT)),
+        ("form", r"", FINDING, "a peak-free form could extrapolate as well as the law",
+         _n("the rule on a peak-free curve matched to the data", _FIT)),
+        ("quality-axis", r"", FINDING,
+         "more pairs need not give higher gold accuracy (the sizes design's RMs: 0.693 / 0.672 / 0.696)", _QUALITY),
+        ("quality", r"", FINDING, "the peaks and betas could order either way with RM quality", _QUALITY),
+        ("kl-stop", r"", FINDING, "a KL coefficient could stop PPO past the unpenalised peak",
+         _n("the rule on the unpenalised run's own last point", _FIT)),
+        ("kl-frontier", r"", FINDING, "an equivalence: the penalty could change the path, not only where it stops", _TOST),
+        ("efficiency", r"", FINDING, "PPO could be as KL-efficient as best-of-n (the sizes design saw the opposite)",
+         _n("the rule on best-of-n's prompts in two halves", _FIT)),
     ],
     "turns": [
         ("knob", r"", CHECK, "a sanity bound: more hops make longer SFT trajectories by construction of the world", CHECK_NULL),

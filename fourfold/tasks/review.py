@@ -362,6 +362,13 @@ class ReviewTask:
         return vocabulary()
 
 
+def gold_reward_fn(prompts: list[str], responses: list[str], *, task_options: dict | None = None) -> list[float]:
+    """The review world's gold as a reward function, for PPO trained on gold itself (the re-posed
+    overoptimization family's gold arm): ``model.reward_fns: [{fn: 'fourfold.tasks.review:gold_reward_fn',
+    options: {task_options: {...}}}]``, ``task_options`` the world's (:class:`ReviewTaskConfig` keys)."""
+    return ReviewTask(**(task_options or {})).gold_reward(list(prompts), list(responses))
+
+
 def _sentences_of(words: list[str]) -> int:
     """A response's number of sentences: its terminators (``.`` and ``!``), whether or not it parses."""
     return sum(w in TERMINATORS for w in words)

@@ -7,6 +7,7 @@ import dataclasses
 import difflib
 from typing import Literal, Optional
 
+from fourfold.apps.experiments.goodhart_config import GoodhartConfig
 from fourfold.apps.experiments.staleness_config import StalenessConfig
 from fourfold.config.demo import DemoConfig
 from fourfold.config.loader import require
@@ -222,6 +223,14 @@ class OveroptimizationConfig:
     """Also run PPO at demo.ppo.kl_coef per size and seed (its final point placed on the curves)."""
     claims: OveroptimizationClaimsConfig = dataclasses.field(default_factory=OveroptimizationClaimsConfig)
     """The claims' thresholds."""
+    design: Literal["sizes", "goodhart"] = "sizes"
+    """'sizes': the published family (RM sizes by pairs from the demo's labelers, the keys above);
+    'goodhart': issue 41's re-posed design (the goodhart section: worlds where the proxy's error
+    costs gold on the SFT support, RM quality levels, best-of-1024, a KL sweep at one learning rate).
+    Designed, not yet wired: running it stops with a ConfigError naming what is missing."""
+    goodhart: GoodhartConfig = dataclasses.field(default_factory=GoodhartConfig)
+    """The re-posed design's settings (issue 41; fourfold.apps.experiments.goodhart_config; designed,
+    not yet run, and not read by the published 'sizes' design above)."""
 
     def validate(self, prefix: str = "overoptimization") -> None:
         require(len(self.rm_pairs) >= 1 and all(p >= 2 for p in self.rm_pairs), f"{prefix}.rm_pairs",
