@@ -256,7 +256,7 @@ class TurnsClaimsConfig:
     knob_min_step: float = 0.5
     """'The turns knob works': the SFT policy's mean turns per held-out trajectory at each hops
     exceeds the previous hops' by at least this."""
-    ev_min: float = 0.2
+    ev_min: float = 0.1
     """'The critic learns' (a check): each critic arm's value/explained_variance, mean over the
     last ev_tail_share of its iterations, at least this in every seed at every turn count."""
     ev_tail_share: float = 0.25
@@ -337,6 +337,9 @@ class TurnsConfig:
     """ppo.critic_warmup of the critic arms: iterations that train only the critic, run *before*
     the family's ``iterations`` (their ppo.iterations is iterations + this, so every arm takes the
     same policy updates; the warm-up's trajectories are extra). Chosen on the pilot."""
+    critic_overrides: list[str] = dataclasses.field(default_factory=list)
+    """key=value overrides of the critic arms only, after their critic_lr and critic_warmup (for a
+    critic-only key such as ppo.critic_lam, which the critic-free arms' configs refuse)."""
     claims: TurnsClaimsConfig = dataclasses.field(default_factory=TurnsClaimsConfig)
     """The claims' thresholds."""
 
@@ -362,7 +365,7 @@ class TurnsConfig:
                 "must be an integer >= 0")
         require(isinstance(self.world_seed, int) and self.world_seed >= 0, f"{prefix}.world_seed",
                 "must be an integer >= 0")
-        for key in ("sft_overrides", "rl_overrides"):
+        for key in ("sft_overrides", "rl_overrides", "critic_overrides"):
             bad = [o for o in getattr(self, key) if not (isinstance(o, str) and "=" in o and o.split("=", 1)[0].strip())]
             require(not bad, f"{prefix}.{key}", f"each entry must be 'key=value' (got {bad[0]!r})" if bad else "")
 

@@ -88,12 +88,12 @@ def arm_overrides(arm: str, group_size: int, turns: TurnsConfig, iterations: int
     """How an arm's PPOConfig differs from turns.rl_config's. Every arm keeps its rollout_batch_size
     trajectories per iteration, at K = group_size a row (32 rows x 8 at 256) or, ``-256x1``, one a
     row; the critic arms take turns.critic_lr and turns.critic_warmup, their warm-up iterations
-    before the ``iterations`` policy updates every arm takes."""
+    before the ``iterations`` policy updates every arm takes, then turns.critic_overrides."""
     base, _ = ARM_BASE[arm]
     out = [*base, f"ppo.samples_per_prompt={arm_k(arm, group_size)}"]
     if arm in TURNS_CRITIC_ARMS:
         out += [f"ppo.critic_lr={turns.critic_lr!r}", f"ppo.critic_warmup={turns.critic_warmup}",
-                f"ppo.iterations={iterations + turns.critic_warmup}"]
+                f"ppo.iterations={iterations + turns.critic_warmup}", *turns.critic_overrides]
     return out
 
 
