@@ -192,6 +192,24 @@ RULES: dict[str, list[tuple[str, str, str, str, str]]] = {
     ],
     "turns": [
         ("knob", r"", CHECK, "a sanity bound: more hops make longer SFT trajectories by construction of the world", CHECK_NULL),
+        (
+            "critic-learns",
+            r"",
+            CHECK,
+            "a precondition of the design, not a result: the critic's lr and warm-up were chosen on the pilot to "
+            "make its explained variance rise; it says the critic arm has a trained critic, not what the critic buys",
+            CHECK_NULL,
+        ),
+        (
+            "critic",
+            r" rows x ",
+            FINDING,
+            "at matched rows x K with a trained critic, the critic's gain could grow with the turns or not",
+            _n("the rule on the critic-free arm against itself, seed s against seed s+1"),
+        ),
+        ("match", r"", FINDING, "a non-inferiority: a critic-free arm could fall behind the critic", _TOST),
+        ("rows", r"", FINDING, "more distinct rows need not beat K trajectories of fewer rows at the same samples",
+         _n("the rule on the 256 x 1 arm against itself, seed s against seed s+1")),
         ("learns", r"", FINDING, "an arm could fail to learn at a turn count", _n("the rule on the SFT policy against itself")),
         (
             "critic",

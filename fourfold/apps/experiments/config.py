@@ -244,9 +244,15 @@ class OveroptimizationConfig:
         require(self.lr_multiplier > 0, f"{prefix}.lr_multiplier", "must be > 0")
 
 
-TURNS_ARMS = ("ppo", "ppo-no-critic", "grpo", "rloo")
+TURNS_ARMS = ("ppo", "ppo-no-critic", "grpo", "rloo", "ppo-256x1", "ppo-no-critic-256x1")
 """Arms of the turns family: PPO with a critic (GAE over the policy's tokens), PPO without one
-(whitened returns, reinforce_pp), and the group estimators over the K trajectories of a row."""
+(whitened returns, reinforce_pp), and the group estimators, each over the same rows x K (the
+rollout batch / group_size rows, group_size trajectories each); and the PPO arms at the rollout
+batch's rows x 1 (``-256x1``: the family's first design, the rows x K contrast as its own factor)."""
+TURNS_DEFAULT_ARMS = ("ppo", "ppo-no-critic", "grpo", "rloo", "ppo-256x1")
+"""The arms turns.arms runs by default: every estimator at rows x K, and ppo at rows x 1."""
+TURNS_CRITIC_ARMS = ("ppo", "ppo-256x1")
+"""The turns arms with a critic (turns.critic_lr, turns.critic_warmup; value/explained_variance logged)."""
 
 
 @dataclasses.dataclass
@@ -259,20 +265,35 @@ class TurnsClaimsConfig:
     knob_min_step: float = 0.5
     """'The turns knob works': the SFT policy's mean turns per held-out trajectory at each hops
     exceeds the previous hops' by at least this."""
-    learn_min_gain: float = 0.2
+    ev_min: float = 0.1
+    """'The critic learns' (a check): each critic arm's value/explained_variance, mean over the
+    last ev_tail_share of its iterations, at least this in every seed at every turn count."""
+    ev_tail_share: float = 0.25
+    """The share of a run's last iterations whose explained variance 'the critic learns' reads."""
+    learn_min_gain: float = 0.1
     """'Every arm learns at every turn count': its gold minus the SFT policy's gold, at least this
-    in every seed."""
-    grow_min: float = 0.05
-    """'ppo's gain over an arm grows with the turns': (ppo's gold minus the arm's) at the most
-    turns minus the same at the fewest, paired by seed, at least this (mean over seeds) and above
-    noise_z standard errors (the larger of the seeds' spread and the evaluation's)."""
+    and above noise_z evaluation standard errors, in every seed."""
+    grow_min: float = 0.03
+    """'ppo's gain over an arm grows with the turns' (at matched rows x K): (ppo's gold minus the
+    arm's) at the most turns minus the same at the fewest, paired by seed, at least this (mean over
+    seeds) and above noise_z standard errors (the larger of the seeds' spread and the evaluation's)."""
+    match_margin_share: float = 0.2
+    """'A critic-free arm costs ppo less than this share of ppo's gold gain' at every turn count
+    (matched rows x K): non-inferiority, the upper 95% bound of the mean cost below the margin."""
+    rows_min_gain: float = 0.03
+    """'256 rows x 1 beat rows x K at the same trajectories': the -256x1 arm's gold minus its
+    rows x K arm's, at least this (mean over seeds) and above noise_z standard errors, per turn count."""
     noise_z: float = 2.0
     """'Beyond noise': this many standard errors."""
 
     def validate(self, prefix: str = "turns.claims") -> None:
         require(self.knob_min_step >= 0, f"{prefix}.knob_min_step", "must be >= 0")
+        require(-1 <= self.ev_min <= 1, f"{prefix}.ev_min", "must be in [-1, 1]")
+        require(0 < self.ev_tail_share <= 1, f"{prefix}.ev_tail_share", "must be in (0, 1]")
         require(0 <= self.learn_min_gain <= 1, f"{prefix}.learn_min_gain", "must be in [0, 1]")
         require(self.grow_min >= 0, f"{prefix}.grow_min", "must be >= 0")
+        require(0 < self.match_margin_share < 1, f"{prefix}.match_margin_share", "must be in (0, 1)")
+        require(self.rows_min_gain >= 0, f"{prefix}.rows_min_gain", "must be >= 0")
         require(self.noise_z > 0, f"{prefix}.noise_z", "must be > 0")
 
 
@@ -285,8 +306,9 @@ class TurnsConfig:
 
     hops: list[int] = dataclasses.field(default_factory=lambda: [0, 1, 3])
     """Lookups before the answer (LookupTaskConfig.hops): 0, 1, 3 = 1, 2, 4 turns."""
-    arms: list[str] = dataclasses.field(default_factory=lambda: list(TURNS_ARMS))
-    """The arms run at every hops: ppo, ppo-no-critic, grpo, rloo."""
+    arms: list[str] = dataclasses.field(default_factory=lambda: list(TURNS_DEFAULT_ARMS))
+    """The arms run at every hops (TURNS_ARMS): ppo, ppo-no-critic, grpo, rloo at rows x K, and
+    ppo-256x1 (ppo-no-critic-256x1 too when listed) at one trajectory a row."""
     world_dir: str = "runs/turns-world"
     """Each hops' data, tokenizer and SFT model are cached in '<world_dir>-h<hops>'."""
     sft_config: str = "examples/lookup_sft.yaml"
@@ -316,6 +338,17 @@ class TurnsConfig:
     """env.max_tokens = tokens_base + tokens_per_hop x hops (room for perfect play and a mistake)."""
     tokens_per_hop: int = 12
     """Tokens of env.max_tokens per hop (see tokens_base)."""
+    critic_lr: float = 3e-3
+    """ppo.critic_lr of the critic arms (ppo, ppo-256x1): the value head starts at zero
+    (model.critic_init=policy), and PPOConfig's default 1e-5 leaves it untrained (explained
+    variance 0.000 over the family's first run); chosen on the pilot (docs/experiments.md)."""
+    critic_warmup: int = 0
+    """ppo.critic_warmup of the critic arms: iterations that train only the critic, run *before*
+    the family's ``iterations`` (their ppo.iterations is iterations + this, so every arm takes the
+    same policy updates; the warm-up's trajectories are extra). Chosen on the pilot."""
+    critic_overrides: list[str] = dataclasses.field(default_factory=list)
+    """key=value overrides of the critic arms only, after their critic_lr and critic_warmup (for a
+    critic-only key such as ppo.critic_lam, which the critic-free arms' configs refuse)."""
     claims: TurnsClaimsConfig = dataclasses.field(default_factory=TurnsClaimsConfig)
     """The claims' thresholds."""
 
@@ -336,9 +369,12 @@ class TurnsConfig:
         require(self.prompts >= 1, f"{prefix}.prompts", "must be >= 1")
         require(self.tokens_base >= 8, f"{prefix}.tokens_base", "must be >= 8")
         require(self.tokens_per_hop >= 1, f"{prefix}.tokens_per_hop", "must be >= 1")
+        require(self.critic_lr > 0, f"{prefix}.critic_lr", "must be > 0")
+        require(isinstance(self.critic_warmup, int) and self.critic_warmup >= 0, f"{prefix}.critic_warmup",
+                "must be an integer >= 0")
         require(isinstance(self.world_seed, int) and self.world_seed >= 0, f"{prefix}.world_seed",
                 "must be an integer >= 0")
-        for key in ("sft_overrides", "rl_overrides"):
+        for key in ("sft_overrides", "rl_overrides", "critic_overrides"):
             bad = [o for o in getattr(self, key) if not (isinstance(o, str) and "=" in o and o.split("=", 1)[0].strip())]
             require(not bad, f"{prefix}.{key}", f"each entry must be 'key=value' (got {bad[0]!r})" if bad else "")
 

@@ -9,11 +9,16 @@ hops in ``<turns.world_dir>-h<hops>`` by one job (``python -m fourfold.apps.expe
 turns-world``, :mod:`fourfold.apps.experiments.turns_eval`) that also measures the SFT model's gold.
 On each world every arm of ``turns.arms`` x seed is ``fourfold ppo`` over ``turns.rl_config`` with
 ``env.max_turns = hops + 1``, ``env.max_tokens = tokens_base + tokens_per_hop x hops`` and the same
-trajectories per iteration (ppo.rollout_batch_size) for every arm:
+trajectories per iteration (ppo.rollout_batch_size) for every arm, at the same rows x K (the rollout
+batch / ``group_size`` rows, ``group_size`` trajectories each: 32 x 8 at 256):
 
-* ``ppo``: a critic (initialised from the policy), GAE over the policy's tokens, one trajectory a row;
+* ``ppo``: a critic (initialised from the policy with a zero value head, ``turns.critic_lr``, an
+  optional ``turns.critic_warmup`` of critic-only iterations before the policy's), GAE over the
+  policy's tokens;
 * ``ppo-no-critic``: the same without the critic (whitened returns, reinforce_pp);
 * ``grpo`` / ``rloo``: the group of a row's ``group_size`` trajectories is the baseline;
+* ``ppo-256x1`` (and ``ppo-no-critic-256x1``): the PPO arm at one trajectory a row (rollout batch
+  rows x 1, the family's first design): the rows x K contrast, its own factor;
 
 then its final policy's gold on the world's held-out rows, greedy and sampled (``turns-eval``).
 Jobs run ``workers`` at a time, cached and resumable as the other families'. Claims:
@@ -29,12 +34,12 @@ from typing import Any
 import fourfold
 from fourfold.apps.cache import digest, keyed, read_json
 from fourfold.apps.experiments.arms import run_key
-from fourfold.apps.experiments.config import ExperimentsConfig
+from fourfold.apps.experiments.config import TURNS_CRITIC_ARMS, ExperimentsConfig, TurnsConfig
 from fourfold.apps.experiments.family import FAMILY_QUICK, FamilyJobs, FamilyRun, claim_run_dir, world_dir
 from fourfold.apps.experiments.jobs import Job
 from fourfold.apps.experiments.results import train_seconds
 from fourfold.apps.experiments.sweep import family_quick_config
-from fourfold.apps.experiments.turns_claims import compute_turns_claims, turns_label, turns_of
+from fourfold.apps.experiments.turns_claims import compute_turns_claims, tail_mean, turns_label, turns_of
 from fourfold.apps.report_kit import mean, std
 from fourfold.checkpoint import checkpoint_dirs
 from fourfold.config import PPOConfig, SFTConfig, config_to_dict, load_config, save_config
@@ -66,29 +71,56 @@ def base_config(path: str) -> Path:
     return p if p.is_file() or p.is_absolute() else ROOT / p
 
 
-def arm_overrides(arm: str, group_size: int) -> list[str]:
-    """How an arm's PPOConfig differs from turns.rl_config's (every arm keeps its rollout_batch_size
-    trajectories per iteration)."""
-    return {
-        "ppo": ["ppo.advantage=gae", "ppo.use_critic=true", "ppo.samples_per_prompt=1", "model.critic_init=policy"],
-        "ppo-no-critic": ["ppo.advantage=gae", "ppo.use_critic=false", "ppo.samples_per_prompt=1"],
-        "grpo": ["ppo.advantage=grpo", f"ppo.samples_per_prompt={group_size}"],
-        "rloo": ["ppo.advantage=rloo", f"ppo.samples_per_prompt={group_size}"],
-    }[arm]
+CRITIC = ["ppo.advantage=gae", "ppo.use_critic=true", "model.critic_init=policy"]
+NO_CRITIC = ["ppo.advantage=gae", "ppo.use_critic=false"]
+ARM_BASE = {"ppo": (CRITIC, False), "ppo-no-critic": (NO_CRITIC, False), "grpo": (["ppo.advantage=grpo"], False),
+            "rloo": (["ppo.advantage=rloo"], False), "ppo-256x1": (CRITIC, True),
+            "ppo-no-critic-256x1": (NO_CRITIC, True)}
+"""{arm: (its estimator's overrides, whether it runs one trajectory a row)}."""
 
 
-ARM_WHAT = {"ppo": "PPO with a critic (init from the policy), GAE over the policy's tokens, 1 trajectory a row",
-            "ppo-no-critic": "PPO without a critic (whitened returns: reinforce_pp), 1 trajectory a row",
+def arm_k(arm: str, group_size: int) -> int:
+    """K, the trajectories per row of ``arm``: group_size, or 1 for the ``-256x1`` arms."""
+    return 1 if ARM_BASE[arm][1] else group_size
+
+
+def arm_overrides(arm: str, group_size: int, turns: TurnsConfig, iterations: int) -> list[str]:
+    """How an arm's PPOConfig differs from turns.rl_config's. Every arm keeps its rollout_batch_size
+    trajectories per iteration, at K = group_size a row (32 rows x 8 at 256) or, ``-256x1``, one a
+    row; the critic arms take turns.critic_lr and turns.critic_warmup, their warm-up iterations
+    before the ``iterations`` policy updates every arm takes, then turns.critic_overrides."""
+    base, _ = ARM_BASE[arm]
+    out = [*base, f"ppo.samples_per_prompt={arm_k(arm, group_size)}"]
+    if arm in TURNS_CRITIC_ARMS:
+        out += [f"ppo.critic_lr={turns.critic_lr!r}", f"ppo.critic_warmup={turns.critic_warmup}",
+                f"ppo.iterations={iterations + turns.critic_warmup}", *turns.critic_overrides]
+    return out
+
+
+def arm_shape(arm: str, group_size: int, rollout_batch_size: int) -> str:
+    """'rows x K' of an arm's iteration: '32x8', '256x1'."""
+    k = arm_k(arm, group_size)
+    return f"{rollout_batch_size // k}x{k}"
+
+
+ARM_WHAT = {"ppo": "PPO with a critic (init from the policy, turns.critic_lr), GAE over the policy's tokens",
+            "ppo-no-critic": "PPO without a critic (whitened returns: reinforce_pp)",
             "grpo": "GRPO: (R - group mean) / group std over a row's K trajectories",
-            "rloo": "RLOO: baseline the mean of the row's other K - 1 trajectories"}
+            "rloo": "RLOO: baseline the mean of the row's other K - 1 trajectories",
+            "ppo-256x1": "ppo at one trajectory a row (the rows x K contrast)",
+            "ppo-no-critic-256x1": "ppo-no-critic at one trajectory a row (the rows x K contrast)"}
+
+
+def base_rl(cfg: ExperimentsConfig) -> PPOConfig:
+    """turns.rl_config with turns.rl_overrides: what every arm starts from."""
+    return load_config(PPOConfig, base_config(cfg.turns.rl_config), list(cfg.turns.rl_overrides))
 
 
 def limits(cfg: ExperimentsConfig, hops: int) -> dict:
     """env.max_turns, env.max_tokens of a world (and the turn length of the RL config)."""
     t = cfg.turns
-    gen = load_config(PPOConfig, base_config(t.rl_config), list(t.rl_overrides)).generation
     return {"max_turns": turns_of(hops), "max_tokens": t.tokens_base + t.tokens_per_hop * hops,
-            "max_new_tokens": gen.max_new_tokens}
+            "max_new_tokens": base_rl(cfg).generation.max_new_tokens}
 
 
 class Turns(FamilyJobs):
@@ -152,7 +184,7 @@ class Turns(FamilyJobs):
         return load_config(PPOConfig, base_config(t.rl_config), [
             *t.rl_overrides, f"model.policy={w / 'sft' / 'model'}", f"data.prompts={w / 'data' / 'prompts.jsonl'}",
             f"data.max_prompt_len={PROMPT_TOKENS}", f"env.max_turns={lim['max_turns']}", f"env.max_tokens={lim['max_tokens']}",
-            f"ppo.iterations={cfg.iterations}", *arm_overrides(arm, cfg.group_size),
+            f"ppo.iterations={cfg.iterations}", *arm_overrides(arm, cfg.group_size, t, cfg.iterations),
             f"run.output_dir={rd}", f"run.seed={seed}", f"run.threads={cfg.run.threads or 1}", "run.progress=false",
             "run.tensorboard=false", f"run.save_every={cfg.run.save_every}", "run.keep_checkpoints=1",
             f"run.resume={str(resume).lower()}", f"run.overwrite={str(not resume).lower()}", "run.samples_every=0"])
@@ -193,22 +225,38 @@ def gold_row(gold: dict) -> dict:
             "turns_greedy": g["turns_mean"]}
 
 
+EV = "value/explained_variance"
+"""The critic's explained variance of the returns, logged per iteration before its update."""
+
+
+def ev_curve(metrics: list[dict]) -> list[float]:
+    """A run's value/explained_variance per logged iteration (warm-up included; [] without a critic)."""
+    return [float(r[EV]) for r in metrics if "iteration" in r and isinstance(r.get(EV), (int, float))]
+
+
 def summarize(rows: list[dict], sft: dict) -> dict:
-    """An arm's seeds at one world: means and sds of gold (sampled, greedy), gains over SFT, turns."""
+    """An arm's seeds at one world: means and sds of gold (sampled, greedy), gains over SFT, turns,
+    and (critic arms) of the explained variance over the last iterations."""
     out: dict[str, Any] = {"seeds": len(rows)}
-    for k in ("gold", "gold_greedy", "turns_mean", "train_s"):
-        xs = [r[k] for r in rows]
+    for k in ("gold", "gold_greedy", "turns_mean", "train_s", "ev_tail"):
+        xs = [r[k] for r in rows if isinstance(r.get(k), (int, float))]
+        if not xs:
+            continue
         out[k], out[k + "_sd"] = mean(xs), std(xs) if len(xs) > 1 else None
     out["gain"], out["gain_greedy"] = out["gold"] - sft["gold"], out["gold_greedy"] - sft["gold_greedy"]
     return out
 
 
 def collect(fam: Turns, state: dict[str, str]) -> dict:
-    """{sft: {world: row}, finals: {world: {arm: [rows]}}, curves: {world: {arm: [[return per
-    iteration] per seed]}}, summaries, worlds} of the finished jobs."""
+    """{sft: {world: row}, finals: {world: {arm: [rows]}} (a critic arm's rows with ``ev``, its
+    explained variance per iteration, and ``ev_tail``, their mean over the last
+    turns.claims.ev_tail_share), curves: {world: {arm: [[return per iteration] per seed]}},
+    ev_curves: {world: {arm: [[explained variance per iteration] per seed]}}, summaries, worlds,
+    shapes: {arm: 'rows x K'}} of the finished jobs."""
     from fourfold.reporting import read_metrics
 
-    sft, finals, curves, summaries, worlds = {}, {}, {}, {}, {}
+    sft, finals, curves, ev_curves, summaries, worlds = {}, {}, {}, {}, {}, {}
+    share = fam.cfg.turns.claims.ev_tail_share
     for h in fam.hops:
         label = turns_label(h)
         rec = read_json(fam.world_dir(h) / "world.json")
@@ -223,14 +271,22 @@ def collect(fam: Turns, state: dict[str, str]) -> dict:
                 ev = read_json(rd / "final_eval.json")
                 if not ev or state.get(f"{label}/{a}/seed{s}") not in ("done", "cached"):
                     continue
-                finals.setdefault(label, {}).setdefault(a, []).append(
-                    {"seed": s, **gold_row(ev["gold"]), "train_s": train_seconds(rd)})
                 m = rd / "metrics.jsonl"
+                metrics = read_metrics(m) if m.is_file() else []
+                row = {"seed": s, **gold_row(ev["gold"]), "train_s": train_seconds(rd)}
+                if a in TURNS_CRITIC_ARMS:
+                    evs = ev_curve(metrics)
+                    row.update(ev=evs, ev_tail=tail_mean(evs, share))
+                    ev_curves.setdefault(label, {}).setdefault(a, []).append(evs)
+                finals.setdefault(label, {}).setdefault(a, []).append(row)
                 curves.setdefault(label, {}).setdefault(a, []).append(
-                    [r.get("env/return_mean") for r in read_metrics(m) if "iteration" in r] if m.is_file() else [])
+                    [r.get("env/return_mean") for r in metrics if "iteration" in r])
             if finals.get(label, {}).get(a):
                 summaries.setdefault(label, {})[a] = summarize(finals[label][a], sft[label])
-    return {"sft": sft, "finals": finals, "curves": curves, "summaries": summaries, "worlds": worlds}
+    rb = base_rl(fam.cfg).ppo.rollout_batch_size
+    shapes = {a: arm_shape(a, fam.cfg.group_size, rb) for a in fam.cfg.turns.arms}
+    return {"sft": sft, "finals": finals, "curves": curves, "ev_curves": ev_curves, "summaries": summaries,
+            "worlds": worlds, "shapes": shapes}
 
 
 def run_turns(cfg: ExperimentsConfig) -> dict:
@@ -245,8 +301,8 @@ def run_turns(cfg: ExperimentsConfig) -> dict:
                          f"{', '.join(cfg.turns.arms)}, {len(cfg.seeds)} seeds, {cfg.iterations} iterations")
     res = collect(fam, state)
     claims, notes = compute_turns_claims(res["finals"], res["sft"], cfg.turns.claims, hops=fam.hops,
-                                         arms=cfg.turns.arms, quick=cfg.quick)
+                                         arms=cfg.turns.arms, quick=cfg.quick, shapes=res["shapes"])
     record = {"config": config_to_dict(cfg), **res, "claims": claims, "notes": notes,
-              "arms": {a: ARM_WHAT[a] for a in cfg.turns.arms}}
+              "arms": {a: f"{ARM_WHAT[a]}; {res['shapes'][a].replace('x', ' rows x ')}" for a in cfg.turns.arms}}
     run.finish(record, lambda rec: write_turns_report(out, cfg, rec))
     return {"output_dir": str(out), "claims": claims, "notes": notes, "summaries": res["summaries"]}

@@ -1,5 +1,6 @@
 """The turns family's report: ``summary.md`` (settings, gold per world and arm, claims last),
-``turns.png`` (held-out gold against the turns per arm, and ppo's gold minus each other arm's) and
+``turns.png`` (held-out gold against the turns per arm, ppo's gold minus each other arm's at its rows x K,
+and the critics' explained variance per iteration) and
 ``report.html`` (the same with the figure and the training return curves). It reads the family's
 record; it runs nothing.
 """
@@ -14,8 +15,9 @@ from fourfold.apps.experiments.report import claims_html, family_header, header_
 from fourfold.apps.report_kit import fmt, md_table, mean, signed
 from fourfold.atomic import write_text_atomic
 
-COLUMNS = ("world", "turns", "arm", "seeds", "gold sampled", "gain", "gold greedy", "gain greedy", "turns / traj.",
-           "train s")
+COLUMNS = ("world", "turns", "arm", "rows x K", "seeds", "gold sampled", "gain", "gold greedy", "gain greedy",
+           "turns / traj.", "EV end", "train s")
+EV_COLUMNS = ("world", "arm", "seeds", "value/explained_variance per iteration (mean over seeds)")
 
 
 def _pm(s: Mapping, k: str, digits: int = 3) -> str:
@@ -30,12 +32,26 @@ def result_rows(record: Mapping) -> list[list[str]]:
         sft = record["sft"].get(w)
         if sft is None:
             continue
-        rows.append([w, str(info["turns"]), "SFT (before)", "1", fmt(sft["gold"]), "", fmt(sft["gold_greedy"]), "",
-                     fmt(sft["turns_mean"], 2), ""])
+        rows.append([w, str(info["turns"]), "SFT (before)", "", "1", fmt(sft["gold"]), "", fmt(sft["gold_greedy"]), "",
+                     fmt(sft["turns_mean"], 2), "", ""])
+        shapes = record.get("shapes", {})
         for a, s in record["summaries"].get(w, {}).items():
-            rows.append([w, str(info["turns"]), a, str(s["seeds"]), _pm(s, "gold"), signed(s["gain"]),
-                         _pm(s, "gold_greedy"), signed(s["gain_greedy"]), fmt(s["turns_mean"], 2), fmt(s["train_s"], 0)])
+            rows.append([w, str(info["turns"]), a, shapes.get(a, ""), str(s["seeds"]), _pm(s, "gold"), signed(s["gain"]),
+                         _pm(s, "gold_greedy"), signed(s["gain_greedy"]), fmt(s["turns_mean"], 2),
+                         _pm(s, "ev_tail") if "ev_tail" in s else "", fmt(s["train_s"], 0)])
     return rows
+
+
+def mean_curve(curves) -> list[float]:
+    """The mean over seeds of per-iteration curves, iteration by iteration (as long as the longest)."""
+    n = max((len(c) for c in curves), default=0)
+    return [mean([c[i] for c in curves if len(c) > i]) for i in range(n)]
+
+
+def ev_rows(record: Mapping) -> list[list[str]]:
+    """Per world and critic arm: its explained variance at every iteration, mean over seeds."""
+    return [[w, a, str(len(cs)), " ".join(fmt(x, 2) for x in mean_curve(cs))]
+            for w, by in record.get("ev_curves", {}).items() for a, cs in by.items() if cs]
 
 
 def turns_header(cfg: ExperimentsConfig, record: Mapping) -> str:
@@ -48,8 +64,11 @@ def turns_header(cfg: ExperimentsConfig, record: Mapping) -> str:
         f"The lookup world (ask a tool, then answer from its reply; values of {t.value_digits} digits) at {worlds}. "
         f"Per world one SFT model ({t.sft_examples} episodes of imperfect play, error rate {t.error_rate:g}, "
         f"{t.sft_steps_per_turn} steps a turn), then every arm x seed ({', '.join(map(str, cfg.seeds))}) for "
-        f"{cfg.iterations} iterations, the same trajectories per iteration for every arm (K = {cfg.group_size} a row "
-        f"for the group arms). Gold: the share of {cfg.eval_prompts} rows of held-out chains answered right, "
+        f"{cfg.iterations} policy iterations, the same trajectories per iteration for every arm, at the same rows x K "
+        f"(K = {cfg.group_size}) but the -256x1 arms' one a row; the critic arms: critic_lr {t.critic_lr:g}, "
+        f"{t.critic_warmup} warm-up iterations before the policy's. EV end: value/explained_variance, mean over the "
+        f"last {t.claims.ev_tail_share:.0%} of a run's iterations. Gold: the share of {cfg.eval_prompts} rows of "
+        "held-out chains answered right, "
         "sampled at T = 1 (the claims' gold) and greedy; gain = minus the SFT policy's. Values: mean ± sd over seeds.",
         f"Arms: {arms}.", invocation_text(record, cfg.workers))
 
@@ -60,8 +79,10 @@ def turns_figure(record: Mapping):
 
     from fourfold.apps.experiments.report import arm_colors
 
-    fig = Figure(figsize=(10, 4))
-    ax1, ax2 = fig.subplots(1, 2)
+    ev = {(w, a): mean_curve(cs) for w, by in record.get("ev_curves", {}).items() for a, cs in by.items() if cs}
+    fig = Figure(figsize=(15 if ev else 10, 4))
+    axes = fig.subplots(1, 3 if ev else 2)
+    ax1, ax2 = axes[0], axes[1]
     worlds = [w for w in record["worlds"] if w in record["sft"]]
     turns = {w: record["worlds"][w]["turns"] for w in worlds}
     arms = list(record["arms"])
@@ -72,7 +93,8 @@ def turns_figure(record: Mapping):
         if pts:
             ax1.errorbar([x for x, _ in pts], [s["gold"] for _, s in pts], yerr=[s["gold_sd"] or 0 for _, s in pts],
                          marker="o", capsize=3, color=colors[a], label=a)
-    for a in [a for a in arms if a != "ppo"]:
+    shapes = record.get("shapes", {})
+    for a in [a for a in arms if a != "ppo" and shapes.get(a) == shapes.get("ppo")]:
         pts = []
         for w in worlds:
             f = record["finals"].get(w, {})
@@ -88,6 +110,15 @@ def turns_figure(record: Mapping):
         ax.set_xticks(sorted(set(turns.values())))
         ax.set_title(title, fontsize=10)
         ax.legend(fontsize=8)
+    if ev:
+        ax3 = axes[2]
+        for (w, a), ys in ev.items():
+            ax3.plot(range(1, len(ys) + 1), ys, marker=".", color=colors.get(a), alpha=0.4 + 0.6 * (w == worlds[-1]),
+                     label=f"{a} {w}")
+        ax3.axhline(0, color="grey", lw=0.8)
+        ax3.set_xlabel("iteration (warm-up included)")
+        ax3.set_title("the critic's explained variance (value/explained_variance)", fontsize=10)
+        ax3.legend(fontsize=7)
     fig.tight_layout()
     return fig
 
@@ -99,10 +130,15 @@ def write_turns_report(out: Path, cfg: ExperimentsConfig, record: Mapping) -> No
     header = turns_header(cfg, record)
     rows = result_rows(record)
     parts = [header, "## Held-out gold at the end of the budget", "", md_table(COLUMNS, rows), ""]
+    evs = ev_rows(record)
+    if evs:
+        parts += ["## The critic's explained variance per iteration", "", md_table(EV_COLUMNS, evs), ""]
     write_text_atomic(out / "summary.md", "\n".join(parts + summary_tail(record["notes"], record["claims"])))
     body = [header_html(header)]
     body += claims_html(record["claims"], record["notes"])
     body += ["<h2>Held-out gold at the end of the budget</h2>", text_table(COLUMNS, rows)]
+    if evs:
+        body += ["<h2>The critic's explained variance per iteration</h2>", text_table(EV_COLUMNS, evs)]
     if record["summaries"]:
         fig = turns_figure(record)
         fig.savefig(out / "turns.png", dpi=90, bbox_inches="tight")
