@@ -112,3 +112,12 @@ def test_old_margin_rows_are_reposed_from_their_stored_values():
     rec["summaries"]["ppo"]["gold_delta_sd"] = 0.6  # margin 0.12 > 0.1029: holds
     assert repose("experiments", rec, row)["holds"] == "yes"
     assert repose("experiments", rec, new) == new  # a row in the new form is left alone
+
+
+def test_reevaluation_keeps_a_null_the_run_computed_and_rederives_the_others():
+    rec = json.loads((ROOT / "results" / "turns.json").read_text())
+    computed = [c for c in rec["claims"] if "(computed" in c["null"]]
+    assert computed, "the turns rerun's findings carry the nulls their run computed"
+    stripped = {**rec, "claims": [{**c, "null": "stale text"} if c["kind"] == "check" else c for c in rec["claims"]]}
+    again = claim_reeval.reevaluate("turns.json", stripped)
+    assert again["claims"] == rec["claims"]  # the checks' nulls re-derived; the computed ones kept as they were

@@ -42,9 +42,15 @@ def reevaluate(name: str, record: Mapping) -> dict:
     """``record`` (results/``name``) with its claims re-annotated from scratch (kind, why, null), the
     old-form margin claims re-posed first (:func:`~fourfold.apps.claim_repose.repose`, which sets their null)."""
     family = RESULT_FAMILY[name]
-    fresh = [repose(family, record, {k: v for k, v in c.items() if k not in ("kind", "why", "null")})
+    fresh = [repose(family, record, {k: v for k, v in c.items() if k not in ("kind", "why", "null") or _run_computed(c, k)})
              for c in record["claims"]]
     return annotate_record(name, {**record, "claims": fresh})
+
+
+def _run_computed(claim: Mapping, key: str) -> bool:
+    """Whether ``claim``'s ``key`` is a null its family's run computed ('no (computed: ...)': the turns
+    rerun's claims compute theirs), which the stored values could not give again: kept as it is."""
+    return key == "null" and "(computed" in str(claim.get("null", ""))
 
 
 def rewrite(root: Path) -> list[str]:
