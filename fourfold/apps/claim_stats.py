@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Sequence
+from typing import Mapping, Sequence
+
+from fourfold.apps.report_kit import mean
 
 Z_ONE_SIDED_5 = 1.6448536269514722
 """The one-sided 5% normal quantile: each of TOST's two tests at alpha = 0.05 (a 90% interval)."""
@@ -61,6 +63,15 @@ def seed_se(values: Sequence[float], eval_se_mean: float) -> float:
         return eval_se_mean
     m = sum(values) / n
     return max(eval_se_mean, math.sqrt(sum((v - m) ** 2 for v in values) / (n - 1) / n))
+
+
+def mean_se(d: Mapping[int, tuple[float, float]]) -> tuple[float, float]:
+    """(mean over seeds, its SE: the larger of the seeds' spread and the evaluation's, :func:`seed_se`) of
+    {seed: (x, its evaluation SE)}; (nan, nan) for none."""
+    xs = [x for x, _ in d.values()]
+    if not xs:
+        return math.nan, math.nan
+    return mean(xs), seed_se(xs, math.sqrt(sum(e * e for _, e in d.values())) / len(xs))
 
 
 def margin_verdict(diff: float, se: float, effect: float, share: float = MARGIN_SHARE, two_sided: bool = False) -> Bound:

@@ -31,7 +31,7 @@ import statistics
 from typing import Mapping, Sequence
 
 from fourfold.apps.claim_kinds import annotate
-from fourfold.apps.claim_stats import Bound, margin_threshold, margin_verdict, seed_se
+from fourfold.apps.claim_stats import Bound, margin_threshold, margin_verdict, mean_se
 from fourfold.apps.experiments.claims import WorldClaims, eval_se, fmt_list
 from fourfold.apps.experiments.staleness_config import StalenessClaimsConfig, StalenessConfig
 from fourfold.apps.report_kit import fmt, mean, signed
@@ -160,10 +160,7 @@ class _Table(WorldClaims):
     def mean_diff(self, world: str, a: str, b: str) -> tuple[list[float], float, float]:
         """(per-seed gold of a minus b in sd, their mean, its SE)."""
         pairs = self.gold_diffs(world, a, b, lambda r: eval_se(r, "gold"), self.sd(world))
-        d, se = [x for x, _ in pairs.values()], [s for _, s in pairs.values()]
-        if not d:
-            return [], math.nan, math.nan
-        return d, mean(d), seed_se(d, math.sqrt(sum(x * x for x in se)) / len(se))
+        return [x for x, _ in pairs.values()], *mean_se(pairs)
 
     def ppo_gain(self, world: str) -> float:
         """PPO's gold gain over SFT (k0-engine, mean over seeds, sd): what the margins are a share of."""

@@ -42,7 +42,7 @@ import math
 from typing import Mapping, Sequence
 
 from fourfold.apps.claim_kinds import annotate
-from fourfold.apps.claim_stats import Bound, margin_verdict, seed_se
+from fourfold.apps.claim_stats import Bound, margin_verdict, mean_se
 from fourfold.apps.experiments.claims import WorldClaims, fmt_list, seeds_txt
 from fourfold.apps.experiments.config import TURNS_CRITIC_ARMS, TurnsClaimsConfig
 from fourfold.apps.report_kit import fmt, mean, signed, std
@@ -106,14 +106,6 @@ def by_seed(rows: Sequence[Mapping]) -> dict[int, Mapping]:
 def seed_diffs(a: Mapping[int, Mapping], b: Mapping[int, Mapping]) -> dict[int, tuple[float, float]]:
     """{seed: (gold of a minus gold of b, its SE)} over the seeds of both ({seed: row} each)."""
     return {s: (a[s][GOLD] - b[s][GOLD], math.hypot(gold_se(a[s]), gold_se(b[s]))) for s in sorted(set(a) & set(b))}
-
-
-def mean_se(d: Mapping[int, tuple[float, float]]) -> tuple[float, float]:
-    """(mean over seeds, its SE: the larger of the seeds' spread and the evaluation's) of {seed: (x, SE)}."""
-    xs = [x for x, _ in d.values()]
-    if not xs:
-        return math.nan, math.nan
-    return mean(xs), seed_se(xs, math.sqrt(sum(e * e for _, e in d.values())) / len(xs))
 
 
 def beyond(m: float, se: float, at_least: float, z: float) -> bool:
