@@ -323,7 +323,7 @@ def test_tiny_family_end_to_end(tmp_path):
     assert time.perf_counter() - t0 < 60
 
     record = publish.collect_horizon(out)
-    block = publish.horizon_block({"horizon": record})
+    block = publish.horizon_text(record)
     assert "| h2-k2 | grpo |" in block and record["provenance"]["commit"] in block
     g = record["summaries"]["h1"]["ppo"]["gold_delta_sd"]
     assert f"{g:+.2f}" in block and "| knob |" not in block and "the horizon knob works" in block

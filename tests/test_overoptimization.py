@@ -139,10 +139,10 @@ def test_tiny_family_end_to_end(tmp_path):
 
     record = publish.collect_overopt(out)
     assert set(publish.REQUIRED_KEYS["overoptimization"]) <= set(record)
-    block = publish.overopt_block({"overoptimization": record})
+    block = publish.BLOCKS["docs/experiments.md"]["overoptimization"]({"overoptimization": record})
     assert publish.overopt_headline(record)[0].startswith("| reward hacking as a law")
     assert "| best-of-n | 20 |" in block and "| PPO | 40 |" in block and record["provenance"]["commit"] in block
-    assert "img/overoptimization.png" in block and "No results published yet" in publish.overopt_block({})
+    assert "img/overoptimization.png" in block and "No results published yet" in publish.BLOCKS["docs/experiments.md"]["overoptimization"]({})
 
 
 @pytest.mark.slow

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from fourfold.apps import publish
+from fourfold.apps import publish, publish_demo
 from fourfold.apps.provenance import git_commit, machine, write_provenance
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -170,7 +170,7 @@ def test_render_refuses_unknown_and_missing_blocks():
     with pytest.raises(ValueError, match="f.md: no publish block headline"):
         publish.render_text("text", {"headline": publish.headline_table}, res, "f.md")
     with pytest.raises(FileNotFoundError, match="no demo evaluation"):
-        publish.collect_demo_run(Path("/nonexistent"))
+        publish_demo.collect_demo_run(Path("/nonexistent"))
 
 
 def test_provenance():

@@ -24,17 +24,29 @@ Nothing here runs a model.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import re
 import shutil
 import sys
 from pathlib import Path
-from typing import Any, Callable, Mapping, Optional, Sequence
+from typing import Callable, Mapping, Optional, Sequence
 
 from fourfold.apps.claim_kit import claims_md, counts_text, headline_row
 from fourfold.apps.claim_reeval import annotate_record
 from fourfold.apps.demo.arithmetic_results import RUNS as ARITHMETIC_RUNS
 from fourfold.apps.demo.arithmetic_results import arithmetic_line, arithmetic_table, collect_arithmetic
+from fourfold.apps.publish_demo import (
+    collect_demo,
+    demo_seed_table,
+    file_by_machine,
+    machine_spread_text,
+    machines_table,
+    quick_demo_text,
+    seed_order,
+)
+from fourfold.apps.publish_io import made as _made
+from fourfold.apps.publish_io import read, run_provenance
 from fourfold.apps.publish_markers import check_markers
 from fourfold.apps.publish_measure import measure_headline, measure_record, measure_text
 from fourfold.apps.publish_overopt import overopt_headline, overopt_record, overopt_text
@@ -47,78 +59,12 @@ from fourfold.errors import DataError, FourfoldError
 
 REPO = Path(__file__).resolve().parents[2]  # fourfold/apps/publish.py -> the checkout
 RESULTS = "results"
-HORIZON_FIGURE = "docs/img/horizon.png"
-OVEROPT_FIGURE = "docs/img/overoptimization.png"
-TURNS_FIGURE = "docs/img/turns.png"
 MARK = re.compile(r"<!-- publish:(?P<name>[a-z-]+) -->(?P<body>.*?)<!-- /publish:(?P=name) -->", re.S)
-
-
-def read(path: Path) -> Any:
-    """The JSON of ``path``, None when there is no such file; a file that is there but does not
-    parse (cut short, edited by hand) is a DataError naming it, never taken for a missing one."""
-    path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        return None
-    except (OSError, UnicodeDecodeError) as e:
-        raise DataError(f"{path}: cannot read it ({getattr(e, 'strerror', None) or e})") from None
-    try:
-        return json.loads(text)
-    except ValueError as e:
-        raise DataError(f"{path}: not valid JSON ({e}); a cut or hand-edited file? restore it "
-                        f"(git checkout -- {path}) or rerun `python -m fourfold.apps.publish collect`") from None
-
-
-def _provenance(run: Path) -> dict:
-    return read(run / "provenance.json") or dict.fromkeys(("commit", "machine", "date", "command"), "unknown")
 
 
 # ---------------------------------------------------------------------------------------------
 # collect: run outputs -> results/*.json
 # ---------------------------------------------------------------------------------------------
-
-
-def collect_demo_run(run: Path) -> dict:
-    """One demo run's published numbers: SFT -> PPO on its held-out prompts, its reward model."""
-    ev = read(run / "eval.json")
-    if not ev:
-        raise FileNotFoundError(f"{run / 'eval.json'}: no demo evaluation (run the demo first)")
-    rm = (read(run / "stages" / "reward" / "DONE") or {}).get("result", {})
-    cfg_text = (run / "config.yaml").read_text(encoding="utf-8") if (run / "config.yaml").is_file() else ""
-    prompts = re.search(r"^eval:\n  prompts: (\d+)", cfg_text, re.M)
-    walls = [(read(run / "stages" / s / "DONE") or {}).get("result", {}).get("wall_s") for s in ("sft", "pairs", "reward", "ppo", "eval")]
-    b, a = ev["sft"], ev["ppo"]
-    return {"provenance": _provenance(run), "eval_prompts": int(prompts.group(1)) if prompts else None,
-            **{k: [b[k], a[k]] for k in ("proxy", "gold", "length", "well_formed", "repetition")},
-            "kl": a["kl"], "gold_gain_sd": ev["gold_gain_sd"],
-            "rm_accuracy_vs_labelers": rm.get("accuracy_vs_labelers"), "rm_accuracy_vs_gold": rm.get("accuracy_vs_gold"),
-            "rm_slips_accuracy_vs_gold": rm.get("slips_accuracy_vs_gold"),
-            "stages_s": round(sum(w for w in walls if w), 1)}
-
-
-def collect_demo(full: Sequence[Path], quick: Sequence[Path]) -> dict:
-    """results/demo.json: {full: {seed: run}, quick: {seed: run}} (the seed read from each run's config)."""
-    def by_seed(runs: Sequence[Path]) -> dict:
-        out = {}
-        for run in runs:
-            m = re.search(r"^  seed: (\d+)", (run / "config.yaml").read_text(encoding="utf-8"), re.M)
-            out[m.group(1) if m else str(len(out))] = collect_demo_run(run)
-        return out
-
-    return {"full": by_seed(full), "quick": by_seed(quick)}
-
-
-def file_by_machine(machines: Mapping, demo: Mapping) -> dict:
-    """results/machines.json's ``machines``, {machine: {full|quick: {seed: run}}}, with the runs of a
-    demo record (:func:`collect_demo`'s shape) filed under the machine their provenance names,
-    replacing that machine's run of the same part and seed: the same commands' figures on every
-    machine they were run on (docs/demo.md, "On another machine")."""
-    out = {m: {part: dict(runs) for part, runs in parts.items()} for m, parts in machines.items()}
-    for part, runs in demo.items():
-        for seed, run in runs.items():
-            out.setdefault(run["provenance"]["machine"], {}).setdefault(part, {})[seed] = run
-    return out
 
 
 def collect_sweep(out: Path, keep: Sequence[str] = ()) -> dict:
@@ -128,7 +74,7 @@ def collect_sweep(out: Path, keep: Sequence[str] = ()) -> dict:
     if not res:
         raise FileNotFoundError(f"{out / 'results.json'}: no sweep results (run the sweep first)")
     cfg = res["config"]
-    record = {"provenance": _provenance(out), "wall_s": res["wall_s"], "seeds": cfg["seeds"],
+    record = {"provenance": run_provenance(out), "wall_s": res["wall_s"], "seeds": cfg["seeds"],
               "iterations": cfg["iterations"], "eval_prompts": cfg["eval_prompts"],
               "claims": [{k: c[k] for k in ("group", "claim", "measured", "threshold", "holds")} for c in res["claims"]]}
     return {**record, **{k: res[k] for k in keep if k in res}}
@@ -171,29 +117,12 @@ def collect_horizon(out: Path) -> dict:
 
 def collect_overopt(out: Path) -> dict:
     """results/overoptimization.json (:func:`fourfold.apps.publish_overopt.overopt_record`)."""
-    return overopt_record(read(out / "results.json") or {}, _provenance(out))
+    return overopt_record(read(out / "results.json") or {}, run_provenance(out))
 
 
 # ---------------------------------------------------------------------------------------------
 # render: results/*.json -> the marked blocks
 # ---------------------------------------------------------------------------------------------
-
-
-def _made(p: Mapping) -> str:
-    """'measured <date> on <machine>, commit <sha>'; a transcribed record says what it was
-    transcribed from (and its date and machine where known)."""
-    when = (f" {p['date']}" if p.get("date") not in (None, "unknown") else "") + f" on {p.get('machine')}"
-    if p.get("transcribed"):
-        return f"transcribed from {p['transcribed']}; measured{when}"
-    return f"measured{when}, commit {p.get('commit')}"
-
-
-def _made_all(records: Sequence[tuple[str, Mapping]]) -> str:
-    """One provenance text for runs made alike, else one per run (``(label, provenance)`` pairs)."""
-    texts = [(label, _made(p)) for label, p in records]
-    if len({t for _, t in texts}) == 1:
-        return texts[0][1]
-    return "; ".join(f"{label}: {t}" for label, t in texts)
 
 
 def arm_order(arm: str) -> tuple:
@@ -209,82 +138,6 @@ def world_order(world: str) -> tuple:
     """Worlds by horizon, each horizon's variants after it: h1, h3, h6, h6-k2, h6-k8, h6-noisy."""
     k, _, variant = world[1:].partition("-")
     return (int(k) if k.isdigit() else 0, variant)
-
-
-def _seeds(runs: Mapping[str, Mapping]) -> list[str]:
-    return sorted(runs, key=int)
-
-
-def quick_demo_text(res: Mapping) -> str:
-    q = res["demo"]["quick"]
-    seeds = _seeds(q)
-    prompts = {q[s].get("eval_prompts") for s in seeds}
-    return (f"gold {' / '.join(signed(q[s]['gold_gain_sd']) for s in seeds)} SFT sd over SFT on seeds "
-            f"{' / '.join(seeds)} ({'/'.join(str(p) for p in prompts)} held-out prompts; "
-            f"{_made_all([(f'seed {s}', q[s]['provenance']) for s in seeds])})")
-
-
-def demo_seed_table(res: Mapping) -> str:
-    runs = res["demo"]["full"]
-    seeds = _seeds(runs)
-    head = ("| seed | proxy (RM) | gold | gold gain | KL (nats/response) | length (words) | well-formed | repetition "
-            "| RM acc. vs labelers / vs gold / on one-slip pairs |\n|---|---|---|---|---|---|---|---|---|")
-    lines = [head]
-    def arrow(r: Mapping, key: str, d: int) -> str:
-        return f"{fmt(r[key][0], d)} -> {fmt(r[key][1], d)}"
-
-    for s in seeds:
-        r = runs[s]
-        lines.append(f"| {s} | {arrow(r, 'proxy', 2)} | {arrow(r, 'gold', 2)} | {signed(r['gold_gain_sd'])} sd | "
-                     f"{fmt(r['kl'], 1)} | {arrow(r, 'length', 1)} | {arrow(r, 'well_formed', 3)} | "
-                     f"{arrow(r, 'repetition', 3)} | "
-                     f"{pct(r['rm_accuracy_vs_labelers'], 1)} / {pct(r['rm_accuracy_vs_gold'], 1)} / "
-                     f"{pct(r['rm_slips_accuracy_vs_gold'])} |")
-    prompts = {runs[s].get("eval_prompts") for s in seeds}
-    return ("\n".join(lines) + f"\n\nSFT -> PPO on {'/'.join(map(str, prompts))} held-out prompts; "
-            + _made_all([(f"seed {s}", runs[s]["provenance"]) for s in seeds]) + ".")
-
-
-def _gains(runs: Mapping) -> str:
-    return " / ".join(f"{signed(runs[s]['gold_gain_sd'])}" for s in _seeds(runs)) if runs else "-"
-
-
-def _spread(res: Mapping, part: str) -> tuple[int, int, float, float]:
-    """(runs, machines, lowest, highest gold gain) of one part of the demo over every machine."""
-    machines = (res.get("machines") or {}).get("machines", {})
-    gains = [r["gold_gain_sd"] for parts in machines.values() for r in parts.get(part, {}).values()]
-    n = sum(1 for parts in machines.values() if parts.get(part))
-    return len(gains), n, min(gains, default=float("nan")), max(gains, default=float("nan"))
-
-
-def machines_table(res: Mapping) -> str:
-    """docs/demo.md's table of the demo's figures on each machine it was run on."""
-    machines = (res.get("machines") or {}).get("machines", {})
-    lines = ["| machine (as recorded) | demo: gold gain, seeds | RM vs gold | quick demo: gold gain, seeds | RM vs gold |",
-             "|---|---|---|---|---|"]
-    for m in sorted(machines):
-        full, quick = machines[m].get("full", {}), machines[m].get("quick", {})
-        rm = lambda runs: " / ".join(pct(runs[s]["rm_accuracy_vs_gold"], 1) for s in _seeds(runs)) if runs else "-"
-        lines.append(f"| {m} | {_gains(full)} ({', '.join(_seeds(full)) or '-'}) | {rm(full)} | "
-                     f"{_gains(quick)} ({', '.join(_seeds(quick)) or '-'}) | {rm(quick)} |")
-    made = sorted({r["provenance"]["commit"] for parts in machines.values() for runs in parts.values() for r in runs.values()})
-    text = "\n".join(lines)
-    for part, name in (("full", "the demo"), ("quick", "the quick demo")):
-        n, k, lo, hi = _spread(res, part)
-        if n:
-            text += f"\n\nOver {n} runs of {name} on {k} machines: gold gain {signed(lo)} to {signed(hi)} sd."
-    return text + f" Commits: {', '.join(made)}."
-
-
-def machine_spread_text(res: Mapping) -> str:
-    """README's line on how far the figures move from machine to machine."""
-    n, k, lo, hi = _spread(res, "full")
-    if not n:
-        return "measured on one machine only"
-    machines = res["machines"]["machines"].values()
-    counts = {len(parts.get("full", {})) for parts in machines if parts.get("full")}
-    each = f" ({counts.pop()} seeds each)" if len(counts) == 1 else ""
-    return f"over {n} runs on {k} machines{each} the demo's gold gain was {signed(lo)} to {signed(hi)} sd"
 
 
 def _cell(s: Mapping, key: str, digits: int, sign: bool = False) -> str:
@@ -320,13 +173,13 @@ def experiments_table(res: Mapping) -> str:
     return "\n".join(lines)
 
 
-def horizon_block(res: Mapping) -> str:
-    h = res.get("horizon")
+def horizon_text(h: Optional[Mapping], made: Callable[[Mapping], str] = _made) -> str:
+    """docs/experiments.md's horizon block: the per-world table, the figure, the claims."""
     if not h:
         return ("*Not yet run.* The commands above run it and put its table, figure and claims here (`make "
                 "results` too).")
     lines = [f"`fourfold experiments --config examples/horizon.yaml`: {h['wall_s'] / 60:.1f} minutes, "
-             f"{_made(h['provenance'])}; {len(h['seeds'])} seeds, {h['iterations']} iterations x 64 responses per run, "
+             f"{made(h['provenance'])}; {len(h['seeds'])} seeds, {h['iterations']} iterations x 64 responses per run, "
              f"{h['eval_prompts']} held-out prompts. Gold and proxy in units of each world's SFT sd; mean ± sd over "
              "seeds:", "",
              "| world | arm | proxy - SFT | gold - SFT | KL (nats) | length (words) | sentences | models | peak RSS (MB) "
@@ -346,13 +199,20 @@ def horizon_block(res: Mapping) -> str:
     return "\n".join(lines)
 
 
-def overopt_block(res: Mapping) -> str:
-    return overopt_text(res.get("overoptimization"), _made)
+def horizon_headline(h: Optional[Mapping]) -> list[str]:
+    """The README's horizon row (none until the family is published)."""
+    if not h:
+        return []
+    critic = "; ".join(f"{re.sub(r' [(][^()]*[)]$', '', c['claim'])}: {c['holds']}" for c in h["claims"]
+                       if c["group"] in ("critic", "match"))
+    return [headline_row(f"when the critic pays: horizons {', '.join(map(str, h['horizons']))}", h["claims"],
+                         critic, "fourfold experiments --config examples/horizon.yaml",
+                         "[docs/experiments.md](docs/experiments.md#the-horizon-family-when-does-the-critic-pay)")]
 
 
 def collect_turns(out: Path) -> dict:
     """results/turns.json (:func:`fourfold.apps.publish_turns.turns_record`)."""
-    return turns_record(read(out / "results.json") or {}, _provenance(out))
+    return turns_record(read(out / "results.json") or {}, run_provenance(out))
 
 
 def collect_practice(out: Path) -> dict:
@@ -362,12 +222,59 @@ def collect_practice(out: Path) -> dict:
 
 def collect_measure(out: Path) -> dict:
     """results/measure.json (:func:`fourfold.apps.publish_measure.measure_record`)."""
-    return measure_record(read(out / "results.json") or {}, _provenance(out), out)
+    return measure_record(read(out / "results.json") or {}, run_provenance(out), out)
+
+
+def collect_staleness(out: Path) -> dict:
+    """results/staleness.json (:func:`fourfold.apps.publish_staleness.staleness_record`)."""
+    return staleness_record(read(out / "results.json") or {}, run_provenance(out))
+
+
+@dataclasses.dataclass(frozen=True)
+class Family:
+    """One published family: results/<name>.json collected from its run output (``runs/<out>`` by
+    default, ``--<name>`` on the command line) by ``collect``, with the top-level ``keys`` rendering
+    needs; its README rows (``headline(record or None)``), its block ``<!-- publish:<name> -->`` in
+    ``doc`` (``text(record or None, made)``), its figure ``<out>/<name>.png`` copied to
+    docs/img/<name>.png when ``figure``. ``quiet``: an output that is not there is passed over without
+    a word (the file kept); else collect says it kept the file."""
+
+    name: str
+    out: str
+    keys: tuple[str, ...]
+    collect: Callable[[Path], dict]
+    headline: Callable[[Optional[Mapping]], list[str]]
+    text: Callable[[Optional[Mapping], Callable[[Mapping], str]], str]
+    doc: str = "docs/experiments.md"
+    figure: bool = False
+    quiet: bool = True
+
+
+FAMILIES: tuple[Family, ...] = (
+    Family("horizon", "horizon", ("claims", "summaries", "seeds", "sft", "sentences", "horizons", "iterations",
+                                  "eval_prompts", "wall_s", "provenance"),
+           collect_horizon, horizon_headline, horizon_text, figure=True, quiet=False),
+    Family("overoptimization", "overoptimization", ("claims", "summaries", "seeds", "rm_pairs", "bon_n", "kl_coef",
+                                                    "lr_multiplier", "default", "default_kl_coef", "iterations", "wall_s",
+                                                    "provenance"),
+           collect_overopt, overopt_headline, overopt_text, figure=True),
+    Family("turns", "turns", ("claims", "summaries", "sft", "worlds", "seeds", "iterations", "eval_prompts", "wall_s",
+                              "provenance"), collect_turns, turns_headline, turns_text, figure=True),
+    Family("practice", "experiments-practice", ("claims", "summaries", "arms", "metrics", "notes", "critic_warmup", "seeds",
+                                                "wall_s", "provenance"),
+           collect_practice, practice_headline, practice_text, doc="docs/correction.md"),
+    Family("measure", "experiments-measure", ("claims", "summaries", "arms", "metrics", "notes", "sft", "seeds", "wall_s",
+                                              "provenance"), collect_measure, measure_headline, measure_text),
+    Family("staleness", "staleness", ("claims", "worlds", "arms", "sft", "finals", "stats", "seeds", "ks", "top_p", "wall_s",
+                                      "provenance"), collect_staleness, staleness_headline, staleness_text),
+)
+"""The families published beside the demo and the claims sweep, in the README's order. A new family
+is one row here (and its publish_<family>.py)."""
 
 
 def headline_table(res: Mapping) -> str:
-    d, e, h, b = res["demo"]["full"], res["experiments"], res.get("horizon"), res["benchmarks"]
-    seeds = _seeds(d)
+    d, e, b = res["demo"]["full"], res["experiments"], res["benchmarks"]
+    seeds = seed_order(d)
     gains = " / ".join(signed(d[s]["gold_gain_sd"]) for s in seeds)
     s = e["summaries"]
     claims = {(c["group"], c["claim"]): c["holds"] for c in e["claims"]}
@@ -383,29 +290,26 @@ def headline_table(res: Mapping) -> str:
             + f"({signed(s['grpo']['gold_delta_sd'])}, {signed(s['rloo']['gold_delta_sd'])}, "
             f"{signed(s['dpo']['gold_delta_sd'])} sd against PPO's {signed(s['ppo']['gold_delta_sd'])}) | "
             "`fourfold experiments` | [docs/experiments.md](docs/experiments.md) |"]
-    if h:
-        critic = "; ".join(f"{re.sub(r' [(][^()]*[)]$', '', c['claim'])}: {c['holds']}" for c in h["claims"]
-                           if c["group"] in ("critic", "match"))
-        rows.append(headline_row(f"when the critic pays: horizons {', '.join(map(str, h['horizons']))}", h["claims"],
-                                 critic, "fourfold experiments --config examples/horizon.yaml",
-                                 "[docs/experiments.md](docs/experiments.md#the-horizon-family-when-does-the-critic-pay)"))
-    rows += overopt_headline(res.get("overoptimization")) + turns_headline(res.get("turns")) + practice_headline(res.get("practice"))
-    rows += measure_headline(res.get("measure")) + staleness_headline(res.get("staleness"))
+    for fam in FAMILIES:
+        rows += fam.headline(res.get(fam.name))
     rows += [f"| {r['what']} | {r['result']} | `{r['command']}` | {r['details']} |" for r in b["rows"]]
     return "\n".join(rows) + f"\n\n(Demo and experiments: {_made(e['provenance'])}; benchmarks: {b['source']}.)"
 
 
-BLOCKS: dict[str, dict[str, Callable[[Mapping], str]]] = {
-    "README.md": {"headline": headline_table, "quick-demo": quick_demo_text, "machine-spread": machine_spread_text,
-                  "arithmetic-demo": arithmetic_line},
-    "docs/arithmetic.md": {"arithmetic-seeds": arithmetic_table},
-    "docs/demo.md": {"demo-seeds": demo_seed_table, "quick-demo": quick_demo_text, "demo-machines": machines_table},
-    "docs/experiments.md": {"experiments-table": experiments_table, "horizon": horizon_block, "overoptimization": overopt_block,
-                            "turns": lambda res: turns_text(res.get("turns"), _made),
-                            "measure": lambda res: measure_text(res.get("measure"), _made),
-                            "staleness": lambda res: staleness_text(res.get("staleness"), _made)},
-    "docs/correction.md": {"practice": lambda res: practice_text(res.get("practice"), _made)},
-}
+def _blocks() -> dict[str, dict[str, Callable[[Mapping], str]]]:
+    blocks: dict[str, dict[str, Callable[[Mapping], str]]] = {
+        "README.md": {"headline": headline_table, "quick-demo": quick_demo_text, "machine-spread": machine_spread_text,
+                      "arithmetic-demo": arithmetic_line},
+        "docs/arithmetic.md": {"arithmetic-seeds": arithmetic_table},
+        "docs/demo.md": {"demo-seeds": demo_seed_table, "quick-demo": quick_demo_text, "demo-machines": machines_table},
+        "docs/experiments.md": {"experiments-table": experiments_table},
+    }
+    for fam in FAMILIES:
+        blocks.setdefault(fam.doc, {})[fam.name] = lambda res, fam=fam: fam.text(res.get(fam.name), _made)
+    return blocks
+
+
+BLOCKS = _blocks()
 """Which generator writes each marked block of each file."""
 
 
@@ -413,23 +317,18 @@ REQUIRED_KEYS = {
     "demo": ("full", "quick"),
     "experiments": ("claims", "summaries", "seeds", "sft", "rm", "labels", "iterations", "rollout_batch_size",
                     "dpo_steps", "dpo_batch", "eval_prompts", "wall_s", "provenance"),
-    "horizon": ("claims", "summaries", "seeds", "sft", "sentences", "horizons", "iterations", "eval_prompts", "wall_s", "provenance"),
-    "overoptimization": ("claims", "summaries", "seeds", "rm_pairs", "bon_n", "kl_coef", "lr_multiplier", "default",
-                         "default_kl_coef", "iterations", "wall_s", "provenance"),
-    "turns": ("claims", "summaries", "sft", "worlds", "seeds", "iterations", "eval_prompts", "wall_s", "provenance"),
-    "practice": ("claims", "summaries", "arms", "metrics", "notes", "critic_warmup", "seeds", "wall_s", "provenance"),
-    "measure": ("claims", "summaries", "arms", "metrics", "notes", "sft", "seeds", "wall_s", "provenance"),
-    "staleness": ("claims", "worlds", "arms", "sft", "finals", "stats", "seeds", "ks", "top_p", "wall_s", "provenance"),
+    **{fam.name: fam.keys for fam in FAMILIES},
     "benchmarks": ("rows", "source"),
     "machines": ("machines",),
     "arithmetic": ("runs",),
 }
+OPTIONAL = {"machines", "arithmetic", *(fam.name for fam in FAMILIES)}
 """The top-level keys each results/<name>.json must hold for the blocks to render."""
 
 
 def load_results(root: Path) -> dict:
-    """results/*.json of the checkout ``root`` (horizon, overoptimization, turns, practice, measure, machines, arithmetic: None
-    until made). A missing one (but those), one that does not parse, or one without a key of :data:`REQUIRED_KEYS` is a
+    """results/*.json of the checkout ``root`` (:data:`OPTIONAL`'s, the families, machines, arithmetic: None until
+    made). A missing one (but those), one that does not parse, or one without a key of :data:`REQUIRED_KEYS` is a
     DataError naming the file."""
     root = Path(root)
     if not root.is_dir():
@@ -438,8 +337,7 @@ def load_results(root: Path) -> dict:
     for name, keys in REQUIRED_KEYS.items():
         path = d / f"{name}.json"
         res[name] = rec = read(path)
-        if rec is None and name not in ("horizon", "machines", "arithmetic", "overoptimization", "turns", "practice", "measure",
-                                    "staleness"):
+        if rec is None and name not in OPTIONAL:
             raise DataError(f"{path}: missing (is --root {root} a fourfold checkout? `python -m "
                             "fourfold.apps.publish collect` writes it from run outputs)")
         if rec is not None and not isinstance(rec, dict):
@@ -492,15 +390,16 @@ def _read_doc(path: Path) -> str:
 
 
 def write_results(root: Path, demo: Sequence[Path], demo_quick: Sequence[Path], experiments: Path, horizon: Path,
-                  machines_only: bool = False, arithmetic: Sequence[Path] = (),
-                  overoptimization: Optional[Path] = None, turns: Optional[Path] = None,
-                  practice: Optional[Path] = None, measure: Optional[Path] = None,
-                  staleness: Optional[Path] = None) -> list[str]:
+                  machines_only: bool = False, arithmetic: Sequence[Path] = (), **outs: Optional[Path]) -> list[str]:
     """Write each results/*.json of the module's list (and the families' figures) whose run outputs exist; keep the
     others; file the demo runs by machine in results/machines.json too (with ``machines_only``, there alone: another
-    machine's runs, the published ones kept). Returns (and prints) what it did."""
+    machine's runs, the published ones kept). ``outs``: a family's run output by its name (default
+    ``root/runs/<its out>``, :data:`FAMILIES`). Returns (and prints) what it did."""
     d = root / RESULTS
     done = []
+    unknown = set(outs) - {fam.name for fam in FAMILIES}
+    if unknown:
+        raise TypeError(f"write_results: no family {', '.join(sorted(unknown))} (FAMILIES)")
 
     def write(name: str, rec: dict) -> None:
         write_text_atomic(d / name, json.dumps(annotate_record(name, rec), indent=1, sort_keys=True) + "\n")
@@ -520,28 +419,23 @@ def write_results(root: Path, demo: Sequence[Path], demo_quick: Sequence[Path], 
     if machines_only:
         print("\n".join(done))
         return done
-    overoptimization, turns = overoptimization or root / "runs" / "overoptimization", turns or root / "runs" / "turns"
-    fams = [("experiments.json", experiments, collect_experiments), ("horizon.json", horizon, collect_horizon)]
-    fams += [f for f in (("overoptimization.json", overoptimization, collect_overopt), ("turns.json", turns, collect_turns),
-                         ("practice.json", practice or root / "runs" / "experiments-practice", collect_practice),
-                         ("measure.json", measure or root / "runs" / "experiments-measure", collect_measure),
-                         ("staleness.json", staleness or root / "runs" / "staleness",
-                          lambda out: staleness_record(read(out / "results.json") or {}, _provenance(out))))
-             if (f[1] / "results.json").is_file()]
-    for name, out, fn in fams:
+    outs = {**outs, "horizon": horizon}
+    fams = [("experiments", experiments, collect_experiments, False)]
+    fams += [(f.name, Path(outs.get(f.name) or root / "runs" / f.out), f.collect, f.quiet) for f in FAMILIES]
+    for name, out, fn, quiet in fams:
         if (out / "results.json").is_file():
-            write(name, fn(out))
-        else:
-            done.append(f"kept {d / name} (no {out / 'results.json'})" if (d / name).is_file()
-                        else f"no {d / name}: no {out / 'results.json'}")
+            write(f"{name}.json", fn(out))
+        elif not quiet:
+            done.append(f"kept {d / name}.json (no {out / 'results.json'})" if (d / f"{name}.json").is_file()
+                        else f"no {d / name}.json: no {out / 'results.json'}")
     arith = collect_arithmetic(arithmetic)
     if arith:
         write("arithmetic.json", arith)
     else:
         done.append(f"kept {d / 'arithmetic.json'} (no arithmetic demo run has a result.json)")
-    for src, dst in ((horizon / "horizon.png", HORIZON_FIGURE), (overoptimization / "overoptimization.png", OVEROPT_FIGURE),
-                     (turns / "turns.png", TURNS_FIGURE)):
-        if src.is_file():
+    for name, out, _, _ in fams:
+        src, dst = out / f"{name}.png", f"docs/img/{name}.png"
+        if any(f.name == name and f.figure for f in FAMILIES) and src.is_file():
             shutil.copyfile(src, root / dst)
             done.append(f"wrote {root / dst}")
     print("\n".join(done))
@@ -554,9 +448,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--root", default=str(REPO), help="the checkout whose results/ and docs are read and written")
     p.add_argument("--demo", nargs="*", default=["runs/demo-s0", "runs/demo-s1", "runs/demo-s2"])
     p.add_argument("--demo-quick", nargs="*", default=["runs/demo-quick-s0", "runs/demo-quick-s1", "runs/demo-quick-s2"])
-    for name, default in (("experiments", "experiments"), ("horizon", "horizon"), ("overoptimization", "overoptimization"),
-                          ("turns", "turns"), ("practice", "experiments-practice"),
-                          ("measure", "experiments-measure"), ("staleness", "staleness")):  # each sweep's output
+    for name, default in (("experiments", "experiments"), *((f.name, f.out) for f in FAMILIES)):  # each sweep's output
         p.add_argument(f"--{name}", default=f"runs/{default}")
     p.add_argument("--arithmetic", nargs="*", default=list(ARITHMETIC_RUNS), help="the `fourfold demo --task arithmetic` runs")
     p.add_argument("--machines-only", action="store_true",
@@ -577,9 +469,8 @@ def _run(args: argparse.Namespace) -> int:
     if args.command == "collect":
         write_results(root, [root / r for r in args.demo], [root / r for r in args.demo_quick], root / args.experiments,
                       root / args.horizon, machines_only=args.machines_only,
-                      arithmetic=[root / r for r in args.arithmetic], overoptimization=root / args.overoptimization,
-                      turns=root / args.turns, practice=root / args.practice, measure=root / args.measure,
-                      staleness=root / args.staleness)
+                      arithmetic=[root / r for r in args.arithmetic],
+                      **{f.name: root / getattr(args, f.name) for f in FAMILIES if f.name != "horizon"})
         return 0
     files = render(root)
     changed = [f for f, text in files.items() if (root / f).read_text(encoding="utf-8") != text]

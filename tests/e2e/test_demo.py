@@ -174,13 +174,13 @@ def test_quick_demo_writes_tensorboard_events_and_samples(quick_demo):
 def test_quick_demo_records_its_provenance_and_publish_collects_it(quick_demo):
     """provenance.json (commit, machine, date, command) beside the outputs; `fourfold.apps.publish` reads
     the published numbers of the run from them."""
-    from fourfold.apps import publish
+    from fourfold.apps import publish, publish_demo
     from fourfold.apps.provenance import git_commit
 
     out, _, _ = quick_demo
     prov = json.loads((out / "provenance.json").read_text())
     assert prov["commit"] == git_commit() and "cores" in prov["machine"] and "demo" in prov["command"]
-    rec = publish.collect_demo_run(out)
+    rec = publish_demo.collect_demo_run(out)
     ev = json.loads((out / "eval.json").read_text())
     assert rec["gold_gain_sd"] == ev["gold_gain_sd"] and rec["eval_prompts"] == 512
     assert rec["gold"] == [ev["sft"]["gold"], ev["ppo"]["gold"]] and 0 < rec["rm_accuracy_vs_labelers"] < 1
