@@ -1,8 +1,9 @@
 """`fourfold demo --quick` end to end: artefacts exist and load, the report references its plots,
-PPO raises the gold reward above SFT's, and a run killed with SIGKILL (twice, at different stages)
-then rerun with the same command ends with the same metrics rows and weights."""
+PPO raises the gold reward above SFT's, and a run killed with SIGKILL (in PPO; in the slow tier
+twice, in SFT and in PPO) then rerun with the same command ends with the same metrics rows and weights."""
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -122,11 +123,11 @@ def _wait_for(p, predicate, timeout=600):
     return False
 
 
-def test_demo_killed_twice_then_rerun_matches(quick_demo, tmp_path):
-    ref, _, _ = quick_demo
-    out = tmp_path / "run"
-    # kill 1: during SFT (after its first checkpoint); kill 2: during PPO (after its first checkpoint)
-    for ckpt_dir in (out / "stages" / "sft" / "checkpoints", out / "stages" / "ppo" / "checkpoints"):
+def _killed_then_rerun_matches(ref: Path, out: Path, ckpt_dirs) -> None:
+    """Start the quick demo in ``out``, SIGKILL it once per directory of ``ckpt_dirs`` as soon as that
+    directory holds a checkpoint, rerun it to the end: the metrics rows and the four models equal
+    the uninterrupted run ``ref``'s."""
+    for ckpt_dir in ckpt_dirs:
         p = _demo(out)
         hit = _wait_for(p, lambda: ckpt_dir.is_dir() and any(x.name.startswith("step-") for x in ckpt_dir.iterdir()))
         p.send_signal(signal.SIGKILL)
@@ -141,6 +142,30 @@ def test_demo_killed_twice_then_rerun_matches(quick_demo, tmp_path):
     for model in ("sft", "reward", "policy", "critic"):
         a, b = load_file(str(ref / model / "model.safetensors")), load_file(str(out / model / "model.safetensors"))
         assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), model
+
+
+def test_demo_killed_in_ppo_then_rerun_matches(quick_demo, tmp_path):
+    """The default suite's kill: the quick demo's SFT, pairs and reward stages copied from the
+    fixture's run (cached), its PPO stage killed after its first checkpoint, then the demo rerun:
+    the stage resumes and the run ends as the uninterrupted one. (A kill inside SFT as well, the
+    whole pipeline again: the slow tier's test below; the supervised loop's SIGKILL resume is the
+    reward and DPO trainers' tests.)"""
+    ref, _, _ = quick_demo
+    out = tmp_path / "run"
+    shutil.copytree(ref, out, ignore=shutil.ignore_patterns("tensorboard"))
+    for name in ("stages/ppo", "stages/eval", "policy", "critic"):
+        shutil.rmtree(out / name, ignore_errors=True)
+    for name in ("eval.json", "metrics.jsonl", "report.html", "provenance.json"):
+        (out / name).unlink(missing_ok=True)
+    _killed_then_rerun_matches(ref, out, [out / "stages" / "ppo" / "checkpoints"])
+
+
+@pytest.mark.slow
+def test_demo_killed_twice_then_rerun_matches(quick_demo, tmp_path):
+    """Killed twice, inside SFT and inside PPO (after each one's first checkpoint), then rerun."""
+    ref, _, _ = quick_demo
+    out = tmp_path / "run"
+    _killed_then_rerun_matches(ref, out, [out / "stages" / "sft" / "checkpoints", out / "stages" / "ppo" / "checkpoints"])
 
 
 def test_wellformed_by_length_tool_on_the_quick_demo(quick_demo):
