@@ -5,6 +5,7 @@ sweeps' own end-to-end tests collect their real ones)."""
 import json
 import re
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -183,6 +184,17 @@ def test_provenance():
     else:
         assert c == "unknown"
     assert "cores" in machine()
+
+
+@pytest.mark.parametrize("argv0, shown", [("/venv/bin/fourfold", "fourfold"), ("/src/fourfold/cli.py", "fourfold"),
+                                          ("/src/fourfold/__main__.py", "fourfold"),  # python -m fourfold
+                                          ("/src/fourfold/apps/publish.py", "publish.py"),
+                                          ("/src/other/__main__.py", "__main__.py")])
+def test_the_command_names_the_cli_however_it_was_started(monkeypatch, argv0, shown):
+    from fourfold.apps.provenance import provenance
+
+    monkeypatch.setattr(sys, "argv", [argv0, "experiments", "--config", "x.yaml"])
+    assert provenance()["command"] == f"{shown} experiments --config x.yaml"
 
 
 def test_the_machine_names_torchs_cpu_kernels():

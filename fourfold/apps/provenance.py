@@ -85,8 +85,9 @@ def provenance(command: str | None = None) -> dict:
     """{commit, machine, date (UTC, YYYY-MM-DD), command (default: this process's argv, with
     ``fourfold`` for the CLI however it was started)}. Take it when a run starts: the commit is the
     checkout's at that moment."""
-    name = Path(sys.argv[0]).name if sys.argv and sys.argv[0] else "python"
-    argv = ["fourfold" if name in ("cli.py", "fourfold") else name] + sys.argv[1:]
+    first = Path(sys.argv[0]) if sys.argv and sys.argv[0] else Path("python")
+    cli = first.name in ("cli.py", "fourfold") or (first.name == "__main__.py" and first.parent.name == "fourfold")
+    argv = ["fourfold" if cli else first.name] + sys.argv[1:]  # __main__.py of fourfold: `python -m fourfold`
     return {"commit": git_commit(), "machine": machine(),
             "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d"),
             "command": command or " ".join(argv)}
