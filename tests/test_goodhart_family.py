@@ -62,7 +62,7 @@ def test_the_designed_job_graph(tmp_path):
     assert (d.pairs.pairs, d.pairs.eval_pairs) == (100, 25) and d.task_options["labeler_noise"] == 0.3
     assert d.run.output_dir == "runs/demo-goodhart-regressional-p100"
     assert fam.sft_dir("regressional") == fam.sft_dir("extremal") == Path("runs/demo-goodhart-extremal-p100").resolve() / "sft"
-    assert fam.schedule() == [1, 2, 3, 4, 5, 6] + list(range(9, 49, 3))
+    assert fam.schedule() == [1, 2, 3, 4, 5, 6, 12, 18, 24, 30, 36, 42, 48]  # dense 6, then every 6th (budget)
 
 
 def test_the_run_configs_of_a_proxy_arm_and_the_gold_arm(tmp_path):

@@ -20,7 +20,8 @@ The job graph, all subprocesses in one pool (``workers`` at a time, cached and r
   all at ``lr_multiplier`` x the demo's learning rates, a checkpoint every iteration
   (``run.save_every = 1``); then ``goodhart-curve``: the SFT model and the checkpoints of
   :func:`~fourfold.core.overopt_measures.checkpoint_schedule` (``dense_checkpoints``,
-  ``checkpoint_every``, and the last), ``accuracy_samples`` samples of each of ``curve_prompts``
+  ``checkpoint_every``, and the last; the kl_coef > 0 runs only their last unless ``kl_curves``),
+  ``accuracy_samples`` samples of each of ``curve_prompts``
   held-out prompts at each, scored by the world's gold, KL to the SFT model and every RM of the
   world (gold per prompt, d, each RM's pair accuracy on the policy's own samples); then every
   checkpoint but the last is deleted.
@@ -200,7 +201,7 @@ class Goodhart(PromptFamilyJobs):
 
         def prepare() -> list[list[str]]:
             spec = {"sft": str(self.sft_dir(worlds[0])), "prompts": self.prompts[: g.bon_prompts], "N": g.bon_n,
-                    "grid": g.grid(), "sample_seed": self.sample_seed + seed, **self.gen(),
+                    "grid": g.grid(), "sample_seed": self.sample_seed + seed, "batch_size": 512, **self.gen(),
                     "worlds": {w: {"task_options": {**self.cfg.demo.task_options, **g.worlds[w]},
                                    "rms": {str(p): str(self.rm_dir(w, p)) for p in self.levels}} for w in worlds}}
             key = digest({**spec, "threads": None, "sft_key": self.sft_key(worlds[0]),
@@ -251,7 +252,8 @@ class Goodhart(PromptFamilyJobs):
             cmds = [] if (rd / "policy" / "config.json").is_file() else [self.ppo_cmd(name, rcfg)]
             spec = {"sft": str(self.sft_dir(world)), "rms": {str(p): str(self.rm_dir(world, p)) for p in self.levels},
                     "trained_on": GOLD if reward == GOLD else str(reward), "run_dir": str(rd),
-                    "schedule": self.schedule(), "prompts": self.prompts[: g.curve_prompts], "A": g.accuracy_samples,
+                    "schedule": self.schedule() if coef == 0 or g.kl_curves else [],  # [] = the last alone
+                    "prompts": self.prompts[: g.curve_prompts], "A": g.accuracy_samples,
                     "task_options": dict(rcfg.data.task_options), "sample_seed": self.sample_seed, **self.gen()}
             ekey = digest({**spec, "run": key, "rm_keys": self.rm_keys(world), "run_dir": None, "threads": None})
             dest = rd / "curve.json"
