@@ -137,9 +137,7 @@ def test_collection_claims_and_report_from_fake_run_outputs(tmp_path, monkeypatc
         return {j.name: "done" for j in jobs}, 1.0
 
     monkeypatch.setattr(family, "run_family_jobs", fake_jobs)
-    t0 = time.perf_counter()
     res = run(cfg)
-    assert time.perf_counter() - t0 < 60
     rec = json.loads((tmp_path / "out" / "results.json").read_text())
     assert rec["design"] == "goodhart" and set(rec["record"]) == {"extremal", "regressional"}
     w = rec["record"]["extremal"]

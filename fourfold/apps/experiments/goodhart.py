@@ -232,7 +232,7 @@ class Goodhart(PromptFamilyJobs):
                "critic_lr": cfg.demo.ppo.critic_lr * g.lr_multiplier}
         model = {} if reward != GOLD else {
             "reward": None, "critic_init": "policy",
-            "reward_fns": [RewardFnConfig(fn=GOLD_FN, name="gold", options={"task_options": dict(wcfg.demo.task_options)})]}
+            "reward_fns": [RewardFnConfig(fn=GOLD_FN, name="gold_fn", options={"task_options": dict(wcfg.demo.task_options)})]}
         arm = Arm(reward_label(reward), "ppo", f"PPO on {reward_label(reward)}, kl_coef {coef:g}", ppo=ppo, model=model)
         rd = self.run_dir(world, reward, coef, seed)
         rcfg = run_config(wcfg, arm, seed, sft=self.sft_dir(world), rm=self.rm_dir(world, level), run_dir=rd)
