@@ -145,7 +145,7 @@ def test_collection_claims_and_report_from_fake_run_outputs(tmp_path, monkeypatc
     assert len(w["ppo"]["100"]["d"]) == len(rec["schedule"]) + 1 and len(w["ppo"]["100"]["gold_by_prompt"]) == 32
     assert len(w["kl"]["0.05"]["gold_by_prompt"]) == 32 and w["sweep_pairs"] == 1000
     acc = [w["accuracy"][p] for p in ("100", "300", "1000", "4000")]
-    assert acc == sorted(acc) and rec["accuracy"]["extremal"]["100"]["points"] == 6 * len(rec["schedule"])
+    assert acc == sorted(acc) and rec["accuracy"]["extremal"]["100"]["points"] == 7 * len(rec["schedule"])  # 7 runs a world
     assert set(rec["runs"]["extremal"]) == {"p100", "p300", "p1000", "p4000", "gold"}
     groups = [c["group"] for c in res["claims"]]
     assert groups.count("peak") == 4 and groups.count("quality-axis") == 2 and groups.count("efficiency") == 2
