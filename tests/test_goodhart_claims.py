@@ -143,20 +143,20 @@ def test_claims_config_validates():
         GoodhartConfig(kl_coefs=[0.01, 0.05]).validate()
 
 
-def test_the_example_config_is_the_design_and_does_not_run_yet():
+def test_the_example_config_is_the_design_and_runs_by_its_own_runner(monkeypatch):
     from pathlib import Path
 
+    from fourfold.apps.experiments import goodhart
     from fourfold.apps.experiments.config import ExperimentsConfig, OveroptimizationConfig
     from fourfold.apps.experiments.overopt import run_overopt
     from fourfold.config import load_config
-    from fourfold.errors import ConfigError
 
     root = Path(__file__).resolve().parents[1]
     cfg = load_config(ExperimentsConfig, root / "examples" / "overoptimization-goodhart.yaml")
-    assert cfg.overoptimization.design == "goodhart" and cfg.overoptimization.goodhart == GoodhartConfig()
+    assert cfg.overoptimization.design == "goodhart" and cfg.overoptimization.goodhart.rm_pairs == [100, 300, 1000, 4000]
     assert OveroptimizationConfig().design == "sizes"  # the published family's default is unchanged
-    with pytest.raises(ConfigError, match="designed, not yet run"):
-        run_overopt(cfg)
+    monkeypatch.setattr(goodhart, "run_goodhart", lambda c: {"ran": c.overoptimization.design})
+    assert run_overopt(cfg) == {"ran": "goodhart"}  # design goodhart: fourfold.apps.experiments.goodhart
 
 
 def test_the_ppo_runs_of_a_seed():

@@ -1,6 +1,6 @@
 """The sweep's subprocess entry point: ``python -m fourfold.apps.experiments evaluate SPEC.json |
 prepare-demo DEMO.yaml | credit SPEC.json | bon-curve SPEC.json | ppo-curve SPEC.json | turns-world SPEC.json |
-turns-eval SPEC.json`` (started by
+turns-eval SPEC.json | goodhart-bon SPEC.json | goodhart-curve SPEC.json`` (started by
 :func:`fourfold.apps.experiments.run`, one job at a time)."""
 
 from __future__ import annotations
@@ -14,13 +14,14 @@ from fourfold.apps.experiments.final_eval import evaluate_spec, prepare_demo
 from fourfold.errors import FourfoldError
 
 USAGE = ("usage: python -m fourfold.apps.experiments evaluate SPEC.json | prepare-demo DEMO.yaml | credit SPEC.json"
-         " | bon-curve SPEC.json | ppo-curve SPEC.json | turns-world SPEC.json | turns-eval SPEC.json")
+         " | bon-curve SPEC.json | ppo-curve SPEC.json | turns-world SPEC.json | turns-eval SPEC.json"
+         " | goodhart-bon SPEC.json | goodhart-curve SPEC.json")
 
 
 def main(argv: Sequence[str]) -> int:
     """Run one subcommand; prints a one-line JSON summary. Exit status 2 on a usage or fourfold error."""
     if len(argv) != 2 or argv[0] not in ("evaluate", "prepare-demo", "credit", "bon-curve", "ppo-curve",
-                                             "turns-world", "turns-eval"):
+                                             "turns-world", "turns-eval", "goodhart-bon", "goodhart-curve"):
         print(USAGE, file=sys.stderr)
         return 2
     try:
@@ -39,6 +40,12 @@ def main(argv: Sequence[str]) -> int:
             fn = turns_eval.world_spec if argv[0] == "turns-world" else turns_eval.eval_spec
             res = fn(json.loads(Path(argv[1]).read_text(encoding="utf-8")))
             print(json.dumps({"gold": {m: g["gold"] for m, g in res["gold"].items()}, "seconds": res["seconds"]}))
+        elif argv[0] in ("goodhart-bon", "goodhart-curve"):
+            from fourfold.apps.experiments import goodhart_sample
+
+            fn = goodhart_sample.bon_spec if argv[0] == "goodhart-bon" else goodhart_sample.curve_spec
+            res = fn(json.loads(Path(argv[1]).read_text(encoding="utf-8")))
+            print(json.dumps({"seconds": res["seconds"]}))
         elif argv[0] in ("bon-curve", "ppo-curve"):
             from fourfold.apps.experiments import overopt_eval
 

@@ -226,11 +226,11 @@ class OveroptimizationConfig:
     design: Literal["sizes", "goodhart"] = "sizes"
     """'sizes': the published family (RM sizes by pairs from the demo's labelers, the keys above);
     'goodhart': issue 41's re-posed design (the goodhart section: worlds where the proxy's error
-    costs gold on the SFT support, RM quality levels, best-of-1024, a KL sweep at one learning rate).
-    Designed, not yet wired: running it stops with a ConfigError naming what is missing."""
+    costs gold on the SFT support, RM quality levels, best-of-1024, a KL sweep at one learning rate),
+    run by fourfold.apps.experiments.goodhart (runner built, not yet run in full)."""
     goodhart: GoodhartConfig = dataclasses.field(default_factory=GoodhartConfig)
-    """The re-posed design's settings (issue 41; fourfold.apps.experiments.goodhart_config; designed,
-    not yet run, and not read by the published 'sizes' design above)."""
+    """The re-posed design's settings (issue 41; fourfold.apps.experiments.goodhart_config; not read
+    by the published 'sizes' design above)."""
 
     def validate(self, prefix: str = "overoptimization") -> None:
         require(len(self.rm_pairs) >= 1 and all(p >= 2 for p in self.rm_pairs), f"{prefix}.rm_pairs",
@@ -490,12 +490,13 @@ class ExperimentsConfig:
             require(self.demo.model.max_positions >= need, "demo.model.max_positions",
                     f"must hold a 16-token prompt and the longest horizon's responses (horizon.tokens_per_sentence "
                     f"x (k + 1) tokens): >= {need}, got {self.demo.model.max_positions}")
-        if self.family == "overoptimization":
+        if self.family == "overoptimization":  # the keys of the design that runs ('sizes' or 'goodhart')
             o = self.overoptimization
-            require(max(o.bon_prompts, o.curve_prompts) <= self.eval_prompts, "overoptimization.bon_prompts",
+            g, at = (o.goodhart, "overoptimization.goodhart") if o.design == "goodhart" else (o, "overoptimization")
+            require(max(g.bon_prompts, g.curve_prompts) <= self.eval_prompts, f"{at}.bon_prompts",
                     f"bon_prompts and curve_prompts are taken from the eval prompts: must be <= eval_prompts "
                     f"({self.eval_prompts})")
-            require(min(o.rm_pairs) >= self.demo.reward.batch_size, "overoptimization.rm_pairs",
+            require(min(g.rm_pairs) >= self.demo.reward.batch_size, f"{at}.rm_pairs",
                     f"every size must have at least demo.reward.batch_size={self.demo.reward.batch_size} pairs")
         if "ppo-unbiased-rm" in self.arms:
             require(bool(self.unbiased_task_options), "unbiased_task_options",

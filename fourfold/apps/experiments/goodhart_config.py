@@ -2,8 +2,9 @@
 examples/overoptimization-goodhart.yaml; docs/experiments.md, "Overoptimization that can turn
 over"): worlds where the proxy is wrong on the SFT support in a way gold penalises, reward-model
 quality as the axis, best-of-n to n = 1024, PPO at one learning rate over a KL sweep with a gold
-arm, and the claims' thresholds, written before the first run. Designed, not yet run. Imports only
-the standard library and the config loader."""
+arm, and the claims' thresholds, written before the first run. Run by
+fourfold.apps.experiments.goodhart (not yet run in full). Imports only the standard library and
+the config loader."""
 
 from __future__ import annotations
 
@@ -112,6 +113,9 @@ class GoodhartConfig:
     """Every PPO iteration 1..dense_checkpoints is evaluated (fourfold.core.overopt_measures.checkpoint_schedule) ..."""
     checkpoint_every: int = 3
     """... then every checkpoint_every-th, and the last."""
+    kl_curves: bool = False
+    """Evaluate the kl_coef > 0 runs on the whole checkpoint schedule (true) or at their last
+    checkpoint only (false, the default: their claims read the final point; the budget)."""
     demo_dir: str = "runs/demo-goodhart"
     """Each (world, pairs) demo's stages are cached in '<demo_dir>-<world>-p<pairs>'."""
     claims: GoodhartClaimsConfig = dataclasses.field(default_factory=GoodhartClaimsConfig)

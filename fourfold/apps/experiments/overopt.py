@@ -36,7 +36,6 @@ from fourfold.apps.experiments.jobs import Job
 from fourfold.apps.experiments.overopt_claims import METHODS, compute_overopt_claims, summarize_curves
 from fourfold.apps.experiments.sweep import family_quick_config
 from fourfold.config import DemoConfig, config_to_dict
-from fourfold.errors import ConfigError
 
 OVEROPT_QUICK: dict[str, Any] = {  # --quick: the pipeline end to end on the quick demo's budgets
     **FAMILY_QUICK,
@@ -200,11 +199,10 @@ def write_overopt_report(out: Path, cfg: ExperimentsConfig, record: dict) -> Non
 def run_overopt(cfg: ExperimentsConfig) -> dict:
     """Run (or resume) the overoptimization family and write its report; returns {output_dir,
     claims, notes, summaries}."""
-    if cfg.overoptimization.design == "goodhart":
-        raise ConfigError("overoptimization.design: 'goodhart' (issue 41) is designed, not yet run: its config "
-                          "(overoptimization.goodhart), measures (fourfold.core.overopt_measures) and claims "
-                          "(fourfold.apps.experiments.goodhart_claims) exist; the runner does not yet read them. "
-                          "Use design: sizes (the published family)")
+    if cfg.overoptimization.design == "goodhart":  # issue 41's re-posed design: its own runner
+        from fourfold.apps.experiments.goodhart import run_goodhart
+
+        return run_goodhart(cfg)
     run = FamilyRun.start("overoptimization", cfg, overopt_quick_config, ("runs", "bon", "configs", "logs"))
     cfg, out = run.cfg, run.out
     fam = Overopt(cfg, out, run.log, eval_prompts(cfg), eval_sample_seed(cfg))
