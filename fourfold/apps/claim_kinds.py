@@ -176,7 +176,7 @@ RULES: dict[str, list[tuple[str, str, str, str, str]]] = {
         ),
         ("default-kl", r"", FINDING, "the default KL could stop PPO before its peak", _n("the rule on a beta = 0 run", _FIT)),
     ],
-    "goodhart": [  # issue 41's re-posed overoptimization family (designed, not yet run)
+    "goodhart": [  # issue 41's re-posed overoptimization family (runner built, not yet run)
         ("peak", r"", FINDING, "gold could saturate without turning over (regressional error only shrinks the gain)",
          _n("the rule on a peak-free curve matched to the data", _FIT)),
         ("form", r"", FINDING, "a peak-free form could extrapolate as well as the law",
