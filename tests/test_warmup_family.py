@@ -63,6 +63,20 @@ def test_run_stats_reads_the_points_of_a_warm_up():
     assert s0["ev_first"] == 0.0 and math.isnan(s0["ev_last_warmup"]) and math.isnan(s0["ev_plateau"])
 
 
+def test_run_stats_from_a_runs_metrics_file(tmp_path):
+    import json
+
+    from fourfold.apps.experiments.staleness import read_run_curves
+    from fourfold.apps.experiments.warmup_claims import CURVE_METRICS
+
+    rows = [{"iteration": i, EV_KEY: 0.1 * i, EV_LAM_KEY: 0.5} for i in range(1, 5)] + [{"step": 9}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    s = run_stats(read_run_curves(tmp_path, CURVE_METRICS), 2, dataclasses.replace(CC, plateau_iterations=1,
+                                                                                   early_iterations=2))
+    assert s["ev_first"] == pytest.approx(0.3) and s["ev_plateau"] == pytest.approx(0.2)
+    assert s["drift"] == pytest.approx(0.1) and s["ev_early"] == pytest.approx(0.35)
+
+
 # --- the claims on hand-built numbers: yes, then no ----------------------------------------------
 
 
