@@ -66,6 +66,8 @@ METRICS: dict[str, str] = {
     "value/loss": "Clipped value (critic) loss, mean over minibatches.",
     "value/clipfrac": "Share of valid tokens whose value prediction was clipped.",
     "value/explained_variance": "1 - Var(returns - values) / Var(returns) over valid tokens.",
+    "value/explained_variance_mc": ("1 - Var(G - values) / Var(G) over valid tokens, G the Monte Carlo return "
+                                    "(the discounted reward-to-go: GAE at lambda 1 + V), a target the values do not enter."),
     "value/mean": "Mean critic value over valid tokens of the rollout.",
     "value/lr": "Critic learning rate at the end of the iteration.",
     "value/grad_norm": "Critic gradient norm before clipping, mean over updates.",
@@ -187,7 +189,8 @@ LOGGED_BY: dict[str, str] = {
     "policy/kl_loss": "ppo (ppo.kl_in loss)",
     **dict.fromkeys(("value/loss", "value/clipfrac", "value/explained_variance", "value/mean"),
                     f"{_PPO_GAE}, gym (algo ppo)"),
-    **dict.fromkeys(("value/lr", "value/grad_norm", "value/error", "value/returns_mean", "value/returns_std"), _PPO_GAE),
+    **dict.fromkeys(("value/lr", "value/grad_norm", "value/error", "value/returns_mean", "value/returns_std",
+                     "value/explained_variance_mc"), _PPO_GAE),
     **dict.fromkeys([k for k in METRICS if k.startswith(("mismatch/token_", "mismatch/seq_", "mismatch/geo_"))], _RL),
     "mismatch/is_weight_mean": "ppo (ppo.rollout_correction), reinforce (reinforce.rollout_correction)",
     "mismatch/is_masked_share": "ppo (a masking rollout_correction: token_mis, seq_mis, geo_mis), reinforce (the same)",

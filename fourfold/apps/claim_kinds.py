@@ -234,6 +234,26 @@ RULES: dict[str, list[tuple[str, str, str, str, str]]] = {
         ("stability", r"", FINDING, "stale samples could crash gold, spike the gradient or collapse entropy",
          _n("the rule on the arm's own curves with a gold drop inserted", _CURVES)),
     ],
+    "warmup": [
+        ("ceiling", r"", CHECK,
+         "a precondition of the design, not a result: the ceiling arm's critic is trained critic-only for long on the "
+         "SFT policy's samples; it says the ceiling is a converged critic's, not what warm-up buys", CHECK_NULL),
+        ("same-start", r"", CHECK,
+         "a unit identity: a seed samples the same first batch for the same starting critic, and a zero value head "
+         "predicts a constant (explained variance exactly 0)", CHECK_NULL),
+        ("rm-start", r"", FINDING, "the reward model's values could already explain the return (its score is the return's end)",
+         _n("the rule on the ceiling arm's last warm-up iteration")),
+        ("closes", r"", FINDING, "a few critic-only iterations could leave the critic short of a converged one",
+         _n("the rule on the arm without warm-up at its first policy iteration")),
+        ("early-ev", r"", FINDING, "the critic without warm-up could catch up within the first policy iterations",
+         _n("the rule on the arm without warm-up against itself, seed s against seed s+1")),
+        ("warmup-gold", r"", FINDING, "a better critic early need not raise gold",
+         _n("the rule on the arm without warm-up against itself, seed s against seed s+1")),
+        ("warmup-keeps", r"", FINDING,
+         "a non-inferiority: warm-up could cost gold (a critic fitted to the SFT policy's returns)", _TOST),
+        ("critic-pays", r"", FINDING, "the critic need not matter at this budget",
+         _n("the rule on ppo-no-critic against itself, seed s against seed s+1")),
+    ],
 }
 """{family: [(group, claim regex, kind, why, null)]}: the first rule whose group is the row's and whose
 regex matches its claim (re.search) gives the row's kind, its one-line reason and its stored null."""

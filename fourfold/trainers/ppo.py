@@ -329,16 +329,31 @@ def finite_advantages(rollout: Rollout, algo: PPOAlgoConfig, guard: NonFiniteGua
     return rollout if guard.ok("advantages", rollout.advantages, f"iteration {it}") else None
 
 
-def value_metrics(rollout: Rollout) -> dict:
+def monte_carlo_returns(rollout: Rollout, algo: PPOAlgoConfig, bootstrap: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """The rollout's Monte Carlo returns ``[B, T]``: GAE(gamma, lambda = 1) + V over the policy's tokens,
+    i.e. the discounted reward-to-go (plus ``gamma * bootstrap`` at a cut row's end), which does not
+    depend on the critic's values (the targets at ``lam`` < 1 do: they bootstrap from V)."""
+    rewards = masked_whiten(rollout.rewards, rollout.mask, shift_mean=False) if algo.whiten_rewards else rollout.rewards
+    _, returns = policy_advantages(get_advantage_estimator("gae"), AdvantageInputs(
+        rewards, rollout.mask, rollout.values, algo.samples_per_prompt, algo.gamma, 1.0), bootstrap=bootstrap)
+    return returns
+
+
+def value_metrics(rollout: Rollout, mc_returns: Optional[torch.Tensor] = None) -> dict:
     """The critic's statistics on a rollout, before its update: ``value/explained_variance`` (of the
     returns), ``value/mean``, ``value/error`` (mean (V - R)^2 over valid tokens), and the returns'
-    ``value/returns_mean`` and ``value/returns_std`` (their spread, which explained variance divides)."""
+    ``value/returns_mean`` and ``value/returns_std`` (their spread, which explained variance divides);
+    with ``mc_returns`` (:func:`monte_carlo_returns`) also ``value/explained_variance_mc``: the
+    explained variance of the Monte Carlo returns, a target the values do not enter."""
     v, R, m = rollout.values, rollout.returns, rollout.mask
-    return {"value/explained_variance": float(explained_variance(v, R, m)),
-            "value/mean": float(masked_mean(v, m)),
-            "value/error": float(masked_mean((v - R) ** 2, m)),
-            "value/returns_mean": float(masked_mean(R, m)),
-            "value/returns_std": float(masked_var(R, m).clamp(min=0).sqrt()) if float(m.sum()) > 1 else 0.0}
+    out = {"value/explained_variance": float(explained_variance(v, R, m)),
+           "value/mean": float(masked_mean(v, m)),
+           "value/error": float(masked_mean((v - R) ** 2, m)),
+           "value/returns_mean": float(masked_mean(R, m)),
+           "value/returns_std": float(masked_var(R, m).clamp(min=0).sqrt()) if float(m.sum()) > 1 else 0.0}
+    if mc_returns is not None:
+        out["value/explained_variance_mc"] = float(explained_variance(v, mc_returns, m))
+    return out
 
 
 def train(cfg: PPOConfig, *, prompts: Optional[Sequence[str]] = None, probe: Optional[Probe] = None,
@@ -412,7 +427,7 @@ def train(cfg: PPOConfig, *, prompts: Optional[Sequence[str]] = None, probe: Opt
                 "time/iteration_s": time.perf_counter() - t_iter,
             }
             if roles.critic is not None:
-                metrics.update(value_metrics(rollout))
+                metrics.update(value_metrics(rollout, monte_carlo_returns(rollout, algo, col.bootstrap)))
             rl.log(logger, it, metrics, col)
             last = metrics
             run.checkpoint_if_due(it)

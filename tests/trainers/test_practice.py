@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 import torch
 
-from fourfold.config import PPOConfig, load_config
+from fourfold.config import PPOAlgoConfig, PPOConfig, load_config
 from fourfold.errors import ConfigError
 from fourfold.reporting import read_metrics
 
@@ -231,10 +231,28 @@ def test_critic_lam_sets_the_value_targets_only():
     assert decoupled.returns[0].tolist() == pytest.approx([1.0, 1.0, 1.0])
 
 
+def test_monte_carlo_returns_do_not_depend_on_the_values():
+    from fourfold.core import Rollout
+    from fourfold.trainers.ppo import monte_carlo_returns, value_metrics
+
+    def rollout(values):
+        return Rollout(actions=torch.zeros(2, 3, dtype=torch.long), mask=torch.ones(2, 3), logprobs=torch.zeros(2, 3),
+                       values=torch.tensor(values), rewards=torch.tensor([[0.0, 0.0, 1.0], [0.0, -0.5, 0.0]]))
+
+    algo = PPOAlgoConfig(lam=0.5)
+    for values in ([[0.5, 0.2, 0.1], [0.0, 0.0, 0.0]], [[9.0, -3.0, 2.0], [1.0, 1.0, 1.0]]):
+        assert monte_carlo_returns(rollout(values), algo).flatten().tolist() == pytest.approx([1.0, 1.0, 1.0, -0.5, -0.5, 0.0])
+    r = rollout([[1.0, 1.0, 1.0], [-0.5, -0.5, 0.0]])  # the values are the MC returns: explained variance 1
+    r.returns = torch.zeros(2, 3)
+    m = value_metrics(r, monte_carlo_returns(r, algo))
+    assert m["value/explained_variance_mc"] == pytest.approx(1.0) and "value/explained_variance_mc" not in value_metrics(r)
+
+
 def test_value_statistics_and_overlong_and_mask_truncated_are_logged(tiny_lm, tmp_path):
     rows = _run(tiny_lm, tmp_path / "v", **{"ppo.overlong_buffer": 2, "ppo.mask_truncated": "true"})
     r = rows[0]
     assert r["value/error"] >= 0 and r["value/returns_std"] >= 0 and "value/returns_mean" in r
+    assert -1 <= r["value/explained_variance_mc"] <= 1 + 1e-9
     assert -1 <= r["reward/overlong_penalty_mean"] <= 0 and 0 <= r["rollout/masked_truncated_share"] <= 1
 
 

@@ -4,8 +4,8 @@ Each claim about PPO-based RLHF is an arm (``ppo``, its ablations, the critic-fr
 REINFORCE, DPO, an unbiased reward model) run over seeds on the demo's review task, evaluated
 against its hidden gold reward, and summarised with the claims table. The arms, what runs, the
 output layout and the claims: docs/experiments.md (its section "The code" names the module of
-each room: arms, jobs, final_eval, results, claims, report, sweep, and the horizon, overoptimization, turns and
-staleness families').
+each room: arms, jobs, final_eval, results, claims, report, sweep, and the horizon, overoptimization, turns,
+staleness and warm-up families').
 """
 
 from fourfold.apps.experiments.arms import ARM_ORDER, Arm, build_arms, models_in_memory, run_config, run_key
@@ -34,7 +34,12 @@ def run(cfg) -> dict:
     :func:`~fourfold.apps.experiments.horizon.run_horizon`; ``family: overoptimization``:
     :func:`~fourfold.apps.experiments.overopt.run_overopt`; ``family: turns``:
     :func:`~fourfold.apps.experiments.turns.run_turns`; ``family: staleness``:
-    :func:`~fourfold.apps.experiments.staleness.run_staleness`), run or resumed, its report written."""
+    :func:`~fourfold.apps.experiments.staleness.run_staleness`; ``family: warmup``:
+    :func:`~fourfold.apps.experiments.warmup.run_warmup`), run or resumed, its report written."""
+    if cfg.family == "warmup":
+        from fourfold.apps.experiments.warmup import run_warmup
+
+        return run_warmup(cfg)
     if cfg.family == "staleness":
         from fourfold.apps.experiments.staleness import run_staleness
 

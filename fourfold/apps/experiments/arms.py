@@ -44,7 +44,8 @@ class Arm:
     stage: str
     what: str
     ppo: dict = dataclasses.field(default_factory=dict)
-    """PPOAlgoConfig fields changed from demo.ppo (ppo arms)."""
+    """PPOAlgoConfig fields changed from demo.ppo (ppo arms); ``iterations`` here replaces the sweep's (a
+    critic warm-up's iterations come before the policy's: the warm-up family)."""
     model: dict = dataclasses.field(default_factory=dict)
     """LMModelConfig fields changed from the sweep's model section (policy = the SFT model, reward =
     the arm's RM, critic_init unset: 'reward' with a critic): e.g. precision (ppo and reinforce arms),
@@ -237,7 +238,7 @@ def run_config(cfg: ExperimentsConfig, arm: Arm, seed: int, *, sft: Path, rm: Pa
     data = PromptDataConfig(task="review", max_prompt_len=16, task_options=dict(d.task_options))
     generation = dataclasses.replace(d.generation, **arm.generation)
     if arm.stage == "ppo":
-        algo = dataclasses.replace(d.ppo, iterations=cfg.iterations, **arm.ppo)
+        algo = dataclasses.replace(d.ppo, **{"iterations": cfg.iterations, **arm.ppo})  # an arm may set its own (a warm-up's)
         model = LMModelConfig(policy=str(sft), reward=str(rm))  # a critic (gae) starts as the RM
         return PPOConfig(model=dataclasses.replace(model, **arm.model), data=data, generation=generation,
                          ppo=algo, run=run, rollout=RolloutConfig(**arm.rollout))

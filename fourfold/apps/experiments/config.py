@@ -9,6 +9,7 @@ from typing import Literal, Optional
 
 from fourfold.apps.experiments.goodhart_config import GoodhartConfig
 from fourfold.apps.experiments.staleness_config import StalenessConfig
+from fourfold.apps.experiments.warmup_config import WarmupConfig
 from fourfold.config.demo import DemoConfig
 from fourfold.config.loader import require
 from fourfold.config.run import MAX_SEED, RunConfig
@@ -440,14 +441,15 @@ class ExperimentsConfig:
     pairs, demo.reward.steps steps of demo.reward.batch_size pairs."""
     dpo_lr: float = 1e-4
     """dpo: peak learning rate (linear warm-up over 5% of the steps, then linear decay)."""
-    family: Literal["claims", "horizon", "overoptimization", "turns", "staleness"] = "claims"
+    family: Literal["claims", "horizon", "overoptimization", "turns", "staleness", "warmup"] = "claims"
     """Which experiments: 'claims' (the method's claims, the arms above on the demo's task), 'horizon'
     (the same trainers at several response lengths gold wants: the horizon section) or
     'overoptimization' (gold and proxy against sqrt(KL) for best-of-n and PPO at several reward-model
     sizes: the overoptimization section) or 'turns' (PPO with and without a critic, GRPO, RLOO on the
     lookup world at 1, 2 and 4 turns: the turns section) or 'staleness' (a sampler running ahead:
-    the objectives for stale samples and truncated sampling, the staleness section); with the last
-    four, arms, unbiased_* and the claims section are not read."""
+    the objectives for stale samples and truncated sampling, the staleness section) or 'warmup' (the
+    critic's start and warm-up where the critic pays: the warmup section); with the last five, arms,
+    unbiased_* and the claims section are not read."""
     horizon: HorizonConfig = dataclasses.field(default_factory=HorizonConfig)
     """The horizon family's settings (family: horizon)."""
     overoptimization: OveroptimizationConfig = dataclasses.field(default_factory=OveroptimizationConfig)
@@ -458,6 +460,9 @@ class ExperimentsConfig:
     staleness: StalenessConfig = dataclasses.field(default_factory=StalenessConfig)
     """The staleness family's settings (family: staleness; its runs read iterations, seeds, workers,
     eval_prompts and the demo section, as the claims family's)."""
+    warmup: WarmupConfig = dataclasses.field(default_factory=WarmupConfig)
+    """The warm-up family's settings (family: warmup; its runs read iterations, seeds, workers and
+    eval_prompts; its world's demo section is the horizon family's, warmup.horizon_config)."""
 
     def validate(self, prefix: str = "") -> None:
         for a in self.arms:

@@ -27,7 +27,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 from fourfold.apps.cache import read_done
 from fourfold.apps.demo import pipeline as demo
@@ -164,15 +164,15 @@ def check_runs(worlds: list[StaleWorld]) -> None:
                 raise ConfigError(f"staleness arm {arm.name} ({w.label}): {e}") from None
 
 
-def read_run_curves(run_dir: Path) -> dict[str, list[float]]:
-    """Per-iteration series of CURVE_METRICS (and 'iteration') from a run's metrics.jsonl (a resumed
-    run's repeated iteration: the last row counts; nan where a row lacks a metric)."""
+def read_run_curves(run_dir: Path, metrics: Sequence[str] = CURVE_METRICS) -> dict[str, list[float]]:
+    """Per-iteration series of ``metrics`` (CURVE_METRICS; and 'iteration') from a run's metrics.jsonl
+    (a resumed run's repeated iteration: the last row counts; nan where a row lacks a metric)."""
     from fourfold.reporting import read_metrics
 
     by_it = {int(r["iteration"]): r for r in read_metrics(run_dir / "metrics.jsonl") if "iteration" in r}
     its = sorted(by_it)
     out = {"iteration": [float(i) for i in its]}
-    for k in CURVE_METRICS:
+    for k in metrics:
         out[k] = [math.nan if by_it[i].get(k) is None else float(by_it[i][k]) for i in its]
     return out
 
