@@ -2,7 +2,7 @@
 #   make demo   -> creates .venv, installs fourfold, runs the embedded default (fourfold demo)
 #   make test   -> creates .venv, installs fourfold with its test extras, runs ruff and the suite
 #   make results -> reruns the demo (3 seeds, full and quick), the arithmetic demo (3 seeds), the claims
-#                  sweep, the horizon, overoptimization, turns and staleness families, the practice and the measurement
+#                  sweep, the horizon, overoptimization, turns, staleness and warm-up families, the practice and the measurement
 #                  sweeps (about 8 hours on 2 cores), collects results/*.json and rewrites every published figure of README.md, docs/demo.md,
 #                  docs/arithmetic.md, docs/experiments.md and docs/correction.md (make publish: the last step only)
 # CPU machines get the pinned CPU wheel of torch (a bare `torch` could pull a multi-GB CUDA
@@ -51,6 +51,7 @@ results: $(STAMP)
 	HF_HUB_OFFLINE=1 $(VENV)/bin/fourfold experiments --config examples/practice.yaml
 	HF_HUB_OFFLINE=1 $(VENV)/bin/fourfold experiments --config examples/measure.yaml demo.run.output_dir=runs/demo-s0
 	HF_HUB_OFFLINE=1 $(VENV)/bin/fourfold experiments --config examples/staleness.yaml demo.run.output_dir=runs/demo-s0
+	HF_HUB_OFFLINE=1 $(VENV)/bin/fourfold experiments --config examples/warmup.yaml
 	$(PY) -m fourfold.apps.publish collect
 	$(PY) -m fourfold.apps.publish render
 

@@ -53,6 +53,7 @@ from fourfold.apps.publish_overopt import overopt_headline, overopt_record, over
 from fourfold.apps.publish_practice import practice_headline, practice_record, practice_text
 from fourfold.apps.publish_staleness import staleness_headline, staleness_record, staleness_text
 from fourfold.apps.publish_turns import turns_headline, turns_record, turns_text
+from fourfold.apps.publish_warmup import warmup_headline, warmup_record, warmup_text
 from fourfold.apps.report_kit import fmt, mean, pct, signed
 from fourfold.atomic import write_text_atomic
 from fourfold.errors import DataError, FourfoldError
@@ -230,6 +231,11 @@ def collect_staleness(out: Path) -> dict:
     return staleness_record(read(out / "results.json") or {}, run_provenance(out))
 
 
+def collect_warmup(out: Path) -> dict:
+    """results/warmup.json (:func:`fourfold.apps.publish_warmup.warmup_record`)."""
+    return warmup_record(read(out / "results.json") or {}, run_provenance(out))
+
+
 @dataclasses.dataclass(frozen=True)
 class Family:
     """One published family: results/<name>.json collected from its run output (``runs/<out>`` by
@@ -267,6 +273,8 @@ FAMILIES: tuple[Family, ...] = (
                                               "provenance"), collect_measure, measure_headline, measure_text),
     Family("staleness", "staleness", ("claims", "worlds", "arms", "sft", "finals", "stats", "seeds", "ks", "top_p", "wall_s",
                                       "provenance"), collect_staleness, staleness_headline, staleness_text),
+    Family("warmup", "warmup", ("claims", "world", "arms", "sft", "finals", "stats", "ceiling", "seeds", "iterations",
+                                "warmup", "wall_s", "provenance"), collect_warmup, warmup_headline, warmup_text),
 )
 """The families published beside the demo and the claims sweep, in the README's order. A new family
 is one row here (and its publish_<family>.py)."""
