@@ -11,7 +11,7 @@ from fourfold.apps.claim_kit import claim_row, claims_held, counts, counts_text,
 
 ROOT = Path(__file__).resolve().parents[1]
 HEADLINE_ORDER = ("experiments.json", "horizon.json", "overoptimization.json", "turns.json", "practice.json",
-                  "measure.json", "staleness.json")
+                  "measure.json", "staleness.json", "warmup.json")
 """The README headline rows' families, top to bottom."""
 
 
