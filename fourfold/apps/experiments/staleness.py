@@ -45,8 +45,6 @@ from fourfold.apps.experiments.sweep import Results, Sweep, collect_results, wri
 from fourfold.apps.experiments.turns import base_config
 from fourfold.apps.experiments.unbiased import unbiased_demo_config
 from fourfold.config import DemoConfig, config_to_dict, load_config
-from fourfold.config.loader import validate_tree
-from fourfold.errors import ConfigError
 
 STALENESS_QUICK: dict[str, Any] = {  # --quick: the pipeline end to end, and the checks its budget settles
     **FAMILY_QUICK,
@@ -149,19 +147,11 @@ class Family(PromptFamilyJobs):
 
 
 def check_runs(worlds: list[StaleWorld]) -> None:
-    """Every world's every arm's run config validated before any job starts (seed 0): a setting the
-    trainer would refuse (e.g. a rollout_correction beside an arm's explicit old_logprobs engine) is one ConfigError line naming the
-    arm and world, not a failed job per run."""
-    from fourfold.apps.experiments.arms import run_config
-
+    """Every world's every arm's run config validated before any job starts (:meth:`Sweep.check_runs`):
+    a setting the trainer would refuse (e.g. a rollout_correction beside an arm's explicit old_logprobs
+    engine) is one ConfigError line naming the arm and world, not a failed job per run."""
     for w in worlds:
-        sw = w.sweep
-        for arm in sw.arms:
-            rc = run_config(sw.cfg, arm, sw.cfg.seeds[0], sft=sw.sft_dir, rm=sw.rm_dir("biased"), run_dir=sw.run_dir(arm, 0))
-            try:
-                validate_tree(rc)
-            except ConfigError as e:
-                raise ConfigError(f"staleness arm {arm.name} ({w.label}): {e}") from None
+        w.sweep.check_runs("staleness", w.label)
 
 
 def read_run_curves(run_dir: Path, metrics: Sequence[str] = CURVE_METRICS) -> dict[str, list[float]]:

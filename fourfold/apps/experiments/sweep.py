@@ -105,6 +105,20 @@ class Sweep:
     def run_dir(self, arm: Arm, seed: int) -> Path:
         return self.out / "runs" / arm.name / f"seed{seed}"
 
+    def check_runs(self, what: str, where: str) -> None:
+        """Every arm's run config (seed 0) validated before any job starts: a setting the trainer would
+        refuse is one ConfigError line, ``<what> arm <name> (<where>): ...``, not a failed job per run."""
+        from fourfold.config.loader import validate_tree
+        from fourfold.errors import ConfigError
+
+        for arm in self.arms:
+            rc = run_config(self.cfg, arm, self.cfg.seeds[0], sft=self.sft_dir, rm=self.rm_dir("biased"),
+                            run_dir=self.run_dir(arm, 0))
+            try:
+                validate_tree(rc)
+            except ConfigError as e:
+                raise ConfigError(f"{what} arm {arm.name} ({where}): {e}") from None
+
     def demo_keys(self, which: str) -> dict:
         """The demo stages a result depends on: the SFT model, and the RM of ``which`` labelers."""
         d = self.demo_dir if which == "biased" else self.u_dir

@@ -53,8 +53,6 @@ from fourfold.apps.experiments.warmup_claims import (
 )
 from fourfold.apps.experiments.warmup_report import write_warmup_report
 from fourfold.config import DemoConfig, config_to_dict
-from fourfold.config.loader import validate_tree
-from fourfold.errors import ConfigError
 
 WARMUP_QUICK: dict[str, Any] = {  # --quick: the pipeline end to end on the quick demo's h6 stages
     **FAMILY_QUICK,
@@ -150,19 +148,6 @@ def make_family(cfg: ExperimentsConfig, out: Path, log) -> tuple[Family, WarmupW
     return fam, fam.world(k, dcfg)
 
 
-def check_runs(w: WarmupWorld) -> None:
-    """Every arm's run config validated before any job starts (seed 0): one ConfigError line naming the arm."""
-    from fourfold.apps.experiments.arms import run_config
-
-    sw = w.sweep
-    for arm in sw.arms:
-        rc = run_config(sw.cfg, arm, sw.cfg.seeds[0], sft=sw.sft_dir, rm=sw.rm_dir("biased"), run_dir=sw.run_dir(arm, 0))
-        try:
-            validate_tree(rc)
-        except ConfigError as e:
-            raise ConfigError(f"warm-up arm {arm.name} ({w.label}): {e}") from None
-
-
 def world_stats(w: WarmupWorld, res: Results) -> dict[str, dict[int, dict]]:
     """{arm: {seed: run_stats}} of the world's runs that have a final evaluation."""
     sw, c = w.sweep, w.sweep.cfg.warmup.claims
@@ -180,7 +165,7 @@ def run_warmup(cfg: ExperimentsConfig) -> dict:
                           lambda out: ["logs", "configs"] + [p.name for p in out.iterdir() if (p / "runs").is_dir()])
     cfg, out = run.cfg, run.out
     fam, w = make_family(cfg, out, run.log)
-    check_runs(w)
+    w.sweep.check_runs("warm-up", w.label)
     wc = cfg.warmup
     run.run_jobs(fam.jobs(w), f"{w.label}, {len(w.sweep.arms)} arms x {len(cfg.seeds)} seeds, {cfg.iterations} policy "
                               f"iterations (+{wc.warmup} warm-up; ceiling {wc.ceiling_warmup} + 1) x "
