@@ -14,7 +14,6 @@ loaded here, the measures are :mod:`fourfold.apps.experiments.goodhart_eval`'s p
 from __future__ import annotations
 
 import json
-import shutil
 import time
 from pathlib import Path
 from typing import Any, Mapping
@@ -103,7 +102,7 @@ def curve_spec(spec: Mapping[str, Any]) -> dict:
 
     from fourfold.apps.evaluation import sample_texts
     from fourfold.apps.experiments.goodhart_eval import curve_point
-    from fourfold.apps.experiments.overopt_eval import run_checkpoints
+    from fourfold.apps.experiments.overopt_eval import run_checkpoints, write_curve
     from fourfold.checkpoint import load_checkpoint
     from fourfold.core import kl_estimate
     from fourfold.models.build import load_saved
@@ -136,11 +135,5 @@ def curve_spec(spec: Mapping[str, Any]) -> dict:
         proxies = {level: _scores(rm, batches, shape) for level, rm in rms.items()}
         pt = curve_point(gold, torch.tensor(kl, dtype=torch.float64).view(*shape), proxies, spec["trained_on"])
         points.append({"iteration": int(it), **pt, **task.response_metrics(flat, texts)})
-    result = {"key": spec["key"], "points": points, "seconds": round(time.perf_counter() - t0, 1)}
-    write_text_atomic(Path(spec["out"]), json.dumps(result, sort_keys=True))
-    if spec.get("prune"):  # evaluated: the run's finished policy/ stays, and its last checkpoint
-        write_text_atomic(Path(spec["run_dir"]) / "PRUNED", "checkpoints before the last deleted after evaluation\n")
-        for _, path in checkpoints[:-1]:
-            shutil.rmtree(path, ignore_errors=True)
-    return result
+    return write_curve(spec, points, checkpoints, t0)
 

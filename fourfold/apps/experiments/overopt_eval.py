@@ -108,9 +108,15 @@ def ppo_curve_spec(spec: Mapping[str, Any]) -> dict:
                                         prompts, gen)
         out.append({"iteration": int(it), "d": math.sqrt(max(summary["kl"], 0.0)), **summary,
                     "gold_by_prompt": [r["gold"] for r in rows]})  # per prompt: curve_fits.peak_test
-    result = {"key": spec["key"], "points": out, "seconds": round(time.perf_counter() - t0, 1)}
+    return write_curve(spec, out, checkpoints, t0)
+
+
+def write_curve(spec: Mapping[str, Any], points: list[dict], checkpoints: list[list], t0: float) -> dict:
+    """A curve job's result ({key, points, seconds}) written to ``spec['out']``; with ``spec['prune']``
+    the run's checkpoints but the last deleted (it is evaluated; its finished policy/ stays), PRUNED said."""
+    result = {"key": spec["key"], "points": points, "seconds": round(time.perf_counter() - t0, 1)}
     write_text_atomic(Path(spec["out"]), json.dumps(result, sort_keys=True))
-    if spec.get("prune"):  # evaluated: the run's finished policy/ stays, and its last checkpoint
+    if spec.get("prune"):
         import shutil
 
         write_text_atomic(Path(spec["run_dir"]) / "PRUNED", "checkpoints before the last deleted after evaluation\n")
